@@ -1,0 +1,143 @@
+//! Plugin metadata as reported by a component's `describe()` (design §3), mirrored as
+//! plain serde data so the pure planner can validate jobs against it.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Which world a component exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PluginKind {
+    /// `nop:stream/operator`.
+    Operator,
+    /// `nop:stream/source`.
+    Source,
+    /// `nop:stream/sink`.
+    Sink,
+}
+
+impl PluginKind {
+    /// The WIT world name (without package) a component of this kind must export.
+    pub fn world(self) -> &'static str {
+        match self {
+            PluginKind::Operator => "operator",
+            PluginKind::Source => "source",
+            PluginKind::Sink => "sink",
+        }
+    }
+}
+
+impl fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.world())
+    }
+}
+
+/// Shape of a declared keyed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StateKind {
+    /// One value per key and namespace.
+    Value,
+    /// A list of values per key and namespace.
+    List,
+    /// A map per key and namespace.
+    Map,
+}
+
+/// A keyed state a plugin declares (seed §13: name, kind and schema version required).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StateDescriptor {
+    /// Unique within the plugin; part of the state path.
+    pub name: String,
+    /// Value, list or map.
+    pub kind: StateKind,
+    /// Version of the value encoding.
+    pub schema_version: u32,
+    /// Value codec name, e.g. `postcard`.
+    pub codec: String,
+}
+
+/// Source consistency level (seed §6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceCapability {
+    /// Replayable from a checkpointed cursor.
+    Replayable,
+    /// Transactional or snapshot reads.
+    TransactionalRead,
+    /// Recoverable but may repeat.
+    AtLeastOnce,
+    /// No reliable cursor.
+    BestEffort,
+}
+
+impl SourceCapability {
+    /// Whether the source can take part in exactly-once (seed §6.1).
+    pub fn supports_exactly_once(self) -> bool {
+        matches!(self, Self::Replayable | Self::TransactionalRead)
+    }
+}
+
+/// Sink consistency level (seed §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SinkCapability {
+    /// begin / pre-commit / commit / abort / recover.
+    TwoPhaseCommit,
+    /// Staging plus atomic publish after the epoch is durable.
+    StagedAtomicCommit,
+    /// Visibility controlled by an epoch log.
+    OutboxEpochLog,
+    /// Deterministic de-duplication key.
+    Idempotent,
+    /// Overwrite per key.
+    UpsertByKey,
+    /// May duplicate.
+    AtLeastOnce,
+    /// No guarantee.
+    BestEffort,
+}
+
+impl SinkCapability {
+    /// Whether the sink commits strictly (seed §7.1: 2PC, staged atomic, outbox).
+    pub fn is_strict(self) -> bool {
+        matches!(
+            self,
+            Self::TwoPhaseCommit | Self::StagedAtomicCommit | Self::OutboxEpochLog
+        )
+    }
+
+    /// Whether retries cannot duplicate visible output (strict, idempotent or upsert).
+    pub fn is_effectively_once(self) -> bool {
+        self.is_strict() || matches!(self, Self::Idempotent | Self::UpsertByKey)
+    }
+}
+
+/// What a component says about itself through `describe()`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginInfo {
+    /// Name referenced by jobs as `name@version`.
+    pub name: String,
+    /// Semantic version.
+    pub version: String,
+    /// Must match the exported world.
+    pub kind: PluginKind,
+    /// One-line description.
+    pub description: String,
+    /// Declared keyed states.
+    pub states: Vec<StateDescriptor>,
+    /// Set by sources.
+    pub source_capability: Option<SourceCapability>,
+    /// Set by sinks.
+    pub sink_capability: Option<SinkCapability>,
+    /// JSON Schema of the config object, as text.
+    pub config_schema: String,
+}
+
+impl PluginInfo {
+    /// `name@version`.
+    pub fn reference(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+}
