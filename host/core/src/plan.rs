@@ -1,0 +1,240 @@
+//! The plan layers after the StreamModel (design §4, seed §2.1):
+//! `StreamGraph -> JobGraph -> PartitionedPlan -> DeploymentPlan`. Every layer is plain
+//! serde data that round-trips through JSON.
+
+use crate::model::{Grant, PluginRef};
+use crate::shard::HashPolicy;
+use nop_stream_api::{
+    ChannelId, EdgeId, JobId, OperatorId, PartitionPolicy, PipelineId, PluginInfo, PluginKind,
+    SemanticMode, StateShardId, SubtaskIndex, TaskId, VertexId,
+};
+use serde::{Deserialize, Serialize};
+
+/// Job-level settings carried by every plan layer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobMeta {
+    /// Logical job id.
+    pub job_id: JobId,
+    /// Pipeline lineage id.
+    pub pipeline_id: PipelineId,
+    /// Human name of the job.
+    pub name: String,
+    /// Declared semantic mode (validated against capabilities, seed §13).
+    pub semantic: SemanticMode,
+    /// Checkpoint interval in milliseconds; `None` disables periodic checkpoints.
+    pub checkpoint_interval_ms: Option<u64>,
+    /// Number of state shards of every keyed vertex (seed §3.4); stable for the job's life.
+    pub state_shard_count: u32,
+    /// Maximum records per batch a source reads or a task forwards.
+    pub batch_records: u32,
+}
+
+/// One operator (source, transform or sink) as planned: identity, plugin and settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedOperator {
+    /// Stable operator id (seed §3.2).
+    pub operator_id: OperatorId,
+    /// Name from the job file.
+    pub name: String,
+    /// Canonical model path, e.g. `operators/per-carrier`.
+    pub model_path: String,
+    /// World of the plugin.
+    pub kind: PluginKind,
+    /// Plugin reference as written in the job file.
+    pub plugin: PluginRef,
+    /// What the plugin's `describe()` returned; enters the fingerprint.
+    pub plugin_info: PluginInfo,
+    /// Config object handed to `open` (JSON).
+    pub config: serde_json::Value,
+    /// Directories granted to the plugin.
+    pub grants: Vec<Grant>,
+    /// Parallelism of the operator.
+    pub parallelism: u32,
+}
+
+/// Logical DAG: one node per operator, edges with their partition policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamGraph {
+    /// Job settings.
+    pub job: JobMeta,
+    /// Operators in job-file order.
+    pub nodes: Vec<PlannedOperator>,
+    /// Data edges.
+    pub edges: Vec<StreamEdge>,
+}
+
+/// A data edge between two operators.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamEdge {
+    /// Upstream operator.
+    pub from: OperatorId,
+    /// Downstream operator.
+    pub to: OperatorId,
+    /// Index of this input on the downstream operator (job-file order).
+    pub input_index: u32,
+    /// Partition policy (explicit, or FORWARD/REBALANCE by parallelism).
+    pub partition: PartitionPolicy,
+}
+
+/// Operator chains: FORWARD edges between single-input/single-output operators of equal
+/// parallelism are fused into one vertex that runs on one thread per subtask.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobGraph {
+    /// Job settings.
+    pub job: JobMeta,
+    /// Vertices in topological order (sources first).
+    pub vertices: Vec<JobVertex>,
+    /// Edges between vertices.
+    pub edges: Vec<JobEdge>,
+}
+
+/// An operator chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobVertex {
+    /// Vertex id: the head operator's id.
+    pub id: VertexId,
+    /// Operators in chain order; the head may be a source.
+    pub operators: Vec<PlannedOperator>,
+    /// Parallelism shared by the chain.
+    pub parallelism: u32,
+    /// Whether the head has a HASH input, so the vertex owns state shards.
+    pub keyed: bool,
+}
+
+/// A data edge between two vertices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobEdge {
+    /// `{from}->{to}#{input_index}`.
+    pub id: EdgeId,
+    /// Upstream vertex (its tail operator emits).
+    pub from: VertexId,
+    /// Downstream vertex (its head operator receives).
+    pub to: VertexId,
+    /// Input index on the head operator of `to`.
+    pub input_index: u32,
+    /// Partition policy.
+    pub partition: PartitionPolicy,
+}
+
+/// The single source of parallelism, partitioning, shard ownership, channel identities
+/// and the checkpoint ACK set (seed §2.2). The runtime executes it and never invents
+/// topology.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionedPlan {
+    /// Job settings.
+    pub job: JobMeta,
+    /// Key → shard hash, named and versioned (seed §3.4).
+    pub hash_policy: HashPolicy,
+    /// Vertices with their subtasks.
+    pub vertices: Vec<PartitionedVertex>,
+    /// Edges with their channels.
+    pub edges: Vec<PartitionedEdge>,
+    /// Every task that must ACK an epoch (seed §2.2).
+    pub ack_set: Vec<TaskId>,
+    /// sha256 (hex) of this plan's canonical JSON with `fingerprint` set to "".
+    pub fingerprint: String,
+}
+
+/// A vertex expanded to its subtasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionedVertex {
+    /// Vertex id.
+    pub id: VertexId,
+    /// Operators in chain order.
+    pub operators: Vec<PlannedOperator>,
+    /// Parallelism.
+    pub parallelism: u32,
+    /// Whether the vertex owns state shards.
+    pub keyed: bool,
+    /// One entry per subtask, by index.
+    pub subtasks: Vec<PlannedSubtask>,
+}
+
+/// One subtask of a vertex.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedSubtask {
+    /// Subtask index.
+    pub index: SubtaskIndex,
+    /// Stable task identity.
+    pub task: TaskId,
+    /// State shards this subtask owns (keyed vertices; empty otherwise). A contiguous,
+    /// ascending range.
+    pub shards: Vec<StateShardId>,
+    /// Input channels, grouped by input index in ascending order.
+    pub inputs: Vec<ChannelId>,
+    /// Output channels.
+    pub outputs: Vec<ChannelId>,
+}
+
+/// An edge expanded to channels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionedEdge {
+    /// Edge id.
+    pub id: EdgeId,
+    /// Upstream vertex.
+    pub from: VertexId,
+    /// Downstream vertex.
+    pub to: VertexId,
+    /// Input index on the downstream head operator.
+    pub input_index: u32,
+    /// Partition policy.
+    pub partition: PartitionPolicy,
+    /// Every channel of the edge.
+    pub channels: Vec<ChannelId>,
+    /// For HASH edges: owner subtask of each shard, indexed by shard id
+    /// (`len == state_shard_count`). Empty for other policies.
+    pub shard_owners: Vec<SubtaskIndex>,
+}
+
+/// Where each task runs (seed §2.3). The embedded backend places everything on `local`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentPlan {
+    /// Fingerprint of the PartitionedPlan deployed.
+    pub plan_fingerprint: String,
+    /// Deployment backend name, e.g. `embedded`.
+    pub backend: String,
+    /// One entry per task.
+    pub tasks: Vec<TaskDeployment>,
+    /// Where checkpoints (manifests and segments) are stored.
+    pub checkpoint_storage: String,
+}
+
+/// Placement of one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskDeployment {
+    /// The task.
+    pub task: TaskId,
+    /// Runtime node id.
+    pub node: String,
+    /// Resource group.
+    pub resource_group: String,
+    /// Transport backend for the task's channels, e.g. `local-queue` or `quic`.
+    pub transport: String,
+    /// State backend binding, e.g. `redb:<dir>/<operator>/<subtask>.redb`.
+    pub state_backend: String,
+}
+
+/// Runtime-independent placement options for [`crate::deploy`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentOptions {
+    /// Node to place every task on (embedded mode: `local`).
+    pub node: String,
+    /// Transport backend name.
+    pub transport: String,
+    /// Directory holding state databases.
+    pub state_dir: String,
+    /// Checkpoint storage location.
+    pub checkpoint_storage: String,
+}
+
+impl PartitionedPlan {
+    /// The vertex with id `id`.
+    pub fn vertex(&self, id: &VertexId) -> Option<&PartitionedVertex> {
+        self.vertices.iter().find(|v| &v.id == id)
+    }
+
+    /// The edge with id `id`.
+    pub fn edge(&self, id: &EdgeId) -> Option<&PartitionedEdge> {
+        self.edges.iter().find(|e| &e.id == id)
+    }
+}
