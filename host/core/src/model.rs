@@ -1,7 +1,7 @@
 //! The canonical StreamModel (seed §12.1): the user's intent as read from a job file.
 //! Everything later (identities, fingerprints, plans) derives from it.
 
-use nop_stream_api::{PartitionPolicy, PluginKind, SemanticMode};
+use nop_stream_api::{OperatorId, PartitionPolicy, PluginKind, SemanticMode};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -123,4 +123,95 @@ pub struct Grant {
     pub host: String,
     /// Whether the plugin may create and modify files there.
     pub writable: bool,
+}
+
+impl StreamModel {
+    /// A Delta on the model (seed §12.2): run every node at parallelism `p`. Sets
+    /// `job.parallelism` and clears every node override. The result must be compiled
+    /// again, which re-validates it (e.g. a SINGLETON consumer at `p > 1` is refused).
+    pub fn with_parallelism(mut self, p: u32) -> Self {
+        self.job.parallelism = p;
+        for n in &mut self.nodes {
+            n.parallelism = None;
+        }
+        self
+    }
+
+    /// Dotted field prefix of node `index` in job-file terms: `source[0]`,
+    /// `operator[2]`, `sink[0]` (indexed within the node's kind, in model order).
+    ///
+    /// # Panics
+    /// If `index` is out of bounds.
+    pub fn node_field(&self, index: usize) -> String {
+        let kind = self.nodes[index].kind;
+        let ordinal = self.nodes[..index]
+            .iter()
+            .filter(|n| n.kind == kind)
+            .count();
+        format!("{}[{ordinal}]", kind.world())
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeSpec> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// Effective parallelism of `node`: its override, else the job's.
+    pub fn parallelism_of(&self, node: &NodeSpec) -> u32 {
+        node.parallelism.unwrap_or(self.job.parallelism)
+    }
+}
+
+/// The stable operator id of a node (seed §3.2): the explicit `uid` (priority 1), else
+/// the canonical model path such as `operators/per-carrier` (priority 2). Nodes of a job
+/// file always have a name, so priority 3 ([`structural_operator_id`]) is only for
+/// models built by other front ends with anonymous nodes. Never an index or address.
+pub fn operator_id(node: &NodeSpec) -> OperatorId {
+    match &node.uid {
+        Some(uid) => OperatorId::new(uid.clone()),
+        None => OperatorId::new(node.path.clone()),
+    }
+}
+
+/// Structural operator id (seed §3.2 priority 3) for a node with neither `uid` nor a
+/// name: `struct-` + the first 20 hex digits of sha256 over the normalized topology:
+/// the node's kind, its plugin *name* (a `.wasm` path contributes its file stem), and
+/// for each input in order the upstream's operator id (`upstream[j]`, itself stable)
+/// and partition policy (`default` when implicit), plus `ordinal`, which tells apart
+/// structurally identical siblings (0 for the first in model order).
+///
+/// Config, plugin version and parallelism are deliberately left out, so changing them
+/// keeps the operator's state; renaming the plugin or rewiring its inputs does not.
+pub fn structural_operator_id(
+    node: &NodeSpec,
+    upstream: &[OperatorId],
+    ordinal: u32,
+) -> OperatorId {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"nop-stream/structural-operator-id/v1\0");
+    h.update(node.kind.world().as_bytes());
+    h.update(b"\0");
+    let plugin = match &node.plugin {
+        PluginRef::Named { name, .. } => name.as_str(),
+        PluginRef::Path { path } => {
+            let file = path.rsplit(['/', '\\']).next().unwrap_or(path);
+            file.strip_suffix(".wasm").unwrap_or(file)
+        }
+    };
+    h.update(plugin.as_bytes());
+    h.update(b"\0");
+    for (j, input) in node.inputs.iter().enumerate() {
+        let up = upstream.get(j).map_or("", |u| u.as_str());
+        h.update(up.as_bytes());
+        h.update(b"\0");
+        let part = input
+            .partition
+            .map_or_else(|| "default".to_owned(), |p| p.to_string());
+        h.update(part.as_bytes());
+        h.update(b"\0");
+    }
+    h.update(ordinal.to_le_bytes());
+    let digest = hex::encode(h.finalize());
+    OperatorId::new(format!("struct-{}", &digest[..20]))
 }

@@ -214,7 +214,7 @@ pub struct TaskDeployment {
     pub state_backend: String,
 }
 
-/// Runtime-independent placement options for [`crate::deploy`].
+/// Runtime-independent placement options for [`crate::deployment_plan`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentOptions {
     /// Node to place every task on (embedded mode: `local`).

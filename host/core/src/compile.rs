@@ -1,0 +1,820 @@
+//! Plan compilation (design §4, seed §2): `StreamModel -> StreamGraph -> JobGraph ->
+//! PartitionedPlan -> DeploymentPlan`, with validation against what the plugins say about
+//! themselves (kind, states, source/sink capabilities, seed §13).
+//!
+//! Every step is a pure function of its input: compiling the same model against the same
+//! plugin metadata twice yields byte-identical plans and the same fingerprint.
+
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::jobfile::validate_model;
+use crate::model::{NodeSpec, PluginRef, StreamModel, operator_id};
+use crate::plan::{
+    DeploymentOptions, DeploymentPlan, JobEdge, JobGraph, JobMeta, JobVertex, PartitionedEdge,
+    PartitionedPlan, PartitionedVertex, PlannedOperator, PlannedSubtask, StreamEdge, StreamGraph,
+    TaskDeployment,
+};
+use crate::shard::{HashPolicy, owner_of, shards_of};
+use nop_stream_api::{
+    ChannelId, EdgeId, JobId, OperatorId, PartitionPolicy, PipelineId, PluginInfo, PluginKind,
+    SemanticMode, SinkCapability, SourceCapability, StateShardId, SubtaskIndex, TaskId, VertexId,
+};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+
+/// Where the planner learns what a node's plugin is: the runtime implements it by
+/// loading the component and calling its `describe()`; tests use a table.
+pub trait PluginCatalog {
+    /// Describes the plugin `node.plugin` refers to.
+    ///
+    /// # Errors
+    /// A message saying why the plugin cannot be resolved or described (not found, not a
+    /// component, wrong world, ...); it becomes a diagnostic at `<table>[i].plugin`.
+    fn describe(&self, node: &NodeSpec) -> Result<PluginInfo, String>;
+}
+
+/// Builds the logical DAG: validates the model ([`validate_model`]), resolves every
+/// plugin through `catalog` and checks it against its node, decides default partition
+/// policies, checks edge policies against parallelism, and validates the semantic mode
+/// against source and sink capabilities (seed §13).
+///
+/// Rules:
+/// - The plugin's kind must match the table the node is declared in.
+/// - A `name@version` reference must resolve to a plugin describing itself with exactly
+///   that name and version.
+/// - Declared states need a non-empty name, unique within the plugin, and a codec.
+/// - Sources must declare a source capability, sinks a sink capability.
+/// - An edge without an explicit policy is FORWARD when both ends have equal
+///   parallelism, else REBALANCE. FORWARD needs equal parallelism, SINGLETON a
+///   downstream parallelism of 1, HASH `state_shards >=` downstream parallelism.
+/// - Semantic mode (never silently downgraded): `strict-exactly-once` needs every source
+///   replayable or transactional-read and every sink strict (2PC, staged atomic, outbox);
+///   `effectively-once` needs such sources and idempotent, upsert or strict sinks;
+///   `at-least-once` needs no best-effort source or sink; `best-effort` accepts all.
+///   A refusal names the plugin, its capability and the mode, and suggests the strongest
+///   mode the job does support, to be declared explicitly.
+///
+/// # Errors
+/// Every problem found; fields are job-file paths (`operator[1].plugin`), without file
+/// or position (see [`Diagnostics::with_file`]).
+pub fn stream_graph(
+    model: &StreamModel,
+    catalog: &dyn PluginCatalog,
+) -> Result<StreamGraph, Diagnostics> {
+    validate_model(model)?;
+    let mut diags = Vec::new();
+    let job = &model.job;
+    let prefixes: Vec<String> = (0..model.nodes.len())
+        .map(|i| model.node_field(i))
+        .collect();
+
+    let mut infos: Vec<Option<PluginInfo>> = Vec::with_capacity(model.nodes.len());
+    for (i, node) in model.nodes.iter().enumerate() {
+        let field = format!("{}.plugin", prefixes[i]);
+        match catalog.describe(node) {
+            Err(e) => {
+                diags.push(Diagnostic::new(
+                    field,
+                    format!("cannot resolve plugin `{}`: {e}", node.plugin),
+                ));
+                infos.push(None);
+            }
+            Ok(info) => {
+                let before = diags.len();
+                check_plugin(node, &info, &field, &mut diags);
+                infos.push((diags.len() == before).then_some(info));
+            }
+        }
+    }
+
+    let nodes: Vec<PlannedOperator> = model
+        .nodes
+        .iter()
+        .zip(&infos)
+        .map(|(n, info)| PlannedOperator {
+            operator_id: operator_id(n),
+            name: n.name.clone(),
+            model_path: n.path.clone(),
+            kind: n.kind,
+            plugin: n.plugin.clone(),
+            plugin_info: info.clone().unwrap_or_else(|| placeholder_info(n)),
+            config: n.config.clone(),
+            grants: n.grants.clone(),
+            parallelism: model.parallelism_of(n),
+        })
+        .collect();
+
+    let index: HashMap<&str, usize> = model
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    let mut edges = Vec::new();
+    for (i, n) in model.nodes.iter().enumerate() {
+        let down = &nodes[i];
+        for (j, input) in n.inputs.iter().enumerate() {
+            // validate_model guarantees every input resolves.
+            let Some(&u) = index.get(input.from.as_str()) else {
+                continue;
+            };
+            let up = &nodes[u];
+            let field = format!("{}.inputs[{j}].partition", prefixes[i]);
+            let (pu, pd) = (up.parallelism, down.parallelism);
+            let partition = match input.partition {
+                Some(p) => p,
+                None if pu == pd => PartitionPolicy::Forward,
+                None => PartitionPolicy::Rebalance,
+            };
+            match partition {
+                PartitionPolicy::Forward if pu != pd => diags.push(Diagnostic::new(
+                    field,
+                    format!(
+                        "FORWARD needs equal parallelism, but `{}` has {pu} and `{}` has {pd}; \
+                         use rebalance or hash",
+                        up.name, down.name
+                    ),
+                )),
+                PartitionPolicy::Singleton if pd != 1 => diags.push(Diagnostic::new(
+                    field,
+                    format!(
+                        "SINGLETON sends everything to subtask 0, so `{}` must have \
+                         parallelism 1, found {pd}",
+                        down.name
+                    ),
+                )),
+                PartitionPolicy::Hash if job.state_shards < pd => diags.push(Diagnostic::new(
+                    field,
+                    format!(
+                        "HASH into `{}` at parallelism {pd} needs state_shards >= {pd}, found {}",
+                        down.name, job.state_shards
+                    ),
+                )),
+                _ => {}
+            }
+            edges.push(StreamEdge {
+                from: up.operator_id.clone(),
+                to: down.operator_id.clone(),
+                input_index: j as u32,
+                partition,
+            });
+        }
+    }
+
+    check_semantic(model, &infos, &prefixes, &mut diags);
+    Diagnostics(diags).into_result()?;
+    Ok(StreamGraph {
+        job: JobMeta {
+            job_id: JobId::new(job.id.clone()),
+            pipeline_id: PipelineId::new(job.pipeline.clone()),
+            name: job.name.clone(),
+            semantic: job.semantic,
+            checkpoint_interval_ms: job.checkpoint_interval_ms,
+            state_shard_count: job.state_shards,
+            batch_records: job.batch_records,
+        },
+        nodes,
+        edges,
+    })
+}
+
+fn placeholder_info(n: &NodeSpec) -> PluginInfo {
+    PluginInfo {
+        name: String::new(),
+        version: String::new(),
+        kind: n.kind,
+        description: String::new(),
+        states: Vec::new(),
+        source_capability: None,
+        sink_capability: None,
+        config_schema: String::new(),
+    }
+}
+
+fn article(kind: PluginKind) -> &'static str {
+    match kind {
+        PluginKind::Operator => "an",
+        PluginKind::Source | PluginKind::Sink => "a",
+    }
+}
+
+fn check_plugin(node: &NodeSpec, info: &PluginInfo, field: &str, diags: &mut Vec<Diagnostic>) {
+    let r = &node.plugin;
+    if info.kind != node.kind {
+        diags.push(Diagnostic::new(
+            field,
+            format!(
+                "`{r}` (`{}`) is {} {} component, but `{}` is declared in a [[{}]] table; \
+                 use {} {} plugin here or move the node to [[{}]]",
+                info.reference(),
+                article(info.kind),
+                info.kind,
+                node.name,
+                node.kind,
+                article(node.kind),
+                node.kind,
+                info.kind,
+            ),
+        ));
+    }
+    if let PluginRef::Named { name, version } = r
+        && (&info.name != name || &info.version != version)
+    {
+        diags.push(Diagnostic::new(
+            field,
+            format!(
+                "`{r}` resolved to a component that describes itself as `{}`",
+                info.reference()
+            ),
+        ));
+    }
+    let mut names = HashSet::new();
+    for (k, s) in info.states.iter().enumerate() {
+        if s.name.trim().is_empty() {
+            diags.push(Diagnostic::new(
+                field,
+                format!("`{r}` declares state #{k} with an empty name (seed §13)"),
+            ));
+        } else if !names.insert(s.name.as_str()) {
+            diags.push(Diagnostic::new(
+                field,
+                format!("`{r}` declares state `{}` more than once", s.name),
+            ));
+        }
+        if s.codec.trim().is_empty() {
+            diags.push(Diagnostic::new(
+                field,
+                format!("`{r}` declares state `{}` without a codec", s.name),
+            ));
+        }
+    }
+    match node.kind {
+        PluginKind::Source
+            if info.kind == PluginKind::Source && info.source_capability.is_none() =>
+        {
+            diags.push(Diagnostic::new(
+                field,
+                format!("source plugin `{r}` declares no source capability"),
+            ));
+        }
+        PluginKind::Sink if info.kind == PluginKind::Sink && info.sink_capability.is_none() => {
+            diags.push(Diagnostic::new(
+                field,
+                format!("sink plugin `{r}` declares no sink capability"),
+            ));
+        }
+        _ => {}
+    }
+}
+
+/// Strength order of semantic modes: best-effort 0 .. strict-exactly-once 3.
+fn mode_rank(m: SemanticMode) -> u8 {
+    match m {
+        SemanticMode::BestEffort => 0,
+        SemanticMode::AtLeastOnce => 1,
+        SemanticMode::EffectivelyOnce => 2,
+        SemanticMode::StrictExactlyOnce => 3,
+    }
+}
+
+fn mode_of_rank(r: u8) -> SemanticMode {
+    match r {
+        0 => SemanticMode::BestEffort,
+        1 => SemanticMode::AtLeastOnce,
+        2 => SemanticMode::EffectivelyOnce,
+        _ => SemanticMode::StrictExactlyOnce,
+    }
+}
+
+/// Strongest mode a source capability allows (seed §6.1, §13).
+pub fn strongest_mode_for_source(c: SourceCapability) -> SemanticMode {
+    if c.supports_exactly_once() {
+        SemanticMode::StrictExactlyOnce
+    } else if c == SourceCapability::AtLeastOnce {
+        SemanticMode::AtLeastOnce
+    } else {
+        SemanticMode::BestEffort
+    }
+}
+
+/// Strongest mode a sink capability allows (seed §7.1, §13).
+pub fn strongest_mode_for_sink(c: SinkCapability) -> SemanticMode {
+    if c.is_strict() {
+        SemanticMode::StrictExactlyOnce
+    } else if c.is_effectively_once() {
+        SemanticMode::EffectivelyOnce
+    } else if c == SinkCapability::AtLeastOnce {
+        SemanticMode::AtLeastOnce
+    } else {
+        SemanticMode::BestEffort
+    }
+}
+
+fn source_cap_name(c: SourceCapability) -> &'static str {
+    match c {
+        SourceCapability::Replayable => "replayable",
+        SourceCapability::TransactionalRead => "transactional-read",
+        SourceCapability::AtLeastOnce => "at-least-once",
+        SourceCapability::BestEffort => "best-effort",
+    }
+}
+
+fn sink_cap_name(c: SinkCapability) -> &'static str {
+    match c {
+        SinkCapability::TwoPhaseCommit => "two-phase-commit",
+        SinkCapability::StagedAtomicCommit => "staged-atomic-commit",
+        SinkCapability::OutboxEpochLog => "outbox-epoch-log",
+        SinkCapability::Idempotent => "idempotent",
+        SinkCapability::UpsertByKey => "upsert-by-key",
+        SinkCapability::AtLeastOnce => "at-least-once",
+        SinkCapability::BestEffort => "best-effort",
+    }
+}
+
+fn requirement(kind: PluginKind, mode: SemanticMode) -> &'static str {
+    match (kind, mode) {
+        (PluginKind::Source, SemanticMode::AtLeastOnce) => {
+            "a source that can recover its position (at-least-once, replayable or transactional-read)"
+        }
+        (PluginKind::Source, _) => "a replayable or transactional-read source",
+        (_, SemanticMode::StrictExactlyOnce) => {
+            "a strictly committing sink (two-phase-commit, staged-atomic-commit or outbox-epoch-log)"
+        }
+        (_, SemanticMode::EffectivelyOnce) => {
+            "a sink that cannot duplicate visible output (idempotent, upsert-by-key or strict)"
+        }
+        _ => "a sink that does not drop output (at-least-once or better)",
+    }
+}
+
+fn check_semantic(
+    model: &StreamModel,
+    infos: &[Option<PluginInfo>],
+    prefixes: &[String],
+    diags: &mut Vec<Diagnostic>,
+) {
+    let mode = model.job.semantic;
+    // (node index, capability name, strongest mode)
+    let mut caps: Vec<(usize, &'static str, SemanticMode)> = Vec::new();
+    for (i, info) in infos.iter().enumerate() {
+        let Some(info) = info else { continue };
+        match model.nodes[i].kind {
+            PluginKind::Source => {
+                if let Some(c) = info.source_capability {
+                    caps.push((i, source_cap_name(c), strongest_mode_for_source(c)));
+                }
+            }
+            PluginKind::Sink => {
+                if let Some(c) = info.sink_capability {
+                    caps.push((i, sink_cap_name(c), strongest_mode_for_sink(c)));
+                }
+            }
+            PluginKind::Operator => {}
+        }
+    }
+    let job_max = mode_of_rank(
+        caps.iter()
+            .map(|c| mode_rank(c.2))
+            .min()
+            .unwrap_or(mode_rank(mode)),
+    );
+    for (i, cap, strongest) in caps {
+        if mode_rank(strongest) >= mode_rank(mode) {
+            continue;
+        }
+        let node = &model.nodes[i];
+        let info = infos[i]
+            .as_ref()
+            .map(PluginInfo::reference)
+            .unwrap_or_default();
+        diags.push(Diagnostic::new(
+            format!("{}.plugin", prefixes[i]),
+            format!(
+                "{kind} `{name}` uses `{info}` with {kind} capability {cap}, which cannot \
+                 take part in {mode} (it needs {req}); the strongest mode this job supports \
+                 is {job_max}: declare `semantic = \"{job_max}\"` in [job] to accept it \
+                 explicitly, or use a stronger {kind}",
+                kind = node.kind,
+                name = node.name,
+                req = requirement(node.kind, mode),
+            ),
+        ));
+    }
+}
+
+/// Fuses operators into chains and orders the vertices topologically.
+///
+/// Operator `b` is chained into its upstream `a` when the edge `a -> b` is FORWARD,
+/// both have the same parallelism, `b` has exactly one input and `a` exactly one
+/// consumer. A vertex's id is its head operator's id; it is `keyed` when the head has a
+/// HASH input. Vertices are in topological order (ties broken by job-file order of the
+/// heads); edges are ordered by their downstream vertex, then input index. Edge ids are
+/// `{from}->{to}#{input_index}`.
+///
+/// The graph is assumed to come from [`stream_graph`] (acyclic, every edge endpoint
+/// present); operators on a cycle would be dropped.
+pub fn job_graph(g: &StreamGraph) -> JobGraph {
+    let n = g.nodes.len();
+    let index: HashMap<&OperatorId, usize> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (&o.operator_id, i))
+        .collect();
+    let mut ins: Vec<Vec<usize>> = vec![Vec::new(); n]; // edge indices into g.edges
+    let mut outs: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (k, e) in g.edges.iter().enumerate() {
+        if let (Some(&f), Some(&t)) = (index.get(&e.from), index.get(&e.to)) {
+            outs[f].push(k);
+            ins[t].push(k);
+        }
+    }
+    let chains_into_upstream = |b: usize| -> Option<usize> {
+        let [k] = ins[b].as_slice() else { return None };
+        let e = &g.edges[*k];
+        let a = index[&e.from];
+        (e.partition == PartitionPolicy::Forward
+            && g.nodes[a].parallelism == g.nodes[b].parallelism
+            && outs[a].len() == 1)
+            .then_some(a)
+    };
+
+    // Chains, keyed by head.
+    let mut vertex_of = vec![usize::MAX; n];
+    let mut chains: Vec<Vec<usize>> = Vec::new();
+    for head in 0..n {
+        if chains_into_upstream(head).is_some() {
+            continue;
+        }
+        let mut chain = vec![head];
+        let mut cur = head;
+        while let [k] = outs[cur].as_slice() {
+            let next = index[&g.edges[*k].to];
+            if chains_into_upstream(next) == Some(cur) {
+                chain.push(next);
+                cur = next;
+            } else {
+                break;
+            }
+        }
+        for &op in &chain {
+            vertex_of[op] = chains.len();
+        }
+        chains.push(chain);
+    }
+
+    // Topological order of chains (Kahn), ties by head position in job-file order.
+    let c = chains.len();
+    let mut indeg = vec![0usize; c];
+    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); c];
+    for e in &g.edges {
+        let (Some(&f), Some(&t)) = (index.get(&e.from), index.get(&e.to)) else {
+            continue;
+        };
+        let (vf, vt) = (vertex_of[f], vertex_of[t]);
+        if vf != vt && vf != usize::MAX && vt != usize::MAX {
+            succ[vf].push(vt);
+            indeg[vt] += 1;
+        }
+    }
+    let mut ready: BTreeSet<(usize, usize)> = (0..c)
+        .filter(|&v| indeg[v] == 0)
+        .map(|v| (chains[v][0], v))
+        .collect();
+    let mut order = Vec::with_capacity(c);
+    while let Some((_, v)) = ready.pop_first() {
+        order.push(v);
+        for &w in &succ[v] {
+            indeg[w] -= 1;
+            if indeg[w] == 0 {
+                ready.insert((chains[w][0], w));
+            }
+        }
+    }
+    let mut position = vec![usize::MAX; c];
+    for (pos, &v) in order.iter().enumerate() {
+        position[v] = pos;
+    }
+
+    let vertex_id = |v: usize| VertexId::new(g.nodes[chains[v][0]].operator_id.as_str());
+    let vertices = order
+        .iter()
+        .map(|&v| {
+            let head = chains[v][0];
+            JobVertex {
+                id: vertex_id(v),
+                operators: chains[v].iter().map(|&op| g.nodes[op].clone()).collect(),
+                parallelism: g.nodes[head].parallelism,
+                keyed: ins[head]
+                    .iter()
+                    .any(|&k| g.edges[k].partition == PartitionPolicy::Hash),
+            }
+        })
+        .collect();
+
+    let mut edges: Vec<(usize, JobEdge)> = Vec::new();
+    for e in &g.edges {
+        let (Some(&f), Some(&t)) = (index.get(&e.from), index.get(&e.to)) else {
+            continue;
+        };
+        let (vf, vt) = (vertex_of[f], vertex_of[t]);
+        if vf == vt || position[vf] == usize::MAX || position[vt] == usize::MAX {
+            continue;
+        }
+        let (from, to) = (vertex_id(vf), vertex_id(vt));
+        edges.push((
+            position[vt],
+            JobEdge {
+                id: edge_id(&from, &to, e.input_index),
+                from,
+                to,
+                input_index: e.input_index,
+                partition: e.partition,
+            },
+        ));
+    }
+    edges.sort_by_key(|(pos, e)| (*pos, e.input_index));
+
+    JobGraph {
+        job: g.job.clone(),
+        vertices,
+        edges: edges.into_iter().map(|(_, e)| e).collect(),
+    }
+}
+
+/// `{from}->{to}#{input_index}`.
+pub fn edge_id(from: &VertexId, to: &VertexId, input_index: u32) -> EdgeId {
+    EdgeId::new(format!("{from}->{to}#{input_index}"))
+}
+
+/// The `(upstream, downstream)` subtask pairs connected by an edge with `policy` between
+/// parallelism `up` and `down`, sorted.
+///
+/// - FORWARD: `i -> i` (the planner guarantees `up == down`; otherwise as UNION).
+/// - HASH, REBALANCE, BROADCAST: all to all (`up * down` channels); HASH routes by shard
+///   owner, REBALANCE round-robins, BROADCAST copies to all.
+/// - SINGLETON: every upstream subtask to downstream subtask 0.
+/// - UNION (pointwise): `i -> i mod down` when `up >= down`; when `up < down`, upstream
+///   `i` also feeds every downstream `d` with `d mod up == i` (and round-robins over its
+///   channels), so every subtask on both sides has at least one channel.
+pub fn channel_pairs(policy: PartitionPolicy, up: u32, down: u32) -> Vec<(u32, u32)> {
+    let mut pairs: Vec<(u32, u32)> = match policy {
+        PartitionPolicy::Forward if up == down => (0..up).map(|i| (i, i)).collect(),
+        PartitionPolicy::Hash | PartitionPolicy::Rebalance | PartitionPolicy::Broadcast => (0..up)
+            .flat_map(|u| (0..down).map(move |d| (u, d)))
+            .collect(),
+        PartitionPolicy::Singleton => (0..up).map(|u| (u, 0)).collect(),
+        PartitionPolicy::Forward | PartitionPolicy::Union => {
+            if up == 0 || down == 0 {
+                Vec::new()
+            } else {
+                let mut set: BTreeSet<(u32, u32)> = (0..up).map(|u| (u, u % down)).collect();
+                set.extend((0..down).map(|d| (d % up, d)));
+                set.into_iter().collect()
+            }
+        }
+    };
+    pairs.sort_unstable();
+    pairs
+}
+
+/// Expands every vertex into subtasks and every edge into channels (seed §2.2, §3.3,
+/// §3.4, §4.2).
+///
+/// - Subtask `i` of vertex `v` has task id `job/pipeline/v/i`; keyed vertices own the
+///   shards [`shards_of`]`(i, state_shard_count, parallelism)`.
+/// - Channels follow [`channel_pairs`], with channel index 0. HASH edges carry
+///   `shard_owners[s] =` [`owner_of`]`(s)` for every shard.
+/// - A subtask's inputs are ordered by input index, then upstream subtask; its outputs
+///   by edge (plan order), then downstream subtask.
+/// - The ACK set is every task, in vertex then subtask order.
+/// - The hash policy is [`HashPolicy::default`]; the fingerprint is [`fingerprint_of`].
+pub fn partitioned_plan(g: &JobGraph) -> PartitionedPlan {
+    let par: HashMap<&VertexId, u32> = g.vertices.iter().map(|v| (&v.id, v.parallelism)).collect();
+    let count = g.job.state_shard_count;
+    let task = |v: &VertexId, i: u32| TaskId {
+        job: g.job.job_id.clone(),
+        pipeline: g.job.pipeline_id.clone(),
+        vertex: v.clone(),
+        subtask: SubtaskIndex(i),
+    };
+
+    let edges: Vec<PartitionedEdge> = g
+        .edges
+        .iter()
+        .map(|e| {
+            let up = par.get(&e.from).copied().unwrap_or(0);
+            let down = par.get(&e.to).copied().unwrap_or(0);
+            let channels = channel_pairs(e.partition, up, down)
+                .into_iter()
+                .map(|(u, d)| ChannelId {
+                    edge: e.id.clone(),
+                    upstream: SubtaskIndex(u),
+                    downstream: SubtaskIndex(d),
+                    index: 0,
+                })
+                .collect();
+            let shard_owners = if e.partition == PartitionPolicy::Hash && down > 0 {
+                (0..count)
+                    .map(|s| owner_of(StateShardId(s), count, down))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            PartitionedEdge {
+                id: e.id.clone(),
+                from: e.from.clone(),
+                to: e.to.clone(),
+                input_index: e.input_index,
+                partition: e.partition,
+                channels,
+                shard_owners,
+            }
+        })
+        .collect();
+
+    let vertices: Vec<PartitionedVertex> = g
+        .vertices
+        .iter()
+        .map(|v| {
+            let subtasks = (0..v.parallelism)
+                .map(|i| {
+                    let shards = if v.keyed && count > 0 {
+                        shards_of(SubtaskIndex(i), count, v.parallelism)
+                            .map(StateShardId)
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    let mut inputs: Vec<(u32, u32, ChannelId)> = edges
+                        .iter()
+                        .filter(|e| e.to == v.id)
+                        .flat_map(|e| {
+                            e.channels
+                                .iter()
+                                .filter(|c| c.downstream.0 == i)
+                                .map(|c| (e.input_index, c.upstream.0, c.clone()))
+                        })
+                        .collect();
+                    inputs.sort();
+                    let outputs = edges
+                        .iter()
+                        .filter(|e| e.from == v.id)
+                        .flat_map(|e| e.channels.iter().filter(|c| c.upstream.0 == i).cloned())
+                        .collect();
+                    PlannedSubtask {
+                        index: SubtaskIndex(i),
+                        task: task(&v.id, i),
+                        shards,
+                        inputs: inputs.into_iter().map(|(_, _, c)| c).collect(),
+                        outputs,
+                    }
+                })
+                .collect();
+            PartitionedVertex {
+                id: v.id.clone(),
+                operators: v.operators.clone(),
+                parallelism: v.parallelism,
+                keyed: v.keyed,
+                subtasks,
+            }
+        })
+        .collect();
+
+    let ack_set = vertices
+        .iter()
+        .flat_map(|v| v.subtasks.iter().map(|s| s.task.clone()))
+        .collect();
+    let mut plan = PartitionedPlan {
+        job: g.job.clone(),
+        hash_policy: HashPolicy::default(),
+        vertices,
+        edges,
+        ack_set,
+        fingerprint: String::new(),
+    };
+    plan.fingerprint = fingerprint_of(&plan);
+    plan
+}
+
+/// sha256 (lower-case hex) of the plan's canonical JSON with `fingerprint` set to `""`.
+///
+/// Canonical JSON is `serde_json` output with every object's keys sorted, so the value
+/// does not depend on map ordering features (`preserve_order`) or on key order in the
+/// job file. It covers everything in the plan: job settings, operator ids, plugin
+/// references and their `describe()` metadata (so a plugin version change shows),
+/// config, grants, parallelism, policies, shard ownership and channels.
+pub fn fingerprint_of(plan: &PartitionedPlan) -> String {
+    use sha2::{Digest, Sha256};
+    let mut value = serde_json::to_value(plan).expect("plans serialize to JSON");
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert(
+            "fingerprint".into(),
+            serde_json::Value::String(String::new()),
+        );
+    }
+    let bytes = serde_json::to_vec(&canonical(value)).expect("JSON values serialize");
+    hex::encode(Sha256::digest(&bytes))
+}
+
+/// Rebuilds `v` with object keys inserted in sorted order.
+fn canonical(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, canonical(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(canonical).collect()),
+        other => other,
+    }
+}
+
+/// Places every task of `p` on `opts.node` (the embedded backend, seed §2.3): one
+/// entry per task in ACK-set order, resource group `default`, transport
+/// `opts.transport`, state binding `redb:<state_dir>/<vertex>/<subtask>.redb` (the
+/// vertex id is the head operator id, e.g. `operators/parse`).
+pub fn deployment_plan(p: &PartitionedPlan, opts: &DeploymentOptions) -> DeploymentPlan {
+    let dir = opts.state_dir.trim_end_matches('/');
+    DeploymentPlan {
+        plan_fingerprint: p.fingerprint.clone(),
+        backend: "embedded".into(),
+        tasks: p
+            .ack_set
+            .iter()
+            .map(|t| TaskDeployment {
+                task: t.clone(),
+                node: opts.node.clone(),
+                resource_group: "default".into(),
+                transport: opts.transport.clone(),
+                state_backend: format!("redb:{dir}/{}/{}.redb", t.vertex, t.subtask),
+            })
+            .collect(),
+        checkpoint_storage: opts.checkpoint_storage.clone(),
+    }
+}
+
+/// A plan layer, as printed by `nopstream plan --layer <layer>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layer {
+    /// [`StreamModel`].
+    Model,
+    /// [`StreamGraph`].
+    Stream,
+    /// [`JobGraph`].
+    Job,
+    /// [`PartitionedPlan`].
+    Partitioned,
+    /// [`DeploymentPlan`].
+    Deployment,
+}
+
+impl Layer {
+    /// Every layer, in compilation order.
+    pub const ALL: [Layer; 5] = [
+        Layer::Model,
+        Layer::Stream,
+        Layer::Job,
+        Layer::Partitioned,
+        Layer::Deployment,
+    ];
+
+    /// The layer's name: `model`, `stream`, `job`, `partitioned` or `deployment`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layer::Model => "model",
+            Layer::Stream => "stream",
+            Layer::Job => "job",
+            Layer::Partitioned => "partitioned",
+            Layer::Deployment => "deployment",
+        }
+    }
+}
+
+impl fmt::Display for Layer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A layer name that is not one of [`Layer::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown plan layer `{0}`; expected one of: model, stream, job, partitioned, deployment")]
+pub struct UnknownLayer(pub String);
+
+impl FromStr for Layer {
+    type Err = UnknownLayer;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Layer::ALL
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| UnknownLayer(s.to_owned()))
+    }
+}

@@ -1,0 +1,1931 @@
+//! The declarative job file (design §1, seed §12.1): TOML in, [`StreamModel`] out.
+//!
+//! [`parse_job_file`] reads the file, checks its shape (types, required and unknown keys)
+//! and then the model's semantics ([`validate_model`]), and reports **every** problem it
+//! finds as a [`Diagnostic`] with the file, line, column and dotted field path
+//! (`operator[1].inputs[0].from`; tables are indexed from 0 within their own kind).
+//! TOML syntax errors are reported the same way (at most one per line, since one typo
+//! tends to cascade); shape and semantic checks only run on a syntactically valid file.
+//!
+//! # Format
+//!
+//! ```toml
+//! [job]
+//! name = "flights-per-carrier"      # required; free text
+//! id = "flights-per-carrier"        # default: name; [A-Za-z0-9._-], starts alphanumeric
+//! pipeline = "main"                 # default "main"; same charset as id
+//! parallelism = 2                   # default 1; >= 1
+//! state_shards = 128                # default 128; >= 1 and >= every keyed parallelism
+//! semantic = "strict-exactly-once"  # default; also effectively-once, at-least-once,
+//!                                   # best-effort (case-insensitive, `_` = `-`)
+//! checkpoint_interval_ms = 1000     # optional (no periodic checkpoints); >= 1
+//! batch_records = 1024              # default 1024; 1..=65536
+//!
+//! [[prepare]]                       # host-side steps run before the job, in order
+//! unzip = "data/flights.csv.zip"    # archive, relative to the job file's directory
+//! member = "flights.csv"            # required: member to extract
+//! into = "data"                     # required: destination directory
+//!
+//! [[source]]
+//! name = "flights"                  # required, unique among all nodes; same charset as id
+//! uid = "flights-source"            # optional explicit operator id (seed §3.2)
+//! plugin = "file-source@0.1.0"      # name@version, or a path ending in .wasm
+//! parallelism = 2                   # optional override of job.parallelism
+//! grants = [{ guest = "/input", host = "data" }]   # read-only unless writable = true
+//! config = { path = "/input/flights.csv", header = true }  # any table; default {}
+//!
+//! [[operator]]
+//! name = "parse"
+//! plugin = "flights-mapper@0.1.0"
+//! inputs = ["flights"]              # names, or tables { from = "x", partition = "hash" }
+//! config = {}
+//!
+//! [[operator]]
+//! name = "per-carrier"
+//! plugin = "keyed-aggregate@0.1.0"
+//! inputs = [{ from = "parse", partition = "hash" }]
+//!
+//! [[sink]]
+//! name = "out"
+//! plugin = "jsonl-sink@0.1.0"
+//! inputs = ["per-carrier"]
+//! grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
+//! config = { dir = "/output" }
+//! ```
+//!
+//! Rules:
+//! - Unknown keys anywhere are errors; so are values of the wrong type.
+//! - Partition names are case-insensitive: `forward`, `hash`, `rebalance`, `broadcast`,
+//!   `union`, `singleton`. Without one, an edge is FORWARD when both ends have equal
+//!   parallelism and REBALANCE otherwise (decided by [`crate::stream_graph`]).
+//! - Sources take no `inputs`; operators and sinks need at least one; nothing may consume
+//!   a sink; the graph must be acyclic.
+//! - `config` may also be written as a sub-table (`[source.config]` after the
+//!   `[[source]]` it belongs to). TOML datetimes become strings; floats must be finite.
+//! - A grant's `guest` path must be absolute and unique within its node; `host` is
+//!   relative to the job file's directory or starts with `$OUTPUT`.
+//! - Nodes keep job-file order in [`StreamModel::nodes`], whatever their kind; a node's
+//!   model path is `sources/<name>`, `operators/<name>` or `sinks/<name>`.
+
+use crate::diag::{Diagnostic, Diagnostics};
+use crate::model::{Grant, InputSpec, JobSpec, NodeSpec, PluginRef, PrepareStep, StreamModel};
+use nop_stream_api::{PartitionPolicy, PluginKind, SemanticMode};
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+/// Default of `job.parallelism`.
+pub const DEFAULT_PARALLELISM: u32 = 1;
+/// Default of `job.state_shards` (seed §3.4: fixed for the job's life).
+pub const DEFAULT_STATE_SHARDS: u32 = 128;
+/// Default of `job.batch_records`.
+pub const DEFAULT_BATCH_RECORDS: u32 = 1024;
+/// Largest allowed `job.batch_records`.
+pub const MAX_BATCH_RECORDS: u32 = 65536;
+/// Default of `job.pipeline`.
+pub const DEFAULT_PIPELINE: &str = "main";
+
+type Span = Range<usize>;
+
+/// Parses and validates the TOML job file `text`; `file` is the name used in messages.
+///
+/// # Errors
+/// Every syntax, shape and semantic problem found, each with line and column where the
+/// file has them (see the [module docs](self) for the format and the rules).
+pub fn parse_job_file(file: &str, text: &str) -> Result<StreamModel, Diagnostics> {
+    let mut cx = Cx {
+        file,
+        text,
+        diags: Vec::new(),
+    };
+    let (doc, errors) = DeTable::parse_recoverable(text);
+    if !errors.is_empty() {
+        let mut seen_lines = HashSet::new();
+        let mut errors: Vec<_> = errors.into_iter().collect();
+        errors.sort_by_key(|e| e.span().map_or(usize::MAX, |s| s.start));
+        for e in errors {
+            let line = e.span().map(|s| cx.position(s.start).0);
+            if seen_lines.insert(line) {
+                cx.err(e.span(), "", e.message().to_owned());
+            }
+        }
+        return Err(cx.finish());
+    }
+
+    let mut spans = ModelSpans::default();
+    let doc = doc.get_ref();
+    check_keys(
+        &mut cx,
+        doc,
+        "",
+        &["job", "prepare", "source", "operator", "sink"],
+    );
+
+    let job = match find(doc, "job") {
+        Some(v) => match v.get_ref() {
+            DeValue::Table(t) => read_job(&mut cx, t, v.span(), &mut spans),
+            other => {
+                cx.err(
+                    Some(v.span()),
+                    "job",
+                    format!("expected a table `[job]`, found {}", other.type_str()),
+                );
+                placeholder_job()
+            }
+        },
+        None => {
+            cx.err(None, "job", "missing `[job]` table");
+            placeholder_job()
+        }
+    };
+
+    let mut prepare = Vec::new();
+    if let Some(v) = find(doc, "prepare") {
+        for (i, t, span) in tables_of(&mut cx, v, "prepare") {
+            if let Some(step) = read_prepare(&mut cx, t, span, &format!("prepare[{i}]")) {
+                prepare.push(step);
+            }
+        }
+    }
+
+    let mut nodes: Vec<(usize, NodeSpec, NodeSpans)> = Vec::new();
+    for (key, kind) in [
+        ("source", PluginKind::Source),
+        ("operator", PluginKind::Operator),
+        ("sink", PluginKind::Sink),
+    ] {
+        if let Some(v) = find(doc, key) {
+            for (i, t, span) in tables_of(&mut cx, v, key) {
+                let (node, ns) = read_node(&mut cx, t, span.clone(), kind, &format!("{key}[{i}]"));
+                nodes.push((span.start, node, ns));
+            }
+        }
+    }
+    nodes.sort_by_key(|(start, _, _)| *start);
+    let (nodes, node_spans): (Vec<_>, Vec<_>) = nodes.into_iter().map(|(_, n, s)| (n, s)).unzip();
+    spans.nodes = node_spans;
+
+    let model = StreamModel {
+        job,
+        prepare,
+        nodes,
+    };
+    spans.reported = cx.diags.iter().map(|d| d.field.clone()).collect();
+    for (field, span, message) in check_model(&model, Some(&spans)) {
+        cx.err(span, field, message);
+    }
+    if cx.diags.is_empty() {
+        Ok(model)
+    } else {
+        Err(cx.finish())
+    }
+}
+
+/// Checks the semantic rules of the [module docs](self) on a model built any way (from
+/// a file, from JSON, or after a Delta such as [`StreamModel::with_parallelism`]).
+///
+/// # Errors
+/// One diagnostic per violated rule; they carry field paths but no file or position.
+pub fn validate_model(model: &StreamModel) -> Result<(), Diagnostics> {
+    Diagnostics(
+        check_model(model, None)
+            .into_iter()
+            .map(|(field, _, message)| Diagnostic::new(field, message))
+            .collect(),
+    )
+    .into_result()
+}
+
+/// Parses a plugin reference: a path ending in `.wasm`, else `name@version` where the
+/// name is `[A-Za-z0-9][A-Za-z0-9._-]*` and the version is semver-ish
+/// (`MAJOR[.MINOR[.PATCH]][-PRE][+BUILD]`).
+///
+/// # Errors
+/// A message saying what is wrong with `s`.
+pub fn parse_plugin_ref(s: &str) -> Result<PluginRef, String> {
+    if s.ends_with(".wasm") {
+        let r = PluginRef::Path { path: s.to_owned() };
+        check_plugin_ref(&r)?;
+        return Ok(r);
+    }
+    let Some((name, version)) = s.split_once('@') else {
+        return Err(format!(
+            "`{s}` is neither `name@version` nor a path ending in `.wasm`"
+        ));
+    };
+    let r = PluginRef::Named {
+        name: name.to_owned(),
+        version: version.to_owned(),
+    };
+    check_plugin_ref(&r)?;
+    Ok(r)
+}
+
+/// Checks that a plugin reference is well-formed (see [`parse_plugin_ref`]).
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn check_plugin_ref(r: &PluginRef) -> Result<(), String> {
+    match r {
+        PluginRef::Path { path } => {
+            let stem = path.rsplit('/').next().unwrap_or(path);
+            if !path.ends_with(".wasm") || stem.len() <= ".wasm".len() {
+                return Err(format!(
+                    "plugin path `{path}` must name a component file ending in `.wasm`"
+                ));
+            }
+            if path.chars().any(char::is_control) {
+                return Err(format!(
+                    "plugin path `{}` contains a control character",
+                    path.escape_debug()
+                ));
+            }
+            Ok(())
+        }
+        PluginRef::Named { name, version } => {
+            if !is_ident(name) {
+                return Err(format!(
+                    "plugin name `{name}` must match [A-Za-z0-9][A-Za-z0-9._-]* (in `{name}@{version}`)"
+                ));
+            }
+            if !is_semverish(version) {
+                return Err(format!(
+                    "plugin version `{version}` is not a version like `1.2.3` (in `{name}@{version}`)"
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Parses a partition policy name, case-insensitively (`hash`, `FORWARD`, ...).
+pub fn parse_partition(s: &str) -> Option<PartitionPolicy> {
+    Some(match s.to_ascii_lowercase().as_str() {
+        "forward" => PartitionPolicy::Forward,
+        "hash" => PartitionPolicy::Hash,
+        "rebalance" => PartitionPolicy::Rebalance,
+        "broadcast" => PartitionPolicy::Broadcast,
+        "union" => PartitionPolicy::Union,
+        "singleton" => PartitionPolicy::Singleton,
+        _ => return None,
+    })
+}
+
+/// Parses a semantic mode name, case-insensitively, `_` equivalent to `-`
+/// (`strict-exactly-once`, `EFFECTIVELY_ONCE`, ...).
+pub fn parse_semantic(s: &str) -> Option<SemanticMode> {
+    Some(match s.to_ascii_lowercase().replace('_', "-").as_str() {
+        "strict-exactly-once" => SemanticMode::StrictExactlyOnce,
+        "effectively-once" => SemanticMode::EffectivelyOnce,
+        "at-least-once" => SemanticMode::AtLeastOnce,
+        "best-effort" => SemanticMode::BestEffort,
+        _ => return None,
+    })
+}
+
+/// Whether `s` is usable as a node name, id, pipeline or plugin name:
+/// `[A-Za-z0-9][A-Za-z0-9._-]*`. Such names are safe inside edge ids
+/// (`a->b#0`), task ids and state paths.
+pub fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn is_semverish(v: &str) -> bool {
+    let (v, build) = match v.split_once('+') {
+        Some((v, b)) => (v, Some(b)),
+        None => (v, None),
+    };
+    let (core, pre) = match v.split_once('-') {
+        Some((c, p)) => (c, Some(p)),
+        None => (v, None),
+    };
+    let tag_ok = |t: Option<&str>| {
+        t.is_none_or(|t| {
+            !t.is_empty()
+                && t.split('.').all(|p| {
+                    !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                })
+        })
+    };
+    let parts: Vec<&str> = core.split('.').collect();
+    (1..=3).contains(&parts.len())
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        && tag_ok(pre)
+        && tag_ok(build)
+}
+
+// ---------------------------------------------------------------------------------------
+// Shape reading
+
+struct Cx<'t> {
+    file: &'t str,
+    text: &'t str,
+    diags: Vec<Diagnostic>,
+}
+
+impl Cx<'_> {
+    /// 1-based (line, column in chars) of byte `offset`.
+    fn position(&self, offset: usize) -> (u32, u32) {
+        let offset = offset.min(self.text.len());
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let col = before[line_start..].chars().count() + 1;
+        (line as u32, col as u32)
+    }
+
+    fn err(&mut self, span: Option<Span>, field: impl Into<String>, message: impl Into<String>) {
+        let (line, column) = match span {
+            Some(s) => {
+                let (l, c) = self.position(s.start);
+                (Some(l), Some(c))
+            }
+            None => (None, None),
+        };
+        self.diags.push(Diagnostic {
+            file: self.file.to_owned(),
+            line,
+            column,
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    fn finish(mut self) -> Diagnostics {
+        // Stable: diagnostics without a position keep their order after positioned ones.
+        self.diags
+            .sort_by_key(|d| (d.line.unwrap_or(u32::MAX), d.column.unwrap_or(0)));
+        Diagnostics(self.diags)
+    }
+}
+
+/// Spans of the model's fields, for semantic diagnostics on a parsed file.
+#[derive(Default)]
+struct ModelSpans {
+    job: HashMap<&'static str, Span>,
+    job_table: Option<Span>,
+    nodes: Vec<NodeSpans>,
+    /// Fields that already have a shape diagnostic; semantic checks stay quiet on them.
+    reported: HashSet<String>,
+}
+
+#[derive(Default, Clone)]
+struct NodeSpans {
+    table: Option<Span>,
+    name: Option<Span>,
+    uid: Option<Span>,
+    plugin: Option<Span>,
+    parallelism: Option<Span>,
+    inputs: Option<Span>,
+    /// Per input: span of `from`, span of `partition`.
+    input_items: Vec<(Option<Span>, Option<Span>)>,
+    /// Per grant: span of `guest`.
+    grants: Vec<Option<Span>>,
+}
+
+fn find<'a, 'i>(t: &'a DeTable<'i>, key: &str) -> Option<&'a Spanned<DeValue<'i>>> {
+    t.iter()
+        .find(|(k, _)| k.get_ref().as_ref() == key)
+        .map(|(_, v)| v)
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+fn check_keys(cx: &mut Cx<'_>, t: &DeTable<'_>, prefix: &str, allowed: &[&str]) {
+    for (k, _) in t.iter() {
+        let key = k.get_ref().as_ref();
+        if !allowed.contains(&key) {
+            cx.err(
+                Some(k.span()),
+                join(prefix, key),
+                format!(
+                    "unknown key `{key}`; expected one of: {}",
+                    allowed.join(", ")
+                ),
+            );
+        }
+    }
+}
+
+/// The tables of an array of tables (`[[key]]`), with their index and span.
+fn tables_of<'a, 'i>(
+    cx: &mut Cx<'_>,
+    v: &'a Spanned<DeValue<'i>>,
+    key: &str,
+) -> Vec<(usize, &'a DeTable<'i>, Span)> {
+    let mut out = Vec::new();
+    match v.get_ref() {
+        DeValue::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                match item.get_ref() {
+                    DeValue::Table(t) => out.push((i, t, item.span())),
+                    other => cx.err(
+                        Some(item.span()),
+                        format!("{key}[{i}]"),
+                        format!("expected a table, found {}", other.type_str()),
+                    ),
+                }
+            }
+        }
+        other => cx.err(
+            Some(v.span()),
+            key,
+            format!(
+                "expected an array of tables `[[{key}]]`, found {}",
+                other.type_str()
+            ),
+        ),
+    }
+    out
+}
+
+fn get_str(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str) -> Option<String> {
+    match v.get_ref() {
+        DeValue::String(s) => Some(s.to_string()),
+        other => {
+            cx.err(
+                Some(v.span()),
+                field,
+                format!("expected a string, found {}", other.type_str()),
+            );
+            None
+        }
+    }
+}
+
+fn get_bool(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str) -> Option<bool> {
+    match v.get_ref() {
+        DeValue::Boolean(b) => Some(*b),
+        other => {
+            cx.err(
+                Some(v.span()),
+                field,
+                format!("expected a boolean, found {}", other.type_str()),
+            );
+            None
+        }
+    }
+}
+
+fn get_int(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str, max: u64) -> Option<u64> {
+    match v.get_ref() {
+        DeValue::Integer(i) => match i128::from_str_radix(i.as_str(), i.radix()) {
+            Ok(n) if (0..=i128::from(max)).contains(&n) => Some(n as u64),
+            _ => {
+                cx.err(
+                    Some(v.span()),
+                    field,
+                    format!("{i} is out of range (0..={max})"),
+                );
+                None
+            }
+        },
+        other => {
+            cx.err(
+                Some(v.span()),
+                field,
+                format!("expected an integer, found {}", other.type_str()),
+            );
+            None
+        }
+    }
+}
+
+fn get_u32(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str) -> Option<u32> {
+    get_int(cx, v, field, u64::from(u32::MAX)).map(|n| n as u32)
+}
+
+fn placeholder_job() -> JobSpec {
+    JobSpec {
+        name: String::new(),
+        id: String::new(),
+        pipeline: DEFAULT_PIPELINE.into(),
+        parallelism: DEFAULT_PARALLELISM,
+        state_shards: DEFAULT_STATE_SHARDS,
+        semantic: SemanticMode::default(),
+        checkpoint_interval_ms: None,
+        batch_records: DEFAULT_BATCH_RECORDS,
+    }
+}
+
+fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans) -> JobSpec {
+    const KEYS: &[&str] = &[
+        "name",
+        "id",
+        "pipeline",
+        "parallelism",
+        "state_shards",
+        "semantic",
+        "checkpoint_interval_ms",
+        "batch_records",
+    ];
+    check_keys(cx, t, "job", KEYS);
+    spans.job_table = Some(span.clone());
+    let mut job = placeholder_job();
+    for key in KEYS {
+        if let Some(v) = find(t, key) {
+            spans.job.insert(key, v.span());
+        }
+    }
+    match find(t, "name") {
+        Some(v) => {
+            if let Some(s) = get_str(cx, v, "job.name") {
+                job.name = s;
+            }
+        }
+        None => cx.err(Some(span), "job.name", "missing required key `name`"),
+    }
+    job.id = match find(t, "id") {
+        Some(v) => get_str(cx, v, "job.id").unwrap_or_default(),
+        None => job.name.clone(),
+    };
+    if let Some(v) = find(t, "pipeline")
+        && let Some(s) = get_str(cx, v, "job.pipeline")
+    {
+        job.pipeline = s;
+    }
+    if let Some(v) = find(t, "parallelism")
+        && let Some(n) = get_u32(cx, v, "job.parallelism")
+    {
+        job.parallelism = n;
+    }
+    if let Some(v) = find(t, "state_shards")
+        && let Some(n) = get_u32(cx, v, "job.state_shards")
+    {
+        job.state_shards = n;
+    }
+    if let Some(v) = find(t, "batch_records")
+        && let Some(n) = get_u32(cx, v, "job.batch_records")
+    {
+        job.batch_records = n;
+    }
+    if let Some(v) = find(t, "checkpoint_interval_ms") {
+        job.checkpoint_interval_ms = get_int(cx, v, "job.checkpoint_interval_ms", u64::MAX);
+    }
+    if let Some(v) = find(t, "semantic")
+        && let Some(s) = get_str(cx, v, "job.semantic")
+    {
+        match parse_semantic(&s) {
+            Some(m) => job.semantic = m,
+            None => cx.err(
+                Some(v.span()),
+                "job.semantic",
+                format!(
+                    "unknown semantic mode `{s}`; expected one of: strict-exactly-once, \
+                     effectively-once, at-least-once, best-effort"
+                ),
+            ),
+        }
+    }
+    job
+}
+
+fn read_prepare(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, prefix: &str) -> Option<PrepareStep> {
+    if find(t, "unzip").is_none() {
+        check_keys(cx, t, prefix, &["unzip"]);
+        cx.err(
+            Some(span),
+            prefix,
+            "a prepare step needs a kind key; expected one of: unzip",
+        );
+        return None;
+    }
+    check_keys(cx, t, prefix, &["unzip", "member", "into"]);
+    let req = |cx: &mut Cx<'_>, key: &str| -> Option<String> {
+        let field = join(prefix, key);
+        match find(t, key) {
+            Some(v) => {
+                let s = get_str(cx, v, &field)?;
+                if s.is_empty() {
+                    cx.err(Some(v.span()), field, "must not be empty");
+                    return None;
+                }
+                Some(s)
+            }
+            None => {
+                cx.err(
+                    Some(span.clone()),
+                    field,
+                    format!("missing required key `{key}`"),
+                );
+                None
+            }
+        }
+    };
+    let archive = req(cx, "unzip");
+    let member = req(cx, "member");
+    let into = req(cx, "into");
+    Some(PrepareStep::Unzip {
+        archive: archive?,
+        member: member?,
+        into: into?,
+    })
+}
+
+fn read_node(
+    cx: &mut Cx<'_>,
+    t: &DeTable<'_>,
+    span: Span,
+    kind: PluginKind,
+    prefix: &str,
+) -> (NodeSpec, NodeSpans) {
+    check_keys(
+        cx,
+        t,
+        prefix,
+        &[
+            "name",
+            "uid",
+            "plugin",
+            "parallelism",
+            "inputs",
+            "grants",
+            "config",
+        ],
+    );
+    let mut ns = NodeSpans {
+        table: Some(span.clone()),
+        ..NodeSpans::default()
+    };
+    let f = |key: &str| join(prefix, key);
+
+    let name = match find(t, "name") {
+        Some(v) => {
+            ns.name = Some(v.span());
+            get_str(cx, v, &f("name")).unwrap_or_default()
+        }
+        None => {
+            cx.err(Some(span.clone()), f("name"), "missing required key `name`");
+            String::new()
+        }
+    };
+    let uid = find(t, "uid").and_then(|v| {
+        ns.uid = Some(v.span());
+        get_str(cx, v, &f("uid"))
+    });
+    let plugin = match find(t, "plugin") {
+        Some(v) => {
+            ns.plugin = Some(v.span());
+            get_str(cx, v, &f("plugin")).and_then(|s| match parse_plugin_ref(&s) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    cx.err(Some(v.span()), f("plugin"), e);
+                    None
+                }
+            })
+        }
+        None => {
+            cx.err(
+                Some(span.clone()),
+                f("plugin"),
+                "missing required key `plugin`",
+            );
+            None
+        }
+    };
+    let plugin = plugin.unwrap_or(PluginRef::Path {
+        path: "<invalid>.wasm".into(),
+    });
+    let parallelism = find(t, "parallelism").and_then(|v| {
+        ns.parallelism = Some(v.span());
+        get_u32(cx, v, &f("parallelism"))
+    });
+
+    let mut inputs = Vec::new();
+    if let Some(v) = find(t, "inputs") {
+        ns.inputs = Some(v.span());
+        match v.get_ref() {
+            DeValue::Array(items) => {
+                for (j, item) in items.iter().enumerate() {
+                    let ip = format!("{prefix}.inputs[{j}]");
+                    match item.get_ref() {
+                        DeValue::String(s) => {
+                            ns.input_items.push((Some(item.span()), None));
+                            inputs.push(InputSpec {
+                                from: s.to_string(),
+                                partition: None,
+                            });
+                        }
+                        DeValue::Table(it) => {
+                            check_keys(cx, it, &ip, &["from", "partition"]);
+                            let mut spans = (None, None);
+                            let from = match find(it, "from") {
+                                Some(fv) => {
+                                    spans.0 = Some(fv.span());
+                                    get_str(cx, fv, &format!("{ip}.from")).unwrap_or_default()
+                                }
+                                None => {
+                                    cx.err(
+                                        Some(item.span()),
+                                        format!("{ip}.from"),
+                                        "missing required key `from`",
+                                    );
+                                    String::new()
+                                }
+                            };
+                            let partition = find(it, "partition").and_then(|pv| {
+                                spans.1 = Some(pv.span());
+                                let s = get_str(cx, pv, &format!("{ip}.partition"))?;
+                                let p = parse_partition(&s);
+                                if p.is_none() {
+                                    cx.err(
+                                        Some(pv.span()),
+                                        format!("{ip}.partition"),
+                                        format!(
+                                            "unknown partition `{s}`; expected one of: forward, \
+                                             hash, rebalance, broadcast, union, singleton"
+                                        ),
+                                    );
+                                }
+                                p
+                            });
+                            ns.input_items.push(spans);
+                            inputs.push(InputSpec { from, partition });
+                        }
+                        other => {
+                            cx.err(
+                                Some(item.span()),
+                                ip,
+                                format!(
+                                    "expected a node name or a table {{ from = \"..\", \
+                                     partition = \"..\" }}, found {}",
+                                    other.type_str()
+                                ),
+                            );
+                            ns.input_items.push((Some(item.span()), None));
+                            inputs.push(InputSpec {
+                                from: String::new(),
+                                partition: None,
+                            });
+                        }
+                    }
+                }
+            }
+            other => cx.err(
+                Some(v.span()),
+                f("inputs"),
+                format!("expected an array, found {}", other.type_str()),
+            ),
+        }
+    }
+
+    let mut grants = Vec::new();
+    if let Some(v) = find(t, "grants") {
+        match v.get_ref() {
+            DeValue::Array(items) => {
+                for (j, item) in items.iter().enumerate() {
+                    let gp = format!("{prefix}.grants[{j}]");
+                    let DeValue::Table(gt) = item.get_ref() else {
+                        cx.err(
+                            Some(item.span()),
+                            gp,
+                            format!(
+                                "expected a table {{ guest = \"/dir\", host = \"dir\" }}, found {}",
+                                item.get_ref().type_str()
+                            ),
+                        );
+                        continue;
+                    };
+                    check_keys(cx, gt, &gp, &["guest", "host", "writable"]);
+                    let mut g = Grant {
+                        guest: String::new(),
+                        host: String::new(),
+                        writable: false,
+                    };
+                    let mut guest_span = Some(item.span());
+                    for key in ["guest", "host"] {
+                        match find(gt, key) {
+                            Some(x) => {
+                                if key == "guest" {
+                                    guest_span = Some(x.span());
+                                }
+                                let s = get_str(cx, x, &format!("{gp}.{key}")).unwrap_or_default();
+                                if key == "guest" {
+                                    g.guest = s;
+                                } else {
+                                    g.host = s;
+                                }
+                            }
+                            None => cx.err(
+                                Some(item.span()),
+                                format!("{gp}.{key}"),
+                                format!("missing required key `{key}`"),
+                            ),
+                        }
+                    }
+                    if let Some(x) = find(gt, "writable") {
+                        g.writable = get_bool(cx, x, &format!("{gp}.writable")).unwrap_or(false);
+                    }
+                    ns.grants.push(guest_span);
+                    grants.push(g);
+                }
+            }
+            other => cx.err(
+                Some(v.span()),
+                f("grants"),
+                format!("expected an array of tables, found {}", other.type_str()),
+            ),
+        }
+    }
+
+    let config = match find(t, "config") {
+        Some(v) => match v.get_ref() {
+            DeValue::Table(_) => to_json(cx, v, &f("config")),
+            other => {
+                cx.err(
+                    Some(v.span()),
+                    f("config"),
+                    format!("expected a table, found {}", other.type_str()),
+                );
+                serde_json::Value::Object(Default::default())
+            }
+        },
+        None => serde_json::Value::Object(Default::default()),
+    };
+
+    let node = NodeSpec {
+        path: model_path(kind, &name),
+        name,
+        kind,
+        uid,
+        plugin,
+        parallelism,
+        inputs,
+        config,
+        grants,
+    };
+    (node, ns)
+}
+
+/// TOML value → JSON; non-finite floats are reported and become `null`.
+fn to_json(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str) -> serde_json::Value {
+    use serde_json::Value as J;
+    match v.get_ref() {
+        DeValue::String(s) => J::String(s.to_string()),
+        DeValue::Integer(i) => match i64::from_str_radix(i.as_str(), i.radix()) {
+            Ok(n) => J::from(n),
+            Err(_) => match u64::from_str_radix(i.as_str(), i.radix()) {
+                Ok(n) => J::from(n),
+                Err(_) => {
+                    cx.err(
+                        Some(v.span()),
+                        field,
+                        format!("integer {i} is out of range"),
+                    );
+                    J::Null
+                }
+            },
+        },
+        DeValue::Float(x) => {
+            let f: Option<f64> = x.as_str().replace('_', "").parse().ok();
+            match f.and_then(serde_json::Number::from_f64) {
+                Some(n) => J::Number(n),
+                None => {
+                    cx.err(
+                        Some(v.span()),
+                        field,
+                        format!("float {x} has no JSON representation (must be finite)"),
+                    );
+                    J::Null
+                }
+            }
+        }
+        DeValue::Boolean(b) => J::Bool(*b),
+        DeValue::Datetime(d) => J::String(d.to_string()),
+        DeValue::Array(items) => J::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| to_json(cx, item, &format!("{field}[{i}]")))
+                .collect(),
+        ),
+        DeValue::Table(t) => {
+            let mut m = serde_json::Map::new();
+            for (k, item) in t.iter() {
+                let key = k.get_ref().to_string();
+                let j = to_json(cx, item, &join(field, &key));
+                m.insert(key, j);
+            }
+            J::Object(m)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Semantic checks
+
+/// The canonical model path of a node (seed §3.2 priority 2).
+pub fn model_path(kind: PluginKind, name: &str) -> String {
+    format!("{}/{name}", table_dir(kind))
+}
+
+fn table_dir(kind: PluginKind) -> &'static str {
+    match kind {
+        PluginKind::Source => "sources",
+        PluginKind::Operator => "operators",
+        PluginKind::Sink => "sinks",
+    }
+}
+
+type Found = (String, Option<Span>, String);
+
+/// All semantic problems of `model`: (field, span if known, message).
+fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
+    let mut out: Vec<Found> = Vec::new();
+    let reported = |field: &str| spans.is_some_and(|s| s.reported.contains(field));
+    let mut push = |field: String, span: Option<Span>, msg: String| {
+        if !reported(&field) {
+            out.push((field, span, msg));
+        }
+    };
+    let job_span =
+        |key: &str| spans.and_then(|s| s.job.get(key).cloned().or_else(|| s.job_table.clone()));
+    let node_spans = |i: usize| {
+        spans
+            .and_then(|s| s.nodes.get(i))
+            .cloned()
+            .unwrap_or_default()
+    };
+
+    // [job]
+    let job = &model.job;
+    if job.name.trim().is_empty() {
+        push(
+            "job.name".into(),
+            job_span("name"),
+            "must not be empty".into(),
+        );
+    }
+    if !is_ident(&job.id) {
+        let defaulted = spans.is_some_and(|s| !s.job.contains_key("id"));
+        let hint = if defaulted {
+            " (it defaults to job.name; set `id` explicitly)"
+        } else {
+            ""
+        };
+        if !(defaulted && job.name.trim().is_empty()) {
+            push(
+                "job.id".into(),
+                job_span("id"),
+                format!(
+                    "`{}` is not a valid id: use [A-Za-z0-9._-], starting with a letter or digit{hint}",
+                    job.id
+                ),
+            );
+        }
+    }
+    if !is_ident(&job.pipeline) {
+        push(
+            "job.pipeline".into(),
+            job_span("pipeline"),
+            format!(
+                "`{}` is not a valid pipeline id: use [A-Za-z0-9._-], starting with a letter or digit",
+                job.pipeline
+            ),
+        );
+    }
+    if job.parallelism < 1 {
+        push(
+            "job.parallelism".into(),
+            job_span("parallelism"),
+            format!("must be >= 1, found {}", job.parallelism),
+        );
+    }
+    if job.state_shards < 1 {
+        push(
+            "job.state_shards".into(),
+            job_span("state_shards"),
+            format!("must be >= 1, found {}", job.state_shards),
+        );
+    }
+    if !(1..=MAX_BATCH_RECORDS).contains(&job.batch_records) {
+        push(
+            "job.batch_records".into(),
+            job_span("batch_records"),
+            format!(
+                "must be in 1..={MAX_BATCH_RECORDS}, found {}",
+                job.batch_records
+            ),
+        );
+    }
+    if job.checkpoint_interval_ms == Some(0) {
+        push(
+            "job.checkpoint_interval_ms".into(),
+            job_span("checkpoint_interval_ms"),
+            "must be >= 1 (omit it to disable periodic checkpoints)".into(),
+        );
+    }
+
+    // Nodes
+    let prefixes: Vec<String> = (0..model.nodes.len())
+        .map(|i| model.node_field(i))
+        .collect();
+    let mut by_name: HashMap<&str, usize> = HashMap::new();
+    let mut by_id: HashMap<String, usize> = HashMap::new();
+    // An unknown reference is only reported when every node has a name; otherwise it
+    // may well name the node whose name failed to parse.
+    let names_complete = model.nodes.iter().all(|n| !n.name.is_empty());
+    for (i, n) in model.nodes.iter().enumerate() {
+        let p = &prefixes[i];
+        let ns = node_spans(i);
+        if n.name.is_empty() {
+            push(
+                format!("{p}.name"),
+                ns.name.clone().or(ns.table.clone()),
+                "must not be empty".into(),
+            );
+        } else if !is_ident(&n.name) {
+            push(
+                format!("{p}.name"),
+                ns.name.clone(),
+                format!(
+                    "`{}` is not a valid node name: use [A-Za-z0-9._-], starting with a letter or digit",
+                    n.name
+                ),
+            );
+        } else if let Some(&first) = by_name.get(n.name.as_str()) {
+            push(
+                format!("{p}.name"),
+                ns.name.clone(),
+                format!("duplicate name `{}` (also {})", n.name, prefixes[first]),
+            );
+        } else {
+            by_name.insert(&n.name, i);
+        }
+        let expected_path = model_path(n.kind, &n.name);
+        if n.path != expected_path {
+            push(
+                format!("{p}.path"),
+                None,
+                format!("model path must be `{expected_path}`, found `{}`", n.path),
+            );
+        }
+        if let Some(uid) = &n.uid
+            && !is_ident(uid)
+        {
+            push(
+                format!("{p}.uid"),
+                ns.uid.clone(),
+                format!(
+                    "`{uid}` is not a valid uid: use [A-Za-z0-9._-], starting with a letter or digit"
+                ),
+            );
+        }
+        if !n.name.is_empty() {
+            let id = crate::model::operator_id(n).0;
+            if let Some(&first) = by_id.get(&id) {
+                if by_name.get(n.name.as_str()) == Some(&i) {
+                    push(
+                        format!("{p}.uid"),
+                        ns.uid.clone().or(ns.name.clone()),
+                        format!(
+                            "operator id `{id}` is also the id of {} (`{}`); operator ids must be unique (seed §3.2)",
+                            prefixes[first], model.nodes[first].name
+                        ),
+                    );
+                }
+            } else {
+                by_id.insert(id, i);
+            }
+        }
+        if let Err(e) = check_plugin_ref(&n.plugin) {
+            push(format!("{p}.plugin"), ns.plugin.clone(), e);
+        }
+        if n.parallelism == Some(0) {
+            push(
+                format!("{p}.parallelism"),
+                ns.parallelism.clone(),
+                "must be >= 1, found 0".into(),
+            );
+        }
+        if !n.config.is_object() {
+            push(
+                format!("{p}.config"),
+                None,
+                "must be a table (JSON object)".into(),
+            );
+        }
+        let mut guests: HashMap<&str, usize> = HashMap::new();
+        for (j, g) in n.grants.iter().enumerate() {
+            let gspan = ns.grants.get(j).cloned().flatten();
+            if !g.guest.starts_with('/') {
+                push(
+                    format!("{p}.grants[{j}].guest"),
+                    gspan.clone(),
+                    format!("guest path `{}` must be absolute (start with `/`)", g.guest),
+                );
+            } else if let Some(first) = guests.insert(&g.guest, j) {
+                push(
+                    format!("{p}.grants[{j}].guest"),
+                    gspan.clone(),
+                    format!(
+                        "guest path `{}` is already granted by {p}.grants[{first}]",
+                        g.guest
+                    ),
+                );
+            }
+            if g.host.is_empty() {
+                push(
+                    format!("{p}.grants[{j}].host"),
+                    gspan,
+                    "host directory must not be empty".into(),
+                );
+            }
+        }
+        match n.kind {
+            PluginKind::Source => {
+                if !n.inputs.is_empty() {
+                    push(
+                        format!("{p}.inputs"),
+                        ns.inputs.clone(),
+                        format!("source `{}` cannot have inputs", n.name),
+                    );
+                }
+            }
+            PluginKind::Operator | PluginKind::Sink => {
+                if n.inputs.is_empty() {
+                    push(
+                        format!("{p}.inputs"),
+                        ns.inputs.clone().or(ns.table.clone()),
+                        format!("{} `{}` needs at least one input", n.kind, n.name),
+                    );
+                }
+            }
+        }
+    }
+
+    // References
+    // With duplicate names (reported above), a reference resolves to the first node.
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in model.nodes.iter().enumerate() {
+        index.entry(n.name.as_str()).or_insert(i);
+    }
+    let mut adj: Vec<Vec<(usize, usize)>> = vec![Vec::new(); model.nodes.len()]; // (upstream, input)
+    for (i, n) in model.nodes.iter().enumerate() {
+        if n.kind == PluginKind::Source {
+            continue;
+        }
+        let p = &prefixes[i];
+        let ns = node_spans(i);
+        for (j, input) in n.inputs.iter().enumerate() {
+            let field = format!("{p}.inputs[{j}].from");
+            let span = ns.input_items.get(j).and_then(|s| s.0.clone());
+            if input.from.is_empty() {
+                push(field, span, "must name an upstream node".into());
+                continue;
+            }
+            match index.get(input.from.as_str()) {
+                None => {
+                    if names_complete {
+                        let mut known: Vec<&str> = model
+                            .nodes
+                            .iter()
+                            .filter(|m| m.kind != PluginKind::Sink)
+                            .map(|m| m.name.as_str())
+                            .collect();
+                        known.sort_unstable();
+                        known.dedup();
+                        push(
+                            field,
+                            span,
+                            format!(
+                                "unknown node `{}`; known sources and operators: {}",
+                                input.from,
+                                known.join(", ")
+                            ),
+                        );
+                    }
+                }
+                Some(&u) if u == i => {
+                    push(field, span, format!("`{}` cannot consume itself", n.name));
+                }
+                Some(&u) if model.nodes[u].kind == PluginKind::Sink => {
+                    push(
+                        field,
+                        span,
+                        format!(
+                            "`{}` is a sink ({}); sinks have no output to consume",
+                            input.from, prefixes[u]
+                        ),
+                    );
+                }
+                Some(&u) => adj[i].push((u, j)),
+            }
+        }
+    }
+
+    // Cycles: DFS over upstream links; a back edge closes a cycle.
+    let mut color = vec![0u8; model.nodes.len()]; // 0 new, 1 on stack, 2 done
+    let mut stack: Vec<usize> = Vec::new();
+    let mut cycles_seen: HashSet<Vec<usize>> = HashSet::new();
+    fn dfs(
+        v: usize,
+        adj: &[Vec<(usize, usize)>],
+        color: &mut [u8],
+        stack: &mut Vec<usize>,
+        found: &mut Vec<(usize, usize, Vec<usize>)>,
+    ) {
+        color[v] = 1;
+        stack.push(v);
+        for &(u, j) in &adj[v] {
+            if color[u] == 1 {
+                let pos = stack.iter().position(|&x| x == u).unwrap_or(0);
+                found.push((v, j, stack[pos..].to_vec()));
+            } else if color[u] == 0 {
+                dfs(u, adj, color, stack, found);
+            }
+        }
+        stack.pop();
+        color[v] = 2;
+    }
+    let mut found = Vec::new();
+    for v in 0..model.nodes.len() {
+        if color[v] == 0 {
+            dfs(v, &adj, &mut color, &mut stack, &mut found);
+        }
+    }
+    for (_, _, cycle) in found {
+        let mut key = cycle.clone();
+        key.sort_unstable();
+        if !cycles_seen.insert(key) {
+            continue;
+        }
+        // `cycle` runs downstream -> upstream; print it in data-flow order, starting at
+        // the node declared first, and report it at that node's input closing the cycle.
+        let mut flow: Vec<usize> = cycle.iter().rev().copied().collect();
+        let start = (0..flow.len()).min_by_key(|&k| flow[k]).unwrap_or(0);
+        flow.rotate_left(start);
+        let first = flow[0];
+        let last = flow[flow.len() - 1];
+        let j = adj[first]
+            .iter()
+            .find(|&&(u, _)| u == last)
+            .map_or(0, |&(_, j)| j);
+        let mut names: Vec<&str> = flow.iter().map(|&k| model.nodes[k].name.as_str()).collect();
+        names.push(names[0]);
+        let span = node_spans(first)
+            .input_items
+            .get(j)
+            .and_then(|s| s.0.clone());
+        push(
+            format!("{}.inputs[{j}].from", prefixes[first]),
+            span,
+            format!("cycle: {}", names.join(" -> ")),
+        );
+    }
+
+    // Keyed parallelism vs shard count.
+    if job.state_shards >= 1 {
+        for (i, n) in model.nodes.iter().enumerate() {
+            let keyed = n
+                .inputs
+                .iter()
+                .any(|x| x.partition == Some(PartitionPolicy::Hash));
+            let par = n.parallelism.unwrap_or(job.parallelism);
+            if keyed && par > job.state_shards {
+                push(
+                    "job.state_shards".into(),
+                    job_span("state_shards"),
+                    format!(
+                        "state_shards = {} is less than the parallelism {par} of keyed {} `{}` ({}); \
+                         every subtask of a keyed node needs at least one shard",
+                        job.state_shards, n.kind, n.name, prefixes[i]
+                    ),
+                );
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of the module docs.
+    pub(crate) const EXAMPLE: &str = r#"[job]
+name = "flights-per-carrier"
+id = "flights-per-carrier"
+pipeline = "main"
+parallelism = 2
+state_shards = 128
+semantic = "strict-exactly-once"
+checkpoint_interval_ms = 1000
+batch_records = 1024
+
+[[prepare]]
+unzip = "data/flights.csv.zip"
+member = "flights.csv"
+into = "data"
+
+[[source]]
+name = "flights"
+uid = "flights-source"
+plugin = "file-source@0.1.0"
+parallelism = 2
+grants = [{ guest = "/input", host = "data" }]
+config = { path = "/input/flights.csv", header = true }
+
+[[operator]]
+name = "parse"
+plugin = "flights-mapper@0.1.0"
+inputs = ["flights"]
+config = {}
+
+[[operator]]
+name = "per-carrier"
+plugin = "keyed-aggregate@0.1.0"
+inputs = [{ from = "parse", partition = "hash" }]
+
+[[sink]]
+name = "out"
+plugin = "jsonl-sink@0.1.0"
+inputs = ["per-carrier"]
+grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
+config = { dir = "/output" }
+"#;
+
+    fn errs(text: &str) -> Diagnostics {
+        parse_job_file("job.toml", text).expect_err("the file must be refused")
+    }
+
+    /// The diagnostic naming `field`, panicking with all diagnostics if there is none.
+    fn at<'a>(d: &'a Diagnostics, field: &str) -> &'a Diagnostic {
+        d.iter()
+            .find(|x| x.field == field)
+            .unwrap_or_else(|| panic!("no diagnostic for `{field}` in:\n{d}"))
+    }
+
+    const MINIMAL_JOB: &str = "[job]\nname = \"j\"\n";
+
+    #[test]
+    fn parses_the_full_example() {
+        let m = parse_job_file("job.toml", EXAMPLE).unwrap();
+        assert_eq!(m.job.name, "flights-per-carrier");
+        assert_eq!(m.job.id, "flights-per-carrier");
+        assert_eq!(m.job.pipeline, "main");
+        assert_eq!(m.job.parallelism, 2);
+        assert_eq!(m.job.state_shards, 128);
+        assert_eq!(m.job.semantic, SemanticMode::StrictExactlyOnce);
+        assert_eq!(m.job.checkpoint_interval_ms, Some(1000));
+        assert_eq!(m.job.batch_records, 1024);
+        assert_eq!(
+            m.prepare,
+            vec![PrepareStep::Unzip {
+                archive: "data/flights.csv.zip".into(),
+                member: "flights.csv".into(),
+                into: "data".into(),
+            }]
+        );
+        let names: Vec<_> = m.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["flights", "parse", "per-carrier", "out"]);
+        let paths: Vec<_> = m.nodes.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "sources/flights",
+                "operators/parse",
+                "operators/per-carrier",
+                "sinks/out"
+            ]
+        );
+        let src = &m.nodes[0];
+        assert_eq!(src.kind, PluginKind::Source);
+        assert_eq!(src.uid.as_deref(), Some("flights-source"));
+        assert_eq!(
+            src.plugin,
+            PluginRef::Named {
+                name: "file-source".into(),
+                version: "0.1.0".into()
+            }
+        );
+        assert_eq!(src.parallelism, Some(2));
+        assert_eq!(
+            src.grants,
+            vec![Grant {
+                guest: "/input".into(),
+                host: "data".into(),
+                writable: false
+            }]
+        );
+        assert_eq!(
+            src.config,
+            serde_json::json!({"path": "/input/flights.csv", "header": true})
+        );
+        assert_eq!(
+            m.nodes[2].inputs,
+            vec![InputSpec {
+                from: "parse".into(),
+                partition: Some(PartitionPolicy::Hash)
+            }]
+        );
+        assert_eq!(
+            m.nodes[1].inputs,
+            vec![InputSpec {
+                from: "flights".into(),
+                partition: None
+            }]
+        );
+        let sink = &m.nodes[3];
+        assert_eq!(sink.kind, PluginKind::Sink);
+        assert!(sink.grants[0].writable);
+        assert_eq!(sink.grants[0].host, "$OUTPUT");
+        assert_eq!(m.nodes[1].config, serde_json::json!({}));
+        assert_eq!(m.nodes[2].config, serde_json::json!({}));
+        assert_eq!(crate::model::operator_id(src).as_str(), "flights-source");
+        assert_eq!(
+            crate::model::operator_id(&m.nodes[1]).as_str(),
+            "operators/parse"
+        );
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let m = parse_job_file(
+            "j.toml",
+            "[job]\nname = \"j\"\n[[source]]\nname = \"s\"\nplugin = \"p.wasm\"\n\
+             [[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [\"s\"]\n",
+        )
+        .unwrap();
+        assert_eq!(m.job.id, "j");
+        assert_eq!(m.job.pipeline, DEFAULT_PIPELINE);
+        assert_eq!(m.job.parallelism, 1);
+        assert_eq!(m.job.state_shards, 128);
+        assert_eq!(m.job.batch_records, 1024);
+        assert_eq!(m.job.checkpoint_interval_ms, None);
+        assert_eq!(m.job.semantic, SemanticMode::StrictExactlyOnce);
+        assert!(m.prepare.is_empty());
+        assert_eq!(
+            m.nodes[0].plugin,
+            PluginRef::Path {
+                path: "p.wasm".into()
+            }
+        );
+        assert_eq!(m.nodes[0].parallelism, None);
+        assert!(m.nodes[0].grants.is_empty());
+    }
+
+    #[test]
+    fn nodes_keep_file_order_across_kinds_and_config_subtables_work() {
+        let text = format!(
+            "{MINIMAL_JOB}[[operator]]\nname = \"o\"\nplugin = \"o@1.0.0\"\ninputs = [\"s\"]\n\
+             [operator.config]\nfactor = 2.5\nnested = {{ when = 1979-05-27T07:32:00Z, list = [1, \"x\"] }}\n\
+             [[source]]\nname = \"s\"\nplugin = \"s@1.0.0\"\n\
+             [[sink]]\nname = \"k\"\nplugin = \"k@1.0.0\"\ninputs = [{{ from = \"o\", partition = \"SINGLETON\" }}]\n"
+        );
+        let m = parse_job_file("j.toml", &text).unwrap();
+        let names: Vec<_> = m.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["o", "s", "k"]);
+        assert_eq!(m.node_field(0), "operator[0]");
+        assert_eq!(m.node_field(1), "source[0]");
+        assert_eq!(
+            m.nodes[0].config,
+            serde_json::json!({"factor": 2.5, "nested": {"when": "1979-05-27T07:32:00Z", "list": [1, "x"]}})
+        );
+        assert_eq!(
+            m.nodes[2].inputs[0].partition,
+            Some(PartitionPolicy::Singleton)
+        );
+    }
+
+    #[test]
+    fn partition_and_semantic_names_are_case_insensitive() {
+        for (s, p) in [
+            ("forward", PartitionPolicy::Forward),
+            ("HASH", PartitionPolicy::Hash),
+            ("Rebalance", PartitionPolicy::Rebalance),
+            ("broadcast", PartitionPolicy::Broadcast),
+            ("UNION", PartitionPolicy::Union),
+            ("singleton", PartitionPolicy::Singleton),
+        ] {
+            assert_eq!(parse_partition(s), Some(p));
+        }
+        assert_eq!(parse_partition("keyby"), None);
+        assert_eq!(
+            parse_semantic("EFFECTIVELY_ONCE"),
+            Some(SemanticMode::EffectivelyOnce)
+        );
+        assert_eq!(parse_semantic("exactly-once"), None);
+    }
+
+    #[test]
+    fn plugin_refs() {
+        assert!(parse_plugin_ref("file-source@0.1.0").is_ok());
+        assert!(parse_plugin_ref("a_b.c@1").is_ok());
+        assert!(parse_plugin_ref("x@1.2.3-rc.1+build.5").is_ok());
+        assert!(parse_plugin_ref("dir/x@y.wasm").is_ok());
+        for bad in [
+            "file-source",
+            "@1.0.0",
+            "x@",
+            "x@1.2.3.4",
+            "x@v1",
+            "x y@1",
+            ".wasm",
+            "x@1.0.0-",
+        ] {
+            assert!(parse_plugin_ref(bad).is_err(), "{bad} must be refused");
+        }
+    }
+
+    #[test]
+    fn syntax_error_has_line_and_column() {
+        let d = errs("[job]\nname = \"j\"\nparallelism = = 2\n");
+        assert_eq!(d.0[0].line, Some(3), "{d}");
+        assert!(d.0[0].column.is_some());
+        assert_eq!(d.0[0].field, "");
+        assert!(d.to_string().starts_with("job.toml:3:"), "{d}");
+    }
+
+    #[test]
+    fn each_malformed_case_names_field_and_line() {
+        // (file text, field, line)
+        let src = "[[source]]\nname = \"s\"\nplugin = \"s@1.0.0\"\n"; // lines 3..5 after MINIMAL_JOB
+        let cases: Vec<(String, &str, u32)> = vec![
+            ("[job]\nnme = \"x\"\n".into(), "job.nme", 2),
+            ("[job]\nnme = \"x\"\n".into(), "job.name", 1),
+            ("[job]\nname = 5\n".into(), "job.name", 2),
+            (
+                format!("{MINIMAL_JOB}parallelism = \"2\"\n"),
+                "job.parallelism",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}parallelism = 0\n"),
+                "job.parallelism",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}parallelism = -1\n"),
+                "job.parallelism",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}state_shards = 0\n"),
+                "job.state_shards",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}batch_records = 65537\n"),
+                "job.batch_records",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}batch_records = 0\n"),
+                "job.batch_records",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}checkpoint_interval_ms = 0\n"),
+                "job.checkpoint_interval_ms",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}semantic = \"exactly-once\"\n"),
+                "job.semantic",
+                3,
+            ),
+            (format!("{MINIMAL_JOB}id = \"a/b\"\n"), "job.id", 3),
+            ("[job]\nname = \"my job\"\n".into(), "job.id", 1),
+            (format!("{MINIMAL_JOB}pipeline = \"\"\n"), "job.pipeline", 3),
+            (format!("{MINIMAL_JOB}[extra]\n"), "extra", 3),
+            (
+                format!("{MINIMAL_JOB}[[prepare]]\nunzip = \"a.zip\"\nmember = \"m\"\n"),
+                "prepare[0].into",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}[[prepare]]\ncopy = \"a\"\n"),
+                "prepare[0].copy",
+                4,
+            ),
+            (
+                format!("{MINIMAL_JOB}[[source]]\nplugin = \"s@1.0.0\"\n"),
+                "source[0].name",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}[[source]]\nname = \"s\"\n"),
+                "source[0].plugin",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}[[source]]\nname = \"s\"\nplugin = \"file-source\"\n"),
+                "source[0].plugin",
+                5,
+            ),
+            (
+                format!("{MINIMAL_JOB}[[source]]\nname = \"s\"\nplugin = \"s@x.y\"\n"),
+                "source[0].plugin",
+                5,
+            ),
+            (
+                format!("{MINIMAL_JOB}[[source]]\nname = \"a b\"\nplugin = \"s@1\"\n"),
+                "source[0].name",
+                4,
+            ),
+            (
+                format!("{MINIMAL_JOB}[[source]]\nname = \"\"\nplugin = \"s@1\"\n"),
+                "source[0].name",
+                4,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}colour = 1\n"),
+                "source[0].colour",
+                6,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}parallelism = 0\n"),
+                "source[0].parallelism",
+                6,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}inputs = [\"x\"]\n"),
+                "source[0].inputs",
+                6,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}config = 3\n"),
+                "source[0].config",
+                6,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}config = {{ x = nan }}\n"),
+                "source[0].config.x",
+                6,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}grants = [{{ guest = \"input\", host = \"d\" }}]\n"),
+                "source[0].grants[0].guest",
+                6,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}grants = [{{ guest = \"/in\" }}]\n"),
+                "source[0].grants[0].host",
+                6,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}grants = [{{ guest = \"/in\", host = \"d\", mode = \"rw\" }}]\n"
+                ),
+                "source[0].grants[0].mode",
+                6,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}grants = [{{ guest = \"/in\", host = \"d\", writable = \"yes\" }}]\n"
+                ),
+                "source[0].grants[0].writable",
+                6,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}grants = [{{ guest = \"/in\", host = \"a\" }}, {{ guest = \"/in\", host = \"b\" }}]\n"
+                ),
+                "source[0].grants[1].guest",
+                6,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}[[operator]]\nname = \"o\"\nplugin = \"o@1\"\n"),
+                "operator[0].inputs",
+                6,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[operator]]\nname = \"o\"\nplugin = \"o@1\"\n\ninputs = [\"s\", \"nope\"]\n"
+                ),
+                "operator[0].inputs[1].from",
+                10,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[operator]]\nname = \"o\"\nplugin = \"o@1\"\ninputs = [{{ from = \"s\", partition = \"keyby\" }}]\n"
+                ),
+                "operator[0].inputs[0].partition",
+                9,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[operator]]\nname = \"o\"\nplugin = \"o@1\"\ninputs = [{{ partition = \"hash\" }}]\n"
+                ),
+                "operator[0].inputs[0].from",
+                9,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[operator]]\nname = \"o\"\nplugin = \"o@1\"\ninputs = [{{ from = \"s\", key = \"k\" }}]\n"
+                ),
+                "operator[0].inputs[0].key",
+                9,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[operator]]\nname = \"o\"\nplugin = \"o@1\"\ninputs = [3]\n"
+                ),
+                "operator[0].inputs[0]",
+                9,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[operator]]\nname = \"o\"\nplugin = \"o@1\"\ninputs = \"s\"\n"
+                ),
+                "operator[0].inputs",
+                9,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[operator]]\nname = \"s\"\nplugin = \"o@1\"\ninputs = [\"s\"]\n"
+                ),
+                "operator[0].name",
+                7,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [\"s\"]\n[[sink]]\nname = \"k2\"\nplugin = \"k@1\"\ninputs = [\"k\"]\n"
+                ),
+                "sink[1].inputs[0].from",
+                13,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}uid = \"u\"\n[[sink]]\nname = \"k\"\nuid = \"u\"\nplugin = \"k@1\"\ninputs = [\"s\"]\n"
+                ),
+                "sink[0].uid",
+                9,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[sink]]\nname = \"k\"\nuid = \"sources/s\"\nplugin = \"k@1\"\ninputs = [\"s\"]\n"
+                ),
+                "sink[0].uid",
+                8,
+            ),
+            (
+                format!(
+                    "{MINIMAL_JOB}state_shards = 2\n{src}parallelism = 2\n[[sink]]\nname = \"k\"\nplugin = \"k@1\"\nparallelism = 3\ninputs = [{{ from = \"s\", partition = \"hash\" }}]\n"
+                ),
+                "job.state_shards",
+                3,
+            ),
+            (format!("source = 3\n{MINIMAL_JOB}"), "source", 1),
+            (
+                format!(
+                    "{MINIMAL_JOB}{src}[[operator]]\nname = \"o\"\nplugin = \"o@1\"\ninputs = [\"o\"]\n"
+                ),
+                "operator[0].inputs[0].from",
+                9,
+            ),
+            ("name = \"x\"\n".into(), "name", 1),
+        ];
+        for (text, field, line) in cases {
+            let d = errs(&text);
+            let x = at(&d, field);
+            assert_eq!(
+                x.line,
+                Some(line),
+                "line of `{field}` in:\n{text}\n---\n{d}"
+            );
+            assert_eq!(x.file, "job.toml");
+            assert!(!x.message.is_empty());
+        }
+        // A file without [job] names the table, without a position.
+        let d = errs("");
+        assert_eq!(at(&d, "job").line, None);
+    }
+
+    #[test]
+    fn a_cycle_is_named_in_data_flow_order() {
+        let text = format!(
+            "{MINIMAL_JOB}[[source]]\nname = \"s\"\nplugin = \"s@1\"\n\
+             [[operator]]\nname = \"a\"\nplugin = \"o@1\"\ninputs = [\"s\", \"c\"]\n\
+             [[operator]]\nname = \"b\"\nplugin = \"o@1\"\ninputs = [\"a\"]\n\
+             [[operator]]\nname = \"c\"\nplugin = \"o@1\"\ninputs = [\"b\"]\n"
+        );
+        let d = errs(&text);
+        let cycles: Vec<_> = d
+            .iter()
+            .filter(|x| x.message.starts_with("cycle"))
+            .collect();
+        assert_eq!(cycles.len(), 1, "{d}");
+        assert_eq!(cycles[0].message, "cycle: a -> b -> c -> a");
+        assert_eq!(cycles[0].field, "operator[0].inputs[1].from");
+        assert_eq!(cycles[0].line, Some(9));
+    }
+
+    #[test]
+    fn every_problem_is_reported_together_in_file_order() {
+        let text = r#"[job]
+name = "j"
+parallelism = 0
+colour = "red"
+
+[[source]]
+name = "s"
+plugin = "nope"
+inputs = ["x"]
+
+[[operator]]
+name = "s"
+plugin = "o@1.0.0"
+inputs = [{ from = "s", partition = "sideways" }]
+
+[[sink]]
+name = "k"
+plugin = "k@1.0.0"
+inputs = []
+grants = [{ guest = "out", host = "$OUTPUT" }]
+"#;
+        let d = errs(text);
+        let got: Vec<(String, Option<u32>)> = d.iter().map(|x| (x.field.clone(), x.line)).collect();
+        let want = [
+            ("job.parallelism", 3),
+            ("job.colour", 4),
+            ("source[0].plugin", 8),
+            ("source[0].inputs", 9),
+            ("operator[0].name", 12),
+            ("operator[0].inputs[0].partition", 14),
+            ("sink[0].inputs", 19),
+            ("sink[0].grants[0].guest", 20),
+        ];
+        for (field, line) in want {
+            assert!(
+                got.contains(&(field.to_owned(), Some(line))),
+                "missing {field} at line {line} in:\n{d}"
+            );
+        }
+        // Sorted by position.
+        let lines: Vec<u32> = d.iter().filter_map(|x| x.line).collect();
+        assert!(lines.windows(2).all(|w| w[0] <= w[1]), "{d}");
+        assert!(d.to_string().lines().count() >= want.len());
+    }
+
+    #[test]
+    fn validate_model_checks_models_built_elsewhere() {
+        let m = parse_job_file("job.toml", EXAMPLE).unwrap();
+        validate_model(&m).unwrap();
+        let mut bad = m.clone();
+        bad.nodes[1].path = "operators/other".into();
+        bad.nodes[3].inputs.clear();
+        let d = validate_model(&bad).unwrap_err();
+        assert!(d.mentions("operator[0].path"), "{d}");
+        assert!(d.mentions("sink[0].inputs"), "{d}");
+        assert!(d.iter().all(|x| x.line.is_none() && x.file.is_empty()));
+        let d = d.with_file("job.toml");
+        assert!(d.iter().all(|x| x.file == "job.toml"));
+    }
+
+    #[test]
+    fn with_parallelism_overrides_everything() {
+        let m = parse_job_file("job.toml", EXAMPLE)
+            .unwrap()
+            .with_parallelism(5);
+        assert_eq!(m.job.parallelism, 5);
+        assert!(m.nodes.iter().all(|n| m.parallelism_of(n) == 5));
+    }
+
+    #[test]
+    fn structural_ids_are_stable_and_topology_sensitive() {
+        let m = parse_job_file("job.toml", EXAMPLE).unwrap();
+        let node = &m.nodes[2];
+        let up = [OperatorIdLike::parse()];
+        let a = crate::model::structural_operator_id(node, &up, 0);
+        let b = crate::model::structural_operator_id(node, &up, 0);
+        assert_eq!(a, b);
+        assert!(a.as_str().starts_with("struct-"));
+        assert_eq!(a.as_str().len(), "struct-".len() + 20);
+        // Config and version do not change it; ordinal, plugin and upstream do.
+        let mut changed = node.clone();
+        changed.config = serde_json::json!({"x": 1});
+        changed.plugin = PluginRef::Named {
+            name: "keyed-aggregate".into(),
+            version: "9.9.9".into(),
+        };
+        assert_eq!(crate::model::structural_operator_id(&changed, &up, 0), a);
+        assert_ne!(crate::model::structural_operator_id(node, &up, 1), a);
+        let other_up = [nop_stream_api::OperatorId::new("operators/other")];
+        assert_ne!(crate::model::structural_operator_id(node, &other_up, 0), a);
+        changed.plugin = PluginRef::Named {
+            name: "other".into(),
+            version: "0.1.0".into(),
+        };
+        assert_ne!(crate::model::structural_operator_id(&changed, &up, 0), a);
+    }
+
+    struct OperatorIdLike;
+    impl OperatorIdLike {
+        fn parse() -> nop_stream_api::OperatorId {
+            nop_stream_api::OperatorId::new("operators/parse")
+        }
+    }
+}
