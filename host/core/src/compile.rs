@@ -201,12 +201,17 @@ fn article(kind: PluginKind) -> &'static str {
 fn check_plugin(node: &NodeSpec, info: &PluginInfo, field: &str, diags: &mut Vec<Diagnostic>) {
     let r = &node.plugin;
     if info.kind != node.kind {
+        let described = info.reference();
+        let named = if described == r.to_string() {
+            format!("`{r}`")
+        } else {
+            format!("`{r}` (`{described}`)")
+        };
         diags.push(Diagnostic::new(
             field,
             format!(
-                "`{r}` (`{}`) is {} {} component, but `{}` is declared in a [[{}]] table; \
+                "{named} is {} {} component, but `{}` is declared in a [[{}]] table; \
                  use {} {} plugin here or move the node to [[{}]]",
-                info.reference(),
                 article(info.kind),
                 info.kind,
                 node.name,

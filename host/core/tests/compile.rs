@@ -1,0 +1,604 @@
+//! Plan compilation end to end against a fake plugin catalog: layers, chaining, channels,
+//! fingerprints, JSON round trips and semantic-mode refusals.
+
+use nop_stream_api::{
+    PartitionPolicy, PluginInfo, PluginKind, SemanticMode, SinkCapability, SourceCapability,
+    StateDescriptor, StateKind, StateShardId, SubtaskIndex,
+};
+use nop_stream_core::*;
+use serde::{Serialize, de::DeserializeOwned};
+use std::collections::HashMap;
+use std::fmt::Debug;
+
+const EXAMPLE: &str = r#"[job]
+name = "flights-per-carrier"
+parallelism = 2
+state_shards = 128
+checkpoint_interval_ms = 1000
+
+[[source]]
+name = "flights"
+uid = "flights-source"
+plugin = "file-source@0.1.0"
+grants = [{ guest = "/input", host = "data" }]
+config = { path = "/input/flights.csv", header = true }
+
+[[operator]]
+name = "parse"
+plugin = "flights-mapper@0.1.0"
+inputs = ["flights"]
+
+[[operator]]
+name = "per-carrier"
+plugin = "keyed-aggregate@0.1.0"
+inputs = [{ from = "parse", partition = "hash" }]
+
+[[sink]]
+name = "out"
+plugin = "jsonl-sink@0.1.0"
+inputs = ["per-carrier"]
+grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
+config = { dir = "/output" }
+"#;
+
+fn info(name: &str, version: &str, kind: PluginKind) -> PluginInfo {
+    PluginInfo {
+        name: name.into(),
+        version: version.into(),
+        kind,
+        description: format!("{name} test plugin"),
+        states: Vec::new(),
+        source_capability: (kind == PluginKind::Source).then_some(SourceCapability::Replayable),
+        sink_capability: (kind == PluginKind::Sink).then_some(SinkCapability::StagedAtomicCommit),
+        config_schema: "{}".into(),
+    }
+}
+
+/// A catalog keyed by the reference as written (`name@version` or path).
+#[derive(Clone)]
+struct Fake(HashMap<String, PluginInfo>);
+
+impl Fake {
+    fn new() -> Self {
+        let mut f = Fake(HashMap::new());
+        f.add(info("file-source", "0.1.0", PluginKind::Source));
+        f.add(info("file-source", "0.2.0", PluginKind::Source));
+        f.add(info("flights-mapper", "0.1.0", PluginKind::Operator));
+        f.add(info("map", "1.0.0", PluginKind::Operator));
+        let mut agg = info("keyed-aggregate", "0.1.0", PluginKind::Operator);
+        agg.states.push(StateDescriptor {
+            name: "counts".into(),
+            kind: StateKind::Value,
+            schema_version: 1,
+            codec: "postcard".into(),
+        });
+        f.add(agg);
+        f.add(info("jsonl-sink", "0.1.0", PluginKind::Sink));
+        f
+    }
+
+    fn add(&mut self, i: PluginInfo) {
+        self.0.insert(i.reference(), i);
+    }
+
+    fn with(mut self, r: &str, edit: impl FnOnce(&mut PluginInfo)) -> Self {
+        edit(self.0.get_mut(r).expect("known plugin"));
+        self
+    }
+}
+
+impl PluginCatalog for Fake {
+    fn describe(&self, node: &NodeSpec) -> Result<PluginInfo, String> {
+        self.0
+            .get(&node.plugin.to_string())
+            .cloned()
+            .ok_or_else(|| format!("no plugin `{}` in the plugin path", node.plugin))
+    }
+}
+
+fn model(text: &str) -> StreamModel {
+    parse_job_file("job.toml", text).unwrap_or_else(|d| panic!("{d}"))
+}
+
+fn plan_of(m: &StreamModel, cat: &Fake) -> PartitionedPlan {
+    let s = stream_graph(m, cat).unwrap_or_else(|d| panic!("{d}"));
+    partitioned_plan(&job_graph(&s))
+}
+
+fn refused(m: &StreamModel, cat: &Fake) -> Diagnostics {
+    stream_graph(m, cat).expect_err("must be refused")
+}
+
+fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + Debug>(v: &T) {
+    let json = serde_json::to_string_pretty(v).unwrap();
+    let back: T = serde_json::from_str(&json).unwrap();
+    assert_eq!(&back, v, "JSON round trip changed the value:\n{json}");
+}
+
+fn opts() -> DeploymentOptions {
+    DeploymentOptions {
+        node: "local".into(),
+        transport: "local-queue".into(),
+        state_dir: "state/".into(),
+        checkpoint_storage: "file:checkpoints".into(),
+    }
+}
+
+#[test]
+fn example_compiles_through_every_layer() {
+    let m = model(EXAMPLE);
+    let s = stream_graph(&m, &Fake::new()).unwrap();
+    assert_eq!(s.job.job_id.as_str(), "flights-per-carrier");
+    assert_eq!(s.job.state_shard_count, 128);
+    let ids: Vec<_> = s.nodes.iter().map(|n| n.operator_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "flights-source",
+            "operators/parse",
+            "operators/per-carrier",
+            "sinks/out"
+        ]
+    );
+    assert_eq!(s.nodes[2].plugin_info.states[0].name, "counts");
+    let policies: Vec<_> = s.edges.iter().map(|e| e.partition).collect();
+    assert_eq!(
+        policies,
+        [
+            PartitionPolicy::Forward,
+            PartitionPolicy::Hash,
+            PartitionPolicy::Forward
+        ]
+    );
+
+    let j = job_graph(&s);
+    let vertices: Vec<(&str, Vec<&str>, bool)> = j
+        .vertices
+        .iter()
+        .map(|v| {
+            (
+                v.id.as_str(),
+                v.operators.iter().map(|o| o.name.as_str()).collect(),
+                v.keyed,
+            )
+        })
+        .collect();
+    assert_eq!(
+        vertices,
+        [
+            ("flights-source", vec!["flights", "parse"], false),
+            ("operators/per-carrier", vec!["per-carrier", "out"], true),
+        ]
+    );
+    assert_eq!(j.edges.len(), 1);
+    assert_eq!(
+        j.edges[0].id.as_str(),
+        "flights-source->operators/per-carrier#0"
+    );
+    assert_eq!(j.edges[0].partition, PartitionPolicy::Hash);
+
+    let p = partitioned_plan(&j);
+    assert_eq!(p.ack_set.len(), 4);
+    assert_eq!(
+        p.ack_set[0].to_string(),
+        "flights-per-carrier/main/flights-source/0"
+    );
+    let keyed = p.vertex(&"operators/per-carrier".into()).unwrap();
+    assert_eq!(keyed.subtasks[0].shards.first(), Some(&StateShardId(0)));
+    assert_eq!(keyed.subtasks[0].shards.len(), 64);
+    assert_eq!(keyed.subtasks[1].shards.first(), Some(&StateShardId(64)));
+    assert_eq!(keyed.subtasks[1].shards.last(), Some(&StateShardId(127)));
+    let source = p.vertex(&"flights-source".into()).unwrap();
+    assert!(source.subtasks.iter().all(|t| t.shards.is_empty()));
+    let e = &p.edges[0];
+    assert_eq!(e.channels.len(), 4);
+    assert_eq!(e.shard_owners.len(), 128);
+    assert_eq!(e.shard_owners[63], SubtaskIndex(0));
+    assert_eq!(e.shard_owners[64], SubtaskIndex(1));
+    for t in &keyed.subtasks {
+        for s in &t.shards {
+            assert_eq!(e.shard_owners[s.0 as usize], t.index);
+        }
+        // Inputs: one channel from each upstream subtask, in upstream order.
+        let ups: Vec<u32> = t.inputs.iter().map(|c| c.upstream.0).collect();
+        assert_eq!(ups, [0, 1]);
+        assert!(t.outputs.is_empty());
+    }
+    assert_eq!(source.subtasks[1].outputs.len(), 2);
+    assert!(source.subtasks[1].inputs.is_empty());
+    assert_eq!(
+        source.subtasks[1].outputs[0].to_string(),
+        "flights-source->operators/per-carrier#0/1/0/0"
+    );
+    assert_eq!(p.fingerprint.len(), 64);
+    assert_eq!(p.fingerprint, fingerprint_of(&p));
+
+    let d = deployment_plan(&p, &opts());
+    assert_eq!(d.plan_fingerprint, p.fingerprint);
+    assert_eq!(d.tasks.len(), 4);
+    assert_eq!(d.checkpoint_storage, "file:checkpoints");
+    assert_eq!(
+        d.tasks[3].state_backend,
+        "redb:state/operators/per-carrier/1.redb"
+    );
+    assert!(
+        d.tasks
+            .iter()
+            .all(|t| t.node == "local" && t.transport == "local-queue")
+    );
+}
+
+#[test]
+fn every_layer_round_trips_through_json() {
+    let m = model(EXAMPLE);
+    let s = stream_graph(&m, &Fake::new()).unwrap();
+    let j = job_graph(&s);
+    let p = partitioned_plan(&j);
+    let d = deployment_plan(&p, &opts());
+    roundtrip(&m);
+    roundtrip(&s);
+    roundtrip(&j);
+    roundtrip(&p);
+    roundtrip(&d);
+    // A plan read back has the same fingerprint.
+    let back: PartitionedPlan = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(fingerprint_of(&back), p.fingerprint);
+}
+
+#[test]
+fn fingerprint_is_stable_and_tracks_changes() {
+    let cat = Fake::new();
+    let a = plan_of(&model(EXAMPLE), &cat);
+    let b = plan_of(&model(EXAMPLE), &cat);
+    assert_eq!(a.fingerprint, b.fingerprint);
+    assert_eq!(a, b);
+
+    // Key order in the file does not matter.
+    let reordered = EXAMPLE.replace(
+        "config = { path = \"/input/flights.csv\", header = true }",
+        "config = { header = true, path = \"/input/flights.csv\" }",
+    );
+    assert_eq!(plan_of(&model(&reordered), &cat).fingerprint, a.fingerprint);
+
+    let rescaled = plan_of(&model(EXAMPLE).with_parallelism(3), &cat);
+    assert_ne!(rescaled.fingerprint, a.fingerprint);
+
+    let config = EXAMPLE.replace("header = true", "header = false");
+    assert_ne!(plan_of(&model(&config), &cat).fingerprint, a.fingerprint);
+
+    let version = EXAMPLE.replace("file-source@0.1.0", "file-source@0.2.0");
+    assert_ne!(plan_of(&model(&version), &cat).fingerprint, a.fingerprint);
+
+    // Same reference, but the component now declares another state schema.
+    let cat2 = cat.clone().with("keyed-aggregate@0.1.0", |i| {
+        i.states[0].schema_version = 2;
+    });
+    assert_ne!(plan_of(&model(EXAMPLE), &cat2).fingerprint, a.fingerprint);
+}
+
+#[test]
+fn chaining_decisions() {
+    let base = "[job]\nname = \"j\"\nparallelism = 2\nsemantic = \"best-effort\"\n\
+                [[source]]\nname = \"s\"\nplugin = \"file-source@0.1.0\"\n";
+    let vertex_ops = |text: &str| -> Vec<Vec<String>> {
+        let s = stream_graph(&model(text), &Fake::new()).unwrap_or_else(|d| panic!("{d}"));
+        job_graph(&s)
+            .vertices
+            .iter()
+            .map(|v| v.operators.iter().map(|o| o.name.clone()).collect())
+            .collect()
+    };
+    let op = |name: &str, inputs: &str| {
+        format!("[[operator]]\nname = \"{name}\"\nplugin = \"map@1.0.0\"\ninputs = {inputs}\n")
+    };
+    let sink = |inputs: &str| {
+        format!("[[sink]]\nname = \"k\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = {inputs}\n")
+    };
+
+    // A straight FORWARD line is one chain.
+    let t = format!(
+        "{base}{}{}{}",
+        op("a", "[\"s\"]"),
+        op("b", "[\"a\"]"),
+        sink("[\"b\"]")
+    );
+    assert_eq!(vertex_ops(&t), [vec!["s", "a", "b", "k"]]);
+
+    // Fan-out: `s` has two consumers, so neither chains into it.
+    let t = format!(
+        "{base}{}{}{}",
+        op("a", "[\"s\"]"),
+        op("b", "[\"s\"]"),
+        sink("[\"a\", \"b\"]")
+    );
+    assert_eq!(vertex_ops(&t), [vec!["s"], vec!["a"], vec!["b"], vec!["k"]]);
+
+    // Explicit REBALANCE at equal parallelism breaks the chain.
+    let t = format!(
+        "{base}{}{}",
+        op("a", "[{ from = \"s\", partition = \"rebalance\" }]"),
+        sink("[\"a\"]")
+    );
+    assert_eq!(vertex_ops(&t), [vec!["s"], vec!["a", "k"]]);
+
+    // Different parallelism: default REBALANCE, no chain.
+    let t = format!(
+        "{base}{}parallelism = 1\n{}",
+        op("a", "[\"s\"]"),
+        sink("[\"a\"]")
+    );
+    assert_eq!(vertex_ops(&t), [vec!["s"], vec!["a"], vec!["k"]]);
+    let s = stream_graph(&model(&t), &Fake::new()).unwrap();
+    assert_eq!(s.edges[0].partition, PartitionPolicy::Rebalance);
+
+    // HASH input heads a new keyed vertex.
+    let t = format!(
+        "{base}{}{}",
+        op("a", "[{ from = \"s\", partition = \"hash\" }]"),
+        sink("[\"a\"]")
+    );
+    assert_eq!(vertex_ops(&t), [vec!["s"], vec!["a", "k"]]);
+
+    // Vertices come in topological order even when the file lists consumers first.
+    let t = format!(
+        "[job]\nname = \"j\"\nsemantic = \"best-effort\"\n{}{}[[source]]\nname = \"s\"\nplugin = \"file-source@0.1.0\"\n{}",
+        sink("[\"b\"]"),
+        op("b", "[{ from = \"a\", partition = \"broadcast\" }]"),
+        op("a", "[{ from = \"s\", partition = \"rebalance\" }]"),
+    );
+    assert_eq!(vertex_ops(&t), [vec!["s"], vec!["a"], vec!["b", "k"]]);
+}
+
+#[test]
+fn channel_pairs_per_policy() {
+    use PartitionPolicy::*;
+    assert_eq!(channel_pairs(Forward, 3, 3), [(0, 0), (1, 1), (2, 2)]);
+    for p in [Hash, Rebalance, Broadcast] {
+        assert_eq!(channel_pairs(p, 2, 3).len(), 6);
+        assert_eq!(channel_pairs(p, 3, 2).len(), 6);
+    }
+    assert_eq!(channel_pairs(Singleton, 3, 1), [(0, 0), (1, 0), (2, 0)]);
+    assert_eq!(channel_pairs(Union, 3, 2), [(0, 0), (1, 1), (2, 0)]);
+    assert_eq!(channel_pairs(Union, 2, 3), [(0, 0), (0, 2), (1, 1)]);
+    assert_eq!(channel_pairs(Union, 2, 2), [(0, 0), (1, 1)]);
+    // Every subtask on both sides of a UNION edge has a channel.
+    for up in 1..6 {
+        for down in 1..6 {
+            let pairs = channel_pairs(Union, up, down);
+            assert!((0..up).all(|u| pairs.iter().any(|p| p.0 == u)));
+            assert!((0..down).all(|d| pairs.iter().any(|p| p.1 == d)));
+        }
+    }
+}
+
+#[test]
+fn plan_channels_and_input_order_for_multi_input_vertex() {
+    let t = r#"[job]
+name = "j"
+semantic = "best-effort"
+[[source]]
+name = "a"
+plugin = "file-source@0.1.0"
+parallelism = 3
+[[source]]
+name = "b"
+plugin = "file-source@0.1.0"
+parallelism = 1
+[[operator]]
+name = "m"
+plugin = "map@1.0.0"
+parallelism = 2
+inputs = [{ from = "b", partition = "broadcast" }, { from = "a", partition = "union" }]
+[[sink]]
+name = "k"
+plugin = "jsonl-sink@0.1.0"
+parallelism = 1
+inputs = [{ from = "m", partition = "singleton" }]
+"#;
+    let p = plan_of(&model(t), &Fake::new());
+    let ids: Vec<_> = p
+        .edges
+        .iter()
+        .map(|e| (e.id.as_str(), e.channels.len()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("sources/b->operators/m#0", 2),
+            ("sources/a->operators/m#1", 3),
+            ("operators/m->sinks/k#0", 2),
+        ]
+    );
+    assert!(p.edges.iter().all(|e| e.shard_owners.is_empty()));
+    let m = p.vertex(&"operators/m".into()).unwrap();
+    assert!(!m.keyed);
+    let inputs: Vec<String> = m.subtasks[0].inputs.iter().map(|c| c.to_string()).collect();
+    assert_eq!(
+        inputs,
+        [
+            "sources/b->operators/m#0/0/0/0",
+            "sources/a->operators/m#1/0/0/0",
+            "sources/a->operators/m#1/2/0/0",
+        ]
+    );
+    let k = p.vertex(&"sinks/k".into()).unwrap();
+    assert_eq!(k.subtasks[0].inputs.len(), 2);
+    assert_eq!(p.ack_set.len(), 3 + 1 + 2 + 1);
+}
+
+fn first(d: &Diagnostics, field: &str) -> String {
+    d.iter()
+        .find(|x| x.field == field)
+        .unwrap_or_else(|| panic!("no diagnostic at `{field}` in:\n{d}"))
+        .message
+        .clone()
+}
+
+#[test]
+fn strict_mode_refuses_weak_sources_and_sinks_and_suggests_a_mode() {
+    let m = model(EXAMPLE);
+    let cat = Fake::new().with("file-source@0.1.0", |i| {
+        i.source_capability = Some(SourceCapability::AtLeastOnce);
+    });
+    let d = refused(&m, &cat);
+    let msg = first(&d, "source[0].plugin");
+    for needle in [
+        "file-source@0.1.0",
+        "at-least-once",
+        "strict-exactly-once",
+        "semantic = \"at-least-once\"",
+    ] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+
+    let cat = Fake::new().with("jsonl-sink@0.1.0", |i| {
+        i.sink_capability = Some(SinkCapability::Idempotent);
+    });
+    let d = refused(&m, &cat);
+    assert_eq!(d.len(), 1, "{d}");
+    let msg = first(&d, "sink[0].plugin");
+    for needle in [
+        "jsonl-sink@0.1.0",
+        "idempotent",
+        "strict-exactly-once",
+        "semantic = \"effectively-once\"",
+    ] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    // Declaring the weaker mode explicitly is accepted, and visible in the plan.
+    let mut weaker = m.clone();
+    weaker.job.semantic = SemanticMode::EffectivelyOnce;
+    let s = stream_graph(&weaker, &cat).unwrap();
+    assert_eq!(s.job.semantic, SemanticMode::EffectivelyOnce);
+}
+
+#[test]
+fn weaker_modes_have_their_own_requirements() {
+    let mut m = model(EXAMPLE);
+    // effectively-once: an at-least-once sink is refused, suggesting at-least-once.
+    m.job.semantic = SemanticMode::EffectivelyOnce;
+    let cat = Fake::new().with("jsonl-sink@0.1.0", |i| {
+        i.sink_capability = Some(SinkCapability::AtLeastOnce);
+    });
+    let msg = first(&refused(&m, &cat), "sink[0].plugin");
+    assert!(
+        msg.contains("effectively-once") && msg.contains("semantic = \"at-least-once\""),
+        "{msg}"
+    );
+    // effectively-once: a non-replayable source is refused.
+    let cat = Fake::new().with("file-source@0.1.0", |i| {
+        i.source_capability = Some(SourceCapability::AtLeastOnce);
+    });
+    assert!(refused(&m, &cat).mentions("source[0].plugin"));
+    // at-least-once: a best-effort sink is refused, suggesting best-effort.
+    m.job.semantic = SemanticMode::AtLeastOnce;
+    let cat = Fake::new().with("jsonl-sink@0.1.0", |i| {
+        i.sink_capability = Some(SinkCapability::BestEffort);
+    });
+    let msg = first(&refused(&m, &cat), "sink[0].plugin");
+    assert!(msg.contains("semantic = \"best-effort\""), "{msg}");
+    // best-effort accepts anything.
+    m.job.semantic = SemanticMode::BestEffort;
+    let cat = cat.with("file-source@0.1.0", |i| {
+        i.source_capability = Some(SourceCapability::BestEffort);
+    });
+    assert!(stream_graph(&m, &cat).is_ok());
+}
+
+#[test]
+fn plugin_metadata_is_checked_against_the_job() {
+    let m = model(EXAMPLE);
+    // A source table naming an operator component.
+    let text = EXAMPLE.replace("plugin = \"file-source@0.1.0\"", "plugin = \"map@1.0.0\"");
+    let msg = first(&refused(&model(&text), &Fake::new()), "source[0].plugin");
+    assert!(
+        msg.contains("map@1.0.0")
+            && msg.contains("operator component")
+            && msg.contains("[[source]]"),
+        "{msg}"
+    );
+
+    // The catalog cannot find it.
+    let text = EXAMPLE.replace("jsonl-sink@0.1.0", "jsonl-sink@9.0.0");
+    let msg = first(&refused(&model(&text), &Fake::new()), "sink[0].plugin");
+    assert!(
+        msg.contains("jsonl-sink@9.0.0") && msg.contains("no plugin"),
+        "{msg}"
+    );
+
+    // The component describes itself with another version.
+    let cat = Fake::new().with("flights-mapper@0.1.0", |i| i.version = "0.1.1".into());
+    let msg = first(&refused(&m, &cat), "operator[0].plugin");
+    assert!(msg.contains("flights-mapper@0.1.1"), "{msg}");
+
+    // State descriptors need unique names and a codec.
+    let cat = Fake::new().with("keyed-aggregate@0.1.0", |i| {
+        let s = i.states[0].clone();
+        i.states.push(s.clone());
+        i.states.push(StateDescriptor {
+            name: String::new(),
+            ..s.clone()
+        });
+        i.states.push(StateDescriptor {
+            name: "x".into(),
+            codec: String::new(),
+            ..s
+        });
+    });
+    let d = refused(&m, &cat);
+    let msgs: Vec<_> = d
+        .iter()
+        .filter(|x| x.field == "operator[1].plugin")
+        .map(|x| x.message.as_str())
+        .collect();
+    assert_eq!(msgs.len(), 3, "{d}");
+    assert!(msgs.iter().any(|x| x.contains("more than once")));
+    assert!(msgs.iter().any(|x| x.contains("empty name")));
+    assert!(msgs.iter().any(|x| x.contains("without a codec")));
+
+    // A sink without a declared capability.
+    let cat = Fake::new().with("jsonl-sink@0.1.0", |i| i.sink_capability = None);
+    assert!(first(&refused(&m, &cat), "sink[0].plugin").contains("no sink capability"));
+}
+
+#[test]
+fn edge_policies_are_checked_against_parallelism() {
+    let t = EXAMPLE.replace(
+        "inputs = [\"per-carrier\"]",
+        "parallelism = 3\ninputs = [{ from = \"per-carrier\", partition = \"forward\" }]",
+    );
+    let msg = first(
+        &refused(&model(&t), &Fake::new()),
+        "sink[0].inputs[0].partition",
+    );
+    assert!(
+        msg.contains("FORWARD") && msg.contains('2') && msg.contains('3'),
+        "{msg}"
+    );
+
+    let t = EXAMPLE.replace(
+        "inputs = [\"per-carrier\"]",
+        "inputs = [{ from = \"per-carrier\", partition = \"singleton\" }]",
+    );
+    let msg = first(
+        &refused(&model(&t), &Fake::new()),
+        "sink[0].inputs[0].partition",
+    );
+    assert!(msg.contains("SINGLETON"), "{msg}");
+
+    // A Delta that makes a keyed vertex wider than the shard count is refused.
+    let mut m = model(EXAMPLE);
+    m.job.state_shards = 4;
+    let d = refused(&m.with_parallelism(8), &Fake::new());
+    assert!(first(&d, "job.state_shards").contains("per-carrier"), "{d}");
+}
+
+#[test]
+fn layers_parse_and_print() {
+    for l in Layer::ALL {
+        assert_eq!(l.to_string().parse::<Layer>().unwrap(), l);
+    }
+    assert_eq!("partitioned".parse::<Layer>().unwrap(), Layer::Partitioned);
+    let e = "graph".parse::<Layer>().unwrap_err();
+    assert!(e.to_string().contains("graph"));
+}
