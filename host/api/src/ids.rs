@@ -113,7 +113,11 @@ pub struct TaskId {
 
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}/{}", self.job, self.pipeline, self.vertex, self.subtask)
+        write!(
+            f,
+            "{}/{}/{}/{}",
+            self.job, self.pipeline, self.vertex, self.subtask
+        )
     }
 }
 
@@ -150,7 +154,11 @@ pub struct ChannelId {
 
 impl fmt::Display for ChannelId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}/{}", self.edge, self.upstream, self.downstream, self.index)
+        write!(
+            f,
+            "{}/{}/{}/{}",
+            self.edge, self.upstream, self.downstream, self.index
+        )
     }
 }
 

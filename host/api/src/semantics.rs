@@ -44,7 +44,10 @@ pub enum PartitionPolicy {
     /// Every record to every downstream subtask.
     Broadcast,
     /// Several upstreams merged into one input (each upstream subtask feeds its peer index
-    /// modulo the downstream parallelism).
+    /// modulo the downstream parallelism). When the upstream is narrower than the
+    /// downstream, upstream subtask `i` also feeds every downstream subtask `d` with
+    /// `d mod up == i` and round-robins over them, so no subtask is left without a
+    /// channel (pointwise; see `nop_stream_core::channel_pairs`).
     Union,
     /// Everything to downstream subtask 0 (which must have parallelism 1).
     Singleton,

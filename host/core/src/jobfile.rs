@@ -943,7 +943,17 @@ type Found = (String, Option<Span>, String);
 /// All semantic problems of `model`: (field, span if known, message).
 fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
     let mut out: Vec<Found> = Vec::new();
-    let reported = |field: &str| spans.is_some_and(|s| s.reported.contains(field));
+    // Quiet on a field when it, or a table/array containing it, already has a shape
+    // diagnostic.
+    let reported = |field: &str| {
+        spans.is_some_and(|s| {
+            s.reported.iter().any(|r| {
+                field
+                    .strip_prefix(r.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+            })
+        })
+    };
     let mut push = |field: String, span: Option<Span>, msg: String| {
         if !reported(&field) {
             out.push((field, span, msg));
@@ -1802,6 +1812,18 @@ config = { dir = "/output" }
         // A file without [job] names the table, without a position.
         let d = errs("");
         assert_eq!(at(&d, "job").line, None);
+    }
+
+    #[test]
+    fn a_shape_error_is_not_repeated_by_semantic_checks() {
+        // Regression: a non-string input also produced "must name an upstream node".
+        let text = format!(
+            "{MINIMAL_JOB}[[source]]\nname = \"s\"\nplugin = \"s@1\"\n\
+             [[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [3]\n"
+        );
+        let d = errs(&text);
+        assert_eq!(d.len(), 1, "{d}");
+        assert_eq!(d.0[0].field, "sink[0].inputs[0]");
     }
 
     #[test]
