@@ -1,0 +1,324 @@
+//! `nopstream`: run, plan and validate nop-stream jobs, and inspect plugins.
+
+mod output;
+mod prepare;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use nop_stream_api::PluginKind;
+use nop_stream_core::{
+    DeploymentOptions, Layer, StreamModel, deployment_plan, job_graph, parse_job_file,
+    partitioned_plan, stream_graph,
+};
+use nop_stream_runtime::registry::PluginRegistry;
+use nop_stream_runtime::{JobProgress, Limits, PluginHost, RunOptions, run_job};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// nop-stream: an exactly-once stream processor whose operators, connectors and patterns
+/// are sandboxed WebAssembly components.
+#[derive(Debug, Parser)]
+#[command(name = "nopstream", version, about)]
+struct Cli {
+    /// Directory to search for `name@version` plugins (repeatable; searched before
+    /// $NOPSTREAM_PLUGIN_PATH and the bundled plugins).
+    #[arg(long = "plugins", global = true, value_name = "DIR")]
+    plugins: Vec<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a job file to completion (embedded mode: one process, local files, redb).
+    Run {
+        /// Job file (TOML).
+        job: PathBuf,
+        /// Override the parallelism of every node.
+        #[arg(long, short = 'p')]
+        parallelism: Option<u32>,
+        /// Output directory granted to sinks as `$OUTPUT` [default: nopstream-out/<job id>/output].
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Working directory for state [default: nopstream-out/<job id>/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// Memory limit per plugin instance, in MiB [default: 256].
+        #[arg(long)]
+        memory_mib: Option<u64>,
+        /// CPU time limit per call into a plugin, in milliseconds [default: 10000].
+        #[arg(long)]
+        cpu_ms_per_call: Option<u64>,
+        /// Print the run report as JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+        /// Do not show the progress display.
+        #[arg(long)]
+        no_progress: bool,
+        /// Do not echo the committed output at the end.
+        #[arg(long)]
+        no_echo: bool,
+    },
+    /// Print a plan layer of a job as JSON.
+    Plan {
+        /// Job file (TOML).
+        job: PathBuf,
+        /// Layer: model, stream, job, partitioned or deployment.
+        #[arg(long, default_value = "partitioned")]
+        layer: Layer,
+        /// Override the parallelism of every node.
+        #[arg(long, short = 'p')]
+        parallelism: Option<u32>,
+    },
+    /// Check a job file and its plugins; report every problem with its location.
+    Validate {
+        /// Job file (TOML).
+        job: PathBuf,
+    },
+    /// List the plugins on the plugin path with what their describe() says.
+    Plugins,
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn plugin_path(extra: &[PathBuf]) -> Vec<PathBuf> {
+    let mut path: Vec<PathBuf> = extra.to_vec();
+    if let Ok(env) = std::env::var("NOPSTREAM_PLUGIN_PATH") {
+        path.extend(std::env::split_paths(&env));
+    }
+    #[cfg(feature = "bundled-plugins")]
+    path.push(PathBuf::from(nop_stream_artifacts::PLUGIN_DIR));
+    path
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("NOPSTREAM_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("nopstream"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("nopstream"))
+}
+
+fn read_model(job: &Path, parallelism: Option<u32>) -> Result<StreamModel> {
+    let text = std::fs::read_to_string(job).with_context(|| format!("cannot read job file {}", job.display()))?;
+    let model = parse_job_file(&job.display().to_string(), &text).map_err(|d| anyhow::anyhow!("{d}"))?;
+    Ok(match parallelism {
+        Some(p) => model.with_parallelism(p),
+        None => model,
+    })
+}
+
+fn job_dir(job: &Path) -> PathBuf {
+    job.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_owned)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
+    let search = plugin_path(&cli.plugins);
+    match cli.command {
+        Command::Run {
+            job,
+            parallelism,
+            output,
+            work_dir,
+            memory_mib,
+            cpu_ms_per_call,
+            json,
+            no_progress,
+            no_echo,
+        } => {
+            let model = read_model(&job, parallelism)?;
+            let dir = job_dir(&job);
+            prepare::run_steps(&model, &dir)?;
+            let base = PathBuf::from("nopstream-out").join(&model.job.id);
+            let output = output.unwrap_or_else(|| base.join("output"));
+            let work_dir = work_dir.unwrap_or_else(|| base.join("work"));
+            output::claim_output_dir(&output)?;
+            let host = PluginHost::new(cache_dir())?;
+            let registry = PluginRegistry::new(&host, search, dir.clone());
+            let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+            let plan = partitioned_plan(&job_graph(&stream));
+            let plugins = registry.plugin_set(&plan)?;
+            let mut limits = Limits::default();
+            if let Some(m) = memory_mib {
+                limits.memory_bytes = m << 20;
+            }
+            if let Some(c) = cpu_ms_per_call {
+                limits.cpu_ms_per_call = c;
+            }
+            let opts = RunOptions {
+                job_dir: dir,
+                output_dir: output.clone(),
+                work_dir,
+                limits,
+                channel_capacity: 0,
+            };
+            let progress = Arc::new(JobProgress::default());
+            let done = Arc::new(AtomicBool::new(false));
+            let display = (!no_progress && !json).then(|| spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
+            let result = run_job(&plan, &plugins, &opts, Arc::clone(&progress));
+            done.store(true, Ordering::SeqCst);
+            if let Some(h) = display {
+                let _ = h.join();
+            }
+            let report = result.with_context(|| format!("job `{}` failed", model.job.id))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                output::print_summary(&report, &output);
+                if !no_echo {
+                    output::echo_output(&output)?;
+                }
+            }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Plan {
+            job,
+            layer,
+            parallelism,
+        } => {
+            let model = read_model(&job, parallelism)?;
+            let value = if layer == Layer::Model {
+                serde_json::to_value(&model)?
+            } else {
+                let host = PluginHost::new(cache_dir())?;
+                let registry = PluginRegistry::new(&host, search, job_dir(&job));
+                let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+                match layer {
+                    Layer::Model => unreachable!("handled above"),
+                    Layer::Stream => serde_json::to_value(&stream)?,
+                    Layer::Job => serde_json::to_value(job_graph(&stream))?,
+                    Layer::Partitioned => serde_json::to_value(partitioned_plan(&job_graph(&stream)))?,
+                    Layer::Deployment => {
+                        let plan = partitioned_plan(&job_graph(&stream));
+                        let base = PathBuf::from("nopstream-out").join(&model.job.id);
+                        serde_json::to_value(deployment_plan(
+                            &plan,
+                            &DeploymentOptions {
+                                node: "local".into(),
+                                transport: "local-queue".into(),
+                                state_dir: base.join("work").join("state").display().to_string(),
+                                checkpoint_storage: base.join("work").join("checkpoints").display().to_string(),
+                            },
+                        ))?
+                    }
+                }
+            };
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Validate { job } => {
+            let text = std::fs::read_to_string(&job).with_context(|| format!("cannot read job file {}", job.display()))?;
+            let name = job.display().to_string();
+            let model = match parse_job_file(&name, &text) {
+                Ok(m) => m,
+                Err(d) => {
+                    eprintln!("{d}");
+                    eprintln!("{}: {} problem(s)", name, d.len());
+                    return Ok(std::process::ExitCode::FAILURE);
+                }
+            };
+            let host = PluginHost::new(cache_dir())?;
+            let registry = PluginRegistry::new(&host, search, job_dir(&job));
+            match stream_graph(&model, &registry) {
+                Ok(g) => {
+                    let plan = partitioned_plan(&job_graph(&g));
+                    println!(
+                        "{name}: ok ({} operators, {} tasks, semantic mode {}, fingerprint {})",
+                        g.nodes.len(),
+                        plan.ack_set.len(),
+                        g.job.semantic,
+                        &plan.fingerprint[..16]
+                    );
+                    Ok(std::process::ExitCode::SUCCESS)
+                }
+                Err(d) => {
+                    let d = d.with_file(&name);
+                    eprintln!("{d}");
+                    eprintln!("{}: {} problem(s)", name, d.len());
+                    Ok(std::process::ExitCode::FAILURE)
+                }
+            }
+        }
+        Command::Plugins => {
+            let host = PluginHost::new(cache_dir())?;
+            let mut seen = 0;
+            for dir in &search {
+                let Ok(entries) = std::fs::read_dir(dir) else { continue };
+                let mut files: Vec<PathBuf> = entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+                    .collect();
+                files.sort();
+                for f in files {
+                    let label = f.display().to_string();
+                    let found = [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
+                        .into_iter()
+                        .find_map(|k| host.load(&label, &f, k).ok());
+                    match found {
+                        Some(p) => println!(
+                            "{:<28} {:<9} {}  ({})",
+                            p.info.reference(),
+                            p.info.kind.to_string(),
+                            p.info.description,
+                            f.display()
+                        ),
+                        None => println!("{:<28} {:<9} not a nop:stream component  ({})", "?", "-", f.display()),
+                    }
+                    seen += 1;
+                }
+            }
+            if seen == 0 {
+                bail!("no plugins found on the plugin path");
+            }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn spawn_progress(progress: Arc<JobProgress>, done: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes}  {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        while !done.load(Ordering::SeqCst) {
+            let (pos, total) = progress.position();
+            let secs = progress.elapsed().as_secs_f64().max(1e-3);
+            let read = progress.records_read();
+            bar.set_length(total);
+            bar.set_position(pos);
+            bar.set_message(format!(
+                "{} records read, {:.0} records/s",
+                output::thousands(read),
+                read as f64 / secs
+            ));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bar.finish_and_clear();
+    })
+}

@@ -1,0 +1,261 @@
+//! Store data of one plugin instance and the host side of the WIT imports: `state`
+//! (backed by [`KeyedState`]), `timers`, `log`, `metrics` (design §3; one capability, one
+//! `impl`).
+
+use crate::bindings::op::nop::stream::{log, metrics, state, timers, types};
+use crate::bindings::{KeyPage, LogLevel, TimeDomain, ValueBatch};
+use nop_stream_state::{KeyedState, StateError};
+use std::collections::{BTreeMap, BTreeSet};
+use wasmtime::StoreLimits;
+use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
+
+/// A host-side refusal that traps the guest: a key outside the subtask's shards, an
+/// unknown state handle, a malformed buffer. Carried inside the trap so the runtime can
+/// name it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct HostTrap(pub String);
+
+fn trap(e: StateError) -> wasmtime::Error {
+    wasmtime::Error::new(HostTrap(format!("state access refused: {e}")))
+}
+
+/// Longest log line kept, in bytes; longer ones are truncated.
+pub const MAX_LOG_LINE: usize = 4096;
+
+/// One registered timer: (domain, timestamp, key, namespace).
+pub type TimerEntry = (u8, i64, Vec<u8>, Vec<u8>);
+
+/// Everything a plugin instance's `Store` holds.
+pub struct StoreData {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    /// `plugin (operator, subtask)` label for logs.
+    pub(crate) label: String,
+    /// Keyed state of the operator subtask, if it has any.
+    pub(crate) state: Option<KeyedState>,
+    /// Registered timers in firing order.
+    pub(crate) timers: BTreeSet<TimerEntry>,
+    /// Current event-time watermark of the subtask (ms).
+    pub(crate) watermark: i64,
+    /// Plugin-defined counters.
+    pub(crate) counters: BTreeMap<String, u64>,
+    /// Plugin-defined gauges.
+    pub(crate) gauges: BTreeMap<String, i64>,
+    /// Guest stderr capture (panic messages), if enabled.
+    pub(crate) stderr: Option<wasmtime_wasi::p2::pipe::MemoryOutputPipe>,
+}
+
+impl WasiView for StoreData {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl StoreData {
+    fn keyed(&mut self) -> wasmtime::Result<&mut KeyedState> {
+        match self.state.as_mut() {
+            Some(s) => Ok(s),
+            None => Err(wasmtime::Error::new(HostTrap(
+                "state access refused: this operator declared no keyed state in describe()".into(),
+            ))),
+        }
+    }
+}
+
+impl types::Host for StoreData {}
+
+impl state::Host for StoreData {
+    fn open_state(&mut self, name: String) -> wasmtime::Result<Result<u32, String>> {
+        Ok(match self.state.as_ref().and_then(|s| s.handle(&name)) {
+            Some(h) => Ok(h),
+            None => Err(format!(
+                "state `{name}` is not declared in the plugin's describe()"
+            )),
+        })
+    }
+
+    fn value_get_many(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        keys: Vec<u8>,
+        key_ends: Vec<u32>,
+    ) -> wasmtime::Result<ValueBatch> {
+        let mut out = ValueBatch {
+            data: Vec::new(),
+            ends: Vec::with_capacity(key_ends.len()),
+            present: Vec::with_capacity(key_ends.len()),
+        };
+        self.keyed()?
+            .value_get_many(
+                state,
+                &namespace,
+                &keys,
+                &key_ends,
+                &mut out.data,
+                &mut out.ends,
+                &mut out.present,
+            )
+            .map_err(trap)?;
+        Ok(out)
+    }
+
+    fn value_put_many(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        keys: Vec<u8>,
+        key_ends: Vec<u32>,
+        values: Vec<u8>,
+        value_ends: Vec<u32>,
+    ) -> wasmtime::Result<()> {
+        self.keyed()?
+            .value_put_many(state, &namespace, &keys, &key_ends, &values, &value_ends)
+            .map_err(trap)
+    }
+
+    fn value_delete(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
+        self.keyed()?.value_delete(state, &namespace, &key).map_err(trap)
+    }
+
+    fn value_keys(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        after: Option<Vec<u8>>,
+        limit: u32,
+    ) -> wasmtime::Result<KeyPage> {
+        let (keys, key_ends, more) = self
+            .keyed()?
+            .value_keys(state, &namespace, after.as_deref(), limit)
+            .map_err(trap)?;
+        Ok(KeyPage {
+            keys,
+            key_ends,
+            more,
+        })
+    }
+
+    fn list_append(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>, value: Vec<u8>) -> wasmtime::Result<()> {
+        self.keyed()?.list_append(state, &namespace, &key, &value).map_err(trap)
+    }
+
+    fn list_get(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<Vec<Vec<u8>>> {
+        self.keyed()?.list_get(state, &namespace, &key).map_err(trap)
+    }
+
+    fn list_clear(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
+        self.keyed()?.list_clear(state, &namespace, &key).map_err(trap)
+    }
+
+    fn map_put(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        key: Vec<u8>,
+        user_key: Vec<u8>,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<()> {
+        self.keyed()?
+            .map_put(state, &namespace, &key, &user_key, &value)
+            .map_err(trap)
+    }
+
+    fn map_get(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        key: Vec<u8>,
+        user_key: Vec<u8>,
+    ) -> wasmtime::Result<Option<Vec<u8>>> {
+        self.keyed()?
+            .map_get(state, &namespace, &key, &user_key)
+            .map_err(trap)
+    }
+
+    fn map_remove(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>, user_key: Vec<u8>) -> wasmtime::Result<()> {
+        self.keyed()?
+            .map_remove(state, &namespace, &key, &user_key)
+            .map_err(trap)
+    }
+
+    fn map_entries(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.keyed()?.map_entries(state, &namespace, &key).map_err(trap)
+    }
+
+    fn clear(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
+        self.keyed()?.clear(state, &namespace, &key).map_err(trap)
+    }
+}
+
+fn domain_code(d: TimeDomain) -> u8 {
+    match d {
+        TimeDomain::EventTime => 0,
+        TimeDomain::ProcessingTime => 1,
+    }
+}
+
+impl timers::Host for StoreData {
+    fn register(&mut self, domain: TimeDomain, key: Vec<u8>, namespace: Vec<u8>, timestamp: i64) -> wasmtime::Result<()> {
+        // Timers are keyed like state: refuse keys outside the subtask's shards.
+        self.keyed()?.check_key(&key).map_err(trap)?;
+        self.timers
+            .insert((domain_code(domain), timestamp, key, namespace));
+        Ok(())
+    }
+
+    fn delete(&mut self, domain: TimeDomain, key: Vec<u8>, namespace: Vec<u8>, timestamp: i64) -> wasmtime::Result<()> {
+        self.timers
+            .remove(&(domain_code(domain), timestamp, key, namespace));
+        Ok(())
+    }
+
+    fn current_watermark(&mut self) -> wasmtime::Result<i64> {
+        Ok(self.watermark)
+    }
+
+    fn current_processing_time(&mut self) -> wasmtime::Result<i64> {
+        Ok(std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0))
+    }
+}
+
+impl log::Host for StoreData {
+    fn log(&mut self, level: LogLevel, mut message: String) -> wasmtime::Result<()> {
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let plugin = self.label.as_str();
+        match level {
+            LogLevel::Trace => tracing::trace!(target: "plugin", plugin, "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "plugin", plugin, "{message}"),
+            LogLevel::Info => tracing::info!(target: "plugin", plugin, "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "plugin", plugin, "{message}"),
+            LogLevel::Error => tracing::error!(target: "plugin", plugin, "{message}"),
+        }
+        Ok(())
+    }
+}
+
+impl metrics::Host for StoreData {
+    fn counter_add(&mut self, name: String, delta: u64) -> wasmtime::Result<()> {
+        *self.counters.entry(name).or_default() += delta;
+        Ok(())
+    }
+
+    fn gauge_set(&mut self, name: String, value: i64) -> wasmtime::Result<()> {
+        self.gauges.insert(name, value);
+        Ok(())
+    }
+}

@@ -1,0 +1,21 @@
+//! nop-stream runtime (design §3, §5): the wasmtime plugin host with sandbox limits, the
+//! host side of the WIT imports, channels and transports, the task driver and the
+//! embedded job runner.
+
+pub mod bindings;
+mod error;
+mod host;
+pub mod job;
+mod limits;
+mod partition;
+pub mod plugin;
+pub mod registry;
+mod task;
+pub mod transport;
+
+pub use error::{Result, RuntimeError, Site};
+pub use host::HostTrap;
+pub use job::{JobProgress, JobReport, PluginSet, RunOptions, run_job};
+pub use limits::{Limits, TICK_MS};
+pub use plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin, PluginHost};
+pub use task::TaskReport;

@@ -1,0 +1,852 @@
+//! The plugin host (design §3): one wasmtime [`Engine`] with epoch interruption, one
+//! [`Linker`] serving the three worlds plus WASI p2, compiled components cached on disk
+//! by content hash, pre-linking once per component and one `Store` per instance.
+
+use crate::bindings::op::{Operator, OperatorPre};
+use crate::bindings::sink::{Sink, SinkPre};
+use crate::bindings::src::{Source, SourcePre};
+use crate::bindings::{
+    Batch, CommitOutcome, FiredTimer, GuestError, ReadResult, Split, TaskInfo, WitPluginInfo,
+    WitPluginKind, WitSinkCapability, WitSourceCapability, WitStateKind,
+};
+use crate::error::{Result, RuntimeError, Site};
+use crate::host::{HostTrap, StoreData};
+use crate::limits::{Limits, TICK_MS};
+use nop_stream_api::{
+    PluginInfo, PluginKind, SinkCapability, SourceCapability, StateDescriptor, StateKind,
+};
+use nop_stream_state::{KeyedState, StateConfig};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, Store, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::{FsPerms, ResourceTable, WasiCtxBuilder};
+
+/// Bytes of guest stderr kept to explain a trap (the tail of a panic message).
+const STDERR_CAPTURE: usize = 64 * 1024;
+
+/// A directory granted to an instance (a WASI preopen).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirGrant {
+    /// Host directory (must exist).
+    pub host: PathBuf,
+    /// Path the guest sees.
+    pub guest: String,
+    /// Whether the guest may write.
+    pub writable: bool,
+}
+
+/// How to build one instance.
+#[derive(Debug, Clone)]
+pub struct InstanceOptions {
+    /// Who the instance is, for messages.
+    pub site: Site,
+    /// Sandbox limits.
+    pub limits: Limits,
+    /// Preopened directories; nothing else of the host filesystem is visible.
+    pub grants: Vec<DirGrant>,
+    /// Keyed state of the operator subtask, if the operator declares states.
+    pub state: Option<StateConfig>,
+}
+
+/// The engine, linker and compilation cache shared by every plugin of a process.
+pub struct PluginHost {
+    engine: Engine,
+    linker: Linker<StoreData>,
+    cache_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for PluginHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginHost")
+            .field("cache_dir", &self.cache_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Pre {
+    Operator(OperatorPre<StoreData>),
+    Source(SourcePre<StoreData>),
+    Sink(SinkPre<StoreData>),
+}
+
+/// A compiled, pre-linked component whose world and `describe()` were checked.
+pub struct LoadedPlugin {
+    /// How the job referenced it (`name@version` or a path).
+    pub label: String,
+    /// Component file.
+    pub path: PathBuf,
+    /// sha256 of the component bytes (hex).
+    pub sha256: String,
+    /// What `describe()` returned.
+    pub info: PluginInfo,
+    /// Whether the compiled code came from the on-disk cache.
+    pub cache_hit: bool,
+    engine: Engine,
+    pre: Pre,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("label", &self.label)
+            .field("path", &self.path)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginHost {
+    /// Creates the engine (epoch interruption on, one ticker thread incrementing the epoch
+    /// every [`TICK_MS`] ms) and the linker. `cache_dir`: where compiled components are
+    /// kept by content hash (`None`: no disk cache).
+    ///
+    /// # Errors
+    /// If wasmtime rejects the configuration (a host bug).
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Self> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("wasm-ticker".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(Duration::from_millis(TICK_MS));
+                    match weak.upgrade() {
+                        Some(e) => e.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        Operator::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        Ok(PluginHost {
+            engine,
+            linker,
+            cache_dir,
+        })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn compile(&self, label: &str, path: &Path, bytes: &[u8], sha: &str) -> Result<(Component, bool)> {
+        let load_err = |message: String| RuntimeError::PluginLoad {
+            plugin: label.to_owned(),
+            path: path.display().to_string(),
+            message,
+        };
+        if bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0] {
+            return Err(load_err(
+                "this is a core wasm module, not a component; build it with `--target wasm32-wasip2`".into(),
+            ));
+        }
+        let cached = self.cache_dir.as_ref().map(|dir| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            self.engine.precompile_compatibility_hash().hash(&mut h);
+            dir.join(format!("{sha}-{:016x}.cwasm", h.finish()))
+        });
+        if let Some(file) = cached.as_ref().filter(|f| f.exists()) {
+            if let Ok(c) = deserialize_cached(&self.engine, file) {
+                return Ok((c, true));
+            }
+            tracing::warn!(file = %file.display(), "stale compiled-component cache entry; recompiling");
+        }
+        let component = Component::new(&self.engine, bytes).map_err(|e| load_err(format!("{e:#}")))?;
+        if let Some(file) = cached {
+            // Best effort: a cache that cannot be written only costs a recompile next time.
+            let write = || -> std::io::Result<()> {
+                std::fs::create_dir_all(file.parent().unwrap_or(Path::new(".")))?;
+                let bytes = component
+                    .serialize()
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+                std::fs::write(&tmp, bytes)?;
+                std::fs::rename(&tmp, &file)
+            };
+            if let Err(e) = write() {
+                tracing::warn!(file = %file.display(), "cannot cache compiled component: {e}");
+            }
+        }
+        Ok((component, false))
+    }
+
+    /// Loads the component at `path` for the role `expected`: compiles it (or takes it from
+    /// the cache), checks that it exports the `expected` world, pre-links it, and calls
+    /// `describe()` to check its kind.
+    ///
+    /// # Errors
+    /// [`RuntimeError::PluginLoad`] (unreadable, not a component, does not compile),
+    /// [`RuntimeError::WrongWorld`] (missing exports or unsatisfiable imports),
+    /// [`RuntimeError::DescribeMismatch`] (describes another kind), or a trap in `describe`.
+    pub fn load(&self, label: &str, path: &Path, expected: PluginKind) -> Result<LoadedPlugin> {
+        let bytes = std::fs::read(path).map_err(|e| RuntimeError::PluginLoad {
+            plugin: label.to_owned(),
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let sha = hex::encode(Sha256::digest(&bytes));
+        let (component, cache_hit) = self.compile(label, path, &bytes, &sha)?;
+        let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
+            plugin: label.to_owned(),
+            expected,
+            message: format!("{e:#}"),
+        };
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(wrong_world)?;
+        let pre = match expected {
+            PluginKind::Operator => Pre::Operator(OperatorPre::new(instance_pre).map_err(wrong_world)?),
+            PluginKind::Source => Pre::Source(SourcePre::new(instance_pre).map_err(wrong_world)?),
+            PluginKind::Sink => Pre::Sink(SinkPre::new(instance_pre).map_err(wrong_world)?),
+        };
+        let mut loaded = LoadedPlugin {
+            label: label.to_owned(),
+            path: path.to_owned(),
+            sha256: sha,
+            info: PluginInfo {
+                name: String::new(),
+                version: String::new(),
+                kind: expected,
+                description: String::new(),
+                states: Vec::new(),
+                source_capability: None,
+                sink_capability: None,
+                config_schema: String::new(),
+            },
+            cache_hit,
+            engine: self.engine.clone(),
+            pre,
+        };
+        let site = Site {
+            plugin: label.to_owned(),
+            operator: "describe".into(),
+            subtask: None,
+        };
+        let opts = InstanceOptions {
+            site,
+            limits: Limits::default(),
+            grants: Vec::new(),
+            state: None,
+        };
+        let info = match loaded.instantiate(&opts)? {
+            Instance::Operator(mut i) => i.describe()?,
+            Instance::Source(mut i) => i.describe()?,
+            Instance::Sink(mut i) => i.describe()?,
+        };
+        let info = convert_info(info);
+        if info.kind != expected {
+            return Err(RuntimeError::DescribeMismatch {
+                plugin: label.to_owned(),
+                message: format!(
+                    "exports the `{expected}` world but describe() says it is a {}",
+                    info.kind
+                ),
+            });
+        }
+        loaded.info = info;
+        Ok(loaded)
+    }
+}
+
+#[allow(unsafe_code)]
+fn deserialize_cached(engine: &Engine, file: &Path) -> wasmtime::Result<Component> {
+    // SAFETY: cache files are written only by `Component::serialize` of this host (temp
+    // file + rename, named by content hash and engine compatibility hash) and never
+    // modified in place; wasmtime checks version and configuration on load.
+    unsafe { Component::deserialize_file(engine, file) }
+}
+
+fn convert_info(w: WitPluginInfo) -> PluginInfo {
+    PluginInfo {
+        name: w.name,
+        version: w.version,
+        kind: match w.kind {
+            WitPluginKind::Operator => PluginKind::Operator,
+            WitPluginKind::Source => PluginKind::Source,
+            WitPluginKind::Sink => PluginKind::Sink,
+        },
+        description: w.description,
+        states: w
+            .states
+            .into_iter()
+            .map(|s| StateDescriptor {
+                name: s.name,
+                kind: match s.kind {
+                    WitStateKind::Value => StateKind::Value,
+                    WitStateKind::List => StateKind::List,
+                    WitStateKind::Map => StateKind::Map,
+                },
+                schema_version: s.schema_version,
+                codec: s.codec,
+            })
+            .collect(),
+        source_capability: w.source_capability.map(|c| match c {
+            WitSourceCapability::Replayable => SourceCapability::Replayable,
+            WitSourceCapability::TransactionalRead => SourceCapability::TransactionalRead,
+            WitSourceCapability::AtLeastOnce => SourceCapability::AtLeastOnce,
+            WitSourceCapability::BestEffort => SourceCapability::BestEffort,
+        }),
+        sink_capability: w.sink_capability.map(|c| match c {
+            WitSinkCapability::TwoPhaseCommit => SinkCapability::TwoPhaseCommit,
+            WitSinkCapability::StagedAtomicCommit => SinkCapability::StagedAtomicCommit,
+            WitSinkCapability::OutboxEpochLog => SinkCapability::OutboxEpochLog,
+            WitSinkCapability::Idempotent => SinkCapability::Idempotent,
+            WitSinkCapability::UpsertByKey => SinkCapability::UpsertByKey,
+            WitSinkCapability::AtLeastOnce => SinkCapability::AtLeastOnce,
+            WitSinkCapability::BestEffort => SinkCapability::BestEffort,
+        }),
+        config_schema: w.config_schema,
+    }
+}
+
+/// A live instance of any world.
+pub enum Instance {
+    /// An operator.
+    Operator(OperatorInstance),
+    /// A source.
+    Source(SourceInstance),
+    /// A sink.
+    Sink(SinkInstance),
+}
+
+impl LoadedPlugin {
+    /// The plugin's kind.
+    pub fn kind(&self) -> PluginKind {
+        match self.pre {
+            Pre::Operator(_) => PluginKind::Operator,
+            Pre::Source(_) => PluginKind::Source,
+            Pre::Sink(_) => PluginKind::Sink,
+        }
+    }
+
+    fn store(&self, opts: &InstanceOptions) -> Result<Store<StoreData>> {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.allow_blocking_current_thread(true);
+        let stderr = wasmtime_wasi::p2::pipe::MemoryOutputPipe::new(STDERR_CAPTURE);
+        wasi.stderr(stderr.clone());
+        for g in &opts.grants {
+            let perms = if g.writable {
+                FsPerms::ReadWrite
+            } else {
+                FsPerms::ReadOnly
+            };
+            wasi.preopened_dir(&g.host, &g.guest, perms)
+                .map_err(|e| RuntimeError::Io {
+                    path: g.host.display().to_string(),
+                    message: format!("cannot grant directory to {}: {e:#}", opts.site),
+                })?;
+        }
+        let state = match &opts.state {
+            Some(cfg) => Some(KeyedState::open(cfg.clone()).map_err(|e| RuntimeError::Io {
+                path: cfg.path.display().to_string(),
+                message: e.to_string(),
+            })?),
+            None => None,
+        };
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(usize::try_from(opts.limits.memory_bytes).unwrap_or(usize::MAX))
+            .trap_on_grow_failure(true)
+            .build();
+        let data = StoreData {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits,
+            label: opts.site.to_string(),
+            state,
+            timers: BTreeSet::new(),
+            watermark: i64::MIN,
+            counters: BTreeMap::new(),
+            gauges: BTreeMap::new(),
+            stderr: Some(stderr),
+        };
+        let mut store = Store::new(&self.engine, data);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(opts.limits.cpu_ticks());
+        Ok(store)
+    }
+
+    /// Creates a fresh instance with its own store.
+    ///
+    /// # Errors
+    /// A grant that cannot be opened, a state database that cannot be opened, or a trap
+    /// during instantiation (e.g. initial memory over `memory_bytes`).
+    pub fn instantiate(&self, opts: &InstanceOptions) -> Result<Instance> {
+        let mut store = self.store(opts)?;
+        let ctx = CallCtx {
+            site: opts.site.clone(),
+            limits: opts.limits.clone(),
+        };
+        let fail = |e: wasmtime::Error, store: &Store<StoreData>| classify(&ctx, "instantiate", e, store);
+        Ok(match &self.pre {
+            Pre::Operator(p) => {
+                let inst = p.instantiate(&mut store).map_err(|e| fail(e, &store))?;
+                Instance::Operator(OperatorInstance {
+                    store,
+                    inst: Arc::new(inst),
+                    ctx: ctx.clone(),
+                })
+            }
+            Pre::Source(p) => {
+                let inst = p.instantiate(&mut store).map_err(|e| fail(e, &store))?;
+                Instance::Source(SourceInstance {
+                    store,
+                    inst: Arc::new(inst),
+                    ctx: ctx.clone(),
+                })
+            }
+            Pre::Sink(p) => {
+                let inst = p.instantiate(&mut store).map_err(|e| fail(e, &store))?;
+                Instance::Sink(SinkInstance {
+                    store,
+                    inst: Arc::new(inst),
+                    ctx: ctx.clone(),
+                })
+            }
+        })
+    }
+
+    /// The engine the plugin was compiled for.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+#[derive(Debug, Clone)]
+struct CallCtx {
+    site: Site,
+    limits: Limits,
+}
+
+/// Turns a wasmtime error from a call into a [`RuntimeError`] naming the limit that fired.
+fn classify(ctx: &CallCtx, call: &'static str, e: wasmtime::Error, store: &Store<StoreData>) -> RuntimeError {
+    let msg = format!("{e:#}");
+    let reason = if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
+        format!(
+            "exceeded limit `cpu_ms_per_call` ({} ms per call)",
+            ctx.limits.cpu_ms_per_call
+        )
+    } else if msg.contains("forcing trap when growing memory") {
+        format!(
+            "exceeded limit `memory_bytes` ({} bytes per instance): {msg}",
+            ctx.limits.memory_bytes
+        )
+    } else if let Some(h) = e.downcast_ref::<HostTrap>() {
+        h.0.clone()
+    } else {
+        let mut reason = msg;
+        if let Some(pipe) = &store.data().stderr {
+            let captured = pipe.contents();
+            let text = String::from_utf8_lossy(&captured);
+            let tail: Vec<&str> = text.lines().rev().take(8).collect();
+            if !tail.is_empty() {
+                reason.push_str("; guest stderr: ");
+                reason.push_str(&tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
+            }
+        }
+        reason
+    };
+    RuntimeError::Trap {
+        site: ctx.site.clone(),
+        call,
+        reason,
+    }
+}
+
+fn guest_error(ctx: &CallCtx, call: &'static str, e: GuestError) -> RuntimeError {
+    RuntimeError::Guest {
+        site: ctx.site.clone(),
+        call,
+        code: format!("{:?}", e.code).to_lowercase(),
+        message: e.message,
+    }
+}
+
+/// Checks a batch returned by a guest against the layout rules and output limits.
+///
+/// # Errors
+/// [`RuntimeError::MalformedBatch`] or [`RuntimeError::LimitExceeded`].
+fn check_output(ctx: &CallCtx, call: &'static str, b: &Batch) -> Result<()> {
+    let malformed = |detail: String| RuntimeError::MalformedBatch {
+        site: ctx.site.clone(),
+        call,
+        detail,
+    };
+    let limit = |limit: &'static str, value: u64, max: u64| RuntimeError::LimitExceeded {
+        site: ctx.site.clone(),
+        call,
+        limit,
+        value,
+        max,
+    };
+    let n = b.ends.len();
+    let l = &ctx.limits;
+    if n as u64 > u64::from(l.max_output_records) {
+        return Err(limit("max_output_records", n as u64, u64::from(l.max_output_records)));
+    }
+    let bytes = (b.data.len() + b.keys.len()) as u64;
+    if bytes > l.max_output_bytes {
+        return Err(limit("max_output_bytes", bytes, l.max_output_bytes));
+    }
+    check_layout(&b.data, &b.ends, "records", l.max_record_bytes).map_err(|e| match e {
+        LayoutError::Malformed(d) => malformed(d),
+        LayoutError::TooLarge(v) => limit("max_record_bytes", v, u64::from(l.max_record_bytes)),
+    })?;
+    if !b.key_ends.is_empty() {
+        if b.key_ends.len() != n {
+            return Err(malformed(format!("{} keys for {n} records", b.key_ends.len())));
+        }
+        check_layout(&b.keys, &b.key_ends, "keys", l.max_record_bytes).map_err(|e| match e {
+            LayoutError::Malformed(d) => malformed(d),
+            LayoutError::TooLarge(v) => limit("max_record_bytes", v, u64::from(l.max_record_bytes)),
+        })?;
+    } else if !b.keys.is_empty() {
+        return Err(malformed("key bytes without key offsets".into()));
+    }
+    if !b.timestamps.is_empty() && b.timestamps.len() != n {
+        return Err(malformed(format!("{} timestamps for {n} records", b.timestamps.len())));
+    }
+    Ok(())
+}
+
+enum LayoutError {
+    Malformed(String),
+    TooLarge(u64),
+}
+
+fn check_layout(data: &[u8], ends: &[u32], what: &str, max_item: u32) -> Result<(), LayoutError> {
+    let mut prev = 0u32;
+    for &e in ends {
+        if e < prev {
+            return Err(LayoutError::Malformed(format!("{what} end offsets decrease ({prev} then {e})")));
+        }
+        if e - prev > max_item {
+            return Err(LayoutError::TooLarge(u64::from(e - prev)));
+        }
+        prev = e;
+    }
+    if prev as usize != data.len() {
+        return Err(LayoutError::Malformed(format!(
+            "{what} end offsets cover {prev} bytes but the buffer holds {}",
+            data.len()
+        )));
+    }
+    Ok(())
+}
+
+macro_rules! guest_call {
+    ($self:ident, $name:literal, |$inst:ident, $store:ident| $body:expr) => {{
+        let ticks = $self.ctx.limits.cpu_ticks();
+        $self.store.set_epoch_deadline(ticks);
+        let $inst = Arc::clone(&$self.inst);
+        let $store = &mut $self.store;
+        match $body {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(guest_error(&$self.ctx, $name, e)),
+            Err(e) => Err(classify(&$self.ctx, $name, e, &$self.store)),
+        }
+    }};
+}
+
+macro_rules! guest_call_infallible {
+    ($self:ident, $name:literal, |$inst:ident, $store:ident| $body:expr) => {{
+        let ticks = $self.ctx.limits.cpu_ticks();
+        $self.store.set_epoch_deadline(ticks);
+        let $inst = Arc::clone(&$self.inst);
+        let $store = &mut $self.store;
+        match $body {
+            Ok(v) => Ok(v),
+            Err(e) => Err(classify(&$self.ctx, $name, e, &$self.store)),
+        }
+    }};
+}
+
+/// An operator instance serving one subtask.
+pub struct OperatorInstance {
+    store: Store<StoreData>,
+    inst: Arc<Operator>,
+    ctx: CallCtx,
+}
+
+impl OperatorInstance {
+    /// Calls `describe`.
+    ///
+    /// # Errors
+    /// A trap.
+    pub fn describe(&mut self) -> Result<WitPluginInfo> {
+        guest_call_infallible!(self, "describe", |i, s| i.nop_stream_operator_plugin().call_describe(s))
+    }
+
+    /// Calls `open`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
+        guest_call!(self, "open", |i, s| i.nop_stream_operator_plugin().call_open(s, task, config))
+    }
+
+    /// Calls `process` and checks the output.
+    ///
+    /// # Errors
+    /// A trap, a guest error, a malformed batch or an output limit.
+    pub fn process(&mut self, input: u32, batch: &Batch) -> Result<Batch> {
+        let out = guest_call!(self, "process", |i, s| i.nop_stream_operator_plugin().call_process(s, input, batch))?;
+        check_output(&self.ctx, "process", &out)?;
+        Ok(out)
+    }
+
+    /// Calls `on-watermark` and checks the output.
+    ///
+    /// # Errors
+    /// As [`Self::process`].
+    pub fn on_watermark(&mut self, watermark: i64) -> Result<Batch> {
+        self.store.data_mut().watermark = watermark;
+        let out = guest_call!(self, "on-watermark", |i, s| i.nop_stream_operator_plugin().call_on_watermark(s, watermark))?;
+        check_output(&self.ctx, "on-watermark", &out)?;
+        Ok(out)
+    }
+
+    /// Calls `on-timers` and checks the output.
+    ///
+    /// # Errors
+    /// As [`Self::process`].
+    pub fn on_timers(&mut self, timers: &[FiredTimer]) -> Result<Batch> {
+        let out = guest_call!(self, "on-timers", |i, s| i.nop_stream_operator_plugin().call_on_timers(s, timers))?;
+        check_output(&self.ctx, "on-timers", &out)?;
+        Ok(out)
+    }
+
+    /// Calls `prepare-checkpoint` and checks the output.
+    ///
+    /// # Errors
+    /// As [`Self::process`].
+    pub fn prepare_checkpoint(&mut self, epoch: u64) -> Result<Batch> {
+        let out = guest_call!(self, "prepare-checkpoint", |i, s| i.nop_stream_operator_plugin().call_prepare_checkpoint(s, epoch))?;
+        check_output(&self.ctx, "prepare-checkpoint", &out)?;
+        Ok(out)
+    }
+
+    /// Calls `finish` and checks the output.
+    ///
+    /// # Errors
+    /// As [`Self::process`].
+    pub fn finish(&mut self) -> Result<Batch> {
+        let out = guest_call!(self, "finish", |i, s| i.nop_stream_operator_plugin().call_finish(s))?;
+        check_output(&self.ctx, "finish", &out)?;
+        Ok(out)
+    }
+
+    /// Calls `close`.
+    ///
+    /// # Errors
+    /// A trap.
+    pub fn close(&mut self) -> Result<()> {
+        guest_call_infallible!(self, "close", |i, s| i.nop_stream_operator_plugin().call_close(s))
+    }
+
+    /// The instance's keyed state, if any.
+    pub fn state_mut(&mut self) -> Option<&mut KeyedState> {
+        self.store.data_mut().state.as_mut()
+    }
+
+    /// Removes and returns event-time timers due at `watermark`, in timestamp order.
+    pub fn take_due_event_timers(&mut self, watermark: i64) -> Vec<FiredTimer> {
+        let timers = &mut self.store.data_mut().timers;
+        let due: Vec<_> = timers
+            .iter()
+            .take_while(|t| t.0 == 0 && t.1 <= watermark)
+            .cloned()
+            .collect();
+        due.into_iter()
+            .map(|t| {
+                timers.remove(&t);
+                FiredTimer {
+                    domain: crate::bindings::TimeDomain::EventTime,
+                    key: t.2,
+                    namespace: t.3,
+                    timestamp: t.1,
+                }
+            })
+            .collect()
+    }
+
+    /// Plugin-defined counters.
+    pub fn counters(&self) -> &BTreeMap<String, u64> {
+        &self.store.data().counters
+    }
+}
+
+/// A source instance.
+pub struct SourceInstance {
+    store: Store<StoreData>,
+    inst: Arc<Source>,
+    ctx: CallCtx,
+}
+
+impl SourceInstance {
+    /// Calls `describe`.
+    ///
+    /// # Errors
+    /// A trap.
+    pub fn describe(&mut self) -> Result<WitPluginInfo> {
+        guest_call_infallible!(self, "describe", |i, s| i.nop_stream_source_plugin().call_describe(s))
+    }
+
+    /// Calls `open`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
+        guest_call!(self, "open", |i, s| i.nop_stream_source_plugin().call_open(s, task, config))
+    }
+
+    /// Calls `discover-splits`; split ids must be unique.
+    ///
+    /// # Errors
+    /// A trap, a guest error, or duplicate split ids.
+    pub fn discover_splits(&mut self, parallelism: u32) -> Result<Vec<Split>> {
+        let splits = guest_call!(self, "discover-splits", |i, s| i.nop_stream_source_plugin().call_discover_splits(s, parallelism))?;
+        let mut seen = BTreeSet::new();
+        for sp in &splits {
+            if !seen.insert(sp.id.as_str()) {
+                return Err(RuntimeError::MalformedBatch {
+                    site: self.ctx.site.clone(),
+                    call: "discover-splits",
+                    detail: format!("split id `{}` appears twice", sp.id),
+                });
+            }
+        }
+        Ok(splits)
+    }
+
+    /// Calls `read` and checks the output.
+    ///
+    /// # Errors
+    /// A trap, a guest error, a malformed batch or an output limit.
+    pub fn read(&mut self, split: &Split, cursor: &[u8], max_records: u32) -> Result<ReadResult> {
+        let out = guest_call!(self, "read", |i, s| i.nop_stream_source_plugin().call_read(s, split, cursor, max_records))?;
+        check_output(&self.ctx, "read", &out.records)?;
+        if out.records.ends.len() > max_records as usize {
+            return Err(RuntimeError::LimitExceeded {
+                site: self.ctx.site.clone(),
+                call: "read",
+                limit: "max_batch_records",
+                value: out.records.ends.len() as u64,
+                max: u64::from(max_records),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Calls `close`.
+    ///
+    /// # Errors
+    /// A trap.
+    pub fn close(&mut self) -> Result<()> {
+        guest_call_infallible!(self, "close", |i, s| i.nop_stream_source_plugin().call_close(s))
+    }
+}
+
+/// A sink instance.
+pub struct SinkInstance {
+    store: Store<StoreData>,
+    inst: Arc<Sink>,
+    ctx: CallCtx,
+}
+
+impl SinkInstance {
+    /// Calls `describe`.
+    ///
+    /// # Errors
+    /// A trap.
+    pub fn describe(&mut self) -> Result<WitPluginInfo> {
+        guest_call_infallible!(self, "describe", |i, s| i.nop_stream_sink_plugin().call_describe(s))
+    }
+
+    /// Calls `open`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
+        guest_call!(self, "open", |i, s| i.nop_stream_sink_plugin().call_open(s, task, config))
+    }
+
+    /// Calls `begin`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn begin(&mut self, txn: &str) -> Result<()> {
+        guest_call!(self, "begin", |i, s| i.nop_stream_sink_plugin().call_begin(s, txn))
+    }
+
+    /// Calls `write`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn write(&mut self, txn: &str, batch: &Batch) -> Result<()> {
+        guest_call!(self, "write", |i, s| i.nop_stream_sink_plugin().call_write(s, txn, batch))
+    }
+
+    /// Calls `pre-commit`, returning the committable.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn pre_commit(&mut self, txn: &str) -> Result<Vec<u8>> {
+        guest_call!(self, "pre-commit", |i, s| i.nop_stream_sink_plugin().call_pre_commit(s, txn))
+    }
+
+    /// Calls `commit`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn commit(&mut self, committable: &[u8]) -> Result<()> {
+        guest_call!(self, "commit", |i, s| i.nop_stream_sink_plugin().call_commit(s, committable))
+    }
+
+    /// Calls `abort`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn abort(&mut self, txn: &str) -> Result<()> {
+        guest_call!(self, "abort", |i, s| i.nop_stream_sink_plugin().call_abort(s, txn))
+    }
+
+    /// Calls `recover`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn recover(&mut self, committable: &[u8]) -> Result<CommitOutcome> {
+        guest_call!(self, "recover", |i, s| i.nop_stream_sink_plugin().call_recover(s, committable))
+    }
+
+    /// Calls `pending-transactions`.
+    ///
+    /// # Errors
+    /// A trap or a guest error.
+    pub fn pending_transactions(&mut self) -> Result<Vec<String>> {
+        guest_call!(self, "pending-transactions", |i, s| i.nop_stream_sink_plugin().call_pending_transactions(s))
+    }
+
+    /// Calls `close`.
+    ///
+    /// # Errors
+    /// A trap.
+    pub fn close(&mut self) -> Result<()> {
+        guest_call_infallible!(self, "close", |i, s| i.nop_stream_sink_plugin().call_close(s))
+    }
+
+    /// The sink's site.
+    pub fn site(&self) -> &Site {
+        &self.ctx.site
+    }
+}

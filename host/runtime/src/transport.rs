@@ -1,0 +1,263 @@
+//! Channels and transports (design §5, seed §4.2–§4.4).
+//!
+//! A channel carries [`Message`]s — record batches, watermarks, barriers and the end
+//! marker — in order; order across channels is not defined. Every channel is a bounded
+//! queue on the receiving side, so a full channel blocks its producer (backpressure). A
+//! [`Transport`] opens the two ends of a channel for a task attempt and checks the
+//! attempt's fencing token on open and on every send, even in-process (seed §10.2): after
+//! [`Transport::fence`], writes of older attempts are refused.
+//!
+//! Backends: [`LocalTransport`] (in-process queues) now; QUIC will deliver into the same
+//! bounded per-channel queues from its stream readers, with QUIC flow control as the
+//! backpressure across nodes.
+
+use crate::bindings::Batch;
+use crate::error::{Result, RuntimeError};
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender};
+use nop_stream_api::{ChannelId, EpochId, FencingToken};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What travels on a channel.
+#[derive(Debug, Clone)]
+pub enum Message {
+    /// A batch of records.
+    Records(Batch),
+    /// The sender's event-time watermark advanced (ms).
+    Watermark(i64),
+    /// A checkpoint barrier (seed §5.3).
+    Barrier(EpochId),
+    /// The sender will send nothing more on this channel.
+    End,
+}
+
+/// The sending end of one channel, bound to an attempt's fencing token.
+pub trait ChannelSender: Send {
+    /// The channel.
+    fn channel(&self) -> &ChannelId;
+
+    /// Sends `msg`, blocking while the channel is full.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Fenced`] if the attempt was fenced, [`RuntimeError::ChannelClosed`]
+    /// if the receiver went away, [`RuntimeError::Cancelled`] if the job is cancelled.
+    fn send(&mut self, msg: Message) -> Result<()>;
+}
+
+/// A transport backend.
+pub trait Transport: Send + Sync {
+    /// Backend name as it appears in the DeploymentPlan (e.g. `local-queue`).
+    fn backend(&self) -> &'static str;
+
+    /// Opens the receiving end of `channel` for the attempt holding `token`.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Fenced`] for a stale token; [`RuntimeError::Internal`] if opened twice.
+    fn open_receiver(&self, channel: &ChannelId, token: FencingToken) -> Result<Receiver<Message>>;
+
+    /// Opens the sending end of `channel` for the attempt holding `token`.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Fenced`] for a stale token.
+    fn open_sender(&self, channel: &ChannelId, token: FencingToken) -> Result<Box<dyn ChannelSender>>;
+
+    /// Makes `token` the only token accepted from now on.
+    fn fence(&self, token: FencingToken);
+
+    /// The token in force.
+    fn current_token(&self) -> FencingToken;
+}
+
+/// In-process transport: one bounded crossbeam queue per channel.
+pub struct LocalTransport {
+    capacity: usize,
+    token: Arc<AtomicU64>,
+    cancel: Arc<AtomicBool>,
+    channels: Mutex<HashMap<ChannelId, (Sender<Message>, Option<Receiver<Message>>)>>,
+}
+
+impl std::fmt::Debug for LocalTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalTransport")
+            .field("capacity", &self.capacity)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalTransport {
+    /// Default queue capacity per channel, in messages (batches). Worst-case memory per
+    /// channel is `capacity × batch bytes`.
+    pub const DEFAULT_CAPACITY: usize = 16;
+
+    /// A transport accepting `token`, with `capacity` messages per channel; sends give up
+    /// with [`RuntimeError::Cancelled`] once `cancel` is set.
+    pub fn new(capacity: usize, token: FencingToken, cancel: Arc<AtomicBool>) -> Self {
+        LocalTransport {
+            capacity: capacity.max(1),
+            token: Arc::new(AtomicU64::new(token.0)),
+            cancel,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn check(&self, channel: &ChannelId, token: FencingToken) -> Result<()> {
+        let current = FencingToken(self.token.load(Ordering::SeqCst));
+        if token != current {
+            return Err(RuntimeError::Fenced {
+                channel: channel.clone(),
+                token,
+                current,
+            });
+        }
+        Ok(())
+    }
+
+    fn entry<R>(&self, channel: &ChannelId, f: impl FnOnce(&mut (Sender<Message>, Option<Receiver<Message>>)) -> R) -> R {
+        let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let e = map.entry(channel.clone()).or_insert_with(|| {
+            let (s, r) = crossbeam_channel::bounded(self.capacity);
+            (s, Some(r))
+        });
+        f(e)
+    }
+}
+
+impl Transport for LocalTransport {
+    fn backend(&self) -> &'static str {
+        "local-queue"
+    }
+
+    fn open_receiver(&self, channel: &ChannelId, token: FencingToken) -> Result<Receiver<Message>> {
+        self.check(channel, token)?;
+        self.entry(channel, |e| e.1.take())
+            .ok_or_else(|| RuntimeError::Internal(format!("channel {channel} opened twice for receiving")))
+    }
+
+    fn open_sender(&self, channel: &ChannelId, token: FencingToken) -> Result<Box<dyn ChannelSender>> {
+        self.check(channel, token)?;
+        let sender = self.entry(channel, |e| e.0.clone());
+        Ok(Box::new(LocalSender {
+            channel: channel.clone(),
+            sender,
+            token,
+            current: Arc::clone(&self.token),
+            cancel: Arc::clone(&self.cancel),
+        }))
+    }
+
+    fn fence(&self, token: FencingToken) {
+        self.token.store(token.0, Ordering::SeqCst);
+        // Drop the transport's own sender handles so receivers see disconnection once the
+        // fenced attempt's senders are gone too.
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    fn current_token(&self) -> FencingToken {
+        FencingToken(self.token.load(Ordering::SeqCst))
+    }
+}
+
+struct LocalSender {
+    channel: ChannelId,
+    sender: Sender<Message>,
+    token: FencingToken,
+    current: Arc<AtomicU64>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl ChannelSender for LocalSender {
+    fn channel(&self) -> &ChannelId {
+        &self.channel
+    }
+
+    fn send(&mut self, mut msg: Message) -> Result<()> {
+        loop {
+            let current = FencingToken(self.current.load(Ordering::SeqCst));
+            if current != self.token {
+                return Err(RuntimeError::Fenced {
+                    channel: self.channel.clone(),
+                    token: self.token,
+                    current,
+                });
+            }
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(RuntimeError::Cancelled);
+            }
+            match self.sender.send_timeout(msg, Duration::from_millis(100)) {
+                Ok(()) => return Ok(()),
+                Err(SendTimeoutError::Timeout(m)) => msg = m,
+                Err(SendTimeoutError::Disconnected(_)) => {
+                    return Err(RuntimeError::ChannelClosed {
+                        channel: self.channel.clone(),
+                        message: "the receiving task has ended".into(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nop_stream_api::{EdgeId, SubtaskIndex};
+
+    fn ch() -> ChannelId {
+        ChannelId {
+            edge: EdgeId::new("a->b#0"),
+            upstream: SubtaskIndex(0),
+            downstream: SubtaskIndex(1),
+            index: 0,
+        }
+    }
+
+    #[test]
+    fn stale_token_is_refused_on_open_and_on_send() {
+        let t = LocalTransport::new(2, FencingToken(1), Arc::new(AtomicBool::new(false)));
+        let rx = t.open_receiver(&ch(), FencingToken(1)).unwrap();
+        let mut tx = t.open_sender(&ch(), FencingToken(1)).unwrap();
+        tx.send(Message::Watermark(5)).unwrap();
+        assert!(matches!(rx.recv().unwrap(), Message::Watermark(5)));
+        t.fence(FencingToken(2));
+        let err = tx.send(Message::End).unwrap_err();
+        assert!(matches!(err, RuntimeError::Fenced { token: FencingToken(1), current: FencingToken(2), .. }), "{err}");
+        assert!(matches!(t.open_sender(&ch(), FencingToken(1)), Err(RuntimeError::Fenced { .. })));
+        assert!(t.open_sender(&ch(), FencingToken(2)).is_ok());
+    }
+
+    #[test]
+    fn full_channel_blocks_until_cancelled() {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let t = LocalTransport::new(1, FencingToken(1), Arc::clone(&cancel));
+        let _rx = t.open_receiver(&ch(), FencingToken(1)).unwrap();
+        let mut tx = t.open_sender(&ch(), FencingToken(1)).unwrap();
+        tx.send(Message::Watermark(1)).unwrap();
+        let c2 = Arc::clone(&cancel);
+        let h = std::thread::spawn(move || tx.send(Message::Watermark(2)));
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(!h.is_finished(), "a full channel must block its producer");
+        c2.store(true, Ordering::SeqCst);
+        assert!(matches!(h.join().unwrap(), Err(RuntimeError::Cancelled)));
+    }
+
+    #[test]
+    fn order_is_kept_within_a_channel() {
+        let t = LocalTransport::new(64, FencingToken(1), Arc::new(AtomicBool::new(false)));
+        let rx = t.open_receiver(&ch(), FencingToken(1)).unwrap();
+        let mut tx = t.open_sender(&ch(), FencingToken(1)).unwrap();
+        for i in 0..50 {
+            tx.send(Message::Watermark(i)).unwrap();
+        }
+        tx.send(Message::Barrier(EpochId(1))).unwrap();
+        for i in 0..50 {
+            assert!(matches!(rx.recv().unwrap(), Message::Watermark(w) if w == i));
+        }
+        assert!(matches!(rx.recv().unwrap(), Message::Barrier(EpochId(1))));
+    }
+}

@@ -1,0 +1,657 @@
+//! Keyed state of one operator subtask (design §7, seed §3.4, §8).
+//!
+//! [`KeyedState`] keeps the epoch's working set in memory and writes it to a redb
+//! database in one transaction on [`KeyedState::flush`] (at a barrier, at the end of
+//! input, or when the working set exceeds its budget), reading through to redb on a
+//! miss. A redb read-modify-write per record would cap throughput near 1.2 M records/s
+//! (design §7), so the hot path never touches redb per record.
+//!
+//! Every key is routed to its StateShard (`xxh3-64(key) mod stateShardCount`); a key whose
+//! shard this subtask does not own is refused with [`StateError::KeyOutsideShards`], which
+//! the plugin host turns into a trap.
+//!
+//! Storage layout: one redb table per declared state, named after it. A table key is
+//! `shard (u32 BE) | namespace length (u32 BE) | namespace | key`, so the entries of one
+//! shard are contiguous (snapshot and restore move shards, not keys, seed §10.5). Value
+//! states store the value bytes; list and map states store their whole collection per key
+//! in a length-prefixed encoding ([`codec`]).
+
+pub mod codec;
+
+use nop_stream_api::{StateDescriptor, StateKind, StateShardId};
+use nop_stream_core::shard_of;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Errors of the state backend.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// A key hashed to a shard this subtask does not own (a routing bug or a plugin
+    /// touching another key's state).
+    #[error("key {key} belongs to state shard {shard}, outside the shards {owned:?} this subtask owns")]
+    KeyOutsideShards {
+        /// Printable prefix of the key.
+        key: String,
+        /// The key's shard.
+        shard: StateShardId,
+        /// Shards owned by the subtask.
+        owned: Range<u32>,
+    },
+    /// A state handle that `open` never returned.
+    #[error("unknown state handle {0}")]
+    UnknownHandle(u32),
+    /// A state used with an operation of another kind (e.g. `list-append` on a value state).
+    #[error("state `{name}` is a {actual:?} state, used as a {expected:?} state")]
+    WrongKind {
+        /// State name.
+        name: String,
+        /// Declared kind.
+        actual: StateKind,
+        /// Kind the operation needs.
+        expected: StateKind,
+    },
+    /// Malformed flat buffers (ends out of range or decreasing).
+    #[error("malformed {what}: {detail}")]
+    Malformed {
+        /// Which buffer.
+        what: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A stored collection could not be decoded.
+    #[error("corrupt stored value in state `{0}`")]
+    Corrupt(String),
+    /// The database failed.
+    #[error("state database {path}: {message}")]
+    Database {
+        /// Database file.
+        path: PathBuf,
+        /// redb's message.
+        message: String,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = StateError> = std::result::Result<T, E>;
+
+/// Settings of one subtask's keyed state.
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// redb database file (created if missing).
+    pub path: PathBuf,
+    /// `stateShardCount` of the vertex.
+    pub shard_count: u32,
+    /// Shards this subtask owns.
+    pub owned: Range<u32>,
+    /// Declared states; handles are indexes into this list.
+    pub states: Vec<StateDescriptor>,
+    /// Working-set budget in entries; past it, a [`KeyedState::flush`] writes dirty entries
+    /// and drops clean ones. Default 1,000,000 (worst case about entries × (key + value +
+    /// 64 bytes) of memory).
+    pub max_cached_entries: usize,
+}
+
+impl StateConfig {
+    /// Default working-set budget in entries.
+    pub const DEFAULT_MAX_CACHED_ENTRIES: usize = 1_000_000;
+}
+
+struct Slot {
+    value: Option<Vec<u8>>,
+    dirty: bool,
+}
+
+/// Keyed state of one operator subtask. Not thread-safe by design: a subtask owns it on
+/// its own thread (redb allows one writer per database, design §7).
+pub struct KeyedState {
+    db: Database,
+    path: PathBuf,
+    shard_count: u32,
+    owned: Range<u32>,
+    states: Vec<StateDescriptor>,
+    cache: Vec<HashMap<Vec<u8>, Slot>>,
+    max_cached_entries: usize,
+    scratch: Vec<u8>,
+    miss_positions: Vec<usize>,
+}
+
+impl std::fmt::Debug for KeyedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedState")
+            .field("path", &self.path)
+            .field("owned", &self.owned)
+            .finish_non_exhaustive()
+    }
+}
+
+fn db_err(path: &Path, e: impl std::fmt::Display) -> StateError {
+    StateError::Database {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+fn printable(key: &[u8]) -> String {
+    let shown = &key[..key.len().min(32)];
+    match std::str::from_utf8(shown) {
+        Ok(s) => format!("{s:?}"),
+        Err(_) => format!("0x{}", shown.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+    }
+}
+
+fn check_ends(what: &'static str, ends: &[u32], len: usize) -> Result<()> {
+    let mut prev = 0u32;
+    for &e in ends {
+        if e < prev || e as usize > len {
+            return Err(StateError::Malformed {
+                what,
+                detail: format!("end offset {e} after {prev}, buffer length {len}"),
+            });
+        }
+        prev = e;
+    }
+    Ok(())
+}
+
+/// Iterates the slices of a flat buffer with exclusive end offsets (checked beforehand).
+fn slices<'a>(data: &'a [u8], ends: &'a [u32]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let mut start = 0usize;
+    ends.iter().map(move |&e| {
+        let s = &data[start..e as usize];
+        start = e as usize;
+        s
+    })
+}
+
+impl KeyedState {
+    /// Opens (or creates) the database of `config.path`.
+    ///
+    /// # Errors
+    /// [`StateError::Database`] if redb cannot open or create the file.
+    pub fn open(config: StateConfig) -> Result<Self> {
+        if let Some(dir) = config.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| db_err(&config.path, e))?;
+        }
+        let db = Database::create(&config.path).map_err(|e| db_err(&config.path, e))?;
+        let n = config.states.len();
+        Ok(KeyedState {
+            db,
+            path: config.path,
+            shard_count: config.shard_count,
+            owned: config.owned,
+            states: config.states,
+            cache: (0..n).map(|_| HashMap::new()).collect(),
+            max_cached_entries: config.max_cached_entries,
+            scratch: Vec::new(),
+            miss_positions: Vec::new(),
+        })
+    }
+
+    /// The handle of the declared state `name`, if it was declared with kind `kind`.
+    pub fn handle(&self, name: &str) -> Option<u32> {
+        self.states.iter().position(|s| s.name == name).map(|i| i as u32)
+    }
+
+    /// Declared states, indexed by handle.
+    pub fn descriptors(&self) -> &[StateDescriptor] {
+        &self.states
+    }
+
+    fn descriptor(&self, state: u32, expected: StateKind) -> Result<&StateDescriptor> {
+        let d = self
+            .states
+            .get(state as usize)
+            .ok_or(StateError::UnknownHandle(state))?;
+        if d.kind != expected {
+            return Err(StateError::WrongKind {
+                name: d.name.clone(),
+                actual: d.kind,
+                expected,
+            });
+        }
+        Ok(d)
+    }
+
+    /// Checks that `key` belongs to a shard this subtask owns.
+    ///
+    /// # Errors
+    /// [`StateError::KeyOutsideShards`] otherwise.
+    pub fn check_key(&self, key: &[u8]) -> Result<StateShardId> {
+        let shard = shard_of(key, self.shard_count);
+        if !self.owned.contains(&shard.0) {
+            return Err(StateError::KeyOutsideShards {
+                key: printable(key),
+                shard,
+                owned: self.owned.clone(),
+            });
+        }
+        Ok(shard)
+    }
+
+    /// Writes the composite table key of (namespace, key) into `self.scratch`, checking
+    /// shard ownership.
+    fn compose(&mut self, namespace: &[u8], key: &[u8]) -> Result<()> {
+        let shard = self.check_key(key)?;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&shard.0.to_be_bytes());
+        self.scratch
+            .extend_from_slice(&(namespace.len() as u32).to_be_bytes());
+        self.scratch.extend_from_slice(namespace);
+        self.scratch.extend_from_slice(key);
+        Ok(())
+    }
+
+    fn read_db(&self, state: u32, composite: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        let name = &self.states[state as usize].name;
+        let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
+        let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
+        let table = match txn.open_table(def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(vec![None; composite.len()]),
+            Err(e) => return Err(db_err(&self.path, e)),
+        };
+        composite
+            .iter()
+            .map(|k| {
+                table
+                    .get(*k)
+                    .map(|v| v.map(|g| g.value().to_vec()))
+                    .map_err(|e| db_err(&self.path, e))
+            })
+            .collect()
+    }
+
+    /// Looks up one value per key. Results are appended to `data`/`ends`/`present`
+    /// (cleared first). One database read transaction serves all misses of the call.
+    ///
+    /// # Errors
+    /// Unknown handle, wrong kind, malformed offsets, a key outside the owned shards, or a
+    /// database failure.
+    #[allow(clippy::too_many_arguments)]
+    pub fn value_get_many(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        keys: &[u8],
+        key_ends: &[u32],
+        data: &mut Vec<u8>,
+        ends: &mut Vec<u32>,
+        present: &mut Vec<bool>,
+    ) -> Result<()> {
+        self.descriptor(state, StateKind::Value)?;
+        check_ends("keys", key_ends, keys.len())?;
+        data.clear();
+        ends.clear();
+        present.clear();
+        // First pass: serve hits, remember misses.
+        self.miss_positions.clear();
+        let mut miss_keys: Vec<Vec<u8>> = Vec::new();
+        for (i, key) in slices(keys, key_ends).enumerate() {
+            self.compose(namespace, key)?;
+            match self.cache[state as usize].get(self.scratch.as_slice()) {
+                Some(slot) => {
+                    if let Some(v) = &slot.value {
+                        data.extend_from_slice(v);
+                        present.push(true);
+                    } else {
+                        present.push(false);
+                    }
+                }
+                None => {
+                    self.miss_positions.push(i);
+                    miss_keys.push(self.scratch.clone());
+                    present.push(false);
+                }
+            }
+            ends.push(data.len() as u32);
+        }
+        if miss_keys.is_empty() {
+            return Ok(());
+        }
+        // Misses: one read transaction, then rebuild the output in order.
+        let refs: Vec<&[u8]> = miss_keys.iter().map(|k| k.as_slice()).collect();
+        let loaded = self.read_db(state, &refs)?;
+        let mut rebuilt = Vec::with_capacity(data.len());
+        let mut rebuilt_ends = Vec::with_capacity(ends.len());
+        let mut miss = 0usize;
+        let mut start = 0usize;
+        for (i, end) in ends.iter().enumerate() {
+            if miss < self.miss_positions.len() && self.miss_positions[miss] == i {
+                if let Some(v) = &loaded[miss] {
+                    rebuilt.extend_from_slice(v);
+                    present[i] = true;
+                }
+                miss += 1;
+            } else {
+                rebuilt.extend_from_slice(&data[start..*end as usize]);
+            }
+            start = *end as usize;
+            rebuilt_ends.push(rebuilt.len() as u32);
+        }
+        *data = rebuilt;
+        *ends = rebuilt_ends;
+        let cache = &mut self.cache[state as usize];
+        for (k, v) in miss_keys.into_iter().zip(loaded) {
+            cache.insert(k, Slot {
+                value: v,
+                dirty: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// Stores one value per key.
+    ///
+    /// # Errors
+    /// As [`Self::value_get_many`]; also if key and value counts differ.
+    pub fn value_put_many(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        keys: &[u8],
+        key_ends: &[u32],
+        values: &[u8],
+        value_ends: &[u32],
+    ) -> Result<()> {
+        self.descriptor(state, StateKind::Value)?;
+        check_ends("keys", key_ends, keys.len())?;
+        check_ends("values", value_ends, values.len())?;
+        if key_ends.len() != value_ends.len() {
+            return Err(StateError::Malformed {
+                what: "values",
+                detail: format!("{} keys but {} values", key_ends.len(), value_ends.len()),
+            });
+        }
+        for (key, value) in slices(keys, key_ends).zip(slices(values, value_ends)) {
+            self.compose(namespace, key)?;
+            self.set_slot(state, Some(value.to_vec()));
+        }
+        Ok(())
+    }
+
+    fn set_slot(&mut self, state: u32, value: Option<Vec<u8>>) {
+        let cache = &mut self.cache[state as usize];
+        match cache.get_mut(self.scratch.as_slice()) {
+            Some(slot) => {
+                slot.value = value;
+                slot.dirty = true;
+            }
+            None => {
+                cache.insert(self.scratch.clone(), Slot { value, dirty: true });
+            }
+        }
+    }
+
+    /// Reads the stored bytes of one (state, namespace, key) through the cache.
+    fn get_one(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.compose(namespace, key)?;
+        if let Some(slot) = self.cache[state as usize].get(self.scratch.as_slice()) {
+            return Ok(slot.value.clone());
+        }
+        let composite = self.scratch.clone();
+        let loaded = self.read_db(state, &[composite.as_slice()])?.pop().flatten();
+        self.cache[state as usize].insert(composite, Slot {
+            value: loaded.clone(),
+            dirty: false,
+        });
+        Ok(loaded)
+    }
+
+    fn put_one(&mut self, state: u32, namespace: &[u8], key: &[u8], value: Option<Vec<u8>>) -> Result<()> {
+        self.compose(namespace, key)?;
+        self.set_slot(state, value);
+        Ok(())
+    }
+
+    /// Removes the value of `key`.
+    ///
+    /// # Errors
+    /// Unknown handle, wrong kind or a key outside the owned shards.
+    pub fn value_delete(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<()> {
+        self.descriptor(state, StateKind::Value)?;
+        self.put_one(state, namespace, key, None)
+    }
+
+    /// Keys of `state` in `namespace` held by this subtask, ascending, strictly after
+    /// `after`, at most `limit`; returns (keys, key_ends, more). Flushes first.
+    ///
+    /// # Errors
+    /// Unknown handle or a database failure.
+    pub fn value_keys(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        after: Option<&[u8]>,
+        limit: u32,
+    ) -> Result<(Vec<u8>, Vec<u32>, bool)> {
+        self.descriptor(state, StateKind::Value)?;
+        self.flush(false)?;
+        let name = self.states[state as usize].name.clone();
+        let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&name);
+        let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
+        let mut found: Vec<Vec<u8>> = Vec::new();
+        match txn.open_table(def) {
+            Ok(table) => {
+                for shard in self.owned.clone() {
+                    let mut prefix = shard.to_be_bytes().to_vec();
+                    prefix.extend_from_slice(&(namespace.len() as u32).to_be_bytes());
+                    prefix.extend_from_slice(namespace);
+                    let range = table
+                        .range::<&[u8]>(prefix.as_slice()..)
+                        .map_err(|e| db_err(&self.path, e))?;
+                    for entry in range {
+                        let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
+                        let k = k.value();
+                        if !k.starts_with(&prefix) {
+                            break;
+                        }
+                        let key = &k[prefix.len()..];
+                        if after.is_none_or(|a| key > a) {
+                            found.push(key.to_vec());
+                        }
+                    }
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(db_err(&self.path, e)),
+        }
+        found.sort_unstable();
+        let more = found.len() > limit as usize;
+        found.truncate(limit as usize);
+        let mut keys = Vec::new();
+        let mut ends = Vec::with_capacity(found.len());
+        for k in found {
+            keys.extend_from_slice(&k);
+            ends.push(keys.len() as u32);
+        }
+        Ok((keys, ends, more))
+    }
+
+    /// Appends `value` to the list of `key`.
+    ///
+    /// # Errors
+    /// Unknown handle, wrong kind, a key outside the owned shards, a corrupt stored list.
+    pub fn list_append(&mut self, state: u32, namespace: &[u8], key: &[u8], value: &[u8]) -> Result<()> {
+        self.descriptor(state, StateKind::List)?;
+        let mut stored = self.get_one(state, namespace, key)?.unwrap_or_default();
+        codec::push_item(&mut stored, value);
+        self.put_one(state, namespace, key, Some(stored))
+    }
+
+    /// The list of `key` (empty if none).
+    ///
+    /// # Errors
+    /// As [`Self::list_append`].
+    pub fn list_get(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let name = self.descriptor(state, StateKind::List)?.name.clone();
+        match self.get_one(state, namespace, key)? {
+            Some(stored) => codec::items(&stored).ok_or(StateError::Corrupt(name)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Removes the list of `key`.
+    ///
+    /// # Errors
+    /// As [`Self::list_append`].
+    pub fn list_clear(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<()> {
+        self.descriptor(state, StateKind::List)?;
+        self.put_one(state, namespace, key, None)
+    }
+
+    fn map_load(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let name = self.descriptor(state, StateKind::Map)?.name.clone();
+        match self.get_one(state, namespace, key)? {
+            Some(stored) => codec::pairs(&stored).ok_or(StateError::Corrupt(name)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn map_store(&mut self, state: u32, namespace: &[u8], key: &[u8], entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let value = if entries.is_empty() {
+            None
+        } else {
+            let mut out = Vec::new();
+            for (k, v) in entries {
+                codec::push_item(&mut out, k);
+                codec::push_item(&mut out, v);
+            }
+            Some(out)
+        };
+        self.put_one(state, namespace, key, value)
+    }
+
+    /// Sets `user_key` to `value` in the map of `key`.
+    ///
+    /// # Errors
+    /// Unknown handle, wrong kind, a key outside the owned shards, a corrupt stored map.
+    pub fn map_put(&mut self, state: u32, namespace: &[u8], key: &[u8], user_key: &[u8], value: &[u8]) -> Result<()> {
+        let mut entries = self.map_load(state, namespace, key)?;
+        match entries.binary_search_by(|(k, _)| k.as_slice().cmp(user_key)) {
+            Ok(i) => entries[i].1 = value.to_vec(),
+            Err(i) => entries.insert(i, (user_key.to_vec(), value.to_vec())),
+        }
+        self.map_store(state, namespace, key, &entries)
+    }
+
+    /// Reads `user_key` from the map of `key`.
+    ///
+    /// # Errors
+    /// As [`Self::map_put`].
+    pub fn map_get(&mut self, state: u32, namespace: &[u8], key: &[u8], user_key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let entries = self.map_load(state, namespace, key)?;
+        Ok(entries
+            .binary_search_by(|(k, _)| k.as_slice().cmp(user_key))
+            .ok()
+            .map(|i| entries[i].1.clone()))
+    }
+
+    /// Removes `user_key` from the map of `key`.
+    ///
+    /// # Errors
+    /// As [`Self::map_put`].
+    pub fn map_remove(&mut self, state: u32, namespace: &[u8], key: &[u8], user_key: &[u8]) -> Result<()> {
+        let mut entries = self.map_load(state, namespace, key)?;
+        if let Ok(i) = entries.binary_search_by(|(k, _)| k.as_slice().cmp(user_key)) {
+            entries.remove(i);
+            self.map_store(state, namespace, key, &entries)?;
+        }
+        Ok(())
+    }
+
+    /// Every entry of the map of `key`, ascending by user key.
+    ///
+    /// # Errors
+    /// As [`Self::map_put`].
+    pub fn map_entries(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.map_load(state, namespace, key)
+    }
+
+    /// Removes whatever `state` holds for `key` in `namespace`, whatever its kind.
+    ///
+    /// # Errors
+    /// Unknown handle or a key outside the owned shards.
+    pub fn clear(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<()> {
+        if state as usize >= self.states.len() {
+            return Err(StateError::UnknownHandle(state));
+        }
+        self.put_one(state, namespace, key, None)
+    }
+
+    /// Number of entries cached in memory.
+    pub fn cached_entries(&self) -> usize {
+        self.cache.iter().map(HashMap::len).sum()
+    }
+
+    /// Flushes if the working set exceeds its budget; call between batches.
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn maybe_evict(&mut self) -> Result<()> {
+        if self.cached_entries() > self.max_cached_entries {
+            self.flush(false)?;
+            for c in &mut self.cache {
+                c.clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes every dirty entry to redb in one write transaction (`durable`: fsync on
+    /// commit; otherwise redb's non-durable commit, made durable by the next durable one).
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn flush(&mut self, durable: bool) -> Result<()> {
+        if !durable && self.cache.iter().all(|c| c.values().all(|s| !s.dirty)) {
+            return Ok(());
+        }
+        let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
+        txn.set_durability(if durable {
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        })
+        .map_err(|e| db_err(&self.path, e))?;
+        for (i, desc) in self.states.iter().enumerate() {
+            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
+            let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
+            for (k, slot) in self.cache[i].iter_mut().filter(|(_, s)| s.dirty) {
+                match &slot.value {
+                    Some(v) => {
+                        table
+                            .insert(k.as_slice(), v.as_slice())
+                            .map_err(|e| db_err(&self.path, e))?;
+                    }
+                    None => {
+                        table.remove(k.as_slice()).map_err(|e| db_err(&self.path, e))?;
+                    }
+                }
+                slot.dirty = false;
+            }
+        }
+        txn.commit().map_err(|e| db_err(&self.path, e))?;
+        Ok(())
+    }
+
+    /// Number of stored entries of every state (after a flush), for tests and metrics.
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn stored_entries(&mut self) -> Result<u64> {
+        self.flush(false)?;
+        let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
+        let mut n = 0;
+        for desc in &self.states {
+            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
+            match txn.open_table(def) {
+                Ok(t) => n += t.len().map_err(|e| db_err(&self.path, e))?,
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(db_err(&self.path, e)),
+            }
+        }
+        Ok(n)
+    }
+}

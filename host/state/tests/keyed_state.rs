@@ -1,0 +1,155 @@
+//! Keyed state against a BTreeMap model, shard refusal, and persistence across reopen.
+
+use nop_stream_api::{StateDescriptor, StateKind};
+use nop_stream_core::shard_of;
+use nop_stream_state::{KeyedState, StateConfig, StateError};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+fn config(dir: &std::path::Path, owned: std::ops::Range<u32>, max_cached: usize) -> StateConfig {
+    StateConfig {
+        path: dir.join("s.redb"),
+        shard_count: 16,
+        owned,
+        states: vec![
+            StateDescriptor { name: "v".into(), kind: StateKind::Value, schema_version: 1, codec: "raw".into() },
+            StateDescriptor { name: "l".into(), kind: StateKind::List, schema_version: 1, codec: "raw".into() },
+            StateDescriptor { name: "m".into(), kind: StateKind::Map, schema_version: 1, codec: "raw".into() },
+        ],
+        max_cached_entries: max_cached,
+    }
+}
+
+fn flat(keys: &[Vec<u8>]) -> (Vec<u8>, Vec<u32>) {
+    let mut data = Vec::new();
+    let mut ends = Vec::new();
+    for k in keys {
+        data.extend_from_slice(k);
+        ends.push(data.len() as u32);
+    }
+    (data, ends)
+}
+
+fn get(s: &mut KeyedState, ns: &[u8], keys: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
+    let (k, ke) = flat(keys);
+    let (mut d, mut e, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    s.value_get_many(0, ns, &k, &ke, &mut d, &mut e, &mut p).unwrap();
+    let mut start = 0usize;
+    e.iter()
+        .zip(&p)
+        .map(|(&end, &present)| {
+            let v = d[start..end as usize].to_vec();
+            start = end as usize;
+            present.then_some(v)
+        })
+        .collect()
+}
+
+#[test]
+fn key_outside_owned_shards_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = KeyedState::open(config(dir.path(), 0..8, 100)).unwrap();
+    let outside = (0u32..1000)
+        .map(|i| i.to_string().into_bytes())
+        .find(|k| shard_of(k, 16).0 >= 8)
+        .unwrap();
+    let (k, ke) = flat(std::slice::from_ref(&outside));
+    let err = s.value_put_many(0, b"", &k, &ke, b"x", &[1]).unwrap_err();
+    assert!(matches!(err, StateError::KeyOutsideShards { .. }), "{err}");
+    assert!(err.to_string().contains("outside the shards 0..8"), "{err}");
+    let err = s.list_append(1, b"", &outside, b"x").unwrap_err();
+    assert!(matches!(err, StateError::KeyOutsideShards { .. }));
+}
+
+#[test]
+fn wrong_kind_and_unknown_handle_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
+    assert!(matches!(s.list_append(0, b"", b"k", b"x"), Err(StateError::WrongKind { .. })));
+    assert!(matches!(s.value_delete(7, b"", b"k"), Err(StateError::UnknownHandle(7))));
+    assert_eq!(s.handle("m"), Some(2));
+    assert_eq!(s.handle("nope"), None);
+}
+
+#[test]
+fn state_survives_flush_and_reopen_and_keys_list_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
+        let keys: Vec<Vec<u8>> = ["b", "a", "c"].iter().map(|k| k.as_bytes().to_vec()).collect();
+        let (k, ke) = flat(&keys);
+        s.value_put_many(0, b"ns", &k, &ke, b"223311", &[2, 4, 6]).unwrap();
+        s.list_append(1, b"", b"a", b"x").unwrap();
+        s.list_append(1, b"", b"a", b"y").unwrap();
+        s.map_put(2, b"", b"a", b"z", b"1").unwrap();
+        s.map_put(2, b"", b"a", b"b", b"2").unwrap();
+        s.flush(true).unwrap();
+    }
+    let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
+    assert_eq!(get(&mut s, b"ns", &[b"a".to_vec(), b"b".to_vec(), b"q".to_vec()]), vec![Some(b"33".to_vec()), Some(b"22".to_vec()), None]);
+    let (keys, ends, more) = s.value_keys(0, b"ns", None, 2).unwrap();
+    assert_eq!((keys.as_slice(), ends.as_slice(), more), (&b"ab"[..], &[1u32, 2][..], true));
+    let (keys, _, more) = s.value_keys(0, b"ns", Some(b"b"), 10).unwrap();
+    assert_eq!((keys.as_slice(), more), (&b"c"[..], false));
+    assert_eq!(s.list_get(1, b"", b"a").unwrap(), vec![b"x".to_vec(), b"y".to_vec()]);
+    assert_eq!(s.map_entries(2, b"", b"a").unwrap(), vec![(b"b".to_vec(), b"2".to_vec()), (b"z".to_vec(), b"1".to_vec())]);
+    s.clear(2, b"", b"a").unwrap();
+    assert!(s.map_entries(2, b"", b"a").unwrap().is_empty());
+    assert_eq!(s.stored_entries().unwrap(), 4);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u8, u8, u8),
+    Delete(u8, u8),
+    Get(Vec<(u8, u8)>),
+    Flush,
+    Evict,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..4, 0u8..20, any::<u8>()).prop_map(|(n, k, v)| Op::Put(n, k, v)),
+        (0u8..4, 0u8..20).prop_map(|(n, k)| Op::Delete(n, k)),
+        proptest::collection::vec((0u8..4, 0u8..20), 1..8).prop_map(Op::Get),
+        Just(Op::Flush),
+        Just(Op::Evict),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// The write-back cache over redb behaves exactly like a BTreeMap, whatever the
+    /// interleaving of writes, reads, flushes and evictions (budget of 4 entries).
+    #[test]
+    fn value_state_matches_btreemap_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = KeyedState::open(config(dir.path(), 0..16, 4)).unwrap();
+        let mut model: BTreeMap<(u8, u8), u8> = BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::Put(n, k, v) => {
+                    s.value_put_many(0, &[n], &[k], &[1], &[v], &[1]).unwrap();
+                    model.insert((n, k), v);
+                }
+                Op::Delete(n, k) => {
+                    s.value_delete(0, &[n], &[k]).unwrap();
+                    model.remove(&(n, k));
+                }
+                Op::Get(keys) => {
+                    for (n, k) in keys {
+                        let got = get(&mut s, &[n], &[vec![k]]);
+                        prop_assert_eq!(got, vec![model.get(&(n, k)).map(|v| vec![*v])]);
+                    }
+                }
+                Op::Flush => s.flush(false).unwrap(),
+                Op::Evict => s.maybe_evict().unwrap(),
+            }
+        }
+        for n in 0u8..4 {
+            let (keys, _, _) = s.value_keys(0, &[n], None, 1000).unwrap();
+            let expected: Vec<u8> = model.keys().filter(|(mn, _)| *mn == n).map(|(_, k)| *k).collect();
+            prop_assert_eq!(keys, expected);
+        }
+    }
+}
