@@ -1,0 +1,399 @@
+//! The glue the export macros expand to: generic `Guest` implementations per world that
+//! keep the plugin instance in a per-component cell and convert between the generated
+//! WIT types and the SDK's types (moving buffers, never copying records).
+
+use crate::host::HostContext;
+use crate::wit::operator::exports::nop::stream::operator_plugin as wop;
+use crate::wit::operator::nop::stream::{timers as wtimers, types as wt};
+use crate::wit::sink::exports::nop::stream::sink_plugin as wsink;
+use crate::wit::source::exports::nop::stream::source_plugin as wsrc;
+use crate::{
+    Batch, CommitOutcome, ErrorCode, FiredTimer, Operator, PluginError, PluginInfo, PluginKind,
+    Result, Sink, SinkCapability, Source, SourceCapability, Split, StateDescriptor, StateKind,
+    TaskInfo, TimeDomain,
+};
+use std::any::Any;
+use std::cell::RefCell;
+use std::marker::PhantomData;
+
+thread_local! {
+    /// The one plugin instance of this component, created by `open`, dropped by `close`.
+    static INSTANCE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+fn with_instance<T: 'static, R>(f: impl FnOnce(&mut T) -> Result<R>) -> Result<R> {
+    INSTANCE.with_borrow_mut(
+        |slot| match slot.as_mut().and_then(|b| b.downcast_mut::<T>()) {
+            Some(instance) => f(instance),
+            None => Err(PluginError::internal(
+                "plugin called before a successful open",
+            )),
+        },
+    )
+}
+
+fn take_instance<T: 'static>() -> Option<T> {
+    INSTANCE
+        .take()
+        .and_then(|b| b.downcast::<T>().ok())
+        .map(|b| *b)
+}
+
+fn set_instance<T: 'static>(instance: T) {
+    INSTANCE.set(Some(Box::new(instance)));
+}
+
+// ---- conversions ----------------------------------------------------------------------
+
+/// Moves the buffers of a WIT batch into a [`Batch`].
+pub fn batch_from_wit(b: wt::Batch) -> Batch {
+    Batch {
+        data: b.data,
+        ends: b.ends,
+        keys: b.keys,
+        key_ends: b.key_ends,
+        timestamps: b.timestamps,
+    }
+}
+
+/// Moves the buffers of a [`Batch`] into a WIT batch.
+pub fn batch_to_wit(b: Batch) -> wt::Batch {
+    wt::Batch {
+        data: b.data,
+        ends: b.ends,
+        keys: b.keys,
+        key_ends: b.key_ends,
+        timestamps: b.timestamps,
+    }
+}
+
+/// A [`PluginError`] as the WIT `error` record.
+pub fn error_to_wit(e: PluginError) -> wt::Error {
+    wt::Error {
+        code: match e.code {
+            ErrorCode::InvalidConfig => wt::ErrorCode::InvalidConfig,
+            ErrorCode::InvalidRecord => wt::ErrorCode::InvalidRecord,
+            ErrorCode::Io => wt::ErrorCode::Io,
+            ErrorCode::State => wt::ErrorCode::State,
+            ErrorCode::Transaction => wt::ErrorCode::Transaction,
+            ErrorCode::Internal => wt::ErrorCode::Internal,
+        },
+        message: e.message,
+    }
+}
+
+fn state_to_wit(s: StateDescriptor) -> wt::StateDescriptor {
+    wt::StateDescriptor {
+        name: s.name,
+        kind: match s.kind {
+            StateKind::Value => wt::StateKind::Value,
+            StateKind::List => wt::StateKind::List,
+            StateKind::Map => wt::StateKind::Map,
+        },
+        schema_version: s.schema_version,
+        codec: s.codec,
+    }
+}
+
+/// A [`PluginInfo`] as the WIT `plugin-info` record.
+pub fn info_to_wit(i: PluginInfo) -> wt::PluginInfo {
+    wt::PluginInfo {
+        name: i.name,
+        version: i.version,
+        kind: match i.kind {
+            PluginKind::Operator => wt::PluginKind::Operator,
+            PluginKind::Source => wt::PluginKind::Source,
+            PluginKind::Sink => wt::PluginKind::Sink,
+        },
+        description: i.description,
+        states: i.states.into_iter().map(state_to_wit).collect(),
+        source_capability: i.source_capability.map(|c| match c {
+            SourceCapability::Replayable => wt::SourceCapability::Replayable,
+            SourceCapability::TransactionalRead => wt::SourceCapability::TransactionalRead,
+            SourceCapability::AtLeastOnce => wt::SourceCapability::AtLeastOnce,
+            SourceCapability::BestEffort => wt::SourceCapability::BestEffort,
+        }),
+        sink_capability: i.sink_capability.map(|c| match c {
+            SinkCapability::TwoPhaseCommit => wt::SinkCapability::TwoPhaseCommit,
+            SinkCapability::StagedAtomicCommit => wt::SinkCapability::StagedAtomicCommit,
+            SinkCapability::OutboxEpochLog => wt::SinkCapability::OutboxEpochLog,
+            SinkCapability::Idempotent => wt::SinkCapability::Idempotent,
+            SinkCapability::UpsertByKey => wt::SinkCapability::UpsertByKey,
+            SinkCapability::AtLeastOnce => wt::SinkCapability::AtLeastOnce,
+            SinkCapability::BestEffort => wt::SinkCapability::BestEffort,
+        }),
+        config_schema: i.config_schema,
+    }
+}
+
+/// The WIT `task-info` record as a [`TaskInfo`].
+pub fn task_from_wit(t: wt::TaskInfo) -> TaskInfo {
+    TaskInfo {
+        job_id: t.job_id,
+        pipeline_id: t.pipeline_id,
+        operator_id: t.operator_id,
+        operator_name: t.operator_name,
+        subtask_index: t.subtask_index,
+        parallelism: t.parallelism,
+        attempt: t.attempt,
+    }
+}
+
+fn timer_from_wit(t: wtimers::FiredTimer) -> FiredTimer {
+    FiredTimer {
+        domain: match t.domain {
+            wtimers::TimeDomain::EventTime => TimeDomain::EventTime,
+            wtimers::TimeDomain::ProcessingTime => TimeDomain::ProcessingTime,
+        },
+        key: t.key,
+        namespace: t.namespace,
+        timestamp: t.timestamp,
+    }
+}
+
+// ---- operator -------------------------------------------------------------------------
+
+/// `Guest` of the `operator` world for operator type `T`; see [`crate::export_operator!`].
+pub struct OperatorExport<T>(PhantomData<T>);
+
+/// Compile-time check used by [`crate::export_operator!`] on native targets.
+pub fn assert_operator<T: Operator>() {}
+
+fn emit<T: Operator>(
+    out: Batch,
+    f: impl FnOnce(&mut T, &mut Batch) -> Result<()>,
+) -> core::result::Result<wt::Batch, wt::Error> {
+    let mut out = out;
+    with_instance::<T, ()>(|op| f(op, &mut out)).map_err(error_to_wit)?;
+    Ok(batch_to_wit(out))
+}
+
+impl<T: Operator> wop::Guest for OperatorExport<T> {
+    fn describe() -> wt::PluginInfo {
+        info_to_wit(T::describe())
+    }
+
+    fn open(task: wt::TaskInfo, config: String) -> core::result::Result<(), wt::Error> {
+        let task = task_from_wit(task);
+        let instance = T::open(&mut HostContext, &task, &config).map_err(error_to_wit)?;
+        set_instance(instance);
+        Ok(())
+    }
+
+    fn process(input: u32, records: wt::Batch) -> core::result::Result<wt::Batch, wt::Error> {
+        let batch = batch_from_wit(records);
+        let out = Batch::with_capacity(batch.len(), batch.data.len());
+        emit::<T>(out, |op, out| {
+            op.process(&mut HostContext, input, &batch, out)
+        })
+    }
+
+    fn on_watermark(watermark: i64) -> core::result::Result<wt::Batch, wt::Error> {
+        emit::<T>(Batch::new(), |op, out| {
+            op.on_watermark(&mut HostContext, watermark, out)
+        })
+    }
+
+    fn on_timers(timers: Vec<wtimers::FiredTimer>) -> core::result::Result<wt::Batch, wt::Error> {
+        let timers: Vec<FiredTimer> = timers.into_iter().map(timer_from_wit).collect();
+        emit::<T>(Batch::new(), |op, out| {
+            op.on_timers(&mut HostContext, &timers, out)
+        })
+    }
+
+    fn prepare_checkpoint(epoch: u64) -> core::result::Result<wt::Batch, wt::Error> {
+        emit::<T>(Batch::new(), |op, out| {
+            op.prepare_checkpoint(&mut HostContext, epoch, out)
+        })
+    }
+
+    fn finish() -> core::result::Result<wt::Batch, wt::Error> {
+        emit::<T>(Batch::new(), |op, out| op.finish(&mut HostContext, out))
+    }
+
+    fn close() {
+        if let Some(mut op) = take_instance::<T>() {
+            op.close(&mut HostContext);
+        }
+    }
+}
+
+// ---- source ---------------------------------------------------------------------------
+
+/// `Guest` of the `source` world for source type `T`; see [`crate::export_source!`].
+pub struct SourceExport<T>(PhantomData<T>);
+
+/// Compile-time check used by [`crate::export_source!`] on native targets.
+pub fn assert_source<T: Source>() {}
+
+/// Upper bound of the record capacity reserved for one `read`'s output.
+const READ_RESERVE_RECORDS: u32 = 4096;
+
+impl<T: Source> wsrc::Guest for SourceExport<T> {
+    fn describe() -> wt::PluginInfo {
+        info_to_wit(T::describe())
+    }
+
+    fn open(task: wt::TaskInfo, config: String) -> core::result::Result<(), wt::Error> {
+        let task = task_from_wit(task);
+        let instance = T::open(&task, &config).map_err(error_to_wit)?;
+        set_instance(instance);
+        Ok(())
+    }
+
+    fn discover_splits(parallelism: u32) -> core::result::Result<Vec<wsrc::Split>, wt::Error> {
+        let splits =
+            with_instance::<T, _>(|s| s.discover_splits(parallelism)).map_err(error_to_wit)?;
+        Ok(splits
+            .into_iter()
+            .map(|s| wsrc::Split {
+                id: s.id,
+                descriptor: s.descriptor,
+            })
+            .collect())
+    }
+
+    fn read(
+        split: wsrc::Split,
+        cursor: Vec<u8>,
+        max_records: u32,
+    ) -> core::result::Result<wsrc::ReadResult, wt::Error> {
+        let split = Split {
+            id: split.id,
+            descriptor: split.descriptor,
+        };
+        let mut out = Batch::with_capacity(max_records.min(READ_RESERVE_RECORDS) as usize, 0);
+        let outcome = with_instance::<T, _>(|s| s.read(&split, &cursor, max_records, &mut out))
+            .map_err(error_to_wit)?;
+        Ok(wsrc::ReadResult {
+            records: batch_to_wit(out),
+            next_cursor: outcome.next_cursor,
+            finished: outcome.finished,
+            progress: wsrc::Progress {
+                consumed: outcome.progress.consumed,
+                total: outcome.progress.total,
+            },
+        })
+    }
+
+    fn close() {
+        if let Some(mut s) = take_instance::<T>() {
+            s.close();
+        }
+    }
+}
+
+// ---- sink -----------------------------------------------------------------------------
+
+/// `Guest` of the `sink` world for sink type `T`; see [`crate::export_sink!`].
+pub struct SinkExport<T>(PhantomData<T>);
+
+/// Compile-time check used by [`crate::export_sink!`] on native targets.
+pub fn assert_sink<T: Sink>() {}
+
+impl<T: Sink> wsink::Guest for SinkExport<T> {
+    fn describe() -> wt::PluginInfo {
+        info_to_wit(T::describe())
+    }
+
+    fn open(task: wt::TaskInfo, config: String) -> core::result::Result<(), wt::Error> {
+        let task = task_from_wit(task);
+        let instance = T::open(&task, &config).map_err(error_to_wit)?;
+        set_instance(instance);
+        Ok(())
+    }
+
+    fn begin(txn: String) -> core::result::Result<(), wt::Error> {
+        with_instance::<T, _>(|s| s.begin(&txn)).map_err(error_to_wit)
+    }
+
+    fn write(txn: String, records: wt::Batch) -> core::result::Result<(), wt::Error> {
+        let batch = batch_from_wit(records);
+        with_instance::<T, _>(|s| s.write(&txn, &batch)).map_err(error_to_wit)
+    }
+
+    fn pre_commit(txn: String) -> core::result::Result<Vec<u8>, wt::Error> {
+        with_instance::<T, _>(|s| s.pre_commit(&txn)).map_err(error_to_wit)
+    }
+
+    fn commit(committable: Vec<u8>) -> core::result::Result<(), wt::Error> {
+        with_instance::<T, _>(|s| s.commit(&committable)).map_err(error_to_wit)
+    }
+
+    fn abort(txn: String) -> core::result::Result<(), wt::Error> {
+        with_instance::<T, _>(|s| s.abort(&txn)).map_err(error_to_wit)
+    }
+
+    fn recover(committable: Vec<u8>) -> core::result::Result<wsink::CommitOutcome, wt::Error> {
+        let outcome = with_instance::<T, _>(|s| s.recover(&committable)).map_err(error_to_wit)?;
+        Ok(match outcome {
+            CommitOutcome::Committed => wsink::CommitOutcome::Committed,
+            CommitOutcome::Aborted => wsink::CommitOutcome::Aborted,
+            CommitOutcome::Unknown => wsink::CommitOutcome::Unknown,
+        })
+    }
+
+    fn pending_transactions() -> core::result::Result<Vec<String>, wt::Error> {
+        with_instance::<T, _>(|s| s.pending_transactions()).map_err(error_to_wit)
+    }
+
+    fn close() {
+        if let Some(mut s) = take_instance::<T>() {
+            s.close();
+        }
+    }
+}
+
+// ---- macros ---------------------------------------------------------------------------
+
+/// Exports an [`Operator`] type as the component's `operator` world.
+///
+/// Use once per plugin crate (a `cdylib` built for `wasm32-wasip2`):
+/// `nop_stream_sdk::export_operator!(MyOperator);`. The instance is created by `open` and
+/// kept until `close`; calls before a successful `open` return an `internal` error.
+/// On other targets the macro only checks that the type implements [`Operator`], so the
+/// crate still builds and unit-tests natively.
+#[macro_export]
+macro_rules! export_operator {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            type __NopStreamOperatorExport = $crate::__private::OperatorExport<$ty>;
+            $crate::wit::operator::export!(
+                __NopStreamOperatorExport with_types_in $crate::wit::operator
+            );
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: fn() = $crate::__private::assert_operator::<$ty>;
+    };
+}
+
+/// Exports a [`Source`] type as the component's `source` world; see
+/// [`export_operator!`] for the instance lifecycle.
+#[macro_export]
+macro_rules! export_source {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            type __NopStreamSourceExport = $crate::__private::SourceExport<$ty>;
+    $crate::wit::source::export!(__NopStreamSourceExport with_types_in $crate::wit::source);
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: fn() = $crate::__private::assert_source::<$ty>;
+    };
+}
+
+/// Exports a [`Sink`] type as the component's `sink` world; see [`export_operator!`] for
+/// the instance lifecycle.
+#[macro_export]
+macro_rules! export_sink {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            type __NopStreamSinkExport = $crate::__private::SinkExport<$ty>;
+    $crate::wit::sink::export!(__NopStreamSinkExport with_types_in $crate::wit::sink);
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: fn() = $crate::__private::assert_sink::<$ty>;
+    };
+}

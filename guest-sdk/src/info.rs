@@ -1,0 +1,268 @@
+//! Self-description and identity shapes: [`PluginInfo`] (what `describe()` returns),
+//! [`StateDescriptor`], capabilities, [`TaskInfo`], timers and log levels.
+
+/// The kind of component; it must match the world the component exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PluginKind {
+    /// Exports the `operator` world.
+    Operator,
+    /// Exports the `source` world.
+    Source,
+    /// Exports the `sink` world.
+    Sink,
+}
+
+/// The shape of a declared piece of keyed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// One value per key and namespace.
+    Value,
+    /// An append-only list of values per key and namespace.
+    List,
+    /// A map from user key to value per key and namespace.
+    Map,
+}
+
+/// A keyed state the plugin declares in `describe()`; only declared states may be
+/// opened.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StateDescriptor {
+    /// State name, unique within the plugin; part of the state path.
+    pub name: String,
+    /// Value, list or map.
+    pub kind: StateKind,
+    /// Version of the value encoding; a restore refuses a mismatch.
+    pub schema_version: u32,
+    /// Name of the value codec, e.g. `postcard` or `json`.
+    pub codec: String,
+}
+
+impl StateDescriptor {
+    /// A descriptor of any kind.
+    pub fn new(
+        name: impl Into<String>,
+        kind: StateKind,
+        schema_version: u32,
+        codec: impl Into<String>,
+    ) -> Self {
+        StateDescriptor {
+            name: name.into(),
+            kind,
+            schema_version,
+            codec: codec.into(),
+        }
+    }
+
+    /// A [`StateKind::Value`] state.
+    pub fn value(name: impl Into<String>, schema_version: u32, codec: impl Into<String>) -> Self {
+        Self::new(name, StateKind::Value, schema_version, codec)
+    }
+
+    /// A [`StateKind::List`] state.
+    pub fn list(name: impl Into<String>, schema_version: u32, codec: impl Into<String>) -> Self {
+        Self::new(name, StateKind::List, schema_version, codec)
+    }
+
+    /// A [`StateKind::Map`] state.
+    pub fn map(name: impl Into<String>, schema_version: u32, codec: impl Into<String>) -> Self {
+        Self::new(name, StateKind::Map, schema_version, codec)
+    }
+}
+
+/// Consistency level a source offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SourceCapability {
+    /// Can be replayed from a checkpointed cursor.
+    Replayable,
+    /// The external system offers transactional or snapshot reads.
+    TransactionalRead,
+    /// Recoverable, but may repeat records.
+    AtLeastOnce,
+    /// No reliable cursor.
+    BestEffort,
+}
+
+/// Consistency level a sink offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SinkCapability {
+    /// begin / pre-commit / commit / abort / recover.
+    TwoPhaseCommit,
+    /// Writes go to a staging area and are published atomically after the epoch is durable.
+    StagedAtomicCommit,
+    /// Visibility is controlled by an epoch log in the target.
+    OutboxEpochLog,
+    /// Writes carry a deterministic de-duplication key.
+    Idempotent,
+    /// The final effect is decided by overwriting per key.
+    UpsertByKey,
+    /// May write duplicates.
+    AtLeastOnce,
+    /// No guarantee.
+    BestEffort,
+}
+
+/// What a component says about itself; checked by the planner before a job runs.
+///
+/// Build it with [`PluginInfo::operator`], [`PluginInfo::source`] or [`PluginInfo::sink`]
+/// and the chained setters:
+///
+/// ```
+/// use nop_stream_sdk::{PluginInfo, StateDescriptor};
+/// let info = PluginInfo::operator("counter", "0.1.0")
+///     .description("counts records per key")
+///     .state(StateDescriptor::value("count", 1, "postcard"))
+///     .config_schema(r#"{"type":"object"}"#);
+/// assert_eq!(info.states.len(), 1);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    /// Plugin name as referenced by jobs (`name@version`).
+    pub name: String,
+    /// Semantic version of the plugin.
+    pub version: String,
+    /// Must match the exported world.
+    pub kind: PluginKind,
+    /// One-line description; empty by default.
+    pub description: String,
+    /// Every keyed state the plugin may open; none by default.
+    pub states: Vec<StateDescriptor>,
+    /// Set by sources; `None` by default.
+    pub source_capability: Option<SourceCapability>,
+    /// Set by sinks; `None` by default.
+    pub sink_capability: Option<SinkCapability>,
+    /// JSON Schema of the `config` object `open` accepts; `{}` by default.
+    pub config_schema: String,
+}
+
+impl PluginInfo {
+    fn new(name: impl Into<String>, version: impl Into<String>, kind: PluginKind) -> Self {
+        PluginInfo {
+            name: name.into(),
+            version: version.into(),
+            kind,
+            description: String::new(),
+            states: Vec::new(),
+            source_capability: None,
+            sink_capability: None,
+            config_schema: "{}".to_string(),
+        }
+    }
+
+    /// Info of an operator plugin.
+    pub fn operator(name: impl Into<String>, version: impl Into<String>) -> Self {
+        Self::new(name, version, PluginKind::Operator)
+    }
+
+    /// Info of a source plugin (capability defaults to `None`; set it with
+    /// [`PluginInfo::source_capability`]).
+    pub fn source(name: impl Into<String>, version: impl Into<String>) -> Self {
+        Self::new(name, version, PluginKind::Source)
+    }
+
+    /// Info of a sink plugin (capability defaults to `None`; set it with
+    /// [`PluginInfo::sink_capability`]).
+    pub fn sink(name: impl Into<String>, version: impl Into<String>) -> Self {
+        Self::new(name, version, PluginKind::Sink)
+    }
+
+    /// Sets the one-line description.
+    pub fn description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    /// Declares one more keyed state.
+    pub fn state(mut self, state: StateDescriptor) -> Self {
+        self.states.push(state);
+        self
+    }
+
+    /// Sets the source capability.
+    pub fn source_capability(mut self, capability: SourceCapability) -> Self {
+        self.source_capability = Some(capability);
+        self
+    }
+
+    /// Sets the sink capability.
+    pub fn sink_capability(mut self, capability: SinkCapability) -> Self {
+        self.sink_capability = Some(capability);
+        self
+    }
+
+    /// Sets the JSON Schema of the `config` object (a JSON document as text).
+    pub fn config_schema(mut self, schema: impl Into<String>) -> Self {
+        self.config_schema = schema.into();
+        self
+    }
+}
+
+/// Identity of the subtask an instance serves, given to `open`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TaskInfo {
+    /// Logical job id, stable across restarts.
+    pub job_id: String,
+    /// Stable pipeline lineage id.
+    pub pipeline_id: String,
+    /// Stable operator id.
+    pub operator_id: String,
+    /// Operator name from the job file, for logs and errors.
+    pub operator_name: String,
+    /// Index of this subtask, `0 <= subtask_index < parallelism`.
+    pub subtask_index: u32,
+    /// Number of subtasks of this operator.
+    pub parallelism: u32,
+    /// Attempt number of this subtask, increasing on every restart.
+    pub attempt: u32,
+}
+
+impl TaskInfo {
+    /// A task info for unit tests: subtask 0 of 1, attempt 0, ids `"test"`.
+    pub fn for_tests() -> Self {
+        TaskInfo {
+            job_id: "test".into(),
+            pipeline_id: "test".into(),
+            operator_id: "test".into(),
+            operator_name: "test".into(),
+            subtask_index: 0,
+            parallelism: 1,
+            attempt: 0,
+        }
+    }
+}
+
+/// Which clock a timer follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TimeDomain {
+    /// Fires when the operator's watermark passes the timestamp.
+    EventTime,
+    /// Fires when the host's wall clock passes the timestamp.
+    ProcessingTime,
+}
+
+/// A timer that fired, delivered to [`crate::Operator::on_timers`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FiredTimer {
+    /// Clock of the timer.
+    pub domain: TimeDomain,
+    /// Key the timer was registered for.
+    pub key: Vec<u8>,
+    /// Namespace the timer was registered in.
+    pub namespace: Vec<u8>,
+    /// Timestamp in milliseconds since the Unix epoch.
+    pub timestamp: i64,
+}
+
+/// Severity of a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Very verbose diagnostics.
+    Trace,
+    /// Diagnostics.
+    Debug,
+    /// Normal operation.
+    Info,
+    /// Something unexpected that the plugin handled.
+    Warn,
+    /// Something failed.
+    Error,
+}

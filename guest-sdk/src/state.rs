@@ -1,0 +1,469 @@
+//! Typed keyed state over a [`Context`]: [`ValueState`], [`ListState`], [`MapState`].
+//!
+//! Values (and map user keys) are encoded with `postcard`; the codec name in the
+//! descriptor is [`POSTCARD`]. Changing a value type incompatibly needs a new
+//! `schema_version` in the descriptor, since a restore refuses a mismatch.
+//!
+//! Every method takes the namespace-less form; `in_namespace(ns)` gives the same methods
+//! scoped to a namespace (a window or pattern id).
+//!
+//! # Panics
+//! Reading a value that does not decode as `T` panics (a trap in a component): it means
+//! the stored bytes were written with another schema, which the descriptor's
+//! `schema_version` is there to prevent. Encoding panics only if `T`'s `Serialize` impl
+//! is unsupported by postcard (e.g. sequences of unknown length).
+
+use crate::{Context, Result, StateDescriptor, StateHandle, StateKind};
+use serde::{Serialize, de::DeserializeOwned};
+use std::cell::RefCell;
+use std::marker::PhantomData;
+
+/// Codec name the typed states declare: `"postcard"`.
+pub const POSTCARD: &str = "postcard";
+
+/// Page size [`ValueState::keys`] asks the host for, in keys.
+pub const KEYS_PAGE_LIMIT: u32 = 1024;
+
+#[derive(Default)]
+struct Buffers {
+    keys: Vec<u8>,
+    key_ends: Vec<u32>,
+    values: Vec<u8>,
+    value_ends: Vec<u32>,
+}
+
+fn encode_into<T: Serialize + ?Sized>(state: &str, value: &T, buf: &mut Vec<u8>) {
+    let taken = std::mem::take(buf);
+    *buf = postcard::to_extend(value, taken)
+        .unwrap_or_else(|e| panic!("state `{state}`: cannot encode value with postcard: {e}"));
+}
+
+fn decode<T: DeserializeOwned>(state: &str, bytes: &[u8]) -> T {
+    postcard::from_bytes(bytes).unwrap_or_else(|e| {
+        panic!("state `{state}`: stored value does not decode ({e}); schema mismatch?")
+    })
+}
+
+fn end(len: usize) -> u32 {
+    u32::try_from(len).expect("state buffer exceeds u32::MAX bytes")
+}
+
+/// One value of type `T` per key (and namespace), stored in host state.
+///
+/// ```
+/// use nop_stream_sdk::{MockContext, PluginInfo, ValueState};
+/// let info = PluginInfo::operator("counter", "0.1.0").state(ValueState::<u64>::descriptor("count", 1));
+/// let mut ctx = MockContext::new(&info);
+/// let count = ValueState::<u64>::open(&mut ctx, "count").unwrap();
+/// count.put(&mut ctx, b"k", &3);
+/// assert_eq!(count.get(&mut ctx, b"k"), Some(3));
+/// ```
+pub struct ValueState<T> {
+    handle: StateHandle,
+    name: String,
+    buffers: RefCell<Buffers>,
+    _value: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for ValueState<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValueState")
+            .field("name", &self.name)
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> ValueState<T> {
+    /// The descriptor to declare in `describe()`: kind value, codec `postcard`.
+    pub fn descriptor(name: impl Into<String>, schema_version: u32) -> StateDescriptor {
+        StateDescriptor::new(name, StateKind::Value, schema_version, POSTCARD)
+    }
+
+    /// Opens the declared state `name`.
+    ///
+    /// # Errors
+    /// Whatever [`Context::open_state`] reports, e.g. an undeclared name.
+    pub fn open(ctx: &mut (impl Context + ?Sized), name: &str) -> Result<Self> {
+        Ok(ValueState {
+            handle: ctx.open_state(name)?,
+            name: name.to_string(),
+            buffers: RefCell::new(Buffers::default()),
+            _value: PhantomData,
+        })
+    }
+
+    /// The host handle of the state.
+    pub fn handle(&self) -> StateHandle {
+        self.handle
+    }
+
+    /// The state's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This state scoped to `namespace`.
+    pub fn in_namespace<'a>(&'a self, namespace: &'a [u8]) -> ValueStateIn<'a, T> {
+        ValueStateIn {
+            state: self,
+            namespace,
+        }
+    }
+
+    /// The value of `key`, if any (one host call).
+    pub fn get(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) -> Option<T> {
+        self.in_namespace(&[]).get(ctx, key)
+    }
+
+    /// Stores `value` under `key` (one host call).
+    pub fn put(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], value: &T) {
+        self.in_namespace(&[]).put(ctx, key, value)
+    }
+
+    /// Removes the value of `key`, if any.
+    pub fn delete(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) {
+        self.in_namespace(&[]).delete(ctx, key)
+    }
+
+    /// The values of `keys`, in order, in one host call.
+    pub fn get_many(&self, ctx: &mut (impl Context + ?Sized), keys: &[&[u8]]) -> Vec<Option<T>> {
+        self.in_namespace(&[]).get_many(ctx, keys)
+    }
+
+    /// Stores every `(key, value)` in one host call, reusing the state's encode buffers.
+    pub fn put_many(&self, ctx: &mut (impl Context + ?Sized), entries: &[(&[u8], T)]) {
+        self.in_namespace(&[]).put_many(ctx, entries)
+    }
+
+    /// Every key holding a value in this subtask, ascending (pages of
+    /// [`KEYS_PAGE_LIMIT`] keys, one host call each).
+    pub fn keys(&self, ctx: &mut (impl Context + ?Sized)) -> Vec<Vec<u8>> {
+        self.in_namespace(&[]).keys(ctx)
+    }
+}
+
+/// A [`ValueState`] scoped to one namespace; see [`ValueState::in_namespace`].
+pub struct ValueStateIn<'a, T> {
+    state: &'a ValueState<T>,
+    namespace: &'a [u8],
+}
+
+impl<T: Serialize + DeserializeOwned> ValueStateIn<'_, T> {
+    /// The value of `key` in this namespace, if any.
+    pub fn get(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) -> Option<T> {
+        let vb = ctx.value_get_many(self.state.handle, self.namespace, key, &[end(key.len())]);
+        vb.get(0).map(|b| decode(&self.state.name, b))
+    }
+
+    /// Stores `value` under `key` in this namespace.
+    pub fn put(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], value: &T) {
+        let mut b = self.state.buffers.borrow_mut();
+        b.values.clear();
+        encode_into(&self.state.name, value, &mut b.values);
+        let vend = [end(b.values.len())];
+        ctx.value_put_many(
+            self.state.handle,
+            self.namespace,
+            key,
+            &[end(key.len())],
+            &b.values,
+            &vend,
+        );
+    }
+
+    /// Removes the value of `key` in this namespace, if any.
+    pub fn delete(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) {
+        ctx.value_delete(self.state.handle, self.namespace, key);
+    }
+
+    /// The values of `keys` in this namespace, in order, in one host call.
+    pub fn get_many(&self, ctx: &mut (impl Context + ?Sized), keys: &[&[u8]]) -> Vec<Option<T>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let vb = {
+            let mut guard = self.state.buffers.borrow_mut();
+            let b = &mut *guard;
+            b.keys.clear();
+            b.key_ends.clear();
+            for k in keys {
+                b.keys.extend_from_slice(k);
+                b.key_ends.push(end(b.keys.len()));
+            }
+            ctx.value_get_many(self.state.handle, self.namespace, &b.keys, &b.key_ends)
+        };
+        (0..keys.len())
+            .map(|i| vb.get(i).map(|v| decode(&self.state.name, v)))
+            .collect()
+    }
+
+    /// Stores every `(key, value)` in this namespace in one host call.
+    pub fn put_many(&self, ctx: &mut (impl Context + ?Sized), entries: &[(&[u8], T)]) {
+        if entries.is_empty() {
+            return;
+        }
+        let mut guard = self.state.buffers.borrow_mut();
+        let b = &mut *guard;
+        b.keys.clear();
+        b.key_ends.clear();
+        b.values.clear();
+        b.value_ends.clear();
+        for (k, v) in entries {
+            b.keys.extend_from_slice(k);
+            b.key_ends.push(end(b.keys.len()));
+            encode_into(&self.state.name, v, &mut b.values);
+            b.value_ends.push(end(b.values.len()));
+        }
+        ctx.value_put_many(
+            self.state.handle,
+            self.namespace,
+            &b.keys,
+            &b.key_ends,
+            &b.values,
+            &b.value_ends,
+        );
+    }
+
+    /// Every key holding a value in this namespace, ascending.
+    pub fn keys(&self, ctx: &mut (impl Context + ?Sized)) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let after = out.last().map(Vec::as_slice);
+            let page = ctx.value_keys(self.state.handle, self.namespace, after, KEYS_PAGE_LIMIT);
+            out.extend(page.iter().map(<[u8]>::to_vec));
+            if !page.more || page.is_empty() {
+                return out;
+            }
+        }
+    }
+}
+
+/// An append-only list of `T` per key (and namespace), stored in host state.
+pub struct ListState<T> {
+    handle: StateHandle,
+    name: String,
+    buffer: RefCell<Vec<u8>>,
+    _value: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for ListState<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListState")
+            .field("name", &self.name)
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> ListState<T> {
+    /// The descriptor to declare in `describe()`: kind list, codec `postcard`.
+    pub fn descriptor(name: impl Into<String>, schema_version: u32) -> StateDescriptor {
+        StateDescriptor::new(name, StateKind::List, schema_version, POSTCARD)
+    }
+
+    /// Opens the declared state `name`.
+    ///
+    /// # Errors
+    /// Whatever [`Context::open_state`] reports, e.g. an undeclared name.
+    pub fn open(ctx: &mut (impl Context + ?Sized), name: &str) -> Result<Self> {
+        Ok(ListState {
+            handle: ctx.open_state(name)?,
+            name: name.to_string(),
+            buffer: RefCell::new(Vec::new()),
+            _value: PhantomData,
+        })
+    }
+
+    /// The host handle of the state.
+    pub fn handle(&self) -> StateHandle {
+        self.handle
+    }
+
+    /// This state scoped to `namespace`.
+    pub fn in_namespace<'a>(&'a self, namespace: &'a [u8]) -> ListStateIn<'a, T> {
+        ListStateIn {
+            state: self,
+            namespace,
+        }
+    }
+
+    /// Appends `value` to the list of `key`.
+    pub fn append(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], value: &T) {
+        self.in_namespace(&[]).append(ctx, key, value)
+    }
+
+    /// The whole list of `key` (empty if none).
+    pub fn get(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) -> Vec<T> {
+        self.in_namespace(&[]).get(ctx, key)
+    }
+
+    /// Removes the list of `key`.
+    pub fn clear(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) {
+        self.in_namespace(&[]).clear(ctx, key)
+    }
+}
+
+/// A [`ListState`] scoped to one namespace; see [`ListState::in_namespace`].
+pub struct ListStateIn<'a, T> {
+    state: &'a ListState<T>,
+    namespace: &'a [u8],
+}
+
+impl<T: Serialize + DeserializeOwned> ListStateIn<'_, T> {
+    /// Appends `value` to the list of `key` in this namespace.
+    pub fn append(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], value: &T) {
+        let mut buf = self.state.buffer.borrow_mut();
+        buf.clear();
+        encode_into(&self.state.name, value, &mut buf);
+        ctx.list_append(self.state.handle, self.namespace, key, &buf);
+    }
+
+    /// The whole list of `key` in this namespace (empty if none).
+    pub fn get(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) -> Vec<T> {
+        ctx.list_get(self.state.handle, self.namespace, key)
+            .iter()
+            .map(|v| decode(&self.state.name, v))
+            .collect()
+    }
+
+    /// Removes the list of `key` in this namespace.
+    pub fn clear(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) {
+        ctx.list_clear(self.state.handle, self.namespace, key);
+    }
+}
+
+/// A map from user key `K` to value `V` per key (and namespace), stored in host state.
+/// User keys are postcard-encoded; entries come back ordered by those encoded bytes.
+pub struct MapState<K, V> {
+    handle: StateHandle,
+    name: String,
+    buffers: RefCell<(Vec<u8>, Vec<u8>)>,
+    _types: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> std::fmt::Debug for MapState<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MapState")
+            .field("name", &self.name)
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl<K, V> MapState<K, V>
+where
+    K: Serialize + DeserializeOwned,
+    V: Serialize + DeserializeOwned,
+{
+    /// The descriptor to declare in `describe()`: kind map, codec `postcard`.
+    pub fn descriptor(name: impl Into<String>, schema_version: u32) -> StateDescriptor {
+        StateDescriptor::new(name, StateKind::Map, schema_version, POSTCARD)
+    }
+
+    /// Opens the declared state `name`.
+    ///
+    /// # Errors
+    /// Whatever [`Context::open_state`] reports, e.g. an undeclared name.
+    pub fn open(ctx: &mut (impl Context + ?Sized), name: &str) -> Result<Self> {
+        Ok(MapState {
+            handle: ctx.open_state(name)?,
+            name: name.to_string(),
+            buffers: RefCell::new((Vec::new(), Vec::new())),
+            _types: PhantomData,
+        })
+    }
+
+    /// The host handle of the state.
+    pub fn handle(&self) -> StateHandle {
+        self.handle
+    }
+
+    /// This state scoped to `namespace`.
+    pub fn in_namespace<'a>(&'a self, namespace: &'a [u8]) -> MapStateIn<'a, K, V> {
+        MapStateIn {
+            state: self,
+            namespace,
+        }
+    }
+
+    /// Sets `user_key` to `value` in the map of `key`.
+    pub fn put(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], user_key: &K, value: &V) {
+        self.in_namespace(&[]).put(ctx, key, user_key, value)
+    }
+
+    /// Reads `user_key` from the map of `key`.
+    pub fn get(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], user_key: &K) -> Option<V> {
+        self.in_namespace(&[]).get(ctx, key, user_key)
+    }
+
+    /// Removes `user_key` from the map of `key`.
+    pub fn remove(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], user_key: &K) {
+        self.in_namespace(&[]).remove(ctx, key, user_key)
+    }
+
+    /// Every entry of the map of `key`, ordered by encoded user key.
+    pub fn entries(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) -> Vec<(K, V)> {
+        self.in_namespace(&[]).entries(ctx, key)
+    }
+
+    /// Removes the whole map of `key`.
+    pub fn clear(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) {
+        self.in_namespace(&[]).clear(ctx, key)
+    }
+}
+
+/// A [`MapState`] scoped to one namespace; see [`MapState::in_namespace`].
+pub struct MapStateIn<'a, K, V> {
+    state: &'a MapState<K, V>,
+    namespace: &'a [u8],
+}
+
+impl<K, V> MapStateIn<'_, K, V>
+where
+    K: Serialize + DeserializeOwned,
+    V: Serialize + DeserializeOwned,
+{
+    /// Sets `user_key` to `value` in the map of `key` in this namespace.
+    pub fn put(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], user_key: &K, value: &V) {
+        let mut guard = self.state.buffers.borrow_mut();
+        let (uk, v) = &mut *guard;
+        uk.clear();
+        v.clear();
+        encode_into(&self.state.name, user_key, uk);
+        encode_into(&self.state.name, value, v);
+        ctx.map_put(self.state.handle, self.namespace, key, uk, v);
+    }
+
+    /// Reads `user_key` from the map of `key` in this namespace.
+    pub fn get(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], user_key: &K) -> Option<V> {
+        let mut guard = self.state.buffers.borrow_mut();
+        let uk = &mut guard.0;
+        uk.clear();
+        encode_into(&self.state.name, user_key, uk);
+        ctx.map_get(self.state.handle, self.namespace, key, uk)
+            .map(|v| decode(&self.state.name, &v))
+    }
+
+    /// Removes `user_key` from the map of `key` in this namespace.
+    pub fn remove(&self, ctx: &mut (impl Context + ?Sized), key: &[u8], user_key: &K) {
+        let mut guard = self.state.buffers.borrow_mut();
+        let uk = &mut guard.0;
+        uk.clear();
+        encode_into(&self.state.name, user_key, uk);
+        ctx.map_remove(self.state.handle, self.namespace, key, uk);
+    }
+
+    /// Every entry of the map of `key` in this namespace, ordered by encoded user key.
+    pub fn entries(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) -> Vec<(K, V)> {
+        ctx.map_entries(self.state.handle, self.namespace, key)
+            .iter()
+            .map(|(k, v)| (decode(&self.state.name, k), decode(&self.state.name, v)))
+            .collect()
+    }
+
+    /// Removes the whole map of `key` in this namespace.
+    pub fn clear(&self, ctx: &mut (impl Context + ?Sized), key: &[u8]) {
+        ctx.clear(self.state.handle, self.namespace, key);
+    }
+}
