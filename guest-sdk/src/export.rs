@@ -397,3 +397,104 @@ macro_rules! export_sink {
         const _: fn() = $crate::__private::assert_sink::<$ty>;
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Context, MockContext, ValueState};
+
+    /// Counts records per key; the shape most keyed operators have.
+    struct Counter {
+        counts: ValueState<u64>,
+        seen: ValueState<u64>,
+    }
+
+    impl Operator for Counter {
+        fn describe() -> PluginInfo {
+            PluginInfo::operator("counter", "0.1.0")
+                .state(ValueState::<u64>::descriptor("counts", 1))
+                .state(ValueState::<u64>::descriptor("seen", 1))
+        }
+
+        fn open(ctx: &mut dyn Context, _task: &TaskInfo, _config: &str) -> Result<Self> {
+            // `ctx` is reborrowed by each call, so it can be used repeatedly.
+            let counts = ValueState::open(ctx, "counts")?;
+            let seen = ValueState::open(ctx, "seen")?;
+            Ok(Counter { counts, seen })
+        }
+
+        fn process(
+            &mut self,
+            ctx: &mut dyn Context,
+            _input: u32,
+            batch: &Batch,
+            out: &mut Batch,
+        ) -> Result<()> {
+            let keys: Vec<&[u8]> = batch.iter().filter_map(|r| r.key).collect();
+            let current = self.counts.get_many(ctx, &keys);
+            let updated: Vec<(&[u8], u64)> = keys
+                .iter()
+                .zip(current)
+                .map(|(k, c)| (*k, c.unwrap_or(0) + 1))
+                .collect();
+            self.counts.put_many(ctx, &updated);
+            let seen = self.seen.get(ctx, b"all").unwrap_or(0);
+            self.seen.put(ctx, b"all", &(seen + 1));
+            for (k, c) in &updated {
+                out.push_keyed(k, &c.to_le_bytes());
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn calls_before_open_are_errors_not_panics() {
+        let err = with_instance::<Counter, ()>(|_| Ok(())).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert!(take_instance::<Counter>().is_none());
+    }
+
+    #[test]
+    fn instance_cell_round_trip() {
+        let mut ctx = MockContext::for_operator::<Counter>();
+        set_instance(Counter::open(&mut ctx, &TaskInfo::for_tests(), "{}").unwrap());
+        let mut input = Batch::new();
+        input.push_keyed(b"a", b"1");
+        input.push_keyed(b"b", b"2");
+        let mut out = Batch::new();
+        with_instance::<Counter, ()>(|op| op.process(&mut ctx, 0, &input, &mut out)).unwrap();
+        assert_eq!(out.len(), 2);
+        // A different type in the cell is "not opened", never a bad downcast.
+        assert!(with_instance::<u32, ()>(|_| Ok(())).is_err());
+        assert!(take_instance::<Counter>().is_some());
+        assert_eq!(ctx.state_entry_count(), 3);
+    }
+
+    #[test]
+    fn wit_conversions_move_buffers() {
+        let mut b = Batch::new();
+        b.push_record(Some(b"k"), Some(7), b"payload");
+        let ptr = b.data.as_ptr();
+        let w = batch_to_wit(b.clone());
+        let back = batch_from_wit(w);
+        assert_eq!(back, b);
+        let moved = batch_to_wit(b);
+        assert_eq!(moved.data.as_ptr(), ptr, "data buffer was copied");
+
+        let info = info_to_wit(
+            PluginInfo::sink("s", "1.2.3")
+                .sink_capability(SinkCapability::TwoPhaseCommit)
+                .state(StateDescriptor::map("m", 2, "json")),
+        );
+        assert_eq!(info.name, "s");
+        assert!(matches!(info.kind, wt::PluginKind::Sink));
+        assert!(matches!(
+            info.sink_capability,
+            Some(wt::SinkCapability::TwoPhaseCommit)
+        ));
+        assert!(matches!(info.states[0].kind, wt::StateKind::Map));
+        let e = error_to_wit(PluginError::invalid_record("bad"));
+        assert!(matches!(e.code, wt::ErrorCode::InvalidRecord));
+        assert_eq!(e.message, "bad");
+    }
+}
