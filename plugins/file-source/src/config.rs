@@ -1,0 +1,112 @@
+//! The `config` object of `file-source`.
+
+use serde::Deserialize;
+
+/// Line format of the file; decides the `header` default only (records are raw lines).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// Comma-separated values; the first line is a header by default.
+    Csv,
+    /// One JSON value per line; no header by default.
+    Jsonl,
+}
+
+/// `{ "path": "/input/flights.csv", "format": "csv"|"jsonl", "header": bool, "splits": u32 }`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    path: String,
+    format: Option<Format>,
+    header: Option<bool>,
+    splits: Option<u32>,
+}
+
+/// Validated configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Path of the file inside a directory the job grants (e.g. `/input/flights.csv`).
+    pub path: String,
+    /// Line format; default from the extension (`.csv` → csv; `.jsonl`, `.ndjson` → jsonl).
+    pub format: Format,
+    /// Skip the line at offset 0; default `true` for csv, `false` for jsonl.
+    pub header: bool,
+    /// Number of splits; default: the parallelism passed to `discover-splits`. At least 1.
+    pub splits: Option<u32>,
+}
+
+/// JSON Schema of the config, reported by `describe()`.
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["path"],"properties":{"path":{"type":"string","description":"file to read, inside a granted directory"},"format":{"enum":["csv","jsonl"],"description":"default from the extension"},"header":{"type":"boolean","description":"skip the first line; default true for csv, false for jsonl"},"splits":{"type":"integer","minimum":1,"description":"number of byte-range splits; default the source parallelism"}}}"#;
+
+impl Config {
+    /// Parses and validates the JSON config.
+    ///
+    /// # Errors
+    /// Malformed JSON, unknown fields, `splits: 0`, or no `format` and an extension that
+    /// does not name one.
+    pub fn parse(json: &str) -> Result<Self, String> {
+        let raw: Raw =
+            serde_json::from_str(json).map_err(|e| format!("file-source config: {e}"))?;
+        let format = match raw.format {
+            Some(f) => f,
+            None => {
+                let ext = raw
+                    .path
+                    .rsplit_once('.')
+                    .map(|(_, e)| e.to_ascii_lowercase());
+                match ext.as_deref() {
+                    Some("csv") => Format::Csv,
+                    Some("jsonl" | "ndjson") => Format::Jsonl,
+                    _ => {
+                        return Err(format!(
+                            "file-source config: cannot tell the format of {:?} from its extension; set \"format\" to \"csv\" or \"jsonl\"",
+                            raw.path
+                        ));
+                    }
+                }
+            }
+        };
+        if raw.splits == Some(0) {
+            return Err("file-source config: \"splits\" must be at least 1".into());
+        }
+        Ok(Self {
+            path: raw.path,
+            format,
+            header: raw.header.unwrap_or(format == Format::Csv),
+            splits: raw.splits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_extension() {
+        let c = Config::parse(r#"{"path":"/input/flights.csv"}"#).unwrap();
+        assert_eq!((c.format, c.header, c.splits), (Format::Csv, true, None));
+        let c = Config::parse(r#"{"path":"/input/x.jsonl","splits":3}"#).unwrap();
+        assert_eq!(
+            (c.format, c.header, c.splits),
+            (Format::Jsonl, false, Some(3))
+        );
+        let c = Config::parse(r#"{"path":"/input/x.txt","format":"csv","header":false}"#).unwrap();
+        assert_eq!((c.format, c.header), (Format::Csv, false));
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        for bad in [
+            "{}",
+            r#"{"path":"/input/x.txt"}"#,
+            r#"{"path":"/input/x.csv","splits":0}"#,
+            r#"{"path":"/input/x.csv","colour":"red"}"#,
+            r#"{"path":"/input/x.csv","format":"xml"}"#,
+        ] {
+            assert!(Config::parse(bad).is_err(), "{bad}");
+        }
+        let schema: serde_json::Value = serde_json::from_str(CONFIG_SCHEMA).unwrap();
+        assert_eq!(schema["required"][0], "path");
+    }
+}

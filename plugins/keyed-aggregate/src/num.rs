@@ -1,0 +1,168 @@
+//! Numbers as they appear in JSON records, and an exactly rounded float sum.
+
+use std::cmp::Ordering;
+
+use serde::{Deserialize, Serialize};
+
+/// A JSON number: integers that fit `i64` stay exact, everything else is `f64`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Num {
+    /// An integer in `i64` range.
+    Int(i64),
+    /// Any other (finite) number.
+    Float(f64),
+}
+
+impl Num {
+    /// The value as `f64` (rounded for integers beyond 2^53).
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Self::Int(i) => i as f64,
+            Self::Float(f) => f,
+        }
+    }
+
+    /// Orders two numbers: integers exactly, otherwise as `f64`.
+    #[must_use]
+    pub fn compare(self, other: Self) -> Ordering {
+        match (self, other) {
+            (Self::Int(a), Self::Int(b)) => a.cmp(&b),
+            (a, b) => a.as_f64().total_cmp(&b.as_f64()),
+        }
+    }
+
+    /// Appends the number as JSON (integers as digits, floats in serde_json's shortest
+    /// round-trip form).
+    pub fn write_json(self, out: &mut Vec<u8>) {
+        match self {
+            Self::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
+            Self::Float(f) => write_f64(f, out),
+        }
+    }
+}
+
+/// Appends `f` as a JSON number (serde_json's shortest round-trip form).
+pub fn write_f64(f: f64, out: &mut Vec<u8>) {
+    // serde_json writes non-finite floats as `null`, which is what a JSON line needs.
+    let _ = serde_json::to_writer(&mut *out, &f);
+}
+
+/// Adds `x` to the non-overlapping partial sums `partials` without rounding error
+/// (Shewchuk's algorithm, as in Python's `math.fsum`): the partials always sum exactly to
+/// the sum of every value added, so the result of [`exact_total`] does not depend on the
+/// order of the additions.
+pub fn exact_add(partials: &mut Vec<f64>, mut x: f64) {
+    let mut kept = 0;
+    for j in 0..partials.len() {
+        let mut y = partials[j];
+        if x.abs() < y.abs() {
+            std::mem::swap(&mut x, &mut y);
+        }
+        let hi = x + y;
+        let lo = y - (hi - x);
+        if lo != 0.0 {
+            partials[kept] = lo;
+            kept += 1;
+        }
+        x = hi;
+    }
+    partials.truncate(kept);
+    partials.push(x);
+}
+
+/// The exact sum of `partials` rounded once to the nearest `f64` (ties to even).
+#[must_use]
+pub fn exact_total(partials: &[f64]) -> f64 {
+    let Some((&last, rest)) = partials.split_last() else {
+        return 0.0;
+    };
+    let mut hi = last;
+    let mut lo = 0.0;
+    let mut n = rest.len();
+    while n > 0 {
+        n -= 1;
+        let x = hi;
+        let y = partials[n];
+        hi = x + y;
+        lo = y - (hi - x);
+        if lo != 0.0 {
+            break;
+        }
+    }
+    // Round half-even correctly when the remaining partials push `lo` over a tie.
+    if n > 0 && ((lo < 0.0 && partials[n - 1] < 0.0) || (lo > 0.0 && partials[n - 1] > 0.0)) {
+        let y = lo * 2.0;
+        let x = hi + y;
+        if y == x - hi {
+            hi = x;
+        }
+    }
+    hi
+}
+
+/// Splits an `i128` into two `f64` whose exact sum is the integer for |v| < 2^106 (and a
+/// deterministic approximation beyond).
+#[must_use]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+pub fn i128_parts(v: i128) -> (f64, f64) {
+    let hi = v as f64;
+    // `hi` is within 2^75 of `v` for |v| < 2^127, so the residual fits i128.
+    let residual = v.saturating_sub(hi as i128);
+    (hi, residual as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fsum(values: &[f64]) -> f64 {
+        let mut p = Vec::new();
+        for &v in values {
+            exact_add(&mut p, v);
+        }
+        exact_total(&p)
+    }
+
+    #[test]
+    fn exact_sum_is_order_independent() {
+        let values = [1e100, 1.0, -1e100, 0.1, 0.2, 0.3, 1e-20, -0.6];
+        let want = fsum(&values);
+        assert_eq!(fsum(&[0.1, 0.2, 0.3, -0.6]), {
+            // 0.1 + 0.2 + 0.3 - 0.6 in exact arithmetic of the binary values.
+            let mut p = Vec::new();
+            for v in [0.3, -0.6, 0.2, 0.1] {
+                exact_add(&mut p, v);
+            }
+            exact_total(&p)
+        });
+        let mut v = values.to_vec();
+        for _ in 0..20 {
+            v.rotate_left(3);
+            v.swap(1, 5);
+            assert_eq!(fsum(&v).to_bits(), want.to_bits());
+        }
+        assert_eq!(fsum(&[]), 0.0);
+        assert_eq!(fsum(&[0.1; 10]), 1.0);
+    }
+
+    #[test]
+    fn numbers_compare_and_print() {
+        assert_eq!(Num::Int(2).compare(Num::Float(2.5)), Ordering::Less);
+        assert_eq!(
+            Num::Int(i64::MAX).compare(Num::Int(i64::MAX - 1)),
+            Ordering::Greater
+        );
+        let mut out = Vec::new();
+        Num::Int(-7).write_json(&mut out);
+        out.push(b' ');
+        Num::Float(-3.5).write_json(&mut out);
+        assert_eq!(out, b"-7 -3.5");
+        let (hi, lo) = i128_parts(i128::from(i64::MAX) * 3 + 1);
+        let mut p = Vec::new();
+        exact_add(&mut p, hi);
+        exact_add(&mut p, lo);
+        assert_eq!(exact_total(&p), hi + lo);
+    }
+}
