@@ -199,11 +199,14 @@ fn build_plugins(root: &Path, target_dir: &Path, packages: &[(String, PathBuf)])
     if !output.status.success() {
         eprintln!("{}", String::from_utf8_lossy(&output.stdout));
         eprintln!("{}", String::from_utf8_lossy(&output.stderr));
-        let names: Vec<&str> = packages.iter().map(|(n, _)| n.as_str()).collect();
+        let packages: Vec<&str> = packages.iter().map(|(n, _)| n.as_str()).collect();
         panic!(
-            "building the plugin components failed ({}); command: {cmd:?}; packages: {names:?}. \
-             The nested cargo output is above. Set NOPSTREAM_SKIP_PLUGIN_BUILD=1 to skip.",
-            output.status
+            "building the plugin components failed ({}); the nested cargo output is above.\n\
+             Reproduce with: cargo build --release --target {TARGET} --target-dir {} -p {}\n\
+             Set NOPSTREAM_SKIP_PLUGIN_BUILD=1 to skip the plugin build.",
+            output.status,
+            target_dir.display(),
+            packages.join(" -p ")
         );
     }
 }
