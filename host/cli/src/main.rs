@@ -121,8 +121,10 @@ fn cache_dir() -> Option<PathBuf> {
 }
 
 fn read_model(job: &Path, parallelism: Option<u32>) -> Result<StreamModel> {
-    let text = std::fs::read_to_string(job).with_context(|| format!("cannot read job file {}", job.display()))?;
-    let model = parse_job_file(&job.display().to_string(), &text).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let text = std::fs::read_to_string(job)
+        .with_context(|| format!("cannot read job file {}", job.display()))?;
+    let model =
+        parse_job_file(&job.display().to_string(), &text).map_err(|d| anyhow::anyhow!("{d}"))?;
     Ok(match parallelism {
         Some(p) => model.with_parallelism(p),
         None => model,
@@ -178,7 +180,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             };
             let progress = Arc::new(JobProgress::default());
             let done = Arc::new(AtomicBool::new(false));
-            let display = (!no_progress && !json).then(|| spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
+            let display = (!no_progress && !json)
+                .then(|| spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
             let result = run_job(&plan, &plugins, &opts, Arc::clone(&progress));
             done.store(true, Ordering::SeqCst);
             if let Some(h) = display {
@@ -211,7 +214,9 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     Layer::Model => unreachable!("handled above"),
                     Layer::Stream => serde_json::to_value(&stream)?,
                     Layer::Job => serde_json::to_value(job_graph(&stream))?,
-                    Layer::Partitioned => serde_json::to_value(partitioned_plan(&job_graph(&stream)))?,
+                    Layer::Partitioned => {
+                        serde_json::to_value(partitioned_plan(&job_graph(&stream)))?
+                    }
                     Layer::Deployment => {
                         let plan = partitioned_plan(&job_graph(&stream));
                         let base = PathBuf::from("nopstream-out").join(&model.job.id);
@@ -221,7 +226,11 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                                 node: "local".into(),
                                 transport: "local-queue".into(),
                                 state_dir: base.join("work").join("state").display().to_string(),
-                                checkpoint_storage: base.join("work").join("checkpoints").display().to_string(),
+                                checkpoint_storage: base
+                                    .join("work")
+                                    .join("checkpoints")
+                                    .display()
+                                    .to_string(),
                             },
                         ))?
                     }
@@ -231,7 +240,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Validate { job } => {
-            let text = std::fs::read_to_string(&job).with_context(|| format!("cannot read job file {}", job.display()))?;
+            let text = std::fs::read_to_string(&job)
+                .with_context(|| format!("cannot read job file {}", job.display()))?;
             let name = job.display().to_string();
             let model = match parse_job_file(&name, &text) {
                 Ok(m) => m,
@@ -267,7 +277,9 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let host = PluginHost::new(cache_dir())?;
             let mut seen = 0;
             for dir in &search {
-                let Ok(entries) = std::fs::read_dir(dir) else { continue };
+                let Ok(entries) = std::fs::read_dir(dir) else {
+                    continue;
+                };
                 let mut files: Vec<PathBuf> = entries
                     .filter_map(|e| e.ok().map(|e| e.path()))
                     .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
@@ -286,7 +298,12 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                             p.info.description,
                             f.display()
                         ),
-                        None => println!("{:<28} {:<9} not a nop:stream component  ({})", "?", "-", f.display()),
+                        None => println!(
+                            "{:<28} {:<9} not a nop:stream component  ({})",
+                            "?",
+                            "-",
+                            f.display()
+                        ),
                     }
                     seen += 1;
                 }
@@ -299,12 +316,17 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
     }
 }
 
-fn spawn_progress(progress: Arc<JobProgress>, done: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+fn spawn_progress(
+    progress: Arc<JobProgress>,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let bar = ProgressBar::new(0);
         bar.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes}  {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes}  {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         while !done.load(Ordering::SeqCst) {
             let (pos, total) = progress.position();

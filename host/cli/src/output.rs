@@ -15,7 +15,9 @@ const MARKER: &str = ".nopstream-output";
 /// A foreign non-empty directory or an I/O failure.
 pub fn claim_output_dir(dir: &Path) -> Result<()> {
     if dir.exists() {
-        let entries: Vec<PathBuf> = std::fs::read_dir(dir)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        let entries: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
         if !entries.is_empty() {
             if !dir.join(MARKER).exists() {
                 bail!(
@@ -89,7 +91,11 @@ pub fn echo_output(dir: &Path) -> Result<()> {
             println!("{l}");
         }
     } else {
-        println!("  ({} lines in {} files)", thousands(lines.len() as u64), files.len());
+        println!(
+            "  ({} lines in {} files)",
+            thousands(lines.len() as u64),
+            files.len()
+        );
     }
     Ok(())
 }

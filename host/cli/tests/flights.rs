@@ -54,7 +54,13 @@ fn run(parallelism: u32) -> (Vec<String>, Vec<String>) {
     let out = tmp.path().join("out");
     let status = Command::new(env!("CARGO_BIN_EXE_nopstream"))
         .current_dir(tmp.path())
-        .args(["run", "--no-progress", "-p", &parallelism.to_string(), "--output"])
+        .args([
+            "run",
+            "--no-progress",
+            "-p",
+            &parallelism.to_string(),
+            "--output",
+        ])
         .arg(&out)
         .arg("--work-dir")
         .arg(tmp.path().join("work"))
@@ -68,12 +74,21 @@ fn run(parallelism: u32) -> (Vec<String>, Vec<String>) {
         String::from_utf8_lossy(&status.stderr)
     );
     let stdout = String::from_utf8(status.stdout).unwrap();
-    let echoed: Vec<String> = stdout.lines().filter(|l| l.starts_with('{')).map(str::to_owned).collect();
+    let echoed: Vec<String> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(str::to_owned)
+        .collect();
     let mut committed = Vec::new();
     for e in std::fs::read_dir(&out).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "jsonl") {
-            committed.extend(std::fs::read_to_string(&p).unwrap().lines().map(str::to_owned));
+            committed.extend(
+                std::fs::read_to_string(&p)
+                    .unwrap()
+                    .lines()
+                    .map(str::to_owned),
+            );
         }
     }
     committed.sort();
@@ -81,17 +96,33 @@ fn run(parallelism: u32) -> (Vec<String>, Vec<String>) {
 }
 
 fn check(lines: &[String], expected: &BTreeMap<String, Expected>) {
-    assert_eq!(lines.len(), expected.len(), "one line per carrier: {lines:#?}");
+    assert_eq!(
+        lines.len(),
+        expected.len(),
+        "one line per carrier: {lines:#?}"
+    );
     assert_eq!(expected.len(), 16);
     for line in lines {
         let v: Value = serde_json::from_str(line).unwrap();
         let carrier = v["carrier"].as_str().unwrap();
         let e = &expected[carrier];
         assert_eq!(v["flights"].as_u64(), Some(e.flights), "{carrier} flights");
-        assert_eq!(v["cancelled"].as_u64(), Some(e.cancelled), "{carrier} cancelled");
-        assert_eq!(v["delayed_15"].as_u64(), Some(e.delayed_15), "{carrier} delayed_15");
+        assert_eq!(
+            v["cancelled"].as_u64(),
+            Some(e.cancelled),
+            "{carrier} cancelled"
+        );
+        assert_eq!(
+            v["delayed_15"].as_u64(),
+            Some(e.delayed_15),
+            "{carrier} delayed_15"
+        );
         let avg = e.sum as f64 / e.n as f64;
-        assert_eq!(v["avg_dep_delay_min"].as_f64(), Some(avg), "{carrier} avg_dep_delay_min");
+        assert_eq!(
+            v["avg_dep_delay_min"].as_f64(),
+            Some(avg),
+            "{carrier} avg_dep_delay_min"
+        );
     }
     let total: u64 = expected.values().map(|e| e.flights).sum();
     assert_eq!(total, 336_776);
@@ -104,7 +135,13 @@ fn flights_per_carrier_matches_independent_computation_at_parallelism_1_and_2() 
     let (echo2, committed2) = run(2);
     check(&committed1, &expected);
     check(&committed2, &expected);
-    assert_eq!(committed1, committed2, "parallelism 1 and 2 give identical output");
-    assert_eq!(echo1, committed1, "the run echoes exactly the committed output");
+    assert_eq!(
+        committed1, committed2,
+        "parallelism 1 and 2 give identical output"
+    );
+    assert_eq!(
+        echo1, committed1,
+        "the run echoes exactly the committed output"
+    );
     assert_eq!(echo2, committed2);
 }

@@ -103,7 +103,9 @@ pub enum RuntimeError {
         detail: String,
     },
     /// A record crossing a HASH edge has no key.
-    #[error("{site} emitted a record without a key onto HASH edge `{edge}`; keyed inputs need keyed records")]
+    #[error(
+        "{site} emitted a record without a key onto HASH edge `{edge}`; keyed inputs need keyed records"
+    )]
     MissingKey {
         /// Emitting operator.
         site: Site,

@@ -119,8 +119,15 @@ impl state::Host for StoreData {
             .map_err(trap)
     }
 
-    fn value_delete(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
-        self.keyed()?.value_delete(state, &namespace, &key).map_err(trap)
+    fn value_delete(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        key: Vec<u8>,
+    ) -> wasmtime::Result<()> {
+        self.keyed()?
+            .value_delete(state, &namespace, &key)
+            .map_err(trap)
     }
 
     fn value_keys(
@@ -141,16 +148,33 @@ impl state::Host for StoreData {
         })
     }
 
-    fn list_append(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>, value: Vec<u8>) -> wasmtime::Result<()> {
-        self.keyed()?.list_append(state, &namespace, &key, &value).map_err(trap)
+    fn list_append(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<()> {
+        self.keyed()?
+            .list_append(state, &namespace, &key, &value)
+            .map_err(trap)
     }
 
-    fn list_get(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<Vec<Vec<u8>>> {
-        self.keyed()?.list_get(state, &namespace, &key).map_err(trap)
+    fn list_get(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        key: Vec<u8>,
+    ) -> wasmtime::Result<Vec<Vec<u8>>> {
+        self.keyed()?
+            .list_get(state, &namespace, &key)
+            .map_err(trap)
     }
 
     fn list_clear(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
-        self.keyed()?.list_clear(state, &namespace, &key).map_err(trap)
+        self.keyed()?
+            .list_clear(state, &namespace, &key)
+            .map_err(trap)
     }
 
     fn map_put(
@@ -178,14 +202,27 @@ impl state::Host for StoreData {
             .map_err(trap)
     }
 
-    fn map_remove(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>, user_key: Vec<u8>) -> wasmtime::Result<()> {
+    fn map_remove(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        key: Vec<u8>,
+        user_key: Vec<u8>,
+    ) -> wasmtime::Result<()> {
         self.keyed()?
             .map_remove(state, &namespace, &key, &user_key)
             .map_err(trap)
     }
 
-    fn map_entries(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.keyed()?.map_entries(state, &namespace, &key).map_err(trap)
+    fn map_entries(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        key: Vec<u8>,
+    ) -> wasmtime::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.keyed()?
+            .map_entries(state, &namespace, &key)
+            .map_err(trap)
     }
 
     fn clear(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
@@ -201,7 +238,13 @@ fn domain_code(d: TimeDomain) -> u8 {
 }
 
 impl timers::Host for StoreData {
-    fn register(&mut self, domain: TimeDomain, key: Vec<u8>, namespace: Vec<u8>, timestamp: i64) -> wasmtime::Result<()> {
+    fn register(
+        &mut self,
+        domain: TimeDomain,
+        key: Vec<u8>,
+        namespace: Vec<u8>,
+        timestamp: i64,
+    ) -> wasmtime::Result<()> {
         // Timers are keyed like state: refuse keys outside the subtask's shards.
         self.keyed()?.check_key(&key).map_err(trap)?;
         self.timers
@@ -209,7 +252,13 @@ impl timers::Host for StoreData {
         Ok(())
     }
 
-    fn delete(&mut self, domain: TimeDomain, key: Vec<u8>, namespace: Vec<u8>, timestamp: i64) -> wasmtime::Result<()> {
+    fn delete(
+        &mut self,
+        domain: TimeDomain,
+        key: Vec<u8>,
+        namespace: Vec<u8>,
+        timestamp: i64,
+    ) -> wasmtime::Result<()> {
         self.timers
             .remove(&(domain_code(domain), timestamp, key, namespace));
         Ok(())

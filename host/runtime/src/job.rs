@@ -11,7 +11,9 @@ use crate::partition::OutputEdge;
 use crate::plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin};
 use crate::task::{self, InputChannel, StageSpec, TaskCommand, TaskEvent, TaskReport, TaskSpec};
 use crate::transport::{LocalTransport, Transport};
-use nop_stream_api::{AttemptId, EpochId, FencingToken, OperatorId, PluginKind, SemanticMode, TaskId};
+use nop_stream_api::{
+    AttemptId, EpochId, FencingToken, OperatorId, PluginKind, SemanticMode, TaskId,
+};
 use nop_stream_core::{PartitionedPlan, PlannedOperator};
 use nop_stream_state::StateConfig;
 use serde::Serialize;
@@ -143,7 +145,11 @@ pub fn resolve_grant_path(host: &str, opts: &RunOptions) -> PathBuf {
         }
     } else {
         let p = Path::new(host);
-        if p.is_absolute() { p.to_owned() } else { opts.job_dir.join(p) }
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            opts.job_dir.join(p)
+        }
     }
 }
 
@@ -155,7 +161,10 @@ fn grants_of(op: &PlannedOperator, opts: &RunOptions) -> Result<Vec<DirGrant>> {
             if g.writable {
                 std::fs::create_dir_all(&host).map_err(|e| RuntimeError::Io {
                     path: host.display().to_string(),
-                    message: format!("cannot create directory granted to operator `{}`: {e}", op.name),
+                    message: format!(
+                        "cannot create directory granted to operator `{}`: {e}",
+                        op.name
+                    ),
                 })?;
             } else if !host.is_dir() {
                 return Err(RuntimeError::Io {
@@ -177,7 +186,13 @@ fn grants_of(op: &PlannedOperator, opts: &RunOptions) -> Result<Vec<DirGrant>> {
 
 fn sanitize(id: &str) -> String {
     id.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -203,10 +218,9 @@ pub fn run_job(
     let started = Instant::now();
     let job = &plan.job;
     let plugin_of = |op: &PlannedOperator| -> Result<Arc<LoadedPlugin>> {
-        plugins
-            .get(&op.operator_id)
-            .cloned()
-            .ok_or_else(|| RuntimeError::Internal(format!("no plugin loaded for operator `{}`", op.name)))
+        plugins.get(&op.operator_id).cloned().ok_or_else(|| {
+            RuntimeError::Internal(format!("no plugin loaded for operator `{}`", op.name))
+        })
     };
     let state_root = opts.work_dir.join("state");
     if state_root.exists() {
@@ -247,7 +261,9 @@ pub fn run_job(
             state: None,
         };
         let Instance::Source(mut src) = plugin.instantiate(&opts_i)? else {
-            return Err(RuntimeError::Internal("source plugin is not a source".into()));
+            return Err(RuntimeError::Internal(
+                "source plugin is not a source".into(),
+            ));
         };
         src.open(&task_info(head, 0, v.parallelism), &head.config.to_string())?;
         let splits = src.discover_splits(v.parallelism)?;
@@ -262,7 +278,11 @@ pub fn run_job(
 
     let cancel = Arc::new(AtomicBool::new(false));
     let transport = LocalTransport::new(
-        if opts.channel_capacity == 0 { LocalTransport::DEFAULT_CAPACITY } else { opts.channel_capacity },
+        if opts.channel_capacity == 0 {
+            LocalTransport::DEFAULT_CAPACITY
+        } else {
+            opts.channel_capacity
+        },
         token,
         Arc::clone(&cancel),
     );
@@ -333,7 +353,11 @@ pub fn run_job(
             }
             let mut outputs = Vec::new();
             for edge in plan.edges.iter().filter(|e| e.from == v.id) {
-                let mut chans: Vec<_> = edge.channels.iter().filter(|c| c.upstream == st.index).collect();
+                let mut chans: Vec<_> = edge
+                    .channels
+                    .iter()
+                    .filter(|c| c.upstream == st.index)
+                    .collect();
                 chans.sort_by_key(|c| c.downstream);
                 let senders = chans
                     .iter()
@@ -349,7 +373,10 @@ pub fn run_job(
             }
             let sink_txn = tail_is_sink.then(|| {
                 let op = v.operators.last().expect("non-empty chain");
-                format!("{}:{}:{}:{}:{}", job.job_id, job.pipeline_id, op.operator_id, sub, epoch)
+                format!(
+                    "{}:{}:{}:{}:{}",
+                    job.job_id, job.pipeline_id, op.operator_id, sub, epoch
+                )
             });
             if tail_is_sink {
                 sink_tasks += 1;

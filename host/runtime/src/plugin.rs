@@ -142,7 +142,13 @@ impl PluginHost {
         &self.engine
     }
 
-    fn compile(&self, label: &str, path: &Path, bytes: &[u8], sha: &str) -> Result<(Component, bool)> {
+    fn compile(
+        &self,
+        label: &str,
+        path: &Path,
+        bytes: &[u8],
+        sha: &str,
+    ) -> Result<(Component, bool)> {
         let load_err = |message: String| RuntimeError::PluginLoad {
             plugin: label.to_owned(),
             path: path.display().to_string(),
@@ -164,7 +170,8 @@ impl PluginHost {
             }
             tracing::warn!(file = %file.display(), "stale compiled-component cache entry; recompiling");
         }
-        let component = Component::new(&self.engine, bytes).map_err(|e| load_err(format!("{e:#}")))?;
+        let component =
+            Component::new(&self.engine, bytes).map_err(|e| load_err(format!("{e:#}")))?;
         if let Some(file) = cached {
             // Best effort: a cache that cannot be written only costs a recompile next time.
             let write = || -> std::io::Result<()> {
@@ -204,9 +211,14 @@ impl PluginHost {
             expected,
             message: format!("{e:#}"),
         };
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(wrong_world)?;
+        let instance_pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(wrong_world)?;
         let pre = match expected {
-            PluginKind::Operator => Pre::Operator(OperatorPre::new(instance_pre).map_err(wrong_world)?),
+            PluginKind::Operator => {
+                Pre::Operator(OperatorPre::new(instance_pre).map_err(wrong_world)?)
+            }
             PluginKind::Source => Pre::Source(SourcePre::new(instance_pre).map_err(wrong_world)?),
             PluginKind::Sink => Pre::Sink(SinkPre::new(instance_pre).map_err(wrong_world)?),
         };
@@ -387,7 +399,8 @@ impl LoadedPlugin {
             site: opts.site.clone(),
             limits: opts.limits.clone(),
         };
-        let fail = |e: wasmtime::Error, store: &Store<StoreData>| classify(&ctx, "instantiate", e, store);
+        let fail =
+            |e: wasmtime::Error, store: &Store<StoreData>| classify(&ctx, "instantiate", e, store);
         Ok(match &self.pre {
             Pre::Operator(p) => {
                 let inst = p.instantiate(&mut store).map_err(|e| fail(e, &store))?;
@@ -429,7 +442,12 @@ struct CallCtx {
 }
 
 /// Turns a wasmtime error from a call into a [`RuntimeError`] naming the limit that fired.
-fn classify(ctx: &CallCtx, call: &'static str, e: wasmtime::Error, store: &Store<StoreData>) -> RuntimeError {
+fn classify(
+    ctx: &CallCtx,
+    call: &'static str,
+    e: wasmtime::Error,
+    store: &Store<StoreData>,
+) -> RuntimeError {
     let msg = format!("{e:#}");
     let reason = if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
         format!(
@@ -492,7 +510,11 @@ fn check_output(ctx: &CallCtx, call: &'static str, b: &Batch) -> Result<()> {
     let n = b.ends.len();
     let l = &ctx.limits;
     if n as u64 > u64::from(l.max_output_records) {
-        return Err(limit("max_output_records", n as u64, u64::from(l.max_output_records)));
+        return Err(limit(
+            "max_output_records",
+            n as u64,
+            u64::from(l.max_output_records),
+        ));
     }
     let bytes = (b.data.len() + b.keys.len()) as u64;
     if bytes > l.max_output_bytes {
@@ -504,7 +526,10 @@ fn check_output(ctx: &CallCtx, call: &'static str, b: &Batch) -> Result<()> {
     })?;
     if !b.key_ends.is_empty() {
         if b.key_ends.len() != n {
-            return Err(malformed(format!("{} keys for {n} records", b.key_ends.len())));
+            return Err(malformed(format!(
+                "{} keys for {n} records",
+                b.key_ends.len()
+            )));
         }
         check_layout(&b.keys, &b.key_ends, "keys", l.max_record_bytes).map_err(|e| match e {
             LayoutError::Malformed(d) => malformed(d),
@@ -514,7 +539,10 @@ fn check_output(ctx: &CallCtx, call: &'static str, b: &Batch) -> Result<()> {
         return Err(malformed("key bytes without key offsets".into()));
     }
     if !b.timestamps.is_empty() && b.timestamps.len() != n {
-        return Err(malformed(format!("{} timestamps for {n} records", b.timestamps.len())));
+        return Err(malformed(format!(
+            "{} timestamps for {n} records",
+            b.timestamps.len()
+        )));
     }
     Ok(())
 }
@@ -528,7 +556,9 @@ fn check_layout(data: &[u8], ends: &[u32], what: &str, max_item: u32) -> Result<
     let mut prev = 0u32;
     for &e in ends {
         if e < prev {
-            return Err(LayoutError::Malformed(format!("{what} end offsets decrease ({prev} then {e})")));
+            return Err(LayoutError::Malformed(format!(
+                "{what} end offsets decrease ({prev} then {e})"
+            )));
         }
         if e - prev > max_item {
             return Err(LayoutError::TooLarge(u64::from(e - prev)));
@@ -584,7 +614,9 @@ impl OperatorInstance {
     /// # Errors
     /// A trap.
     pub fn describe(&mut self) -> Result<WitPluginInfo> {
-        guest_call_infallible!(self, "describe", |i, s| i.nop_stream_operator_plugin().call_describe(s))
+        guest_call_infallible!(self, "describe", |i, s| i
+            .nop_stream_operator_plugin()
+            .call_describe(s))
     }
 
     /// Calls `open`.
@@ -592,7 +624,9 @@ impl OperatorInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
-        guest_call!(self, "open", |i, s| i.nop_stream_operator_plugin().call_open(s, task, config))
+        guest_call!(self, "open", |i, s| i
+            .nop_stream_operator_plugin()
+            .call_open(s, task, config))
     }
 
     /// Calls `process` and checks the output.
@@ -600,7 +634,9 @@ impl OperatorInstance {
     /// # Errors
     /// A trap, a guest error, a malformed batch or an output limit.
     pub fn process(&mut self, input: u32, batch: &Batch) -> Result<Batch> {
-        let out = guest_call!(self, "process", |i, s| i.nop_stream_operator_plugin().call_process(s, input, batch))?;
+        let out = guest_call!(self, "process", |i, s| i
+            .nop_stream_operator_plugin()
+            .call_process(s, input, batch))?;
         check_output(&self.ctx, "process", &out)?;
         Ok(out)
     }
@@ -611,7 +647,9 @@ impl OperatorInstance {
     /// As [`Self::process`].
     pub fn on_watermark(&mut self, watermark: i64) -> Result<Batch> {
         self.store.data_mut().watermark = watermark;
-        let out = guest_call!(self, "on-watermark", |i, s| i.nop_stream_operator_plugin().call_on_watermark(s, watermark))?;
+        let out = guest_call!(self, "on-watermark", |i, s| i
+            .nop_stream_operator_plugin()
+            .call_on_watermark(s, watermark))?;
         check_output(&self.ctx, "on-watermark", &out)?;
         Ok(out)
     }
@@ -621,7 +659,9 @@ impl OperatorInstance {
     /// # Errors
     /// As [`Self::process`].
     pub fn on_timers(&mut self, timers: &[FiredTimer]) -> Result<Batch> {
-        let out = guest_call!(self, "on-timers", |i, s| i.nop_stream_operator_plugin().call_on_timers(s, timers))?;
+        let out = guest_call!(self, "on-timers", |i, s| i
+            .nop_stream_operator_plugin()
+            .call_on_timers(s, timers))?;
         check_output(&self.ctx, "on-timers", &out)?;
         Ok(out)
     }
@@ -631,7 +671,9 @@ impl OperatorInstance {
     /// # Errors
     /// As [`Self::process`].
     pub fn prepare_checkpoint(&mut self, epoch: u64) -> Result<Batch> {
-        let out = guest_call!(self, "prepare-checkpoint", |i, s| i.nop_stream_operator_plugin().call_prepare_checkpoint(s, epoch))?;
+        let out = guest_call!(self, "prepare-checkpoint", |i, s| i
+            .nop_stream_operator_plugin()
+            .call_prepare_checkpoint(s, epoch))?;
         check_output(&self.ctx, "prepare-checkpoint", &out)?;
         Ok(out)
     }
@@ -641,7 +683,9 @@ impl OperatorInstance {
     /// # Errors
     /// As [`Self::process`].
     pub fn finish(&mut self) -> Result<Batch> {
-        let out = guest_call!(self, "finish", |i, s| i.nop_stream_operator_plugin().call_finish(s))?;
+        let out = guest_call!(self, "finish", |i, s| i
+            .nop_stream_operator_plugin()
+            .call_finish(s))?;
         check_output(&self.ctx, "finish", &out)?;
         Ok(out)
     }
@@ -651,7 +695,9 @@ impl OperatorInstance {
     /// # Errors
     /// A trap.
     pub fn close(&mut self) -> Result<()> {
-        guest_call_infallible!(self, "close", |i, s| i.nop_stream_operator_plugin().call_close(s))
+        guest_call_infallible!(self, "close", |i, s| i
+            .nop_stream_operator_plugin()
+            .call_close(s))
     }
 
     /// The instance's keyed state, if any.
@@ -699,7 +745,9 @@ impl SourceInstance {
     /// # Errors
     /// A trap.
     pub fn describe(&mut self) -> Result<WitPluginInfo> {
-        guest_call_infallible!(self, "describe", |i, s| i.nop_stream_source_plugin().call_describe(s))
+        guest_call_infallible!(self, "describe", |i, s| i
+            .nop_stream_source_plugin()
+            .call_describe(s))
     }
 
     /// Calls `open`.
@@ -707,7 +755,9 @@ impl SourceInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
-        guest_call!(self, "open", |i, s| i.nop_stream_source_plugin().call_open(s, task, config))
+        guest_call!(self, "open", |i, s| i
+            .nop_stream_source_plugin()
+            .call_open(s, task, config))
     }
 
     /// Calls `discover-splits`; split ids must be unique.
@@ -715,7 +765,9 @@ impl SourceInstance {
     /// # Errors
     /// A trap, a guest error, or duplicate split ids.
     pub fn discover_splits(&mut self, parallelism: u32) -> Result<Vec<Split>> {
-        let splits = guest_call!(self, "discover-splits", |i, s| i.nop_stream_source_plugin().call_discover_splits(s, parallelism))?;
+        let splits = guest_call!(self, "discover-splits", |i, s| i
+            .nop_stream_source_plugin()
+            .call_discover_splits(s, parallelism))?;
         let mut seen = BTreeSet::new();
         for sp in &splits {
             if !seen.insert(sp.id.as_str()) {
@@ -734,7 +786,12 @@ impl SourceInstance {
     /// # Errors
     /// A trap, a guest error, a malformed batch or an output limit.
     pub fn read(&mut self, split: &Split, cursor: &[u8], max_records: u32) -> Result<ReadResult> {
-        let out = guest_call!(self, "read", |i, s| i.nop_stream_source_plugin().call_read(s, split, cursor, max_records))?;
+        let out = guest_call!(self, "read", |i, s| i.nop_stream_source_plugin().call_read(
+            s,
+            split,
+            cursor,
+            max_records
+        ))?;
         check_output(&self.ctx, "read", &out.records)?;
         if out.records.ends.len() > max_records as usize {
             return Err(RuntimeError::LimitExceeded {
@@ -753,7 +810,9 @@ impl SourceInstance {
     /// # Errors
     /// A trap.
     pub fn close(&mut self) -> Result<()> {
-        guest_call_infallible!(self, "close", |i, s| i.nop_stream_source_plugin().call_close(s))
+        guest_call_infallible!(self, "close", |i, s| i
+            .nop_stream_source_plugin()
+            .call_close(s))
     }
 }
 
@@ -770,7 +829,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap.
     pub fn describe(&mut self) -> Result<WitPluginInfo> {
-        guest_call_infallible!(self, "describe", |i, s| i.nop_stream_sink_plugin().call_describe(s))
+        guest_call_infallible!(self, "describe", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_describe(s))
     }
 
     /// Calls `open`.
@@ -778,7 +839,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
-        guest_call!(self, "open", |i, s| i.nop_stream_sink_plugin().call_open(s, task, config))
+        guest_call!(self, "open", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_open(s, task, config))
     }
 
     /// Calls `begin`.
@@ -786,7 +849,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn begin(&mut self, txn: &str) -> Result<()> {
-        guest_call!(self, "begin", |i, s| i.nop_stream_sink_plugin().call_begin(s, txn))
+        guest_call!(self, "begin", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_begin(s, txn))
     }
 
     /// Calls `write`.
@@ -794,7 +859,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn write(&mut self, txn: &str, batch: &Batch) -> Result<()> {
-        guest_call!(self, "write", |i, s| i.nop_stream_sink_plugin().call_write(s, txn, batch))
+        guest_call!(self, "write", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_write(s, txn, batch))
     }
 
     /// Calls `pre-commit`, returning the committable.
@@ -802,7 +869,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn pre_commit(&mut self, txn: &str) -> Result<Vec<u8>> {
-        guest_call!(self, "pre-commit", |i, s| i.nop_stream_sink_plugin().call_pre_commit(s, txn))
+        guest_call!(self, "pre-commit", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_pre_commit(s, txn))
     }
 
     /// Calls `commit`.
@@ -810,7 +879,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn commit(&mut self, committable: &[u8]) -> Result<()> {
-        guest_call!(self, "commit", |i, s| i.nop_stream_sink_plugin().call_commit(s, committable))
+        guest_call!(self, "commit", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_commit(s, committable))
     }
 
     /// Calls `abort`.
@@ -818,7 +889,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn abort(&mut self, txn: &str) -> Result<()> {
-        guest_call!(self, "abort", |i, s| i.nop_stream_sink_plugin().call_abort(s, txn))
+        guest_call!(self, "abort", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_abort(s, txn))
     }
 
     /// Calls `recover`.
@@ -826,7 +899,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn recover(&mut self, committable: &[u8]) -> Result<CommitOutcome> {
-        guest_call!(self, "recover", |i, s| i.nop_stream_sink_plugin().call_recover(s, committable))
+        guest_call!(self, "recover", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_recover(s, committable))
     }
 
     /// Calls `pending-transactions`.
@@ -834,7 +909,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn pending_transactions(&mut self) -> Result<Vec<String>> {
-        guest_call!(self, "pending-transactions", |i, s| i.nop_stream_sink_plugin().call_pending_transactions(s))
+        guest_call!(self, "pending-transactions", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_pending_transactions(s))
     }
 
     /// Calls `close`.
@@ -842,7 +919,9 @@ impl SinkInstance {
     /// # Errors
     /// A trap.
     pub fn close(&mut self) -> Result<()> {
-        guest_call_infallible!(self, "close", |i, s| i.nop_stream_sink_plugin().call_close(s))
+        guest_call_infallible!(self, "close", |i, s| i
+            .nop_stream_sink_plugin()
+            .call_close(s))
     }
 
     /// The sink's site.

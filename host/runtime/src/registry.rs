@@ -48,7 +48,11 @@ impl<'h> PluginRegistry<'h> {
         match plugin {
             PluginRef::Path { path } => {
                 let p = Path::new(path);
-                let p = if p.is_absolute() { p.to_owned() } else { self.job_dir.join(p) };
+                let p = if p.is_absolute() {
+                    p.to_owned()
+                } else {
+                    self.job_dir.join(p)
+                };
                 if p.is_file() {
                     Ok(p)
                 } else {
@@ -87,13 +91,20 @@ impl<'h> PluginRegistry<'h> {
     /// # Errors
     /// Resolution failure, or any [`PluginHost::load`] error.
     pub fn load(&self, plugin: &PluginRef, kind: PluginKind) -> Result<Arc<LoadedPlugin>> {
-        let path = self.resolve(plugin).map_err(|message| RuntimeError::PluginLoad {
-            plugin: plugin.to_string(),
-            path: String::new(),
-            message,
-        })?;
+        let path = self
+            .resolve(plugin)
+            .map_err(|message| RuntimeError::PluginLoad {
+                plugin: plugin.to_string(),
+                path: String::new(),
+                message,
+            })?;
         let key = (path.clone(), kind);
-        if let Some(p) = self.loaded.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        if let Some(p) = self
+            .loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
             return Ok(Arc::clone(p));
         }
         let loaded = Arc::new(self.host.load(&plugin.to_string(), &path, kind)?);

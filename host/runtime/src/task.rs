@@ -6,7 +6,9 @@ use crate::bindings::{Batch, Split, TaskInfo};
 use crate::error::{Result, RuntimeError, Site};
 use crate::job::JobProgress;
 use crate::partition::OutputEdge;
-use crate::plugin::{Instance, InstanceOptions, LoadedPlugin, OperatorInstance, SinkInstance, SourceInstance};
+use crate::plugin::{
+    Instance, InstanceOptions, LoadedPlugin, OperatorInstance, SinkInstance, SourceInstance,
+};
 use crate::transport::Message;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender};
 use nop_stream_api::{ChannelId, TaskId};
@@ -29,7 +31,7 @@ pub(crate) enum TaskEvent {
         committable: Vec<u8>,
     },
     /// The task ended normally.
-    Finished { task: TaskId, report: TaskReport },
+    Finished { report: TaskReport },
     /// The task failed.
     Failed { task: TaskId, error: RuntimeError },
 }
@@ -112,10 +114,7 @@ pub(crate) fn run(spec: TaskSpec) {
     let cancel = Arc::clone(&spec.cancel);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(spec)));
     let event = match outcome {
-        Ok(Ok(report)) => TaskEvent::Finished {
-            task: task_id.clone(),
-            report,
-        },
+        Ok(Ok(report)) => TaskEvent::Finished { report },
         Ok(Err(error)) => TaskEvent::Failed {
             task: task_id.clone(),
             error,
@@ -254,18 +253,26 @@ fn commit_with_recovery(sink: &mut SinkInstance, txn: &str, committable: &[u8]) 
         Ok(()) => Ok(()),
         Err(first) => match sink.recover(committable)? {
             CommitOutcome::Committed => {
-                tracing::warn!(txn, "commit reported an error but the transaction is committed: {first}");
+                tracing::warn!(
+                    txn,
+                    "commit reported an error but the transaction is committed: {first}"
+                );
                 Ok(())
             }
-            CommitOutcome::Aborted => sink.commit(committable).map_err(|e| RuntimeError::CommitUncertain {
-                site: sink.site().clone(),
-                txn: txn.to_owned(),
-                message: format!("failed twice: {first}; then {e}"),
-            }),
+            CommitOutcome::Aborted => {
+                sink.commit(committable)
+                    .map_err(|e| RuntimeError::CommitUncertain {
+                        site: sink.site().clone(),
+                        txn: txn.to_owned(),
+                        message: format!("failed twice: {first}; then {e}"),
+                    })
+            }
             CommitOutcome::Unknown => Err(RuntimeError::CommitUncertain {
                 site: sink.site().clone(),
                 txn: txn.to_owned(),
-                message: format!("failed ({first}) and its outcome is unknown (expired or lost); refusing to report it as committed"),
+                message: format!(
+                    "failed ({first}) and its outcome is unknown (expired or lost); refusing to report it as committed"
+                ),
             }),
         },
     }
@@ -289,7 +296,11 @@ fn split_batch(b: &Batch, max: usize) -> Vec<Batch> {
             timestamps: Vec::new(),
         };
         if keyed {
-            let ks = if i == 0 { 0 } else { b.key_ends[i - 1] as usize };
+            let ks = if i == 0 {
+                0
+            } else {
+                b.key_ends[i - 1] as usize
+            };
             let ke = b.key_ends[j - 1] as usize;
             piece.keys = b.keys[ks..ke].to_vec();
             piece.key_ends = b.key_ends[i..j].iter().map(|e| e - ks as u32).collect();
@@ -336,11 +347,18 @@ impl Task {
                 self.progress.add_written(n);
                 Ok(())
             }
-            Stage::Source(_) => Err(RuntimeError::Internal("a source can only head a chain".into())),
+            Stage::Source(_) => Err(RuntimeError::Internal(
+                "a source can only head a chain".into(),
+            )),
         }
     }
 
-    fn read_splits(&mut self, splits: &[Split], batch_records: u32, cancel: &AtomicBool) -> Result<()> {
+    fn read_splits(
+        &mut self,
+        splits: &[Split],
+        batch_records: u32,
+        cancel: &AtomicBool,
+    ) -> Result<()> {
         let Some(Stage::Source(_)) = self.stages.first() else {
             return Ok(());
         };
@@ -452,7 +470,11 @@ impl Task {
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
                 let due = op.take_due_event_timers(wm);
-                let fired = if due.is_empty() { None } else { Some(op.on_timers(&due)?) };
+                let fired = if due.is_empty() {
+                    None
+                } else {
+                    Some(op.on_timers(&due)?)
+                };
                 let out = op.on_watermark(wm)?;
                 if let Some(f) = fired {
                     self.push(i + 1, 0, f)?;
@@ -503,7 +525,10 @@ mod tests {
             b.timestamps.push(i64::from(i));
         }
         let pieces = split_batch(&b, 4);
-        assert_eq!(pieces.iter().map(|p| p.ends.len()).collect::<Vec<_>>(), vec![4, 4, 2]);
+        assert_eq!(
+            pieces.iter().map(|p| p.ends.len()).collect::<Vec<_>>(),
+            vec![4, 4, 2]
+        );
         let mut i = 0;
         for p in &pieces {
             let mut s = 0;

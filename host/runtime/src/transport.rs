@@ -61,7 +61,11 @@ pub trait Transport: Send + Sync {
     ///
     /// # Errors
     /// [`RuntimeError::Fenced`] for a stale token.
-    fn open_sender(&self, channel: &ChannelId, token: FencingToken) -> Result<Box<dyn ChannelSender>>;
+    fn open_sender(
+        &self,
+        channel: &ChannelId,
+        token: FencingToken,
+    ) -> Result<Box<dyn ChannelSender>>;
 
     /// Makes `token` the only token accepted from now on.
     fn fence(&self, token: FencingToken);
@@ -115,7 +119,11 @@ impl LocalTransport {
         Ok(())
     }
 
-    fn entry<R>(&self, channel: &ChannelId, f: impl FnOnce(&mut (Sender<Message>, Option<Receiver<Message>>)) -> R) -> R {
+    fn entry<R>(
+        &self,
+        channel: &ChannelId,
+        f: impl FnOnce(&mut (Sender<Message>, Option<Receiver<Message>>)) -> R,
+    ) -> R {
         let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         let e = map.entry(channel.clone()).or_insert_with(|| {
             let (s, r) = crossbeam_channel::bounded(self.capacity);
@@ -132,11 +140,16 @@ impl Transport for LocalTransport {
 
     fn open_receiver(&self, channel: &ChannelId, token: FencingToken) -> Result<Receiver<Message>> {
         self.check(channel, token)?;
-        self.entry(channel, |e| e.1.take())
-            .ok_or_else(|| RuntimeError::Internal(format!("channel {channel} opened twice for receiving")))
+        self.entry(channel, |e| e.1.take()).ok_or_else(|| {
+            RuntimeError::Internal(format!("channel {channel} opened twice for receiving"))
+        })
     }
 
-    fn open_sender(&self, channel: &ChannelId, token: FencingToken) -> Result<Box<dyn ChannelSender>> {
+    fn open_sender(
+        &self,
+        channel: &ChannelId,
+        token: FencingToken,
+    ) -> Result<Box<dyn ChannelSender>> {
         self.check(channel, token)?;
         let sender = self.entry(channel, |e| e.0.clone());
         Ok(Box::new(LocalSender {
@@ -226,8 +239,21 @@ mod tests {
         assert!(matches!(rx.recv().unwrap(), Message::Watermark(5)));
         t.fence(FencingToken(2));
         let err = tx.send(Message::End).unwrap_err();
-        assert!(matches!(err, RuntimeError::Fenced { token: FencingToken(1), current: FencingToken(2), .. }), "{err}");
-        assert!(matches!(t.open_sender(&ch(), FencingToken(1)), Err(RuntimeError::Fenced { .. })));
+        assert!(
+            matches!(
+                err,
+                RuntimeError::Fenced {
+                    token: FencingToken(1),
+                    current: FencingToken(2),
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(matches!(
+            t.open_sender(&ch(), FencingToken(1)),
+            Err(RuntimeError::Fenced { .. })
+        ));
         assert!(t.open_sender(&ch(), FencingToken(2)).is_ok());
     }
 

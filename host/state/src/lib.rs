@@ -20,7 +20,7 @@ pub mod codec;
 
 use nop_stream_api::{StateDescriptor, StateKind, StateShardId};
 use nop_stream_core::shard_of;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -30,7 +30,9 @@ use std::path::{Path, PathBuf};
 pub enum StateError {
     /// A key hashed to a shard this subtask does not own (a routing bug or a plugin
     /// touching another key's state).
-    #[error("key {key} belongs to state shard {shard}, outside the shards {owned:?} this subtask owns")]
+    #[error(
+        "key {key} belongs to state shard {shard}, outside the shards {owned:?} this subtask owns"
+    )]
     KeyOutsideShards {
         /// Printable prefix of the key.
         key: String,
@@ -137,7 +139,10 @@ fn printable(key: &[u8]) -> String {
     let shown = &key[..key.len().min(32)];
     match std::str::from_utf8(shown) {
         Ok(s) => format!("{s:?}"),
-        Err(_) => format!("0x{}", shown.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        Err(_) => format!(
+            "0x{}",
+            shown.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
     }
 }
 
@@ -191,7 +196,10 @@ impl KeyedState {
 
     /// The handle of the declared state `name`, if it was declared with kind `kind`.
     pub fn handle(&self, name: &str) -> Option<u32> {
-        self.states.iter().position(|s| s.name == name).map(|i| i as u32)
+        self.states
+            .iter()
+            .position(|s| s.name == name)
+            .map(|i| i as u32)
     }
 
     /// Declared states, indexed by handle.
@@ -334,10 +342,13 @@ impl KeyedState {
         *ends = rebuilt_ends;
         let cache = &mut self.cache[state as usize];
         for (k, v) in miss_keys.into_iter().zip(loaded) {
-            cache.insert(k, Slot {
-                value: v,
-                dirty: false,
-            });
+            cache.insert(
+                k,
+                Slot {
+                    value: v,
+                    dirty: false,
+                },
+            );
         }
         Ok(())
     }
@@ -391,15 +402,27 @@ impl KeyedState {
             return Ok(slot.value.clone());
         }
         let composite = self.scratch.clone();
-        let loaded = self.read_db(state, &[composite.as_slice()])?.pop().flatten();
-        self.cache[state as usize].insert(composite, Slot {
-            value: loaded.clone(),
-            dirty: false,
-        });
+        let loaded = self
+            .read_db(state, &[composite.as_slice()])?
+            .pop()
+            .flatten();
+        self.cache[state as usize].insert(
+            composite,
+            Slot {
+                value: loaded.clone(),
+                dirty: false,
+            },
+        );
         Ok(loaded)
     }
 
-    fn put_one(&mut self, state: u32, namespace: &[u8], key: &[u8], value: Option<Vec<u8>>) -> Result<()> {
+    fn put_one(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        key: &[u8],
+        value: Option<Vec<u8>>,
+    ) -> Result<()> {
         self.compose(namespace, key)?;
         self.set_slot(state, value);
         Ok(())
@@ -473,7 +496,13 @@ impl KeyedState {
     ///
     /// # Errors
     /// Unknown handle, wrong kind, a key outside the owned shards, a corrupt stored list.
-    pub fn list_append(&mut self, state: u32, namespace: &[u8], key: &[u8], value: &[u8]) -> Result<()> {
+    pub fn list_append(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<()> {
         self.descriptor(state, StateKind::List)?;
         let mut stored = self.get_one(state, namespace, key)?.unwrap_or_default();
         codec::push_item(&mut stored, value);
@@ -501,7 +530,12 @@ impl KeyedState {
         self.put_one(state, namespace, key, None)
     }
 
-    fn map_load(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn map_load(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        key: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let name = self.descriptor(state, StateKind::Map)?.name.clone();
         match self.get_one(state, namespace, key)? {
             Some(stored) => codec::pairs(&stored).ok_or(StateError::Corrupt(name)),
@@ -509,7 +543,13 @@ impl KeyedState {
         }
     }
 
-    fn map_store(&mut self, state: u32, namespace: &[u8], key: &[u8], entries: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    fn map_store(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        key: &[u8],
+        entries: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<()> {
         let value = if entries.is_empty() {
             None
         } else {
@@ -527,7 +567,14 @@ impl KeyedState {
     ///
     /// # Errors
     /// Unknown handle, wrong kind, a key outside the owned shards, a corrupt stored map.
-    pub fn map_put(&mut self, state: u32, namespace: &[u8], key: &[u8], user_key: &[u8], value: &[u8]) -> Result<()> {
+    pub fn map_put(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        key: &[u8],
+        user_key: &[u8],
+        value: &[u8],
+    ) -> Result<()> {
         let mut entries = self.map_load(state, namespace, key)?;
         match entries.binary_search_by(|(k, _)| k.as_slice().cmp(user_key)) {
             Ok(i) => entries[i].1 = value.to_vec(),
@@ -540,7 +587,13 @@ impl KeyedState {
     ///
     /// # Errors
     /// As [`Self::map_put`].
-    pub fn map_get(&mut self, state: u32, namespace: &[u8], key: &[u8], user_key: &[u8]) -> Result<Option<Vec<u8>>> {
+    pub fn map_get(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        key: &[u8],
+        user_key: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
         let entries = self.map_load(state, namespace, key)?;
         Ok(entries
             .binary_search_by(|(k, _)| k.as_slice().cmp(user_key))
@@ -552,7 +605,13 @@ impl KeyedState {
     ///
     /// # Errors
     /// As [`Self::map_put`].
-    pub fn map_remove(&mut self, state: u32, namespace: &[u8], key: &[u8], user_key: &[u8]) -> Result<()> {
+    pub fn map_remove(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        key: &[u8],
+        user_key: &[u8],
+    ) -> Result<()> {
         let mut entries = self.map_load(state, namespace, key)?;
         if let Ok(i) = entries.binary_search_by(|(k, _)| k.as_slice().cmp(user_key)) {
             entries.remove(i);
@@ -565,7 +624,12 @@ impl KeyedState {
     ///
     /// # Errors
     /// As [`Self::map_put`].
-    pub fn map_entries(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    pub fn map_entries(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        key: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.map_load(state, namespace, key)
     }
 
@@ -626,7 +690,9 @@ impl KeyedState {
                             .map_err(|e| db_err(&self.path, e))?;
                     }
                     None => {
-                        table.remove(k.as_slice()).map_err(|e| db_err(&self.path, e))?;
+                        table
+                            .remove(k.as_slice())
+                            .map_err(|e| db_err(&self.path, e))?;
                     }
                 }
                 slot.dirty = false;

@@ -12,9 +12,24 @@ fn config(dir: &std::path::Path, owned: std::ops::Range<u32>, max_cached: usize)
         shard_count: 16,
         owned,
         states: vec![
-            StateDescriptor { name: "v".into(), kind: StateKind::Value, schema_version: 1, codec: "raw".into() },
-            StateDescriptor { name: "l".into(), kind: StateKind::List, schema_version: 1, codec: "raw".into() },
-            StateDescriptor { name: "m".into(), kind: StateKind::Map, schema_version: 1, codec: "raw".into() },
+            StateDescriptor {
+                name: "v".into(),
+                kind: StateKind::Value,
+                schema_version: 1,
+                codec: "raw".into(),
+            },
+            StateDescriptor {
+                name: "l".into(),
+                kind: StateKind::List,
+                schema_version: 1,
+                codec: "raw".into(),
+            },
+            StateDescriptor {
+                name: "m".into(),
+                kind: StateKind::Map,
+                schema_version: 1,
+                codec: "raw".into(),
+            },
         ],
         max_cached_entries: max_cached,
     }
@@ -33,7 +48,8 @@ fn flat(keys: &[Vec<u8>]) -> (Vec<u8>, Vec<u32>) {
 fn get(s: &mut KeyedState, ns: &[u8], keys: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
     let (k, ke) = flat(keys);
     let (mut d, mut e, mut p) = (Vec::new(), Vec::new(), Vec::new());
-    s.value_get_many(0, ns, &k, &ke, &mut d, &mut e, &mut p).unwrap();
+    s.value_get_many(0, ns, &k, &ke, &mut d, &mut e, &mut p)
+        .unwrap();
     let mut start = 0usize;
     e.iter()
         .zip(&p)
@@ -65,8 +81,14 @@ fn key_outside_owned_shards_is_refused() {
 fn wrong_kind_and_unknown_handle_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
-    assert!(matches!(s.list_append(0, b"", b"k", b"x"), Err(StateError::WrongKind { .. })));
-    assert!(matches!(s.value_delete(7, b"", b"k"), Err(StateError::UnknownHandle(7))));
+    assert!(matches!(
+        s.list_append(0, b"", b"k", b"x"),
+        Err(StateError::WrongKind { .. })
+    ));
+    assert!(matches!(
+        s.value_delete(7, b"", b"k"),
+        Err(StateError::UnknownHandle(7))
+    ));
     assert_eq!(s.handle("m"), Some(2));
     assert_eq!(s.handle("nope"), None);
 }
@@ -76,9 +98,13 @@ fn state_survives_flush_and_reopen_and_keys_list_in_order() {
     let dir = tempfile::tempdir().unwrap();
     {
         let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
-        let keys: Vec<Vec<u8>> = ["b", "a", "c"].iter().map(|k| k.as_bytes().to_vec()).collect();
+        let keys: Vec<Vec<u8>> = ["b", "a", "c"]
+            .iter()
+            .map(|k| k.as_bytes().to_vec())
+            .collect();
         let (k, ke) = flat(&keys);
-        s.value_put_many(0, b"ns", &k, &ke, b"223311", &[2, 4, 6]).unwrap();
+        s.value_put_many(0, b"ns", &k, &ke, b"223311", &[2, 4, 6])
+            .unwrap();
         s.list_append(1, b"", b"a", b"x").unwrap();
         s.list_append(1, b"", b"a", b"y").unwrap();
         s.map_put(2, b"", b"a", b"z", b"1").unwrap();
@@ -86,13 +112,32 @@ fn state_survives_flush_and_reopen_and_keys_list_in_order() {
         s.flush(true).unwrap();
     }
     let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
-    assert_eq!(get(&mut s, b"ns", &[b"a".to_vec(), b"b".to_vec(), b"q".to_vec()]), vec![Some(b"33".to_vec()), Some(b"22".to_vec()), None]);
+    assert_eq!(
+        get(
+            &mut s,
+            b"ns",
+            &[b"a".to_vec(), b"b".to_vec(), b"q".to_vec()]
+        ),
+        vec![Some(b"33".to_vec()), Some(b"22".to_vec()), None]
+    );
     let (keys, ends, more) = s.value_keys(0, b"ns", None, 2).unwrap();
-    assert_eq!((keys.as_slice(), ends.as_slice(), more), (&b"ab"[..], &[1u32, 2][..], true));
+    assert_eq!(
+        (keys.as_slice(), ends.as_slice(), more),
+        (&b"ab"[..], &[1u32, 2][..], true)
+    );
     let (keys, _, more) = s.value_keys(0, b"ns", Some(b"b"), 10).unwrap();
     assert_eq!((keys.as_slice(), more), (&b"c"[..], false));
-    assert_eq!(s.list_get(1, b"", b"a").unwrap(), vec![b"x".to_vec(), b"y".to_vec()]);
-    assert_eq!(s.map_entries(2, b"", b"a").unwrap(), vec![(b"b".to_vec(), b"2".to_vec()), (b"z".to_vec(), b"1".to_vec())]);
+    assert_eq!(
+        s.list_get(1, b"", b"a").unwrap(),
+        vec![b"x".to_vec(), b"y".to_vec()]
+    );
+    assert_eq!(
+        s.map_entries(2, b"", b"a").unwrap(),
+        vec![
+            (b"b".to_vec(), b"2".to_vec()),
+            (b"z".to_vec(), b"1".to_vec())
+        ]
+    );
     s.clear(2, b"", b"a").unwrap();
     assert!(s.map_entries(2, b"", b"a").unwrap().is_empty());
     assert_eq!(s.stored_entries().unwrap(), 4);

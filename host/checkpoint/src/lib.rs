@@ -1,0 +1,1 @@
+//! Epoch checkpoint protocol, manifests, storage SPI (placeholder until the checkpoint issue).
