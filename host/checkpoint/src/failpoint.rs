@@ -1,0 +1,93 @@
+//! Named fault points for crash tests (design §10). A test arms a point through the
+//! environment of a child process, `NOPSTREAM_FAILPOINTS="name[=N][:action],..."`, or in
+//! process with [`arm`]. The N-th time an armed point is reached (default the first),
+//! `abort` kills the process on the spot (`std::process::abort`, no clean-up, like
+//! SIGKILL) and `error` makes [`hit`] return `true` so the caller simulates a failure.
+//!
+//! Points used by the runtime: `before-barrier-injection`, `after-barrier-injection`,
+//! `after-pre-commit`, `after-manifest-publish`, `mid-commit`, `during-restore`,
+//! `commit-reply-lost` (error: the commit happened but its reply is dropped),
+//! `expire-transaction` (error: the transaction vanishes before commit).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// What an armed point does when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Abort the process.
+    Abort,
+    /// Report the hit to the caller.
+    Error,
+}
+
+struct Armed {
+    remaining: u64,
+    action: Action,
+}
+
+fn registry() -> &'static Mutex<HashMap<String, Armed>> {
+    static REG: OnceLock<Mutex<HashMap<String, Armed>>> = OnceLock::new();
+    REG.get_or_init(|| {
+        let mut map = HashMap::new();
+        if let Ok(spec) = std::env::var("NOPSTREAM_FAILPOINTS") {
+            for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let (rest, action) = match item.rsplit_once(':') {
+                    Some((r, "error")) => (r, Action::Error),
+                    Some((r, _)) => (r, Action::Abort),
+                    None => (item, Action::Abort),
+                };
+                let (name, n) = match rest.split_once('=') {
+                    Some((n, c)) => (n, c.parse().unwrap_or(1)),
+                    None => (rest, 1),
+                };
+                map.insert(
+                    name.to_owned(),
+                    Armed {
+                        remaining: n.max(1),
+                        action,
+                    },
+                );
+            }
+        }
+        Mutex::new(map)
+    })
+}
+
+/// Arms `name` to fire on its `nth` hit (1 = next) with `action`.
+pub fn arm(name: &str, nth: u64, action: Action) {
+    registry().lock().unwrap_or_else(|p| p.into_inner()).insert(
+        name.to_owned(),
+        Armed {
+            remaining: nth.max(1),
+            action,
+        },
+    );
+}
+
+/// Disarms every point.
+pub fn disarm_all() {
+    registry().lock().unwrap_or_else(|p| p.into_inner()).clear();
+}
+
+/// Passes fault point `name`: aborts the process or returns `true` if it fires.
+pub fn hit(name: &str) -> bool {
+    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    let Some(a) = reg.get_mut(name) else {
+        return false;
+    };
+    a.remaining -= 1;
+    if a.remaining > 0 {
+        return false;
+    }
+    let action = a.action;
+    reg.remove(name);
+    drop(reg);
+    match action {
+        Action::Abort => {
+            eprintln!("failpoint `{name}` fired: aborting");
+            std::process::abort();
+        }
+        Action::Error => true,
+    }
+}

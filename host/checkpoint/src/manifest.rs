@@ -1,0 +1,171 @@
+//! Task snapshots, segment descriptors and epoch manifests (seed §5.5, §5.6, §8.2). All
+//! metadata is JSON; payloads live in segment files named by the descriptors.
+
+use nop_stream_api::{AttemptId, EpochId, FencingToken, TaskId};
+use serde::{Deserialize, Serialize};
+
+/// Version of the manifest and segment formats; restore refuses another.
+pub const STATE_FORMAT_VERSION: u32 = 1;
+
+/// Where one keyed-state shard of one state lives (seed §8.2: operatorId + subtask +
+/// shard + state name). Several descriptors may point into one packed segment file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentDescriptor {
+    /// Logical StatePath (seed §3.5):
+    /// `checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/{shard}/{stateName}`.
+    pub state_path: String,
+    /// Operator id.
+    pub operator_id: String,
+    /// State shard.
+    pub shard: u32,
+    /// State name (`__timers` for the timer service).
+    pub state: String,
+    /// Segment file, relative to the checkpoint namespace directory.
+    pub file: String,
+    /// Byte offset of the payload in the file.
+    pub offset: u64,
+    /// Payload length in bytes.
+    pub len: u64,
+    /// xxh3-64 of the payload, hex.
+    pub checksum: String,
+    /// Payload codec (`kv-lp/1`: length-prefixed key/value pairs).
+    pub codec: String,
+    /// Schema version of the state's values, from the plugin's state descriptor.
+    pub schema_version: u32,
+    /// Number of entries.
+    pub entries: u64,
+}
+
+/// Cursor state of one source split (seed §6.2–§6.4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitState {
+    /// Split id.
+    pub split_id: String,
+    /// Split descriptor, hex.
+    pub descriptor: String,
+    /// Exclusive next cursor, hex (empty: the split's start).
+    pub cursor: String,
+    /// Whether the split was read to its end.
+    pub finished: bool,
+}
+
+/// A pre-committed sink transaction waiting for its epoch to become durable (seed §7.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingTransaction {
+    /// Epoch whose barrier sealed the transaction; it commits once an epoch `>=` this one
+    /// is durable.
+    pub epoch: EpochId,
+    /// Transaction id `{jobId}:{pipelineId}:{operatorId}:{subtask}:{epoch}` (seed §7.2).
+    pub txn: String,
+    /// Committable bytes, hex.
+    pub committable: String,
+}
+
+/// What one task reports for an epoch (seed §5.5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskSnapshot {
+    /// Stable task identity (no attempt).
+    pub task: TaskId,
+    /// Epoch.
+    pub epoch: EpochId,
+    /// Whether the task had processed the end of all its input before the barrier.
+    pub end_of_data: bool,
+    /// Keyed state and timer segments of every stateful operator of the chain.
+    pub segments: Vec<SegmentDescriptor>,
+    /// Source split cursors (source tasks).
+    pub splits: Vec<SplitState>,
+    /// Last watermark per input channel (`channel id -> ms`) and of the task.
+    pub watermarks: Vec<(String, i64)>,
+    /// Pre-committed transactions of the sink at the chain's tail, all epochs `<=` this.
+    pub pending_transactions: Vec<PendingTransaction>,
+    /// Operator id of the sink at the tail, if any.
+    pub sink_operator: Option<String>,
+    /// Bytes of state written for this epoch.
+    pub snapshot_bytes: u64,
+    /// Time from the first barrier to the last one of the task (alignment), ms.
+    pub alignment_ms: u64,
+    /// Time to take the snapshot, ms.
+    pub duration_ms: u64,
+}
+
+/// Global source enumerator state (seed §6.3): every discovered split and its owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnumeratorState {
+    /// Source operator id.
+    pub operator_id: String,
+    /// Discovered splits in discovery order with their owning subtask.
+    pub splits: Vec<(String, u32)>,
+    /// Splits finished in this epoch.
+    pub finished: Vec<String>,
+}
+
+/// The epoch manifest: published atomically once every task of the ACK set reported; the
+/// only entry point of recovery (seed §5.6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochManifest {
+    /// Epoch.
+    pub epoch: EpochId,
+    /// Job id.
+    pub job_id: String,
+    /// Pipeline id.
+    pub pipeline_id: String,
+    /// Checkpoint namespace.
+    pub namespace: String,
+    /// Fingerprint of the PartitionedPlan the epoch was taken with.
+    pub plan_fingerprint: String,
+    /// `stateShardCount` of the plan.
+    pub state_shard_count: u32,
+    /// Attempt that produced the epoch.
+    pub attempt: AttemptId,
+    /// Fencing token of that attempt.
+    pub fencing_token: FencingToken,
+    /// Whether this is the final epoch of a bounded job (seed §5.9).
+    pub final_epoch: bool,
+    /// Every task's snapshot.
+    pub tasks: Vec<TaskSnapshot>,
+    /// Source enumerators.
+    pub enumerators: Vec<EnumeratorState>,
+    /// Format version of manifest and segments.
+    pub state_format_version: u32,
+    /// When the epoch was created, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// When the manifest was written, ms since the Unix epoch.
+    pub durable_ms: u64,
+    /// xxh3-64 (hex) of the manifest JSON with this field empty.
+    pub checksum: String,
+}
+
+impl EpochManifest {
+    /// Computes the checksum over the manifest with `checksum` empty.
+    pub fn compute_checksum(&self) -> String {
+        let mut m = self.clone();
+        m.checksum = String::new();
+        let bytes = serde_json::to_vec(&m).unwrap_or_default();
+        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
+    }
+
+    /// Sets the checksum.
+    pub fn seal(&mut self) {
+        self.checksum = self.compute_checksum();
+    }
+
+    /// Whether the stored checksum matches.
+    pub fn verify(&self) -> bool {
+        self.checksum == self.compute_checksum()
+    }
+
+    /// Total snapshot bytes of the epoch.
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.tasks.iter().map(|t| t.snapshot_bytes).sum()
+    }
+
+    /// Snapshot of `task`, if present.
+    pub fn task(&self, task: &TaskId) -> Option<&TaskSnapshot> {
+        self.tasks.iter().find(|t| &t.task == task)
+    }
+}
+
+/// Checksum of a segment payload (xxh3-64, hex).
+pub fn payload_checksum(bytes: &[u8]) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+}

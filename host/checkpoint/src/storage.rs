@@ -1,0 +1,394 @@
+//! Checkpoint storage (design §6 "Storage", seed §14): the SPI needs only
+//! read-after-write and an atomic publish, so an object store or a database can back it;
+//! [`LocalStorage`] keeps a namespace in one directory:
+//!
+//! ```text
+//! <root>/manifests/<epoch, 20 digits>.json   published by temp file + fsync + rename + dir fsync
+//! <root>/epochs.log                          JSON lines: CREATED / DURABLE / COMMITTED / ABORTED
+//! <root>/segments/<epoch>/...                segment files written before the manifest
+//! ```
+
+use crate::coordinator::EpochState;
+use crate::manifest::EpochManifest;
+use nop_stream_api::{AttemptId, EpochId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Storage failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A file operation failed.
+    #[error("checkpoint storage {path}: {message}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// OS message.
+        message: String,
+    },
+    /// A manifest or segment failed its checksum or could not be decoded.
+    #[error("checkpoint storage {path}: corrupt: {message}")]
+    Corrupt {
+        /// Path.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Result alias.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// One line of the epoch log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochLogRecord {
+    /// Epoch.
+    pub epoch: EpochId,
+    /// New state.
+    pub state: EpochState,
+    /// Attempt that recorded it.
+    pub attempt: AttemptId,
+    /// Wall-clock time, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Reason (aborts) or remark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The checkpoint storage SPI.
+pub trait CheckpointStorage: Send + Sync {
+    /// Writes a segment file durably (relative path inside the namespace).
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn write_segment(&self, rel: &str, bytes: &[u8]) -> Result<()>;
+
+    /// Reads `len` bytes at `offset` of a segment file.
+    ///
+    /// # Errors
+    /// I/O failure or a short file.
+    fn read_range(&self, rel: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
+
+    /// Publishes a manifest atomically: it is either entirely visible or absent.
+    ///
+    /// # Errors
+    /// I/O failure; the epoch is then not durable.
+    fn publish_manifest(&self, manifest: &EpochManifest) -> Result<()>;
+
+    /// Epochs with a published manifest, ascending.
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn manifest_epochs(&self) -> Result<Vec<EpochId>>;
+
+    /// Reads and verifies the manifest of `epoch`.
+    ///
+    /// # Errors
+    /// I/O failure, or a checksum mismatch.
+    fn read_manifest(&self, epoch: EpochId) -> Result<EpochManifest>;
+
+    /// Appends a record to the epoch log durably.
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn append_log(&self, record: &EpochLogRecord) -> Result<()>;
+
+    /// Every epoch log record, in append order (a torn last line is ignored).
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn read_log(&self) -> Result<Vec<EpochLogRecord>>;
+
+    /// Keeps the latest `keep` durable epochs and whatever they reference; deletes older
+    /// manifests and every segment directory no kept manifest references (orphans of
+    /// aborted epochs included) below the newest kept epoch. Returns the deleted epochs.
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn retain(&self, keep: usize) -> Result<Vec<EpochId>>;
+
+    /// The newest manifest, if any.
+    ///
+    /// # Errors
+    /// As [`Self::read_manifest`].
+    fn latest_manifest(&self) -> Result<Option<EpochManifest>> {
+        match self.manifest_epochs()?.last() {
+            Some(e) => self.read_manifest(*e).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Local-file checkpoint storage for one namespace.
+#[derive(Debug, Clone)]
+pub struct LocalStorage {
+    root: PathBuf,
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> StorageError {
+    StorageError::Io {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io(dir, e))
+}
+
+impl LocalStorage {
+    /// Storage rooted at `root` (created if missing).
+    ///
+    /// # Errors
+    /// If the directories cannot be created.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
+        let root = root.into();
+        for d in [root.join("manifests"), root.join("segments")] {
+            std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
+        }
+        Ok(LocalStorage { root })
+    }
+
+    /// The namespace directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn manifest_path(&self, epoch: EpochId) -> PathBuf {
+        self.root
+            .join("manifests")
+            .join(format!("{:020}.json", epoch.0))
+    }
+
+    fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| io(&tmp, e))?;
+        f.sync_all().map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
+        fsync_dir(dir)
+    }
+}
+
+impl CheckpointStorage for LocalStorage {
+    fn write_segment(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+        Self::write_durably(&self.root.join(rel), bytes)
+    }
+
+    fn read_range(&self, rel: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.root.join(rel);
+        let mut f = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        f.seek(SeekFrom::Start(offset)).map_err(|e| io(&path, e))?;
+        let mut buf = vec![0; len as usize];
+        f.read_exact(&mut buf).map_err(|e| io(&path, e))?;
+        Ok(buf)
+    }
+
+    fn publish_manifest(&self, manifest: &EpochManifest) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(manifest).map_err(|e| io(&self.root, e))?;
+        Self::write_durably(&self.manifest_path(manifest.epoch), &bytes)
+    }
+
+    fn manifest_epochs(&self) -> Result<Vec<EpochId>> {
+        let dir = self.root.join("manifests");
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
+            let e = e.map_err(|e| io(&dir, e))?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if let Some(n) = name.strip_suffix(".json")
+                && let Ok(epoch) = n.parse::<u64>()
+            {
+                out.push(EpochId(epoch));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn read_manifest(&self, epoch: EpochId) -> Result<EpochManifest> {
+        let path = self.manifest_path(epoch);
+        let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+        let m: EpochManifest =
+            serde_json::from_slice(&bytes).map_err(|e| StorageError::Corrupt {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        if !m.verify() {
+            return Err(StorageError::Corrupt {
+                path,
+                message: "manifest checksum mismatch".into(),
+            });
+        }
+        Ok(m)
+    }
+
+    fn append_log(&self, record: &EpochLogRecord) -> Result<()> {
+        let path = self.root.join("epochs.log");
+        let mut line = serde_json::to_vec(record).map_err(|e| io(&path, e))?;
+        line.push(b'\n');
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        f.write_all(&line).map_err(|e| io(&path, e))?;
+        f.sync_data().map_err(|e| io(&path, e))
+    }
+
+    fn read_log(&self) -> Result<Vec<EpochLogRecord>> {
+        let path = self.root.join("epochs.log");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&path, e)),
+        };
+        // A crash can tear only the last line; skip lines that do not parse.
+        Ok(text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect())
+    }
+
+    fn retain(&self, keep: usize) -> Result<Vec<EpochId>> {
+        let epochs = self.manifest_epochs()?;
+        if epochs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let kept: BTreeSet<EpochId> = epochs.iter().rev().take(keep.max(1)).copied().collect();
+        let oldest_kept = *kept.iter().next().expect("keep >= 1");
+        let mut deleted = Vec::new();
+        for e in &epochs {
+            if !kept.contains(e) {
+                let p = self.manifest_path(*e);
+                std::fs::remove_file(&p).map_err(|err| io(&p, err))?;
+                deleted.push(*e);
+            }
+        }
+        // Segment directories are named by epoch; a manifest only references its own.
+        let seg_root = self.root.join("segments");
+        for entry in std::fs::read_dir(&seg_root).map_err(|e| io(&seg_root, e))? {
+            let entry = entry.map_err(|e| io(&seg_root, e))?;
+            let Ok(epoch) = entry.file_name().to_string_lossy().parse::<u64>() else {
+                continue;
+            };
+            let epoch = EpochId(epoch);
+            if epoch < oldest_kept
+                || (!kept.contains(&epoch) && epoch < *kept.iter().last().expect("non-empty"))
+            {
+                std::fs::remove_dir_all(entry.path()).map_err(|e| io(&entry.path(), e))?;
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::STATE_FORMAT_VERSION;
+    use nop_stream_api::FencingToken;
+
+    fn manifest(epoch: u64) -> EpochManifest {
+        let mut m = EpochManifest {
+            epoch: EpochId(epoch),
+            job_id: "j".into(),
+            pipeline_id: "main".into(),
+            namespace: "j.main".into(),
+            plan_fingerprint: "f".into(),
+            state_shard_count: 8,
+            attempt: AttemptId(1),
+            fencing_token: FencingToken(1),
+            final_epoch: false,
+            tasks: Vec::new(),
+            enumerators: Vec::new(),
+            state_format_version: STATE_FORMAT_VERSION,
+            created_ms: 1,
+            durable_ms: 2,
+            checksum: String::new(),
+        };
+        m.seal();
+        m
+    }
+
+    #[test]
+    fn manifests_publish_atomically_and_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalStorage::open(dir.path()).unwrap();
+        assert!(s.latest_manifest().unwrap().is_none());
+        s.publish_manifest(&manifest(3)).unwrap();
+        s.publish_manifest(&manifest(7)).unwrap();
+        assert_eq!(s.manifest_epochs().unwrap(), vec![EpochId(3), EpochId(7)]);
+        assert_eq!(s.latest_manifest().unwrap().unwrap().epoch, EpochId(7));
+        // No temp files are left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("manifests"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2);
+        // Tampering is detected.
+        let p = dir.path().join("manifests").join(format!("{:020}.json", 7));
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("\"plan_fingerprint\": \"f\"", "\"plan_fingerprint\": \"g\"");
+        std::fs::write(&p, text).unwrap();
+        assert!(matches!(
+            s.read_manifest(EpochId(7)),
+            Err(StorageError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn retention_keeps_latest_n_and_their_segments_and_drops_orphans() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalStorage::open(dir.path()).unwrap();
+        for e in 1..=5u64 {
+            s.write_segment(&format!("segments/{e}/op/0.seg"), b"x")
+                .unwrap();
+            if e != 4 {
+                s.publish_manifest(&manifest(e)).unwrap(); // 4 was aborted: an orphan
+            }
+        }
+        s.write_segment("segments/6/op/0.seg", b"in flight")
+            .unwrap();
+        let deleted = s.retain(2).unwrap();
+        assert_eq!(deleted, vec![EpochId(1), EpochId(2)]);
+        assert_eq!(s.manifest_epochs().unwrap(), vec![EpochId(3), EpochId(5)]);
+        let mut segs: Vec<String> = std::fs::read_dir(dir.path().join("segments"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        segs.sort();
+        assert_eq!(
+            segs,
+            vec!["3", "5", "6"],
+            "kept epochs and the in-flight one stay; orphan 4 goes"
+        );
+    }
+
+    #[test]
+    fn epoch_log_survives_a_torn_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalStorage::open(dir.path()).unwrap();
+        let rec = EpochLogRecord {
+            epoch: EpochId(1),
+            state: EpochState::Durable,
+            attempt: AttemptId(1),
+            at_ms: 5,
+            detail: None,
+        };
+        s.append_log(&rec).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("epochs.log"))
+            .unwrap();
+        f.write_all(b"{\"epoch\":2,\"sta").unwrap();
+        assert_eq!(s.read_log().unwrap(), vec![rec]);
+    }
+}
