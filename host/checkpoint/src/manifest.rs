@@ -76,6 +76,9 @@ pub struct TaskSnapshot {
     pub splits: Vec<SplitState>,
     /// Last watermark per input channel (`channel id -> ms`) and of the task.
     pub watermarks: Vec<(String, i64)>,
+    /// Input channels that had delivered their end of data before the barrier.
+    #[serde(default)]
+    pub ended_inputs: Vec<String>,
     /// Pre-committed transactions of the sink at the chain's tail, all epochs `<=` this.
     pub pending_transactions: Vec<PendingTransaction>,
     /// Operator id of the sink at the tail, if any.

@@ -61,6 +61,27 @@ enum Command {
         /// Do not echo the committed output at the end.
         #[arg(long)]
         no_echo: bool,
+        /// Start from scratch: delete the job's checkpoints and output instead of resuming
+        /// from the latest durable epoch.
+        #[arg(long)]
+        fresh: bool,
+        /// Global recoveries allowed after task failures [default: 3 with periodic
+        /// checkpoints, else 0].
+        #[arg(long)]
+        max_restarts: Option<u32>,
+    },
+    /// List the checkpoints of a job (job file) or of a checkpoint namespace directory:
+    /// epochs with state, duration, alignment, snapshot size, source offsets and sink
+    /// transactions.
+    Checkpoints {
+        /// Job file (TOML) or checkpoint namespace directory.
+        target: PathBuf,
+        /// Working directory of the job [default: nopstream-out/<job id>/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// Show source offsets and sink transactions of every epoch.
+        #[arg(long, short = 'v')]
+        verbose: bool,
     },
     /// Print a plan layer of a job as JSON.
     Plan {
@@ -151,6 +172,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             json,
             no_progress,
             no_echo,
+            fresh,
+            max_restarts,
         } => {
             let model = read_model(&job, parallelism)?;
             let dir = job_dir(&job);
@@ -158,12 +181,22 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let base = PathBuf::from("nopstream-out").join(&model.job.id);
             let output = output.unwrap_or_else(|| base.join("output"));
             let work_dir = work_dir.unwrap_or_else(|| base.join("work"));
-            output::claim_output_dir(&output)?;
             let host = PluginHost::new(cache_dir())?;
             let registry = PluginRegistry::new(&host, search, dir.clone());
             let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
             let plan = partitioned_plan(&job_graph(&stream));
             let plugins = registry.plugin_set(&plan)?;
+            let ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
+            let resume = !fresh
+                && ckpt
+                    .join("manifests")
+                    .read_dir()
+                    .is_ok_and(|mut d| d.next().is_some());
+            if resume {
+                eprintln!("resuming from the checkpoints in {}", ckpt.display());
+            } else {
+                output::claim_output_dir(&output)?;
+            }
             let mut limits = Limits::default();
             if let Some(m) = memory_mib {
                 limits.memory_bytes = m << 20;
@@ -171,13 +204,10 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             if let Some(c) = cpu_ms_per_call {
                 limits.cpu_ms_per_call = c;
             }
-            let opts = RunOptions {
-                job_dir: dir,
-                output_dir: output.clone(),
-                work_dir,
-                limits,
-                channel_capacity: 0,
-            };
+            let mut opts = RunOptions::new(dir, output.clone(), work_dir);
+            opts.limits = limits;
+            opts.resume = resume;
+            opts.max_restarts = max_restarts;
             let progress = Arc::new(JobProgress::default());
             let done = Arc::new(AtomicBool::new(false));
             let display = (!no_progress && !json)
@@ -272,6 +302,26 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     Ok(std::process::ExitCode::FAILURE)
                 }
             }
+        }
+        Command::Checkpoints {
+            target,
+            work_dir,
+            verbose,
+        } => {
+            let dir = if target.is_dir() {
+                target
+            } else {
+                let model = read_model(&target, None)?;
+                let work_dir = work_dir.unwrap_or_else(|| {
+                    PathBuf::from("nopstream-out")
+                        .join(&model.job.id)
+                        .join("work")
+                });
+                let ns = format!("{}.{}", model.job.id, model.job.pipeline);
+                work_dir.join("checkpoints").join(ns)
+            };
+            output::print_checkpoints(&dir, verbose)?;
+            Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Plugins => {
             let host = PluginHost::new(cache_dir())?;

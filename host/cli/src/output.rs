@@ -55,9 +55,30 @@ pub fn thousands(n: u64) -> String {
 /// Prints the end-of-run summary.
 pub fn print_summary(report: &JobReport, output: &Path) {
     let secs = report.wall.as_secs_f64().max(1e-9);
+    if report.already_finished {
+        println!(
+            "job `{}` already finished at epoch {}: nothing to do (semantic mode {})",
+            report.job_id,
+            report.final_epoch.unwrap_or(0),
+            report.semantic
+        );
+        println!("  output           {}", output.display());
+        return;
+    }
     println!(
         "job `{}` finished: semantic mode {}, attempt {}",
         report.job_id, report.semantic, report.attempt
+    );
+    if let Some(e) = report.resumed_from {
+        println!("  resumed from     epoch {e}");
+    }
+    if report.recoveries > 0 {
+        println!("  recoveries       {}", report.recoveries);
+    }
+    println!(
+        "  epochs           {} durable, final epoch {}",
+        report.epochs,
+        report.final_epoch.map_or("-".to_owned(), |e| e.to_string())
     );
     println!(
         "  records read     {} in {:.2} s ({} records/s)",
@@ -111,6 +132,97 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
             collect(&p, out)?;
         } else {
             out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Prints the checkpoints of a namespace directory (seed §15).
+///
+/// # Errors
+/// An unreadable namespace.
+pub fn print_checkpoints(dir: &Path, verbose: bool) -> Result<()> {
+    use nop_stream_checkpoint::{CheckpointStorage, LocalStorage};
+    use std::collections::BTreeMap;
+    if !dir.join("manifests").is_dir() {
+        bail!("{} holds no checkpoints", dir.display());
+    }
+    let storage = LocalStorage::open(dir)?;
+    let mut states: BTreeMap<u64, (String, u32)> = BTreeMap::new();
+    for r in storage.read_log()? {
+        let s = serde_json::to_value(r.state)?
+            .as_str()
+            .unwrap_or("?")
+            .to_owned();
+        states.insert(r.epoch.0, (s, r.attempt.0));
+    }
+    let manifests = storage.manifest_epochs()?;
+    println!("checkpoints in {}", dir.display());
+    println!(
+        "{:>6}  {:<10} {:>7} {:>10} {:>10} {:>12}  {}",
+        "epoch", "state", "attempt", "duration", "alignment", "snapshot", "contents"
+    );
+    for (epoch, (state, attempt)) in &states {
+        let m = if manifests.iter().any(|e| e.0 == *epoch) {
+            Some(storage.read_manifest(nop_stream_api::EpochId(*epoch))?)
+        } else {
+            None
+        };
+        let (duration, alignment, bytes, contents) = match &m {
+            Some(m) => {
+                let splits: usize = m.tasks.iter().map(|t| t.splits.len()).sum();
+                let txns: usize = m.tasks.iter().map(|t| t.pending_transactions.len()).sum();
+                (
+                    format!("{} ms", m.durable_ms.saturating_sub(m.created_ms)),
+                    format!(
+                        "{} ms",
+                        m.tasks.iter().map(|t| t.alignment_ms).max().unwrap_or(0)
+                    ),
+                    format!("{} B", thousands(m.snapshot_bytes())),
+                    format!(
+                        "{splits} split cursors, {txns} sink transactions{}",
+                        if m.final_epoch { ", final" } else { "" }
+                    ),
+                )
+            }
+            None => (
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                if state == "durable" || state == "committed" {
+                    "(manifest expired by retention)".into()
+                } else {
+                    String::new()
+                },
+            ),
+        };
+        println!(
+            "{epoch:>6}  {state:<10} {attempt:>7} {duration:>10} {alignment:>10} {bytes:>12}  {contents}"
+        );
+        if verbose && let Some(m) = &m {
+            for t in &m.tasks {
+                for s in &t.splits {
+                    let cursor = hex::decode(&s.cursor).unwrap_or_default();
+                    let pos = match <[u8; 8]>::try_from(cursor.as_slice()) {
+                        Ok(b) => u64::from_le_bytes(b).to_string(),
+                        Err(_) if cursor.is_empty() => "start".into(),
+                        Err(_) => s.cursor.clone(),
+                    };
+                    println!(
+                        "          source {} split {} offset {}{}",
+                        t.task,
+                        s.split_id,
+                        pos,
+                        if s.finished { " (finished)" } else { "" }
+                    );
+                }
+                for p in &t.pending_transactions {
+                    println!(
+                        "          sink {} txn {} (epoch {})",
+                        t.task, p.txn, p.epoch
+                    );
+                }
+            }
         }
     }
     Ok(())

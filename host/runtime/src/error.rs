@@ -148,6 +148,14 @@ pub enum RuntimeError {
         /// OS message.
         message: String,
     },
+    /// A checkpoint cannot restore this job (seed §10.4); the message says what differs.
+    #[error("cannot restore from epoch {epoch}: {message}")]
+    Restore {
+        /// Epoch of the manifest.
+        epoch: u64,
+        /// What differs or is broken.
+        message: String,
+    },
     /// The task was cancelled because another task failed.
     #[error("cancelled")]
     Cancelled,

@@ -6,8 +6,8 @@ use crate::bindings::op::{Operator, OperatorPre};
 use crate::bindings::sink::{Sink, SinkPre};
 use crate::bindings::src::{Source, SourcePre};
 use crate::bindings::{
-    Batch, CommitOutcome, FiredTimer, GuestError, ReadResult, Split, TaskInfo, WitPluginInfo,
-    WitPluginKind, WitSinkCapability, WitSourceCapability, WitStateKind,
+    Batch, CommitOutcome, ErrorCode, FiredTimer, GuestError, ReadResult, Split, TaskInfo,
+    WitPluginInfo, WitPluginKind, WitSinkCapability, WitSourceCapability, WitStateKind,
 };
 use crate::error::{Result, RuntimeError, Site};
 use crate::host::{HostTrap, StoreData};
@@ -449,6 +449,10 @@ fn classify(
     store: &Store<StoreData>,
 ) -> RuntimeError {
     let msg = format!("{e:#}");
+    // The full chain carries the wasm backtrace: for developers, not for the one-line
+    // reason a user reads.
+    tracing::debug!(site = %ctx.site, call, "guest trap: {msg}");
+    let root = e.root_cause().to_string();
     let reason = if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
         format!(
             "exceeded limit `cpu_ms_per_call` ({} ms per call)",
@@ -456,17 +460,23 @@ fn classify(
         )
     } else if msg.contains("forcing trap when growing memory") {
         format!(
-            "exceeded limit `memory_bytes` ({} bytes per instance): {msg}",
+            "exceeded limit `memory_bytes` ({} bytes per instance): {root}",
             ctx.limits.memory_bytes
         )
     } else if let Some(h) = e.downcast_ref::<HostTrap>() {
         h.0.clone()
     } else {
-        let mut reason = msg;
+        let mut reason = root;
         if let Some(pipe) = &store.data().stderr {
             let captured = pipe.contents();
             let text = String::from_utf8_lossy(&captured);
-            let tail: Vec<&str> = text.lines().rev().take(8).collect();
+            let tail: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE"))
+                .rev()
+                .take(8)
+                .collect();
             if !tail.is_empty() {
                 reason.push_str("; guest stderr: ");
                 reason.push_str(&tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
@@ -481,11 +491,23 @@ fn classify(
     }
 }
 
+/// The WIT name of an error code (`invalid-record`), as the guest SDK spells it.
+fn error_code_name(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::InvalidConfig => "invalid-config",
+        ErrorCode::InvalidRecord => "invalid-record",
+        ErrorCode::Io => "io",
+        ErrorCode::State => "state",
+        ErrorCode::Transaction => "transaction",
+        ErrorCode::Internal => "internal",
+    }
+}
+
 fn guest_error(ctx: &CallCtx, call: &'static str, e: GuestError) -> RuntimeError {
     RuntimeError::Guest {
         site: ctx.site.clone(),
         call,
-        code: format!("{:?}", e.code).to_lowercase(),
+        code: error_code_name(e.code).to_owned(),
         message: e.message,
     }
 }
@@ -729,6 +751,21 @@ impl OperatorInstance {
     /// Plugin-defined counters.
     pub fn counters(&self) -> &BTreeMap<String, u64> {
         &self.store.data().counters
+    }
+
+    /// Every registered timer as (domain code, timestamp, key, namespace).
+    pub fn timers(&self) -> Vec<crate::host::TimerEntry> {
+        self.store.data().timers.iter().cloned().collect()
+    }
+
+    /// Registers restored timers.
+    pub fn restore_timers(&mut self, timers: impl IntoIterator<Item = crate::host::TimerEntry>) {
+        self.store.data_mut().timers.extend(timers);
+    }
+
+    /// Sets the watermark the guest sees through `current-watermark`.
+    pub fn set_watermark(&mut self, watermark: i64) {
+        self.store.data_mut().watermark = watermark;
     }
 }
 

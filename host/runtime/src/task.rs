@@ -1,35 +1,52 @@
 //! The task driver: one thread per subtask runs its operator chain (design §5): a source
 //! reader or an input gate at the head, operators in chain order, and either a sink or
-//! the output edges at the tail.
+//! the output edges at the tail. It takes part in the epoch protocol (seed §5): sources
+//! inject barriers at a safe point between reads after snapshotting their exclusive
+//! cursors; multi-input tasks align barriers, holding back channels that already
+//! delivered the current barrier; sinks pre-commit at the barrier, begin the next
+//! transaction at once, and commit only when told that an epoch is durable.
 
 use crate::bindings::{Batch, Split, TaskInfo};
 use crate::error::{Result, RuntimeError, Site};
+use crate::host::TimerEntry;
 use crate::job::JobProgress;
 use crate::partition::OutputEdge;
 use crate::plugin::{
     Instance, InstanceOptions, LoadedPlugin, OperatorInstance, SinkInstance, SourceInstance,
 };
 use crate::transport::Message;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender};
-use nop_stream_api::{ChannelId, TaskId};
-use std::collections::BTreeMap;
+use crossbeam_channel::{Receiver, Select, Sender};
+use nop_stream_api::{AttemptId, ChannelId, EpochId, TaskId};
+use nop_stream_checkpoint::failpoint;
+use nop_stream_checkpoint::{
+    CheckpointStorage, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot,
+    payload_checksum,
+};
+use nop_stream_core::shard_of;
+use nop_stream_state::ShardSnapshot;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often blocked loops look at the cancel flag.
-const POLL: Duration = Duration::from_millis(100);
+const POLL: Duration = Duration::from_millis(50);
+
+/// State name under which timers are snapshotted.
+pub(crate) const TIMER_STATE: &str = "__timers";
 
 /// What a task reports to the coordinator.
 #[derive(Debug)]
 pub(crate) enum TaskEvent {
-    /// The sink of the task pre-committed its transaction for the final epoch.
-    PreCommitted {
-        task: TaskId,
-        sink: Site,
-        txn: String,
-        committable: Vec<u8>,
+    /// The task snapshotted an epoch and forwarded its barrier.
+    Ack {
+        attempt: AttemptId,
+        snapshot: Box<TaskSnapshot>,
     },
+    /// The task processed the end of all its input (and emitted its final output).
+    EndOfData { attempt: AttemptId, task: TaskId },
+    /// The sink of the task committed everything `<= epoch`.
+    Committed { task: TaskId, epoch: EpochId },
     /// The task ended normally.
     Finished { report: TaskReport },
     /// The task failed.
@@ -39,10 +56,12 @@ pub(crate) enum TaskEvent {
 /// What the coordinator tells a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TaskCommand {
-    /// The epoch is durable: commit the pre-committed transaction.
-    Commit,
-    /// The job failed: abort the transaction.
-    Abort,
+    /// Sources: inject barrier `epoch` at the next safe point.
+    InjectBarrier(EpochId),
+    /// Sinks: every epoch `<= epoch` is durable; commit.
+    Commit(EpochId),
+    /// The final epoch is committed: close and exit.
+    Finish,
 }
 
 /// Per-task figures.
@@ -54,6 +73,8 @@ pub struct TaskReport {
     pub records_in: u64,
     /// Records emitted on output edges or written by a sink.
     pub records_out: u64,
+    /// Epochs this task snapshotted.
+    pub epochs: u64,
     /// Plugin-defined counters, by operator name.
     pub counters: BTreeMap<String, BTreeMap<String, u64>>,
 }
@@ -64,6 +85,7 @@ pub(crate) struct StageSpec {
     pub options: InstanceOptions,
     pub task_info: TaskInfo,
     pub config: String,
+    pub operator_id: String,
 }
 
 pub(crate) struct InputChannel {
@@ -71,19 +93,45 @@ pub(crate) struct InputChannel {
     pub rx: Receiver<Message>,
     pub input_index: u32,
     pub watermark: i64,
+    /// End of data received.
     pub ended: bool,
+    /// The sender went away (after its end of data).
+    pub closed: bool,
+}
+
+/// What the task restores from the latest durable manifest.
+#[derive(Debug, Default)]
+pub(crate) struct TaskRestore {
+    /// Shard payloads per operator id (already read and verified).
+    pub shards: BTreeMap<String, Vec<(String, ShardSnapshot)>>,
+    /// Split cursors by split id.
+    pub splits: BTreeMap<String, (Vec<u8>, bool)>,
+    /// Watermark per input channel id.
+    pub watermarks: BTreeMap<String, i64>,
+    /// Input channels that had ended.
+    pub ended_inputs: BTreeSet<String>,
+    /// Whether the task had processed the end of its data.
+    pub end_of_data: bool,
+    /// Durable pre-committed transactions to commit before anything else.
+    pub pending: Vec<PendingTransaction>,
 }
 
 /// Everything a task thread needs.
 pub(crate) struct TaskSpec {
     pub task: TaskId,
+    pub attempt: AttemptId,
     pub stages: Vec<StageSpec>,
     pub inputs: Vec<InputChannel>,
     pub outputs: Vec<OutputEdge>,
     pub splits: Vec<Split>,
     pub batch_records: u32,
-    /// Transaction id of the sink at the tail (final epoch), if any.
-    pub sink_txn: Option<String>,
+    /// Transaction id prefix of the sink at the tail (`{job}:{pipeline}:{op}:{subtask}:`).
+    pub sink_txn_prefix: Option<String>,
+    /// First epoch this attempt can create (names the first transaction).
+    pub first_epoch: EpochId,
+    pub restore: Option<TaskRestore>,
+    pub storage: Arc<dyn CheckpointStorage>,
+    pub namespace: String,
     pub events: Sender<TaskEvent>,
     pub commands: Receiver<TaskCommand>,
     pub progress: Arc<JobProgress>,
@@ -96,15 +144,46 @@ enum Stage {
     Sink(SinkInstance),
 }
 
+struct SplitCursor {
+    split: Split,
+    cursor: Vec<u8>,
+    finished: bool,
+}
+
+struct SinkState {
+    prefix: String,
+    txn: String,
+    pending: Vec<PendingTransaction>,
+}
+
+struct Alignment {
+    epoch: EpochId,
+    aligned: BTreeSet<usize>,
+    started: Instant,
+}
+
 struct Task {
+    id: TaskId,
+    attempt: AttemptId,
     stages: Vec<Stage>,
     sites: Vec<Site>,
+    operator_ids: Vec<String>,
     outputs: Vec<OutputEdge>,
+    inputs: Vec<InputChannel>,
+    splits: Vec<SplitCursor>,
     max_batch: usize,
-    sink_txn: Option<String>,
+    batch_records: u32,
+    sink: Option<SinkState>,
     watermark: i64,
+    data_ended: bool,
+    alignment: Option<Alignment>,
     report: TaskReport,
     progress: Arc<JobProgress>,
+    storage: Arc<dyn CheckpointStorage>,
+    namespace: String,
+    events: Sender<TaskEvent>,
+    commands: Receiver<TaskCommand>,
+    cancel: Arc<AtomicBool>,
 }
 
 /// Runs a task to completion on the current thread and reports to the coordinator.
@@ -140,12 +219,17 @@ pub(crate) fn run(spec: TaskSpec) {
 fn drive(spec: TaskSpec) -> Result<TaskReport> {
     let TaskSpec {
         task,
+        attempt,
         stages: stage_specs,
         mut inputs,
         outputs,
         splits,
         batch_records,
-        sink_txn,
+        sink_txn_prefix,
+        first_epoch,
+        restore,
+        storage,
+        namespace,
         events,
         commands,
         progress,
@@ -153,17 +237,13 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
     } = spec;
     let mut stages = Vec::with_capacity(stage_specs.len());
     let mut sites = Vec::with_capacity(stage_specs.len());
+    let mut operator_ids = Vec::with_capacity(stage_specs.len());
     for s in &stage_specs {
         let mut inst = s.plugin.instantiate(&s.options)?;
         match &mut inst {
             Instance::Source(i) => i.open(&s.task_info, &s.config)?,
             Instance::Operator(i) => i.open(&s.task_info, &s.config)?,
-            Instance::Sink(i) => {
-                i.open(&s.task_info, &s.config)?;
-                if let Some(txn) = &sink_txn {
-                    i.begin(txn)?;
-                }
-            }
+            Instance::Sink(i) => i.open(&s.task_info, &s.config)?,
         }
         stages.push(match inst {
             Instance::Source(i) => Stage::Source(i),
@@ -171,63 +251,105 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             Instance::Sink(i) => Stage::Sink(i),
         });
         sites.push(s.options.site.clone());
+        operator_ids.push(s.operator_id.clone());
     }
+    let restore = restore.unwrap_or_default();
+    // Restore keyed state and timers of each stateful operator.
+    for (i, stage) in stages.iter_mut().enumerate() {
+        if let Stage::Operator(op) = stage
+            && let Some(shards) = restore.shards.get(&operator_ids[i])
+        {
+            let (timers, state): (Vec<_>, Vec<_>) =
+                shards.iter().partition(|(name, _)| name == TIMER_STATE);
+            let state: Vec<ShardSnapshot> = state.into_iter().map(|(_, s)| s.clone()).collect();
+            if let Some(ks) = op.state_mut() {
+                ks.restore(&state).map_err(|e| RuntimeError::Io {
+                    path: format!("checkpoint of operator `{}`", sites[i].operator),
+                    message: format!("cannot restore keyed state: {e}"),
+                })?;
+            }
+            let mut restored = Vec::new();
+            for (_, t) in timers {
+                restored.extend(decode_timers(&t.payload).ok_or_else(|| RuntimeError::Io {
+                    path: format!("checkpoint of operator `{}`", sites[i].operator),
+                    message: "corrupt timer segment".into(),
+                })?);
+            }
+            op.restore_timers(restored);
+        }
+    }
+    failpoint::hit("during-restore");
+    for c in &mut inputs {
+        if let Some(w) = restore.watermarks.get(&c.id.to_string()) {
+            c.watermark = *w;
+        }
+        c.ended = restore.ended_inputs.contains(&c.id.to_string());
+    }
+    let splits = splits
+        .into_iter()
+        .map(|s| {
+            let (cursor, finished) = restore.splits.get(&s.id).cloned().unwrap_or_default();
+            SplitCursor {
+                split: s,
+                cursor,
+                finished,
+            }
+        })
+        .collect();
     let mut t = Task {
+        id: task.clone(),
+        attempt,
         stages,
         sites,
+        operator_ids,
         outputs,
+        inputs,
+        splits,
         max_batch: batch_records.max(1) as usize,
-        sink_txn,
+        batch_records,
+        sink: None,
         watermark: i64::MIN,
+        data_ended: restore.end_of_data,
+        alignment: None,
         report: TaskReport {
             task: task.to_string(),
             ..TaskReport::default()
         },
         progress,
+        storage,
+        namespace,
+        events,
+        commands,
+        cancel,
     };
-
-    if matches!(t.stages.first(), Some(Stage::Source(_))) {
-        t.read_splits(&splits, batch_records, &cancel)?;
-    } else {
-        t.consume_inputs(&mut inputs, &cancel)?;
-    }
-    t.finish()?;
-    for out in &mut t.outputs {
-        out.broadcast(&Message::End)?;
-    }
-    // Two-phase commit of the final epoch (seed §5.9, §7.3): pre-commit, then commit only
-    // when the coordinator says the epoch is durable.
-    if let (Some(txn), Some(Stage::Sink(sink))) = (t.sink_txn.clone(), t.stages.last_mut()) {
-        let committable = sink.pre_commit(&txn)?;
-        let _ = events.send(TaskEvent::PreCommitted {
-            task: task.clone(),
-            sink: sink.site().clone(),
-            txn: txn.clone(),
-            committable: committable.clone(),
-        });
-        loop {
-            match commands.recv_timeout(POLL) {
-                Ok(TaskCommand::Commit) => {
-                    commit_with_recovery(sink, &txn, &committable)?;
-                    break;
-                }
-                Ok(TaskCommand::Abort) => {
-                    sink.abort(&txn)?;
-                    return Err(RuntimeError::Cancelled);
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    if cancel.load(Ordering::Relaxed) {
-                        sink.abort(&txn)?;
-                        return Err(RuntimeError::Cancelled);
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    sink.abort(&txn)?;
-                    return Err(RuntimeError::Cancelled);
-                }
-            }
+    t.watermark = t.restored_watermark();
+    // Sink recovery (seed §7.3 "on recovery"): commit the durable pre-committed
+    // transactions, abort every other pending one of this subtask, then begin anew.
+    if let (Some(prefix), Some(Stage::Sink(sink))) = (sink_txn_prefix, t.stages.last_mut()) {
+        for p in &restore.pending {
+            let committable =
+                hex::decode(&p.committable).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+            commit_with_recovery(sink, &p.txn, &committable)?;
         }
+        for stale in sink.pending_transactions()? {
+            tracing::info!(txn = %stale, "aborting a transaction of a non-durable epoch");
+            sink.abort(&stale)?;
+        }
+        let txn = format!("{prefix}{first_epoch}");
+        sink.begin(&txn)?;
+        t.sink = Some(SinkState {
+            prefix,
+            txn,
+            pending: Vec::new(),
+        });
     }
+    if t.data_ended {
+        t.send(TaskEvent::EndOfData {
+            attempt: t.attempt,
+            task: t.id.clone(),
+        });
+    }
+    t.run()?;
     for (stage, site) in t.stages.iter_mut().zip(&t.sites) {
         match stage {
             Stage::Source(i) => i.close()?,
@@ -249,7 +371,20 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
 /// reply), and never reports an unknown outcome as committed (seed §5.7, design §6).
 fn commit_with_recovery(sink: &mut SinkInstance, txn: &str, committable: &[u8]) -> Result<()> {
     use crate::bindings::CommitOutcome;
-    match sink.commit(committable) {
+    if failpoint::hit("expire-transaction") {
+        // Simulates a transaction that expired in the external system before commit.
+        sink.abort(txn)?;
+    }
+    let result = sink.commit(committable);
+    let result = match result {
+        Ok(()) if failpoint::hit("commit-reply-lost") => Err(RuntimeError::CommitUncertain {
+            site: sink.site().clone(),
+            txn: txn.to_owned(),
+            message: "reply lost (failpoint)".into(),
+        }),
+        other => other,
+    };
+    match result {
         Ok(()) => Ok(()),
         Err(first) => match sink.recover(committable)? {
             CommitOutcome::Committed => {
@@ -271,7 +406,7 @@ fn commit_with_recovery(sink: &mut SinkInstance, txn: &str, committable: &[u8]) 
                 site: sink.site().clone(),
                 txn: txn.to_owned(),
                 message: format!(
-                    "failed ({first}) and its outcome is unknown (expired or lost); refusing to report it as committed"
+                    "failed ({first}) and its outcome is unknown (the transaction expired or was lost); refusing to report it as committed"
                 ),
             }),
         },
@@ -314,7 +449,431 @@ fn split_batch(b: &Batch, max: usize) -> Vec<Batch> {
     out
 }
 
+fn encode_timers(timers: &[&TimerEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (domain, ts, key, ns) in timers {
+        out.push(*domain);
+        out.extend_from_slice(&ts.to_le_bytes());
+        nop_stream_state::codec::push_item(&mut out, key);
+        nop_stream_state::codec::push_item(&mut out, ns);
+    }
+    out
+}
+
+fn decode_timers(mut buf: &[u8]) -> Option<Vec<TimerEntry>> {
+    let mut out = Vec::new();
+    while !buf.is_empty() {
+        let domain = *buf.first()?;
+        let ts = i64::from_le_bytes(buf.get(1..9)?.try_into().ok()?);
+        buf = &buf[9..];
+        let mut take = || -> Option<Vec<u8>> {
+            let len = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?) as usize;
+            let item = buf.get(4..4 + len)?.to_vec();
+            buf = &buf[4 + len..];
+            Some(item)
+        };
+        let key = take()?;
+        let ns = take()?;
+        out.push((domain, ts, key, ns));
+    }
+    Some(out)
+}
+
+fn sanitize(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 impl Task {
+    fn send(&self, e: TaskEvent) {
+        let _ = self.events.send(e);
+    }
+
+    fn restored_watermark(&self) -> i64 {
+        let open: Vec<i64> = self
+            .inputs
+            .iter()
+            .filter(|c| !c.ended)
+            .map(|c| c.watermark)
+            .collect();
+        if self.inputs.is_empty() || self.data_ended {
+            if self.data_ended { i64::MAX } else { i64::MIN }
+        } else if open.is_empty() {
+            i64::MAX
+        } else {
+            open.into_iter().min().unwrap_or(i64::MIN)
+        }
+    }
+
+    fn is_source(&self) -> bool {
+        matches!(self.stages.first(), Some(Stage::Source(_)))
+    }
+
+    /// The main loop; returns when told to finish.
+    fn run(&mut self) -> Result<()> {
+        loop {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(RuntimeError::Cancelled);
+            }
+            if self.is_source() && !self.data_ended {
+                while let Ok(cmd) = self.commands.try_recv() {
+                    if self.on_command(cmd)? {
+                        return Ok(());
+                    }
+                }
+                self.read_once()?;
+                continue;
+            }
+            if self.wait_once()? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads one batch from the first unfinished split; ends the data when none is left.
+    fn read_once(&mut self) -> Result<()> {
+        let Some(i) = self.splits.iter().position(|s| !s.finished) else {
+            return self.end_of_data();
+        };
+        let Some(Stage::Source(src)) = self.stages.first_mut() else {
+            unreachable!("checked by is_source");
+        };
+        let sc = &mut self.splits[i];
+        let r = src.read(&sc.split, &sc.cursor, self.batch_records)?;
+        let n = r.records.ends.len() as u64;
+        self.report.records_in += n;
+        self.progress
+            .record_read(&sc.split.id, n, r.progress.consumed, r.progress.total);
+        sc.cursor = r.next_cursor;
+        sc.finished = r.finished;
+        let finished = sc.finished;
+        self.push(1, 0, r.records)?;
+        if n == 0 && !finished {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Waits for one input message or command and handles it; `true` when finished.
+    fn wait_once(&mut self) -> Result<bool> {
+        let blocked: BTreeSet<usize> = self
+            .alignment
+            .as_ref()
+            .map(|a| a.aligned.clone())
+            .unwrap_or_default();
+        let active: Vec<usize> = (0..self.inputs.len())
+            .filter(|i| !self.inputs[*i].closed && !blocked.contains(i))
+            .collect();
+        let mut sel = Select::new();
+        let cmd_index = sel.recv(&self.commands);
+        for &i in &active {
+            sel.recv(&self.inputs[i].rx);
+        }
+        let op = match sel.select_timeout(POLL) {
+            Ok(op) => op,
+            Err(_) => return Ok(false),
+        };
+        if op.index() == cmd_index {
+            return match op.recv(&self.commands) {
+                Ok(cmd) => self.on_command(cmd),
+                Err(_) => Err(RuntimeError::Cancelled),
+            };
+        }
+        let idx = active[op.index() - 1];
+        let msg = op.recv(&self.inputs[idx].rx);
+        match msg {
+            Ok(Message::Records(b)) => {
+                self.report.records_in += b.ends.len() as u64;
+                let input = self.inputs[idx].input_index;
+                self.push(0, input, b)?;
+            }
+            Ok(Message::Watermark(w)) => {
+                let c = &mut self.inputs[idx];
+                c.watermark = c.watermark.max(w);
+                self.maybe_advance()?;
+            }
+            Ok(Message::Barrier(epoch)) => self.on_barrier(idx, epoch)?,
+            Ok(Message::End) => {
+                self.inputs[idx].ended = true;
+                self.maybe_advance()?;
+                if !self.data_ended && self.inputs.iter().all(|c| c.ended) {
+                    self.end_of_data()?;
+                }
+            }
+            Err(_) => {
+                if self.cancel.load(Ordering::Relaxed) {
+                    return Err(RuntimeError::Cancelled);
+                }
+                if !self.inputs[idx].ended {
+                    return Err(RuntimeError::ChannelClosed {
+                        channel: self.inputs[idx].id.clone(),
+                        message: "the sending task ended without an end marker".into(),
+                    });
+                }
+                self.inputs[idx].closed = true;
+            }
+        }
+        Ok(false)
+    }
+
+    /// Barrier alignment (seed §5.4): hold channels that delivered barrier N, keep reading
+    /// the others, snapshot once every input delivered it. A newer barrier supersedes an
+    /// unfinished alignment (its epoch was aborted); an older one is stale and ignored.
+    fn on_barrier(&mut self, idx: usize, epoch: EpochId) -> Result<()> {
+        match &mut self.alignment {
+            Some(a) if a.epoch == epoch => {
+                a.aligned.insert(idx);
+            }
+            Some(a) if a.epoch > epoch => return Ok(()),
+            _ => {
+                self.alignment = Some(Alignment {
+                    epoch,
+                    aligned: BTreeSet::from([idx]),
+                    started: Instant::now(),
+                });
+            }
+        }
+        let a = self.alignment.as_ref().expect("just set");
+        if a.aligned.len() == self.inputs.len() {
+            let alignment_ms = a.started.elapsed().as_millis() as u64;
+            self.alignment = None;
+            self.checkpoint(epoch, alignment_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Handles a coordinator command; `true` when the task must finish.
+    fn on_command(&mut self, cmd: TaskCommand) -> Result<bool> {
+        match cmd {
+            TaskCommand::InjectBarrier(epoch) => {
+                if self.is_source() {
+                    failpoint::hit("before-barrier-injection");
+                    self.checkpoint(epoch, 0)?;
+                    failpoint::hit("after-barrier-injection");
+                }
+                Ok(false)
+            }
+            TaskCommand::Commit(epoch) => {
+                self.commit_up_to(epoch)?;
+                self.send(TaskEvent::Committed {
+                    task: self.id.clone(),
+                    epoch,
+                });
+                Ok(false)
+            }
+            TaskCommand::Finish => Ok(true),
+        }
+    }
+
+    fn commit_up_to(&mut self, epoch: EpochId) -> Result<()> {
+        let (Some(sink_state), Some(Stage::Sink(sink))) =
+            (self.sink.as_mut(), self.stages.last_mut())
+        else {
+            return Ok(());
+        };
+        let due: Vec<PendingTransaction> = sink_state
+            .pending
+            .iter()
+            .filter(|p| p.epoch <= epoch)
+            .cloned()
+            .collect();
+        for (i, p) in due.iter().enumerate() {
+            let committable =
+                hex::decode(&p.committable).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+            commit_with_recovery(sink, &p.txn, &committable)?;
+            if i == 0 && due.len() > 1 {
+                failpoint::hit("mid-commit");
+            }
+        }
+        if due.len() == 1 {
+            failpoint::hit("mid-commit");
+        }
+        sink_state.pending.retain(|p| p.epoch > epoch);
+        Ok(())
+    }
+
+    /// Takes the snapshot of `epoch` and forwards its barrier (seed §5.3–§5.5).
+    fn checkpoint(&mut self, epoch: EpochId, alignment_ms: u64) -> Result<()> {
+        let started = Instant::now();
+        // Operators flush what they cache and emit what must precede the barrier.
+        for i in 0..self.stages.len() {
+            if let Stage::Operator(op) = &mut self.stages[i] {
+                let out = op.prepare_checkpoint(epoch.0)?;
+                self.push(i + 1, 0, out)?;
+            }
+        }
+        // Sink: pre-commit this epoch's transaction and begin the next one at once.
+        let mut sink_operator = None;
+        if let (Some(sink_state), Some(Stage::Sink(sink))) =
+            (self.sink.as_mut(), self.stages.last_mut())
+        {
+            let committable = sink.pre_commit(&sink_state.txn)?;
+            failpoint::hit("after-pre-commit");
+            sink_state.pending.push(PendingTransaction {
+                epoch,
+                txn: sink_state.txn.clone(),
+                committable: hex::encode(committable),
+            });
+            sink_state.txn = format!("{}{}", sink_state.prefix, epoch.0 + 1);
+            sink.begin(&sink_state.txn)?;
+            sink_operator = self.operator_ids.last().cloned();
+        }
+        // Keyed state and timers, one packed segment file per operator.
+        let mut segments = Vec::new();
+        let mut snapshot_bytes = 0u64;
+        let subtask = self.id.subtask.0;
+        for i in 0..self.stages.len() {
+            let Stage::Operator(op) = &mut self.stages[i] else {
+                continue;
+            };
+            let op_id = self.operator_ids[i].clone();
+            let mut parts: Vec<(String, u32, ShardSnapshot)> = Vec::new();
+            if let Some(ks) = op.state_mut() {
+                let shard_count = ks_shard_count(ks);
+                let _ = shard_count;
+                let descs = ks.descriptors().to_vec();
+                for s in ks.snapshot().map_err(|e| RuntimeError::Io {
+                    path: format!("state of operator `{}`", self.sites[i].operator),
+                    message: e.to_string(),
+                })? {
+                    let d = &descs[s.state as usize];
+                    parts.push((d.name.clone(), d.schema_version, s));
+                }
+            }
+            let timers = op.timers();
+            if !timers.is_empty() {
+                let shard_count = op.state_mut().map(ks_shard_count).unwrap_or(1);
+                let mut by_shard: BTreeMap<u32, Vec<&TimerEntry>> = BTreeMap::new();
+                for t in &timers {
+                    by_shard
+                        .entry(shard_of(&t.2, shard_count).0)
+                        .or_default()
+                        .push(t);
+                }
+                for (shard, ts) in by_shard {
+                    parts.push((
+                        TIMER_STATE.into(),
+                        1,
+                        ShardSnapshot {
+                            shard: nop_stream_api::StateShardId(shard),
+                            state: u32::MAX,
+                            entries: ts.len() as u64,
+                            payload: encode_timers(&ts),
+                        },
+                    ));
+                }
+            }
+            if parts.is_empty() {
+                continue;
+            }
+            let file = format!("segments/{}/{}/{}.seg", epoch.0, sanitize(&op_id), subtask);
+            let mut packed = Vec::new();
+            for (name, schema, s) in parts {
+                let offset = packed.len() as u64;
+                packed.extend_from_slice(&s.payload);
+                segments.push(SegmentDescriptor {
+                    state_path: format!(
+                        "checkpoint/{}/{}/{}/{}/{}/{}",
+                        self.namespace, epoch.0, op_id, subtask, s.shard, name
+                    ),
+                    operator_id: op_id.clone(),
+                    shard: s.shard.0,
+                    state: name,
+                    file: file.clone(),
+                    offset,
+                    len: s.payload.len() as u64,
+                    checksum: payload_checksum(&s.payload),
+                    codec: "kv-lp/1".into(),
+                    schema_version: schema,
+                    entries: s.entries,
+                });
+            }
+            snapshot_bytes += packed.len() as u64;
+            self.storage
+                .write_segment(&file, &packed)
+                .map_err(|e| RuntimeError::Io {
+                    path: file.clone(),
+                    message: e.to_string(),
+                })?;
+        }
+        let snapshot = TaskSnapshot {
+            task: self.id.clone(),
+            epoch,
+            end_of_data: self.data_ended,
+            segments,
+            splits: self
+                .splits
+                .iter()
+                .map(|s| SplitState {
+                    split_id: s.split.id.clone(),
+                    descriptor: hex::encode(&s.split.descriptor),
+                    cursor: hex::encode(&s.cursor),
+                    finished: s.finished,
+                })
+                .collect(),
+            watermarks: self
+                .inputs
+                .iter()
+                .map(|c| (c.id.to_string(), c.watermark))
+                .collect(),
+            ended_inputs: self
+                .inputs
+                .iter()
+                .filter(|c| c.ended)
+                .map(|c| c.id.to_string())
+                .collect(),
+            pending_transactions: self
+                .sink
+                .as_ref()
+                .map(|s| s.pending.clone())
+                .unwrap_or_default(),
+            sink_operator,
+            snapshot_bytes,
+            alignment_ms,
+            duration_ms: started.elapsed().as_millis() as u64,
+        };
+        for out in &mut self.outputs {
+            out.broadcast(&Message::Barrier(epoch))?;
+        }
+        self.report.epochs += 1;
+        self.send(TaskEvent::Ack {
+            attempt: self.attempt,
+            snapshot: Box::new(snapshot),
+        });
+        Ok(())
+    }
+
+    /// End of all input: the final watermark (+inf) fires every event-time timer, each
+    /// operator's `finish` output flows down the rest of the chain, the end marker goes
+    /// downstream, and the coordinator hears of it (seed §5.9).
+    fn end_of_data(&mut self) -> Result<()> {
+        if self.watermark < i64::MAX {
+            self.advance_watermark(i64::MAX)?;
+        }
+        for i in 0..self.stages.len() {
+            if let Stage::Operator(op) = &mut self.stages[i] {
+                let out = op.finish()?;
+                self.push(i + 1, 0, out)?;
+            }
+        }
+        for out in &mut self.outputs {
+            out.broadcast(&Message::End)?;
+        }
+        self.data_ended = true;
+        self.send(TaskEvent::EndOfData {
+            attempt: self.attempt,
+            task: self.id.clone(),
+        });
+        Ok(())
+    }
+
     /// Pushes `batch` into stage `from` (as input `input`) and on down the chain.
     fn push(&mut self, from: usize, input: u32, batch: Batch) -> Result<()> {
         if batch.ends.is_empty() {
@@ -340,7 +899,11 @@ impl Task {
                 self.push(from + 1, 0, out)
             }
             Stage::Sink(sink) => {
-                let txn = self.sink_txn.as_deref().unwrap_or_default();
+                let txn = self
+                    .sink
+                    .as_ref()
+                    .map(|s| s.txn.as_str())
+                    .unwrap_or_default();
                 sink.write(txn, &batch)?;
                 let n = batch.ends.len() as u64;
                 self.report.records_out += n;
@@ -353,108 +916,10 @@ impl Task {
         }
     }
 
-    fn read_splits(
-        &mut self,
-        splits: &[Split],
-        batch_records: u32,
-        cancel: &AtomicBool,
-    ) -> Result<()> {
-        let Some(Stage::Source(_)) = self.stages.first() else {
-            return Ok(());
-        };
-        for split in splits {
-            let mut cursor = Vec::new();
-            loop {
-                if cancel.load(Ordering::Relaxed) {
-                    return Err(RuntimeError::Cancelled);
-                }
-                let Some(Stage::Source(src)) = self.stages.first_mut() else {
-                    unreachable!("checked above");
-                };
-                let r = src.read(split, &cursor, batch_records)?;
-                let n = r.records.ends.len() as u64;
-                self.report.records_in += n;
-                self.progress
-                    .record_read(&split.id, n, r.progress.consumed, r.progress.total);
-                self.push(1, 0, r.records)?;
-                cursor = r.next_cursor;
-                if r.finished {
-                    break;
-                }
-                if n == 0 {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn consume_inputs(&mut self, inputs: &mut [InputChannel], cancel: &AtomicBool) -> Result<()> {
-        loop {
-            let active: Vec<usize> = (0..inputs.len()).filter(|&i| !inputs[i].ended).collect();
-            if active.is_empty() {
-                return Ok(());
-            }
-            if cancel.load(Ordering::Relaxed) {
-                return Err(RuntimeError::Cancelled);
-            }
-            let (idx, msg) = if active.len() == 1 {
-                let i = active[0];
-                match inputs[i].rx.recv_timeout(POLL) {
-                    Ok(m) => (i, Ok(m)),
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => (i, Err(())),
-                }
-            } else {
-                let mut sel = Select::new();
-                for &i in &active {
-                    sel.recv(&inputs[i].rx);
-                }
-                match sel.select_timeout(POLL) {
-                    Ok(op) => {
-                        let i = active[op.index()];
-                        (i, op.recv(&inputs[i].rx).map_err(|_| ()))
-                    }
-                    Err(_) => continue,
-                }
-            };
-            match msg {
-                Ok(Message::Records(b)) => {
-                    self.report.records_in += b.ends.len() as u64;
-                    let input = inputs[idx].input_index;
-                    self.push(0, input, b)?;
-                }
-                Ok(Message::Watermark(w)) => {
-                    inputs[idx].watermark = inputs[idx].watermark.max(w);
-                    self.maybe_advance(inputs)?;
-                }
-                Ok(Message::Barrier(epoch)) => {
-                    return Err(RuntimeError::Internal(format!(
-                        "barrier {epoch} on {}: checkpoint barriers are not handled by this runtime version",
-                        inputs[idx].id
-                    )));
-                }
-                Ok(Message::End) => {
-                    inputs[idx].ended = true;
-                    self.maybe_advance(inputs)?;
-                }
-                Err(()) => {
-                    if cancel.load(Ordering::Relaxed) {
-                        return Err(RuntimeError::Cancelled);
-                    }
-                    return Err(RuntimeError::ChannelClosed {
-                        channel: inputs[idx].id.clone(),
-                        message: "the sending task ended without an end marker".into(),
-                    });
-                }
-            }
-        }
-    }
-
-    /// Task watermark = minimum over non-ended inputs (all ended: +inf is left to
-    /// `finish`).
-    fn maybe_advance(&mut self, inputs: &[InputChannel]) -> Result<()> {
-        let wm = inputs
+    /// Task watermark = minimum over inputs that have not ended.
+    fn maybe_advance(&mut self) -> Result<()> {
+        let wm = self
+            .inputs
             .iter()
             .filter(|c| !c.ended)
             .map(|c| c.watermark)
@@ -487,21 +952,10 @@ impl Task {
         }
         Ok(())
     }
+}
 
-    /// End of input: the final watermark (+inf) fires every event-time timer, then each
-    /// operator's `finish` output flows down the rest of the chain in order.
-    fn finish(&mut self) -> Result<()> {
-        if self.watermark < i64::MAX {
-            self.advance_watermark(i64::MAX)?;
-        }
-        for i in 0..self.stages.len() {
-            if let Stage::Operator(op) = &mut self.stages[i] {
-                let out = op.finish()?;
-                self.push(i + 1, 0, out)?;
-            }
-        }
-        Ok(())
-    }
+fn ks_shard_count(ks: &mut nop_stream_state::KeyedState) -> u32 {
+    ks.shard_count()
 }
 
 #[cfg(test)]
@@ -544,5 +998,16 @@ mod tests {
             }
         }
         assert_eq!(i, 10);
+    }
+
+    #[test]
+    fn timers_round_trip_through_their_segment_codec() {
+        let timers: Vec<TimerEntry> = vec![
+            (0, -5, b"k".to_vec(), b"".to_vec()),
+            (1, i64::MAX, b"".to_vec(), b"ns".to_vec()),
+        ];
+        let refs: Vec<&TimerEntry> = timers.iter().collect();
+        assert_eq!(decode_timers(&encode_timers(&refs)).unwrap(), timers);
+        assert!(decode_timers(&[0, 1, 2]).is_none());
     }
 }

@@ -75,6 +75,19 @@ pub enum StateError {
     },
 }
 
+/// The entries of one state in one shard, as a snapshot payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSnapshot {
+    /// The shard.
+    pub shard: StateShardId,
+    /// State handle (index into the declared states).
+    pub state: u32,
+    /// Number of entries.
+    pub entries: u64,
+    /// `kv-lp/1` payload.
+    pub payload: Vec<u8>,
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = StateError> = std::result::Result<T, E>;
 
@@ -200,6 +213,11 @@ impl KeyedState {
             .iter()
             .position(|s| s.name == name)
             .map(|i| i as u32)
+    }
+
+    /// `stateShardCount` of the vertex.
+    pub fn shard_count(&self) -> u32 {
+        self.shard_count
     }
 
     /// Declared states, indexed by handle.
@@ -699,6 +717,95 @@ impl KeyedState {
             }
         }
         txn.commit().map_err(|e| db_err(&self.path, e))?;
+        Ok(())
+    }
+
+    /// Snapshot of every owned shard (design §7, seed §8.2): flushes the working set,
+    /// then returns one payload per (shard, state) that holds entries, each a sequence of
+    /// length-prefixed (`namespace length | namespace | key`, value) pairs in key order
+    /// (codec `kv-lp/1`, see [`codec`]).
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn snapshot(&mut self) -> Result<Vec<ShardSnapshot>> {
+        self.flush(false)?;
+        let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
+        let mut out = Vec::new();
+        for (i, desc) in self.states.iter().enumerate() {
+            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
+            let table = match txn.open_table(def) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => continue,
+                Err(e) => return Err(db_err(&self.path, e)),
+            };
+            for shard in self.owned.clone() {
+                let prefix = shard.to_be_bytes();
+                let mut payload = Vec::new();
+                let mut entries = 0u64;
+                let range = table
+                    .range::<&[u8]>(prefix.as_slice()..)
+                    .map_err(|e| db_err(&self.path, e))?;
+                for entry in range {
+                    let (k, v) = entry.map_err(|e| db_err(&self.path, e))?;
+                    let k = k.value();
+                    if !k.starts_with(&prefix) {
+                        break;
+                    }
+                    codec::push_item(&mut payload, &k[4..]);
+                    codec::push_item(&mut payload, v.value());
+                    entries += 1;
+                }
+                if entries > 0 {
+                    out.push(ShardSnapshot {
+                        shard: StateShardId(shard),
+                        state: i as u32,
+                        entries,
+                        payload,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Loads shard payloads produced by [`Self::snapshot`] (possibly by another subtask
+    /// when shards moved, seed §10.5) into the database, durably. Entries of shards this
+    /// subtask does not own are refused.
+    ///
+    /// # Errors
+    /// Unknown state, a foreign shard, a corrupt payload or a database failure.
+    pub fn restore(&mut self, shards: &[ShardSnapshot]) -> Result<()> {
+        let txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
+        for s in shards {
+            let desc = self
+                .states
+                .get(s.state as usize)
+                .ok_or(StateError::UnknownHandle(s.state))?;
+            if !self.owned.contains(&s.shard.0) {
+                return Err(StateError::KeyOutsideShards {
+                    key: format!("<shard {} of state `{}`>", s.shard, desc.name),
+                    shard: s.shard,
+                    owned: self.owned.clone(),
+                });
+            }
+            let pairs =
+                codec::pairs(&s.payload).ok_or_else(|| StateError::Corrupt(desc.name.clone()))?;
+            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
+            let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
+            let mut key = Vec::new();
+            for (k, v) in pairs {
+                key.clear();
+                key.extend_from_slice(&s.shard.0.to_be_bytes());
+                key.extend_from_slice(&k);
+                table
+                    .insert(key.as_slice(), v.as_slice())
+                    .map_err(|e| db_err(&self.path, e))?;
+            }
+        }
+        txn.commit().map_err(|e| db_err(&self.path, e))?;
+        for c in &mut self.cache {
+            c.clear();
+        }
         Ok(())
     }
 

@@ -198,3 +198,38 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn snapshot_moves_shards_between_subtasks() {
+    // Subtask A owns shards 0..8 and B 8..16 of a 16-shard state; a restore at
+    // parallelism 1 must see every entry exactly once.
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<Vec<u8>> = (0u32..200).map(|i| format!("k{i}").into_bytes()).collect();
+    let mut snaps = Vec::new();
+    for (name, owned) in [("a", 0..8), ("b", 8..16)] {
+        let mut cfg = config(&dir.path().join(name), owned.clone(), 1000);
+        cfg.path = dir.path().join(name).join("s.redb");
+        let mut s = KeyedState::open(cfg).unwrap();
+        for k in keys.iter().filter(|k| owned.contains(&shard_of(k, 16).0)) {
+            s.value_put_many(0, b"", k, &[k.len() as u32], k, &[k.len() as u32])
+                .unwrap();
+            s.list_append(1, b"n", k, b"x").unwrap();
+        }
+        snaps.extend(s.snapshot().unwrap());
+    }
+    assert!(snaps.iter().all(|s| s.entries > 0));
+    let mut all = KeyedState::open(config(&dir.path().join("c"), 0..16, 1000)).unwrap();
+    all.restore(&snaps).unwrap();
+    assert_eq!(
+        get(&mut all, b"", &keys),
+        keys.iter().map(|k| Some(k.clone())).collect::<Vec<_>>()
+    );
+    assert_eq!(all.list_get(1, b"n", b"k7").unwrap(), vec![b"x".to_vec()]);
+    assert_eq!(all.stored_entries().unwrap(), 400);
+    // A subtask refuses shards it does not own.
+    let mut half = KeyedState::open(config(&dir.path().join("d"), 0..8, 1000)).unwrap();
+    assert!(matches!(
+        half.restore(&snaps),
+        Err(StateError::KeyOutsideShards { .. })
+    ));
+}

@@ -19,6 +19,7 @@ fn snap(t: u32, epoch: u64) -> Box<TaskSnapshot> {
         segments: Vec::new(),
         splits: Vec::new(),
         watermarks: Vec::new(),
+        ended_inputs: Vec::new(),
         pending_transactions: Vec::new(),
         sink_operator: None,
         snapshot_bytes: 0,
