@@ -1,0 +1,294 @@
+//! Exactly-once under crashes (seed §17–§18, design §10): the flights jobs at parallelism
+//! 2 with short checkpoint intervals, killed at every named failpoint and with SIGKILL
+//! at random moments, restarted each time until they finish. The committed output must
+//! equal the uninterrupted run: every line once, none missing.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A copy of an example job with a given checkpoint interval, next to the example data.
+fn job_copy(example: &str, interval_ms: u64, tmp: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("examples/flights").join(example)).unwrap();
+    let mut out = String::new();
+    for line in text.lines() {
+        if line.starts_with("checkpoint_interval_ms") {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+        if line == "[job]" {
+            out.push_str(&format!("checkpoint_interval_ms = {interval_ms}\n"));
+        }
+    }
+    // Relative grants and prepare steps resolve against the job file's directory, so the
+    // copy lives in the example directory under a unique name.
+    let name = format!(
+        ".crash-{}-{}",
+        std::process::id(),
+        tmp.file_name().unwrap().to_string_lossy()
+    );
+    let path = repo()
+        .join("examples/flights")
+        .join(format!("{name}-{example}"));
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+struct Job {
+    file: PathBuf,
+    out: PathBuf,
+    work: PathBuf,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+impl Job {
+    fn new(example: &str, interval_ms: u64, tmp: &Path) -> Job {
+        Job {
+            file: job_copy(example, interval_ms, tmp),
+            out: tmp.join("out"),
+            work: tmp.join("work"),
+        }
+    }
+
+    fn command(&self, failpoints: Option<&str>) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nopstream"));
+        c.args(["run", "--no-progress", "--no-echo", "--output"])
+            .arg(&self.out)
+            .arg("--work-dir")
+            .arg(&self.work)
+            .arg(&self.file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match failpoints {
+            Some(f) => c.env("NOPSTREAM_FAILPOINTS", f),
+            None => c.env_remove("NOPSTREAM_FAILPOINTS"),
+        };
+        c
+    }
+
+    /// Runs to completion (restarting after crashes is the caller's business).
+    fn run(&self, failpoints: Option<&str>) -> (bool, String) {
+        let o = self.command(failpoints).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status.success(), text)
+    }
+
+    /// Starts the job and SIGKILLs it after `after`; returns whether it had already ended.
+    fn kill_after(&self, after: Duration) -> bool {
+        let mut child = self.command(None).spawn().unwrap();
+        let t = Instant::now();
+        while t.elapsed() < after {
+            if child.try_wait().unwrap().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        false
+    }
+
+    fn finish(&self) -> String {
+        for _ in 0..5 {
+            let (ok, text) = self.run(None);
+            if ok {
+                return text;
+            }
+            eprintln!("restart failed, retrying: {text}");
+        }
+        panic!("the job never finished");
+    }
+
+    /// Committed output lines (sorted); staging files are not output.
+    fn committed(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for e in std::fs::read_dir(&self.out).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "jsonl") {
+                lines.extend(
+                    std::fs::read_to_string(&p)
+                        .unwrap()
+                        .lines()
+                        .map(str::to_owned),
+                );
+            }
+        }
+        lines.sort();
+        lines
+    }
+}
+
+/// Checks a per-record output: 336,776 lines with unique natural keys.
+fn check_per_record(lines: &[String]) {
+    assert_eq!(lines.len(), 336_776, "every departure exactly once");
+    let mut keys = BTreeSet::new();
+    for l in lines {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let key: Vec<String> = [
+            "year",
+            "month",
+            "day",
+            "carrier",
+            "flight",
+            "origin",
+            "sched_dep_time",
+        ]
+        .iter()
+        .map(|f| v[f].to_string())
+        .collect();
+        assert!(keys.insert(key), "duplicate natural key in {l}");
+    }
+}
+
+/// A reference run without interruption.
+fn reference(example: &str) -> Vec<String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = Job::new(example, 100, tmp.path());
+    let (ok, text) = job.run(None);
+    assert!(ok, "{text}");
+    job.committed()
+}
+
+const FAILPOINTS: &[&str] = &[
+    "before-barrier-injection=2",
+    "after-barrier-injection=3",
+    "after-pre-commit=2",
+    "after-manifest-publish=2",
+    "mid-commit=3",
+    "during-restore=1",
+];
+
+fn crash_at_every_failpoint(example: &str, expected: &[String]) {
+    for fp in FAILPOINTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = Job::new(example, 100, tmp.path());
+        if fp.starts_with("during-restore") {
+            // Needs a checkpoint to restore from: crash once first.
+            let (ok, _) = job.run(Some("after-manifest-publish=2"));
+            assert!(!ok);
+        }
+        let (ok, text) = job.run(Some(fp));
+        assert!(
+            !ok && text.contains("failpoint"),
+            "{fp} did not fire: {text}"
+        );
+        job.finish();
+        assert_eq!(job.committed(), expected, "output after a crash at {fp}");
+    }
+}
+
+/// SIGKILLs the job at random moments, restarting it each time, until `kills` kills have
+/// landed while it ran. A resumed run only has the remaining work, so a round can end
+/// before enough kills landed; then its output is checked and a fresh round starts.
+fn crash_at_random_moments(example: &str, expected: &[String], kills: usize, seed: u64) {
+    let mut x = seed;
+    let mut landed = 0;
+    let mut rounds = 0;
+    while landed < kills {
+        rounds += 1;
+        assert!(
+            rounds <= 12,
+            "kills keep missing the run ({landed}/{kills} landed)"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let job = Job::new(example, 100, tmp.path());
+        loop {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = 30 + (x >> 33) % 600;
+            if job.kill_after(Duration::from_millis(at)) {
+                break; // the job finished before the kill
+            }
+            landed += 1;
+            if landed == kills {
+                break;
+            }
+        }
+        job.finish();
+        assert_eq!(
+            job.committed(),
+            expected,
+            "output after random kills (round {rounds})"
+        );
+    }
+}
+
+#[test]
+fn per_record_job_survives_failpoints_and_random_kills() {
+    let expected = reference("flights-per-record.toml");
+    check_per_record(&expected);
+    crash_at_every_failpoint("flights-per-record.toml", &expected);
+    crash_at_random_moments("flights-per-record.toml", &expected, 20, 7);
+}
+
+#[test]
+fn aggregate_job_survives_failpoints_and_random_kills() {
+    let expected = reference("flights.toml");
+    assert_eq!(expected.len(), 16);
+    crash_at_every_failpoint("flights.toml", &expected);
+    crash_at_random_moments("flights.toml", &expected, 20, 11);
+}
+
+#[test]
+fn restarting_a_finished_job_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = Job::new("flights-per-record.toml", 100, tmp.path());
+    let (ok, text) = job.run(None);
+    assert!(ok, "{text}");
+    let listing = |dir: &Path| -> BTreeMap<String, u64> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().len(),
+                )
+            })
+            .collect()
+    };
+    let before = (listing(&job.out), job.committed());
+    for _ in 0..3 {
+        let (ok, text) = job.run(None);
+        assert!(ok && text.contains("already finished"), "{text}");
+    }
+    assert_eq!((listing(&job.out), job.committed()), before);
+}
+
+#[test]
+fn lost_commit_reply_commits_once_and_expired_transaction_fails_loudly() {
+    let expected = reference("flights-per-record.toml");
+    // The sink commits but the reply is lost: recover says committed, nothing repeats.
+    let tmp = tempfile::tempdir().unwrap();
+    let job = Job::new("flights-per-record.toml", 100, tmp.path());
+    let (ok, text) = job.run(Some("commit-reply-lost=2:error"));
+    assert!(ok, "{text}");
+    assert_eq!(job.committed(), expected);
+
+    // The transaction expired before commit: the job fails and says why.
+    let tmp = tempfile::tempdir().unwrap();
+    let job = Job::new("flights-per-record.toml", 100, tmp.path());
+    let (ok, text) = job.run(Some("expire-transaction=1:error"));
+    assert!(!ok, "an unknown commit outcome must fail the job");
+    assert!(
+        text.contains("outcome is unknown") && text.contains("refusing to report it as committed"),
+        "{text}"
+    );
+}
