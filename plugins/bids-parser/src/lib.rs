@@ -83,11 +83,7 @@ pub fn parse_line(line: &[u8]) -> std::result::Result<Line<'_>, String> {
         return Ok(Line::Header);
     }
     let mut fields = line.split(|&b| b == b',');
-    let mut next = |name: &str| {
-        fields
-            .next()
-            .ok_or_else(|| format!("missing field {name}"))
-    };
+    let mut next = |name: &str| fields.next().ok_or_else(|| format!("missing field {name}"));
     let num = |name: &str, s: &[u8]| {
         parse_i64(s).ok_or_else(|| {
             format!(
@@ -232,8 +228,18 @@ mod tests {
             parse_line(b"auction,bidder,price,channel,date_time").unwrap(),
             Line::Header
         );
-        for bad in [&b"1,2,3,x"[..], b"1,2,x,c,4", b"1,2,3,c,4,5", b"", b"1,,3,c,4"] {
-            assert!(parse_line(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b"1,2,3,x"[..],
+            b"1,2,x,c,4",
+            b"1,2,3,c,4,5",
+            b"",
+            b"1,,3,c,4",
+        ] {
+            assert!(
+                parse_line(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

@@ -1,20 +1,21 @@
 //! `blackhole-sink`: discards every record (Flink's `blackhole` connector), keeping only a
 //! record count and an order-independent checksum per transaction, so a benchmark can
 //! check that a job produced exactly the output of a reference computation without
-//! writing it anywhere.
+//! writing the records anywhere.
 //!
-//! Config: `{}` (none).
+//! Config: `{ "summary_dir": "/output" }` (optional; a directory the job grants writable).
 //!
-//! Capability: two-phase commit, trivially — a transaction makes nothing visible, so
-//! commit, abort and recover have nothing to do, and any semantic mode is honoured. The
-//! committable is the transaction's summary as JSON text,
-//! `{"records":N,"bytes":B,"checksum":C}`: `N` records with `B` payload bytes in total, and
-//! `C` the wrapping sum of [`record_hash`] over their payloads (independent of order and
-//! batching). The embedded runner reports committables in its JSON report.
+//! Capability: two-phase commit. A transaction's only effect is its summary: the
+//! committable is `{"txn":T,"records":N,"bytes":B,"checksum":C}` (`N` records with `B`
+//! payload bytes, `C` the wrapping sum of [`record_hash`] over their payloads, independent
+//! of order and batching), and `commit` makes it visible as
+//! `<summary_dir>/summary-<txn>.json` (`:` and `/` in the txn id replaced by `_`;
+//! overwriting, so idempotent). Without `summary_dir`, commit has no effect at all.
 
 use nop_stream_sdk::{
     Batch, CommitOutcome, PluginError, PluginInfo, Result, Sink, SinkCapability, TaskInfo,
 };
+use serde::Deserialize;
 
 /// A 32-bit hash of one record payload (Fx-style multiply-rotate over 8-byte words, folded).
 /// Summed as `u64` over records it cannot overflow below 2^32 records.
@@ -55,9 +56,7 @@ impl Summary {
     pub fn add(&mut self, payload: &[u8]) {
         self.records += 1;
         self.bytes += payload.len() as u64;
-        self.checksum = self
-            .checksum
-            .wrapping_add(u64::from(record_hash(payload)));
+        self.checksum = self.checksum.wrapping_add(u64::from(record_hash(payload)));
     }
 
     /// Adds another summary.
@@ -67,20 +66,57 @@ impl Summary {
         self.checksum = self.checksum.wrapping_add(other.checksum);
     }
 
-    /// The committable text, `{"records":N,"bytes":B,"checksum":C}`.
+    /// The committable text of transaction `txn`,
+    /// `{"txn":T,"records":N,"bytes":B,"checksum":C}`.
     #[must_use]
-    pub fn to_json(&self) -> String {
-        format!(
-            r#"{{"records":{},"bytes":{},"checksum":{}}}"#,
-            self.records, self.bytes, self.checksum
-        )
+    pub fn to_json(&self, txn: &str) -> String {
+        serde_json::json!({
+            "txn": txn,
+            "records": self.records,
+            "bytes": self.bytes,
+            "checksum": self.checksum,
+        })
+        .to_string()
     }
 }
 
-/// The sink: the summary of the open transaction.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    summary_dir: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Committable {
+    txn: String,
+}
+
+/// File name of the summary of transaction `txn`.
+#[must_use]
+pub fn summary_file(txn: &str) -> String {
+    format!("summary-{}.json", txn.replace([':', '/'], "_"))
+}
+
+/// The sink: where summaries go, and the summary of the open transaction.
 #[derive(Debug, Default)]
 pub struct BlackholeSink {
+    summary_dir: Option<String>,
     open: Option<(String, Summary)>,
+}
+
+impl BlackholeSink {
+    fn summary_path(&self, committable: &[u8]) -> Result<Option<String>> {
+        let Some(dir) = &self.summary_dir else {
+            return Ok(None);
+        };
+        let c: Committable = serde_json::from_slice(committable)
+            .map_err(|e| PluginError::transaction(format!("malformed committable: {e}")))?;
+        Ok(Some(format!(
+            "{}/{}",
+            dir.trim_end_matches('/'),
+            summary_file(&c.txn)
+        )))
+    }
 }
 
 impl Sink for BlackholeSink {
@@ -88,11 +124,16 @@ impl Sink for BlackholeSink {
         PluginInfo::sink("blackhole-sink", "0.1.0")
             .description("Discards records; the committable holds their count and checksum")
             .sink_capability(SinkCapability::TwoPhaseCommit)
-            .config_schema(r#"{"type":"object","additionalProperties":false}"#)
+            .config_schema(r#"{"type":"object","additionalProperties":false,"properties":{"summary_dir":{"type":"string","description":"granted directory receiving one summary file per committed transaction"}}}"#)
     }
 
-    fn open(_task: &TaskInfo, _config: &str) -> Result<Self> {
-        Ok(Self::default())
+    fn open(_task: &TaskInfo, config: &str) -> Result<Self> {
+        let c: Config = serde_json::from_str(config)
+            .map_err(|e| PluginError::invalid_config(format!("blackhole-sink config: {e}")))?;
+        Ok(Self {
+            summary_dir: c.summary_dir,
+            open: None,
+        })
     }
 
     fn begin(&mut self, txn: &str) -> Result<()> {
@@ -116,7 +157,7 @@ impl Sink for BlackholeSink {
 
     fn pre_commit(&mut self, txn: &str) -> Result<Vec<u8>> {
         match self.open.take() {
-            Some((t, s)) if t == txn => Ok(s.to_json().into_bytes()),
+            Some((t, s)) if t == txn => Ok(s.to_json(&t).into_bytes()),
             other => {
                 self.open = other;
                 Err(PluginError::transaction(format!(
@@ -126,7 +167,11 @@ impl Sink for BlackholeSink {
         }
     }
 
-    fn commit(&mut self, _committable: &[u8]) -> Result<()> {
+    fn commit(&mut self, committable: &[u8]) -> Result<()> {
+        if let Some(path) = self.summary_path(committable)? {
+            std::fs::write(&path, committable)
+                .map_err(|e| PluginError::io(format!("{path}: {e}")))?;
+        }
         Ok(())
     }
 
@@ -137,8 +182,11 @@ impl Sink for BlackholeSink {
         Ok(())
     }
 
-    fn recover(&mut self, _committable: &[u8]) -> Result<CommitOutcome> {
-        Ok(CommitOutcome::Committed)
+    fn recover(&mut self, committable: &[u8]) -> Result<CommitOutcome> {
+        Ok(match self.summary_path(committable)? {
+            Some(path) if !std::path::Path::new(&path).exists() => CommitOutcome::Aborted,
+            _ => CommitOutcome::Committed,
+        })
     }
 
     fn pending_transactions(&mut self) -> Result<Vec<String>> {
@@ -167,14 +215,33 @@ mod tests {
         for r in [&b"0123456789abcdef!"[..], b"alpha", b""] {
             want.add(r);
         }
-        assert_eq!(c, want.to_json());
-        assert!(c.starts_with(r#"{"records":3,"bytes":22,"#), "{c}");
+        assert_eq!(c, want.to_json("t1"));
+        assert!(
+            c.contains(r#""records":3"#) && c.contains(r#""bytes":22"#),
+            "{c}"
+        );
         assert!(sink.pre_commit("t1").is_err());
         sink.commit(c.as_bytes()).unwrap();
         assert_eq!(
             sink.recover(c.as_bytes()).unwrap(),
             CommitOutcome::Committed
         );
+
+        let dir = std::env::temp_dir().join(format!("blackhole-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = serde_json::json!({ "summary_dir": dir }).to_string();
+        let mut sink = BlackholeSink::open(&TaskInfo::for_tests(), &config).unwrap();
+        sink.begin("j:m:sinks/out:0:1").unwrap();
+        sink.write("j:m:sinks/out:0:1", &b).unwrap();
+        let c = sink.pre_commit("j:m:sinks/out:0:1").unwrap();
+        assert_eq!(sink.recover(&c).unwrap(), CommitOutcome::Aborted);
+        sink.commit(&c).unwrap();
+        sink.commit(&c).unwrap();
+        let file = dir.join(summary_file("j:m:sinks/out:0:1"));
+        assert!(file.ends_with("summary-j_m_sinks_out_0_1.json"));
+        assert_eq!(std::fs::read(&file).unwrap(), c);
+        assert_eq!(sink.recover(&c).unwrap(), CommitOutcome::Committed);
+        std::fs::remove_dir_all(&dir).unwrap();
         assert_ne!(record_hash(b"a"), record_hash(b"b"));
         assert_ne!(record_hash(b""), record_hash(&[0]));
     }

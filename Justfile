@@ -1,0 +1,40 @@
+# nop-stream tasks; CI runs the same recipes. `cargo install just` to get `just`.
+
+# List the recipes.
+default:
+    @just --list
+
+# Run the flights job end to end (examples/flights).
+demo:
+    cargo run -p nop-stream-cli -- run examples/flights/flights.toml
+
+# Run every test of the workspace.
+test:
+    cargo test --workspace
+
+# Build the plugin components (target/wasm32/wasm32-wasip2/release/*.wasm).
+plugins:
+    cargo build -p nop-stream-artifacts
+
+# Benchmark nop-stream against the native floor (release build; extra args go to `nopstream-bench run`, e.g. `--large`, `--runs 5`, `--workloads count`).
+bench *ARGS:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    cargo run --release -q -p nop-stream-bench -- run {{ARGS}}
+
+# Criterion microbenchmarks: boundary call, state get/put and flush, channel hop.
+bench-micro:
+    cargo bench -p nop-stream-bench
+
+# Add Apache Flink (PyPI apache-flink in .venv, Java 17) to the results of the last `just bench`.
+bench-peers *ARGS:
+    test -x .venv/bin/python || python3 -m venv .venv
+    .venv/bin/python -c "import pyflink" 2>/dev/null || .venv/bin/pip install apache-flink
+    cargo run --release -q -p nop-stream-bench -- flink --python .venv/bin/python --script bench/peers/flink_job.py {{ARGS}}
+
+# Format every crate.
+fmt:
+    cargo fmt --all
+
+# Lint every crate and target, warnings as errors.
+clippy:
+    cargo clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,609 @@
+//! `nopstream-bench`: the benchmark harness of issue 5 (design §9).
+//!
+//! - `gen`: the deterministic Nexmark-style bids CSV ([`bids`]).
+//! - `run`: every workload ([`workload::WORKLOADS`]) on nop-stream (the release
+//!   `nopstream` binary, one process per run) and on the native floor ([`floor`], also one
+//!   process per run), interleaved, N times each; checks that nop-stream's output equals the
+//!   floor's; prints the table and writes `results.{json,csv}` and `throughput.svg`.
+//! - `flink`: the Flink peer (`peers/flink_job.py` in a virtualenv) on the same input,
+//!   merged into the results of the last `run`.
+//! - `report`: re-renders the table from `results.json`.
+//! - `floor`: one floor run, printing its report as JSON (what `run` spawns).
+
+mod bids;
+mod floor;
+mod measure;
+mod report;
+mod workload;
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+use clap::{Parser, Subcommand};
+use serde::Deserialize;
+
+use crate::floor::{FloorReport, OutputSummary};
+use crate::report::{FLINK, FLOOR, NOP_STREAM, Results, Row, Run};
+use crate::workload::{Input, WORKLOADS, Workload};
+
+/// Benchmark harness: nop-stream vs a native floor vs Apache Flink on the same input.
+#[derive(Debug, Parser)]
+#[command(name = "nopstream-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Write a deterministic bids CSV (the same bytes as peers/gen.py).
+    Gen {
+        /// Number of bids.
+        #[arg(long, default_value_t = 1_000_000)]
+        records: u64,
+        /// Number of auctions (keys), starting at 1000.
+        #[arg(long, default_value_t = 10_000)]
+        keys: u32,
+        /// Omit the header line (Flink's CSV source expects none).
+        #[arg(long)]
+        no_header: bool,
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Run the workloads on nop-stream and the floor; print and write the results.
+    Run {
+        /// Measured runs per workload and engine (after one unmeasured warm-up run).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Also run on 10M bids.
+        #[arg(long)]
+        large: bool,
+        /// Only these workloads (comma-separated names).
+        #[arg(long, value_delimiter = ',')]
+        workloads: Vec<String>,
+        /// Parallelism of every nop-stream job (`nopstream run -p`).
+        #[arg(long, short = 'p', default_value_t = 1)]
+        parallelism: u32,
+        /// Records per batch of the generated jobs.
+        #[arg(long, default_value_t = 1024)]
+        batch_records: u32,
+        /// The `nopstream` binary [default: next to this binary].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory (data, jobs, run directories, results).
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// Run the Flink peer on the same input and merge it into `<out>/results.json`.
+    Flink {
+        /// Python of a virtualenv with `apache-flink` installed.
+        #[arg(long, default_value = ".venv/bin/python")]
+        python: PathBuf,
+        /// The Flink job script.
+        #[arg(long, default_value = "bench/peers/flink_job.py")]
+        script: PathBuf,
+        /// Measured runs per workload.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// Also run on 10M bids.
+        #[arg(long)]
+        large: bool,
+        /// Flink parallelism (`PAR`).
+        #[arg(long, default_value_t = 1)]
+        parallelism: u32,
+        /// Output directory of the `run` whose results to extend.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// Print the table of `<out>/results.json` and re-render the files.
+    Report {
+        /// Output directory.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// One floor run of a workload, printed as JSON (spawned by `run`).
+    Floor {
+        /// Workload name.
+        #[arg(long)]
+        workload: String,
+        /// Input CSV.
+        #[arg(long)]
+        input: PathBuf,
+    },
+}
+
+/// The input sizes: label and records.
+const SIZES: [(&str, u64); 2] = [("1m", 1_000_000), ("10m", 10_000_000)];
+/// Auctions in the generated bids.
+const KEYS: u32 = 10_000;
+
+fn main() -> std::process::ExitCode {
+    match dispatch(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    Ok(if p.is_absolute() {
+        p.to_owned()
+    } else {
+        std::env::current_dir()?.join(p)
+    })
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
+        Cmd::Gen {
+            records,
+            keys,
+            no_header,
+            out,
+        } => generate(&out, records, keys, !no_header),
+        Cmd::Floor { workload, input } => {
+            let r = floor::run(&workload, &input)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+        Cmd::Run {
+            runs,
+            large,
+            workloads,
+            parallelism,
+            batch_records,
+            nopstream,
+            out,
+        } => {
+            let nopstream = match nopstream {
+                Some(p) => absolute(&p)?,
+                None => std::env::current_exe()?
+                    .parent()
+                    .context("binary directory")?
+                    .join("nopstream"),
+            };
+            ensure!(
+                nopstream.is_file(),
+                "{} not found: build it with `cargo build --release -p nop-stream-cli` or pass --nopstream",
+                nopstream.display()
+            );
+            for n in &workloads {
+                ensure!(
+                    workload::find(n).is_some(),
+                    "unknown workload `{n}`; known: {:?}",
+                    WORKLOADS.iter().map(|w| w.name).collect::<Vec<_>>()
+                );
+            }
+            let selected: Vec<&Workload> = WORKLOADS
+                .iter()
+                .filter(|w| workloads.is_empty() || workloads.iter().any(|n| n == w.name))
+                .collect();
+            ensure!(!selected.is_empty(), "no workload matches {workloads:?}");
+            let cfg = RunConfig {
+                runs: runs.max(1),
+                parallelism,
+                batch_records,
+                nopstream,
+                out: absolute(&out)?,
+            };
+            let results = run_all(&cfg, &selected, large)?;
+            println!("\n{}", results.table());
+            results.write(&cfg.out)?;
+            println!(
+                "wrote {}/results.json, results.csv, throughput.svg",
+                cfg.out.display()
+            );
+            Ok(())
+        }
+        Cmd::Flink {
+            python,
+            script,
+            runs,
+            large,
+            parallelism,
+            out,
+        } => {
+            let out = absolute(&out)?;
+            let mut results = load(&out).unwrap_or_default();
+            run_flink(
+                &mut results,
+                &absolute(&python)?,
+                &absolute(&script)?,
+                runs.max(1),
+                large,
+                parallelism,
+                &out,
+            )?;
+            println!("\n{}", results.table());
+            results.write(&out)?;
+            Ok(())
+        }
+        Cmd::Report { out } => {
+            let results = load(&out)?;
+            println!("{}", results.table());
+            results.write(&out)
+        }
+    }
+}
+
+fn load(out: &Path) -> Result<Results> {
+    let path = out.join("results.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn generate(out: &Path, records: u64, keys: u32, header: bool) -> Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = out.with_extension("csv.tmp");
+    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+    bids::write_bids(&mut w, records, keys, header)?;
+    w.flush()?;
+    drop(w);
+    std::fs::rename(&tmp, out)?;
+    Ok(())
+}
+
+/// The bids file of a size, generated if missing.
+fn bids_file(data: &Path, label: &str, records: u64, header: bool) -> Result<PathBuf> {
+    let name = if header {
+        format!("bids-{label}.csv")
+    } else {
+        format!("bids-{label}-nohdr.csv")
+    };
+    let path = data.join(name);
+    if !path.is_file() {
+        eprintln!("generating {} ({records} bids)", path.display());
+        generate(&path, records, KEYS, header)?;
+    }
+    Ok(path)
+}
+
+struct RunConfig {
+    runs: usize,
+    parallelism: u32,
+    batch_records: u32,
+    nopstream: PathBuf,
+    out: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct WallTime {
+    secs: u64,
+    nanos: u32,
+}
+
+/// The fields of the CLI's `--json` run report the bench reads.
+#[derive(Deserialize)]
+struct JobReport {
+    wall: WallTime,
+    records_read: u64,
+}
+
+/// The merged summaries the blackhole sink committed into `output` (one
+/// `summary-*.json` per subtask and epoch), or `None` if there are none (another sink).
+fn committed_output(output: &Path) -> Result<Option<OutputSummary>> {
+    let mut total = OutputSummary::default();
+    let mut found = false;
+    for e in std::fs::read_dir(output)? {
+        let path = e?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if !(name.starts_with("summary-") && name.ends_with(".json")) {
+            continue;
+        }
+        let s: OutputSummary = serde_json::from_slice(&std::fs::read(&path)?)
+            .with_context(|| format!("read {}", path.display()))?;
+        total.records += s.records;
+        total.bytes += s.bytes;
+        total.checksum = total.checksum.wrapping_add(s.checksum);
+        found = true;
+    }
+    Ok(found.then_some(total))
+}
+
+struct Case<'a> {
+    workload: &'a Workload,
+    input: PathBuf,
+    job: PathBuf,
+    run_dir: PathBuf,
+}
+
+fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Results> {
+    let data = cfg.out.join("data");
+    let jobs = cfg.out.join("jobs");
+    std::fs::create_dir_all(&jobs)?;
+    let mut cases = Vec::new();
+    let sizes = if large { &SIZES[..] } else { &SIZES[..1] };
+    for w in selected {
+        match w.input {
+            Input::Bids => {
+                for &(label, records) in sizes {
+                    let input = bids_file(&data, label, records, true)?;
+                    let file_name = input.file_name().context("file name")?.to_string_lossy();
+                    let job = jobs.join(format!("{}-{label}.toml", w.name));
+                    std::fs::write(
+                        &job,
+                        workload::job_text(w, "../data", &file_name, cfg.batch_records),
+                    )?;
+                    cases.push(Case {
+                        workload: w,
+                        input,
+                        job,
+                        run_dir: cfg.out.join("runs").join(format!("{}-{label}", w.name)),
+                    });
+                }
+            }
+            Input::Flights => cases.push(Case {
+                workload: w,
+                input: workload::flights_csv(),
+                job: workload::flights_job(),
+                run_dir: cfg.out.join("runs").join(w.name),
+            }),
+        }
+    }
+    let mut results = Results {
+        date: utc_now(),
+        machine: machine(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        rows: Vec::new(),
+    };
+    for case in &cases {
+        let name = case.workload.name;
+        eprintln!("== {name} on {}", case.input.display());
+        // Warm-up: fills the component compile cache, unpacks the flights file, warms the
+        // page cache. Not measured.
+        let (_, warm) = nopstream_run(cfg, case)?;
+        let (_, warm_floor) = floor_run(case)?;
+        ensure!(
+            warm.records_read == warm_floor.records,
+            "{name}: nop-stream read {} records, the floor {}",
+            warm.records_read,
+            warm_floor.records
+        );
+        let checked = match committed_output(&case.run_dir.join("output"))? {
+            Some(o) => {
+                ensure!(
+                    o == warm_floor.output,
+                    "{name}: nop-stream output {o:?} differs from the floor's {:?}",
+                    warm_floor.output
+                );
+                "output = floor (count, checksum)"
+            }
+            None => "records read = floor",
+        };
+        let mut ns_runs = Vec::new();
+        let mut floor_runs = Vec::new();
+        for i in 0..cfg.runs {
+            let (child, report) = nopstream_run(cfg, case)?;
+            let steady = report.wall.secs as f64 + f64::from(report.wall.nanos) / 1e9;
+            eprintln!(
+                "   run {}: nop-stream {:.3} s job, {:.3} s process, {:.2} CPU s, {:.0} MiB",
+                i + 1,
+                steady,
+                child.wall_s,
+                child.cpu_s,
+                child.max_rss_mib
+            );
+            ensure!(
+                report.records_read == warm_floor.records,
+                "{name}: record count changed"
+            );
+            ns_runs.push(Run {
+                e2e_s: child.wall_s,
+                steady_s: steady,
+                cpu_s: child.cpu_s,
+                max_rss_mib: child.max_rss_mib,
+            });
+            let (child, f) = floor_run(case)?;
+            eprintln!(
+                "   run {}: floor      {:.3} s loop, {:.3} s process, {:.2} CPU s, {:.0} MiB",
+                i + 1,
+                f.seconds,
+                child.wall_s,
+                child.cpu_s,
+                child.max_rss_mib
+            );
+            floor_runs.push(Run {
+                e2e_s: child.wall_s,
+                steady_s: f.seconds,
+                cpu_s: child.cpu_s,
+                max_rss_mib: child.max_rss_mib,
+            });
+        }
+        let input = case
+            .input
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        results.rows.push(Row {
+            workload: name.into(),
+            engine: NOP_STREAM.into(),
+            input: input.clone(),
+            records: warm.records_read,
+            runs: ns_runs,
+            note: format!("-p {}, {checked}", cfg.parallelism),
+        });
+        results.rows.push(Row {
+            workload: name.into(),
+            engine: FLOOR.into(),
+            input,
+            records: warm_floor.records,
+            runs: floor_runs,
+            note: "one thread, same parsing code, HashMap".into(),
+        });
+    }
+    Ok(results)
+}
+
+fn nopstream_run(cfg: &RunConfig, case: &Case<'_>) -> Result<(measure::ChildRun, JobReport)> {
+    // Every run starts fresh: no state or checkpoints of an earlier run to resume from.
+    let work = case.run_dir.join("work");
+    if work.exists() {
+        std::fs::remove_dir_all(&work).with_context(|| format!("remove {}", work.display()))?;
+    }
+    let mut cmd = Command::new(&cfg.nopstream);
+    cmd.arg("run")
+        .arg(&case.job)
+        .arg("-p")
+        .arg(cfg.parallelism.to_string())
+        .args(["--json", "--no-progress", "--no-echo"])
+        .arg("--output")
+        .arg(case.run_dir.join("output"))
+        .arg("--work-dir")
+        .arg(case.run_dir.join("work"));
+    let child = measure::run(cmd)?;
+    let report: JobReport = serde_json::from_str(&child.stdout)
+        .with_context(|| format!("nopstream --json printed {:?}", child.stdout))?;
+    Ok((child, report))
+}
+
+fn floor_run(case: &Case<'_>) -> Result<(measure::ChildRun, FloorReport)> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["floor", "--workload", case.workload.name, "--input"])
+        .arg(&case.input);
+    let child = measure::run(cmd)?;
+    let report: FloorReport = serde_json::from_str(&child.stdout)
+        .with_context(|| format!("floor printed {:?}", child.stdout))?;
+    Ok((child, report))
+}
+
+/// `key=value` of a `RESULT ...` / `JVMCPU ...` line of flink_job.py.
+fn field(stdout: &str, prefix: &str, key: &str) -> Option<f64> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
+fn run_flink(
+    results: &mut Results,
+    python: &Path,
+    script: &Path,
+    runs: usize,
+    large: bool,
+    parallelism: u32,
+    out: &Path,
+) -> Result<()> {
+    ensure!(
+        python.is_file(),
+        "{} not found: create the virtualenv first (`just bench-peers` does)",
+        python.display()
+    );
+    let data = out.join("data");
+    let work = out.join("flink");
+    std::fs::create_dir_all(&work)?;
+    let sizes = if large { &SIZES[..] } else { &SIZES[..1] };
+    for w in WORKLOADS.iter().filter(|w| w.input == Input::Bids) {
+        let Some(q) = w.flink_query else { continue };
+        for &(label, records) in sizes {
+            let input = bids_file(&data, label, records, false)?;
+            let mut flink_runs = Vec::new();
+            for i in 0..runs {
+                let mut cmd = Command::new(python);
+                cmd.arg(script)
+                    .current_dir(&work)
+                    .env("Q", q)
+                    .env("MODE", "streaming")
+                    .env("PAR", parallelism.to_string())
+                    .env("INPUT", &input);
+                let child = measure::run(cmd)?;
+                let job_s = field(&child.stdout, "RESULT", "job_s")
+                    .with_context(|| format!("no RESULT job_s in {:?}", child.stdout))?;
+                let jvm_cpu = field(&child.stdout, "JVMCPU", "jvm_cpu_s").unwrap_or(0.0);
+                // wait4 covers the JVM only if Python reaped it; otherwise add its CPU.
+                let cpu_s = if child.cpu_s >= jvm_cpu {
+                    child.cpu_s
+                } else {
+                    child.cpu_s + jvm_cpu
+                };
+                eprintln!(
+                    "   flink {} {label} run {}: job {job_s:.2} s, process {:.2} s, {cpu_s:.1} CPU s",
+                    w.name,
+                    i + 1,
+                    child.wall_s
+                );
+                flink_runs.push(Run {
+                    e2e_s: child.wall_s,
+                    steady_s: job_s,
+                    cpu_s,
+                    max_rss_mib: child.max_rss_mib,
+                });
+            }
+            results.upsert(Row {
+                workload: w.name.into(),
+                engine: FLINK.into(),
+                input: format!("bids-{label}.csv"),
+                records,
+                runs: flink_runs,
+                note: format!(
+                    "flink_job.py Q={q} MODE=streaming PAR={parallelism}, headerless copy; measured {}",
+                    utc_now()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `YYYY-MM-DD HH:MM UTC` of now.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil from days (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60
+    )
+}
+
+/// Cores and CPU model of this machine.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cores} cores, {model}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_flink_result_lines() {
+        let out = "noise\nJVMCPU jvm_cpu_s=12.50\nRESULT q=count mode=streaming setup_s=3.1 job_s=9.87 total_s=13.0\n";
+        assert_eq!(field(out, "RESULT", "job_s"), Some(9.87));
+        assert_eq!(field(out, "JVMCPU", "jvm_cpu_s"), Some(12.5));
+        assert_eq!(field(out, "RESULT", "nope"), None);
+        let date = utc_now();
+        assert!(date.len() == 20 && date.ends_with(" UTC"), "{date}");
+        assert!(date.starts_with("20"), "{date}");
+    }
+}
