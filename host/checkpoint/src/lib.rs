@@ -9,6 +9,7 @@
 //!
 //! This crate never depends on a transport (seed §11.2).
 
+pub mod alignment;
 pub mod coordinator;
 pub mod failpoint;
 pub mod manifest;

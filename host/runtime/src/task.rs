@@ -17,6 +17,7 @@ use crate::plugin::{
 use crate::transport::Message;
 use crossbeam_channel::{Receiver, Select, Sender};
 use nop_stream_api::{AttemptId, ChannelId, EpochId, TaskId};
+use nop_stream_checkpoint::alignment::{Aligner, Alignment as AlignOutcome};
 use nop_stream_checkpoint::failpoint;
 use nop_stream_checkpoint::{
     CheckpointStorage, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot,
@@ -156,12 +157,6 @@ struct SinkState {
     pending: Vec<PendingTransaction>,
 }
 
-struct Alignment {
-    epoch: EpochId,
-    aligned: BTreeSet<usize>,
-    started: Instant,
-}
-
 struct Task {
     id: TaskId,
     attempt: AttemptId,
@@ -176,7 +171,8 @@ struct Task {
     sink: Option<SinkState>,
     watermark: i64,
     data_ended: bool,
-    alignment: Option<Alignment>,
+    aligner: Aligner,
+    align_started: Option<Instant>,
     report: TaskReport,
     progress: Arc<JobProgress>,
     storage: Arc<dyn CheckpointStorage>,
@@ -310,7 +306,8 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         sink: None,
         watermark: i64::MIN,
         data_ended: restore.end_of_data,
-        alignment: None,
+        aligner: Aligner::new(0),
+        align_started: None,
         report: TaskReport {
             task: task.to_string(),
             ..TaskReport::default()
@@ -323,6 +320,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         cancel,
     };
     t.watermark = t.restored_watermark();
+    t.aligner = Aligner::new(t.inputs.len());
     // Sink recovery (seed §7.3 "on recovery"): commit the durable pre-committed
     // transactions, abort every other pending one of this subtask, then begin anew.
     if let (Some(prefix), Some(Stage::Sink(sink))) = (sink_txn_prefix, t.stages.last_mut()) {
@@ -563,13 +561,8 @@ impl Task {
 
     /// Waits for one input message or command and handles it; `true` when finished.
     fn wait_once(&mut self) -> Result<bool> {
-        let blocked: BTreeSet<usize> = self
-            .alignment
-            .as_ref()
-            .map(|a| a.aligned.clone())
-            .unwrap_or_default();
         let active: Vec<usize> = (0..self.inputs.len())
-            .filter(|i| !self.inputs[*i].closed && !blocked.contains(i))
+            .filter(|i| !self.inputs[*i].closed && !self.aligner.is_blocked(*i))
             .collect();
         let mut sel = Select::new();
         let cmd_index = sel.recv(&self.commands);
@@ -623,30 +616,22 @@ impl Task {
         Ok(false)
     }
 
-    /// Barrier alignment (seed §5.4): hold channels that delivered barrier N, keep reading
-    /// the others, snapshot once every input delivered it. A newer barrier supersedes an
-    /// unfinished alignment (its epoch was aborted); an older one is stale and ignored.
+    /// Barrier alignment (seed §5.4, [`Aligner`]): hold channels that delivered barrier
+    /// N, keep reading the others, snapshot once every input delivered it.
     fn on_barrier(&mut self, idx: usize, epoch: EpochId) -> Result<()> {
-        match &mut self.alignment {
-            Some(a) if a.epoch == epoch => {
-                a.aligned.insert(idx);
-            }
-            Some(a) if a.epoch > epoch => return Ok(()),
-            _ => {
-                self.alignment = Some(Alignment {
-                    epoch,
-                    aligned: BTreeSet::from([idx]),
-                    started: Instant::now(),
-                });
-            }
+        if self.aligner.aligning() != Some(epoch) {
+            self.align_started = Some(Instant::now());
         }
-        let a = self.alignment.as_ref().expect("just set");
-        if a.aligned.len() == self.inputs.len() {
-            let alignment_ms = a.started.elapsed().as_millis() as u64;
-            self.alignment = None;
-            self.checkpoint(epoch, alignment_ms)?;
+        match self.aligner.on_barrier(idx, epoch) {
+            AlignOutcome::Aligned(e) => {
+                let alignment_ms = self
+                    .align_started
+                    .take()
+                    .map_or(0, |t| t.elapsed().as_millis() as u64);
+                self.checkpoint(e, alignment_ms)
+            }
+            AlignOutcome::Holding | AlignOutcome::Ignored => Ok(()),
         }
-        Ok(())
     }
 
     /// Handles a coordinator command; `true` when the task must finish.

@@ -1,8 +1,10 @@
 //! Fault plugin `fault-trap`: an operator that passes records through and panics (a trap
 //! in the component) once it has seen more than `after` records in total.
 //!
-//! Config: `{"after": N}` — records passed through before the panic (default 0, so the
-//! first record traps).
+//! Config: `{"after": N, "attempts": K}` — records passed through before the panic
+//! (default 0, so the first record traps); with `attempts`, only subtask attempts
+//! `<= K` panic, so a job recovering with a later attempt gets past the fault (a
+//! transient failure).
 
 use nop_stream_sdk::{Batch, Context, Operator, PluginError, PluginInfo, Result, TaskInfo};
 use serde::Deserialize;
@@ -12,6 +14,8 @@ use serde::Deserialize;
 struct Config {
     #[serde(default)]
     after: u64,
+    #[serde(default)]
+    attempts: Option<u32>,
 }
 
 /// The operator: counts records seen by this instance.
@@ -25,15 +29,16 @@ impl Operator for FaultTrap {
         PluginInfo::operator("fault-trap", "0.1.0")
             .description("passes records through, then panics after `after` records")
             .config_schema(
-                r#"{"type":"object","properties":{"after":{"type":"integer","minimum":0}},"additionalProperties":false}"#,
+                r#"{"type":"object","properties":{"after":{"type":"integer","minimum":0},"attempts":{"type":"integer","minimum":1}},"additionalProperties":false}"#,
             )
     }
 
-    fn open(_ctx: &mut dyn Context, _task: &TaskInfo, config: &str) -> Result<Self> {
+    fn open(_ctx: &mut dyn Context, task: &TaskInfo, config: &str) -> Result<Self> {
         let config: Config = serde_json::from_str(config)
             .map_err(|e| PluginError::invalid_config(format!("fault-trap config: {e}")))?;
+        let armed = config.attempts.is_none_or(|k| task.attempt <= k);
         Ok(FaultTrap {
-            after: config.after,
+            after: if armed { config.after } else { u64::MAX },
             seen: 0,
         })
     }
