@@ -1,0 +1,207 @@
+//! Components that are not what the job needs are refused when they are loaded or
+//! planned, with a message naming the fault (design §3): the wrong world, a core wasm
+//! module, a file that is not wasm at all. Compiled components are cached on disk.
+
+mod common;
+
+use common::{JobDir, Op, host, pipeline_toml, wasm};
+use nop_stream_api::PluginKind;
+use nop_stream_core::{PluginRef, parse_job_file, stream_graph};
+use nop_stream_runtime::registry::PluginRegistry;
+use nop_stream_runtime::{PluginHost, RuntimeError};
+use std::path::PathBuf;
+
+fn registry(job_dir: PathBuf) -> PluginRegistry<'static> {
+    PluginRegistry::new(
+        host(),
+        vec![PathBuf::from(nop_stream_artifacts::PLUGIN_DIR)],
+        job_dir,
+    )
+}
+
+fn path_ref(path: &str) -> PluginRef {
+    PluginRef::Path {
+        path: path.to_owned(),
+    }
+}
+
+#[test]
+fn source_component_used_as_an_operator_is_the_wrong_world() {
+    let path = wasm("fault-wrong-world");
+    let reg = registry(std::env::temp_dir());
+    let err = reg
+        .load(&path_ref(&path), PluginKind::Operator)
+        .expect_err("a source component cannot serve as an operator");
+    let msg = err.to_string();
+    let RuntimeError::WrongWorld {
+        plugin,
+        expected,
+        message,
+    } = &err
+    else {
+        panic!("expected WrongWorld, got {err:?}");
+    };
+    assert_eq!(plugin, &path);
+    assert_eq!(*expected, PluginKind::Operator);
+    assert!(
+        message.contains("operator-plugin"),
+        "wasmtime's reason names the missing export: {message}"
+    );
+    assert!(
+        msg.starts_with(&format!(
+            "plugin `{path}` does not implement the `nop:stream/operator` world: "
+        )),
+        "{msg}"
+    );
+    // The same component loads as what it is, a source, and is then caught by its kind.
+    let err = reg
+        .load(&path_ref(&path), PluginKind::Source)
+        .expect_err("its describe() says operator");
+    let RuntimeError::DescribeMismatch { plugin, message } = &err else {
+        panic!("expected DescribeMismatch, got {err:?}");
+    };
+    assert_eq!(plugin, &path);
+    assert_eq!(
+        message,
+        "exports the `source` world but describe() says it is a operator"
+    );
+}
+
+#[test]
+fn operator_component_used_as_a_sink_is_the_wrong_world() {
+    let path = wasm("fault-trap");
+    let err = registry(std::env::temp_dir())
+        .load(&path_ref(&path), PluginKind::Sink)
+        .expect_err("an operator is not a sink");
+    assert!(
+        matches!(&err, RuntimeError::WrongWorld { expected: PluginKind::Sink, plugin, .. } if *plugin == path),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn wrong_world_in_a_job_is_a_diagnostic_on_the_operator_plugin_field() {
+    let mut toml = pipeline_toml(
+        "wrong-world",
+        1,
+        &[Op::new("mid", wasm("fault-wrong-world"), "{}")],
+    );
+    // The operator is the second node: `operator[0]`.
+    toml.push('\n');
+    let job = JobDir::new(&common::records(1), &toml);
+    let name = job.file.display().to_string();
+    let model = parse_job_file(&name, &toml).expect("the file itself is well-formed");
+    let reg = registry(job.dir.path().to_owned());
+    let diags = stream_graph(&model, &reg).expect_err("planning must refuse it");
+    assert_eq!(diags.len(), 1, "{diags}");
+    let d = &diags.0[0];
+    assert_eq!(d.field, "operator[0].plugin");
+    assert!(
+        d.message.contains(&format!(
+            "plugin `{}` does not implement the `nop:stream/operator` world",
+            wasm("fault-wrong-world")
+        )),
+        "{d}"
+    );
+    assert!(diags.mentions("operator[0]"));
+}
+
+#[test]
+fn core_wasm_module_is_refused_with_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("core.wasm");
+    // The smallest core module: magic and version 1.
+    std::fs::write(&file, b"\0asm\x01\0\0\0").unwrap();
+    let label = file.display().to_string();
+    let err = host()
+        .load(&label, &file, PluginKind::Operator)
+        .expect_err("a core module is not a component");
+    let RuntimeError::PluginLoad {
+        plugin,
+        path,
+        message,
+    } = &err
+    else {
+        panic!("expected PluginLoad, got {err:?}");
+    };
+    assert_eq!((plugin, path), (&label, &label));
+    assert!(
+        message.contains("core wasm module, not a component"),
+        "{message}"
+    );
+    assert!(message.contains("wasm32-wasip2"), "{message}");
+}
+
+#[test]
+fn garbage_file_is_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("garbage.wasm");
+    std::fs::write(&file, b"this is not webassembly at all").unwrap();
+    let err = registry(dir.path().to_owned())
+        .load(&path_ref("garbage.wasm"), PluginKind::Operator)
+        .expect_err("garbage");
+    let msg = err.to_string();
+    let RuntimeError::PluginLoad { plugin, path, .. } = &err else {
+        panic!("expected PluginLoad, got {err:?}");
+    };
+    assert_eq!(plugin, "garbage.wasm");
+    assert_eq!(path, &file.display().to_string());
+    assert!(
+        msg.starts_with(&format!(
+            "cannot load plugin `garbage.wasm` from {}: ",
+            file.display()
+        )),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_plugin_is_refused_listing_where_it_looked() {
+    let err = registry(std::env::temp_dir())
+        .load(
+            &PluginRef::Named {
+                name: "no-such-plugin".into(),
+                version: "9.9.9".into(),
+            },
+            PluginKind::Operator,
+        )
+        .expect_err("missing");
+    let msg = err.to_string();
+    assert!(matches!(err, RuntimeError::PluginLoad { .. }), "{err:?}");
+    assert!(msg.contains("no-such-plugin@9.9.9 not found"), "{msg}");
+    assert!(msg.contains(nop_stream_artifacts::PLUGIN_DIR), "{msg}");
+}
+
+#[test]
+fn second_host_takes_the_compiled_component_from_the_disk_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let path = nop_stream_artifacts::plugin_path("fault-error");
+    let first = PluginHost::new(Some(cache.path().to_owned())).unwrap();
+    let a = first
+        .load("fault-error@0.1.0", &path, PluginKind::Operator)
+        .unwrap();
+    assert!(!a.cache_hit, "an empty cache cannot hit");
+    let cached: Vec<_> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .collect();
+    assert_eq!(cached.len(), 1, "one compiled component: {cached:?}");
+    let name = cached[0].file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with(&a.sha256),
+        "{name} is keyed by content hash"
+    );
+
+    let second = PluginHost::new(Some(cache.path().to_owned())).unwrap();
+    let b = second
+        .load("fault-error@0.1.0", &path, PluginKind::Operator)
+        .unwrap();
+    assert!(
+        b.cache_hit,
+        "the second host must reuse the compiled component"
+    );
+    assert_eq!(b.sha256, a.sha256);
+    assert_eq!(b.info, a.info);
+    assert_eq!(b.info.name, "fault-error");
+}
