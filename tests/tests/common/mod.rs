@@ -210,7 +210,7 @@ pub fn run(job: &JobDir, limits: Limits) -> Result<JobReport, RuntimeError> {
     with_watchdog(&what, move || run_now(&file, &output, &work, limits))
 }
 
-/// [`run`] without the watchdog, and reporting the elapsed time too.
+/// [`run`] without the watchdog, on the calling thread.
 pub fn run_now(
     file: &Path,
     output: &Path,
