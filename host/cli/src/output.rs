@@ -44,7 +44,7 @@ pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -159,8 +159,8 @@ pub fn print_checkpoints(dir: &Path, verbose: bool) -> Result<()> {
     let manifests = storage.manifest_epochs()?;
     println!("checkpoints in {}", dir.display());
     println!(
-        "{:>6}  {:<10} {:>7} {:>10} {:>10} {:>12}  {}",
-        "epoch", "state", "attempt", "duration", "alignment", "snapshot", "contents"
+        "{:>6}  {:<10} {:>7} {:>10} {:>10} {:>12}  contents",
+        "epoch", "state", "attempt", "duration", "alignment", "snapshot"
     );
     for (epoch, (state, attempt)) in &states {
         let m = if manifests.iter().any(|e| e.0 == *epoch) {

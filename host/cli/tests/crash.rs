@@ -156,13 +156,18 @@ fn check_per_record(lines: &[String]) {
     }
 }
 
-/// A reference run without interruption.
-fn reference(example: &str) -> Vec<String> {
+/// A reference run without interruption: its committed output and its duration.
+fn reference_timed(example: &str) -> (Vec<String>, Duration) {
     let tmp = tempfile::tempdir().unwrap();
     let job = Job::new(example, 100, tmp.path());
+    let t = Instant::now();
     let (ok, text) = job.run(None);
     assert!(ok, "{text}");
-    job.committed()
+    (job.committed(), t.elapsed())
+}
+
+fn reference(example: &str) -> Vec<String> {
+    reference_timed(example).0
 }
 
 const FAILPOINTS: &[&str] = &[
@@ -196,14 +201,22 @@ fn crash_at_every_failpoint(example: &str, expected: &[String]) {
 /// SIGKILLs the job at random moments, restarting it each time, until `kills` kills have
 /// landed while it ran. A resumed run only has the remaining work, so a round can end
 /// before enough kills landed; then its output is checked and a fresh round starts.
-fn crash_at_random_moments(example: &str, expected: &[String], kills: usize, seed: u64) {
+fn crash_at_random_moments(
+    example: &str,
+    expected: &[String],
+    span: Duration,
+    kills: usize,
+    seed: u64,
+) {
+    // Kill moments are spread over one uninterrupted run's duration (start-up included).
+    let span = (span.as_millis() as u64).max(100);
     let mut x = seed;
     let mut landed = 0;
     let mut rounds = 0;
     while landed < kills {
         rounds += 1;
         assert!(
-            rounds <= 12,
+            rounds <= 40,
             "kills keep missing the run ({landed}/{kills} landed)"
         );
         let tmp = tempfile::tempdir().unwrap();
@@ -212,7 +225,7 @@ fn crash_at_random_moments(example: &str, expected: &[String], kills: usize, see
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            let at = 30 + (x >> 33) % 600;
+            let at = 20 + (x >> 33) % span;
             if job.kill_after(Duration::from_millis(at)) {
                 break; // the job finished before the kill
             }
@@ -232,18 +245,18 @@ fn crash_at_random_moments(example: &str, expected: &[String], kills: usize, see
 
 #[test]
 fn per_record_job_survives_failpoints_and_random_kills() {
-    let expected = reference("flights-per-record.toml");
+    let (expected, span) = reference_timed("flights-per-record.toml");
     check_per_record(&expected);
     crash_at_every_failpoint("flights-per-record.toml", &expected);
-    crash_at_random_moments("flights-per-record.toml", &expected, 20, 7);
+    crash_at_random_moments("flights-per-record.toml", &expected, span, 20, 7);
 }
 
 #[test]
 fn aggregate_job_survives_failpoints_and_random_kills() {
-    let expected = reference("flights.toml");
+    let (expected, span) = reference_timed("flights.toml");
     assert_eq!(expected.len(), 16);
     crash_at_every_failpoint("flights.toml", &expected);
-    crash_at_random_moments("flights.toml", &expected, 20, 11);
+    crash_at_random_moments("flights.toml", &expected, span, 20, 11);
 }
 
 #[test]

@@ -404,7 +404,7 @@ pub fn run_job(
             .chain(restore.as_ref().map(|m| m.epoch.0))
             .max()
             .unwrap_or(0);
-        let attempt = AttemptId(log.iter().map(|r| r.attempt.0).max().unwrap_or(0) + 1);
+        let attempt = next_attempt(&ns_dir, log.iter().map(|r| r.attempt.0).max().unwrap_or(0))?;
         let outcome = run_attempt(
             plan,
             plugins,
@@ -446,6 +446,30 @@ pub fn run_job(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Allocates the next attempt number of a namespace: one more than any attempt seen in
+/// the epoch log or recorded in `<ns>/attempt` (written durably before the attempt
+/// starts), so attempts grow across in-process recoveries and process restarts alike,
+/// even when an attempt failed before creating any epoch.
+fn next_attempt(ns_dir: &Path, log_max: u32) -> Result<AttemptId> {
+    let path = ns_dir.join("attempt");
+    let recorded = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    let next = recorded.max(log_max) + 1;
+    let io = |e: std::io::Error| RuntimeError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{next}\n")).map_err(io)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    Ok(AttemptId(next))
 }
 
 struct AttemptOutcome {
@@ -881,23 +905,20 @@ fn attempt_inner(
     let mut pending_txns: BTreeMap<EpochId, Vec<CommittedTransaction>> = BTreeMap::new();
     let mut final_epoch = None;
     let mut queue: Vec<Command> = Vec::new();
-    let fail =
-        |failure: &mut Option<RuntimeError>,
-         error: RuntimeError,
-         commands: &BTreeMap<TaskId, crossbeam_channel::Sender<TaskCommand>>| {
-            let replace = match failure {
-                None => true,
-                Some(f) => is_secondary(f) && !is_secondary(&error),
-            };
-            if replace {
-                *failure = Some(error);
-            }
-            if !cancel.swap(true, Ordering::SeqCst) {
-                // Fence the attempt: its channels refuse every further write (seed §10.2).
-                transport.fence(FencingToken(token.0 + 1_000_000));
-            }
-            let _ = commands;
+    let fail = |failure: &mut Option<RuntimeError>, error: RuntimeError| {
+        let replace = match failure {
+            None => true,
+            Some(f) => is_secondary(f) && !is_secondary(&error),
         };
+        if replace {
+            *failure = Some(error);
+        }
+        if !cancel.swap(true, Ordering::SeqCst) {
+            // Fence the attempt: no token is valid any more, so its channels refuse every
+            // further write (seed §10.2); the next attempt gets a new transport and token.
+            transport.fence(FencingToken(u64::MAX));
+        }
+    };
     while ended < total {
         let event = match events_rx.recv_timeout(Duration::from_millis(10)) {
             Ok(e) => Some(e),
@@ -913,19 +934,17 @@ fn attempt_inner(
             Some(TaskEvent::Ack {
                 attempt: a,
                 snapshot,
-            }) => {
-                if failure.is_none() {
-                    queue.extend(coord.handle(Event::Ack {
-                        attempt: a,
-                        snapshot,
-                    }));
-                }
+            }) if failure.is_none() => {
+                queue.extend(coord.handle(Event::Ack {
+                    attempt: a,
+                    snapshot,
+                }));
             }
-            Some(TaskEvent::EndOfData { attempt: a, task }) => {
-                if failure.is_none() {
-                    queue.extend(coord.handle(Event::EndOfData { attempt: a, task }));
-                }
+            Some(TaskEvent::EndOfData { attempt: a, task }) if failure.is_none() => {
+                queue.extend(coord.handle(Event::EndOfData { attempt: a, task }));
             }
+            // A failing attempt's snapshots and ends of data no longer count.
+            Some(TaskEvent::Ack { .. } | TaskEvent::EndOfData { .. }) => {}
             Some(TaskEvent::Committed { task, epoch }) => {
                 let acks = commit_acks.entry(epoch).or_default();
                 acks.insert(task);
@@ -940,7 +959,7 @@ fn attempt_inner(
             Some(TaskEvent::Failed { task, error }) => {
                 ended += 1;
                 tracing::debug!(%task, "task failed: {error}");
-                fail(&mut failure, error, &commands);
+                fail(&mut failure, error);
             }
         }
         while !queue.is_empty() && failure.is_none() {

@@ -721,8 +721,6 @@ impl Task {
             let op_id = self.operator_ids[i].clone();
             let mut parts: Vec<(String, u32, ShardSnapshot)> = Vec::new();
             if let Some(ks) = op.state_mut() {
-                let shard_count = ks_shard_count(ks);
-                let _ = shard_count;
                 let descs = ks.descriptors().to_vec();
                 for s in ks.snapshot().map_err(|e| RuntimeError::Io {
                     path: format!("state of operator `{}`", self.sites[i].operator),
@@ -734,7 +732,7 @@ impl Task {
             }
             let timers = op.timers();
             if !timers.is_empty() {
-                let shard_count = op.state_mut().map(ks_shard_count).unwrap_or(1);
+                let shard_count = op.state_mut().map_or(1, |ks| ks.shard_count());
                 let mut by_shard: BTreeMap<u32, Vec<&TimerEntry>> = BTreeMap::new();
                 for t in &timers {
                     by_shard
@@ -937,10 +935,6 @@ impl Task {
         }
         Ok(())
     }
-}
-
-fn ks_shard_count(ks: &mut nop_stream_state::KeyedState) -> u32 {
-    ks.shard_count()
 }
 
 #[cfg(test)]

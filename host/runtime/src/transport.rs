@@ -74,12 +74,15 @@ pub trait Transport: Send + Sync {
     fn current_token(&self) -> FencingToken;
 }
 
+/// Both ends of an in-process channel; the receiver stays here until a task takes it.
+type LocalChannel = (Sender<Message>, Option<Receiver<Message>>);
+
 /// In-process transport: one bounded crossbeam queue per channel.
 pub struct LocalTransport {
     capacity: usize,
     token: Arc<AtomicU64>,
     cancel: Arc<AtomicBool>,
-    channels: Mutex<HashMap<ChannelId, (Sender<Message>, Option<Receiver<Message>>)>>,
+    channels: Mutex<HashMap<ChannelId, LocalChannel>>,
 }
 
 impl std::fmt::Debug for LocalTransport {
@@ -119,11 +122,7 @@ impl LocalTransport {
         Ok(())
     }
 
-    fn entry<R>(
-        &self,
-        channel: &ChannelId,
-        f: impl FnOnce(&mut (Sender<Message>, Option<Receiver<Message>>)) -> R,
-    ) -> R {
+    fn entry<R>(&self, channel: &ChannelId, f: impl FnOnce(&mut LocalChannel) -> R) -> R {
         let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         let e = map.entry(channel.clone()).or_insert_with(|| {
             let (s, r) = crossbeam_channel::bounded(self.capacity);
