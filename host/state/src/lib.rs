@@ -113,6 +113,66 @@ impl StateConfig {
     pub const DEFAULT_MAX_CACHED_ENTRIES: usize = 1_000_000;
 }
 
+/// Key bytes -> slot, hashed with foldhash (SipHash dominated the keyed hot path).
+type SlotMap = HashMap<Vec<u8>, Slot, foldhash::fast::RandomState>;
+
+/// The working set of one state: a map per namespace, keyed by the raw key bytes, so a
+/// hit costs one hash lookup with no composite key built (those are made only for
+/// misses and flushes).
+#[derive(Default)]
+struct StateCache {
+    plain: SlotMap,
+    namespaced: HashMap<Vec<u8>, SlotMap, foldhash::fast::RandomState>,
+}
+
+impl StateCache {
+    fn map(&self, namespace: &[u8]) -> Option<&SlotMap> {
+        if namespace.is_empty() {
+            Some(&self.plain)
+        } else {
+            self.namespaced.get(namespace)
+        }
+    }
+
+    fn map_mut(&mut self, namespace: &[u8]) -> &mut SlotMap {
+        if namespace.is_empty() {
+            return &mut self.plain;
+        }
+        if !self.namespaced.contains_key(namespace) {
+            self.namespaced
+                .insert(namespace.to_vec(), SlotMap::default());
+        }
+        self.namespaced.get_mut(namespace).expect("just inserted")
+    }
+
+    fn len(&self) -> usize {
+        self.plain.len() + self.namespaced.values().map(HashMap::len).sum::<usize>()
+    }
+
+    fn clear(&mut self) {
+        self.plain.clear();
+        self.namespaced.clear();
+    }
+
+    fn any_dirty(&self) -> bool {
+        self.plain.values().any(|s| s.dirty)
+            || self
+                .namespaced
+                .values()
+                .any(|m| m.values().any(|s| s.dirty))
+    }
+}
+
+/// The table key of (namespace, key) in shard `shard`.
+fn composite(shard: u32, namespace: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + namespace.len() + key.len());
+    k.extend_from_slice(&shard.to_be_bytes());
+    k.extend_from_slice(&(namespace.len() as u32).to_be_bytes());
+    k.extend_from_slice(namespace);
+    k.extend_from_slice(key);
+    k
+}
+
 struct Slot {
     value: Option<Vec<u8>>,
     dirty: bool,
@@ -126,10 +186,8 @@ pub struct KeyedState {
     shard_count: u32,
     owned: Range<u32>,
     states: Vec<StateDescriptor>,
-    cache: Vec<HashMap<Vec<u8>, Slot>>,
+    cache: Vec<StateCache>,
     max_cached_entries: usize,
-    scratch: Vec<u8>,
-    miss_positions: Vec<usize>,
 }
 
 impl std::fmt::Debug for KeyedState {
@@ -200,10 +258,8 @@ impl KeyedState {
             shard_count: config.shard_count,
             owned: config.owned,
             states: config.states,
-            cache: (0..n).map(|_| HashMap::new()).collect(),
+            cache: (0..n).map(|_| StateCache::default()).collect(),
             max_cached_entries: config.max_cached_entries,
-            scratch: Vec::new(),
-            miss_positions: Vec::new(),
         })
     }
 
@@ -256,19 +312,6 @@ impl KeyedState {
         Ok(shard)
     }
 
-    /// Writes the composite table key of (namespace, key) into `self.scratch`, checking
-    /// shard ownership.
-    fn compose(&mut self, namespace: &[u8], key: &[u8]) -> Result<()> {
-        let shard = self.check_key(key)?;
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&shard.0.to_be_bytes());
-        self.scratch
-            .extend_from_slice(&(namespace.len() as u32).to_be_bytes());
-        self.scratch.extend_from_slice(namespace);
-        self.scratch.extend_from_slice(key);
-        Ok(())
-    }
-
     fn read_db(&self, state: u32, composite: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         let name = &self.states[state as usize].name;
         let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
@@ -311,12 +354,12 @@ impl KeyedState {
         data.clear();
         ends.clear();
         present.clear();
-        // First pass: serve hits, remember misses.
-        self.miss_positions.clear();
-        let mut miss_keys: Vec<Vec<u8>> = Vec::new();
+        // First pass: serve hits, remember misses with their table keys.
+        let mut misses: Vec<(usize, Vec<u8>, Vec<u8>)> = Vec::new();
+        let map = self.cache[state as usize].map(namespace);
         for (i, key) in slices(keys, key_ends).enumerate() {
-            self.compose(namespace, key)?;
-            match self.cache[state as usize].get(self.scratch.as_slice()) {
+            let shard = self.check_key(key)?;
+            match map.and_then(|m| m.get(key)) {
                 Some(slot) => {
                     if let Some(v) = &slot.value {
                         data.extend_from_slice(v);
@@ -326,25 +369,24 @@ impl KeyedState {
                     }
                 }
                 None => {
-                    self.miss_positions.push(i);
-                    miss_keys.push(self.scratch.clone());
+                    misses.push((i, key.to_vec(), composite(shard.0, namespace, key)));
                     present.push(false);
                 }
             }
             ends.push(data.len() as u32);
         }
-        if miss_keys.is_empty() {
+        if misses.is_empty() {
             return Ok(());
         }
         // Misses: one read transaction, then rebuild the output in order.
-        let refs: Vec<&[u8]> = miss_keys.iter().map(|k| k.as_slice()).collect();
+        let refs: Vec<&[u8]> = misses.iter().map(|m| m.2.as_slice()).collect();
         let loaded = self.read_db(state, &refs)?;
         let mut rebuilt = Vec::with_capacity(data.len());
         let mut rebuilt_ends = Vec::with_capacity(ends.len());
         let mut miss = 0usize;
         let mut start = 0usize;
         for (i, end) in ends.iter().enumerate() {
-            if miss < self.miss_positions.len() && self.miss_positions[miss] == i {
+            if miss < misses.len() && misses[miss].0 == i {
                 if let Some(v) = &loaded[miss] {
                     rebuilt.extend_from_slice(v);
                     present[i] = true;
@@ -358,12 +400,12 @@ impl KeyedState {
         }
         *data = rebuilt;
         *ends = rebuilt_ends;
-        let cache = &mut self.cache[state as usize];
-        for (k, v) in miss_keys.into_iter().zip(loaded) {
-            cache.insert(
-                k,
+        let map = self.cache[state as usize].map_mut(namespace);
+        for ((_, key, _), value) in misses.into_iter().zip(loaded) {
+            map.insert(
+                key,
                 Slot {
-                    value: v,
+                    value,
                     dirty: false,
                 },
             );
@@ -393,39 +435,48 @@ impl KeyedState {
                 detail: format!("{} keys but {} values", key_ends.len(), value_ends.len()),
             });
         }
+        // Check every key first, so a refused key leaves the state unchanged.
+        for key in slices(keys, key_ends) {
+            self.check_key(key)?;
+        }
+        let map = self.cache[state as usize].map_mut(namespace);
         for (key, value) in slices(keys, key_ends).zip(slices(values, value_ends)) {
-            self.compose(namespace, key)?;
-            self.set_slot(state, Some(value.to_vec()));
+            match map.get_mut(key) {
+                Some(slot) => {
+                    let v = slot.value.get_or_insert_with(Vec::new);
+                    v.clear();
+                    v.extend_from_slice(value);
+                    slot.dirty = true;
+                }
+                None => {
+                    map.insert(
+                        key.to_vec(),
+                        Slot {
+                            value: Some(value.to_vec()),
+                            dirty: true,
+                        },
+                    );
+                }
+            }
         }
         Ok(())
     }
 
-    fn set_slot(&mut self, state: u32, value: Option<Vec<u8>>) {
-        let cache = &mut self.cache[state as usize];
-        match cache.get_mut(self.scratch.as_slice()) {
-            Some(slot) => {
-                slot.value = value;
-                slot.dirty = true;
-            }
-            None => {
-                cache.insert(self.scratch.clone(), Slot { value, dirty: true });
-            }
-        }
-    }
-
     /// Reads the stored bytes of one (state, namespace, key) through the cache.
     fn get_one(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.compose(namespace, key)?;
-        if let Some(slot) = self.cache[state as usize].get(self.scratch.as_slice()) {
+        let shard = self.check_key(key)?;
+        if let Some(slot) = self.cache[state as usize]
+            .map(namespace)
+            .and_then(|m| m.get(key))
+        {
             return Ok(slot.value.clone());
         }
-        let composite = self.scratch.clone();
         let loaded = self
-            .read_db(state, &[composite.as_slice()])?
+            .read_db(state, &[composite(shard.0, namespace, key).as_slice()])?
             .pop()
             .flatten();
-        self.cache[state as usize].insert(
-            composite,
+        self.cache[state as usize].map_mut(namespace).insert(
+            key.to_vec(),
             Slot {
                 value: loaded.clone(),
                 dirty: false,
@@ -441,8 +492,17 @@ impl KeyedState {
         key: &[u8],
         value: Option<Vec<u8>>,
     ) -> Result<()> {
-        self.compose(namespace, key)?;
-        self.set_slot(state, value);
+        self.check_key(key)?;
+        let map = self.cache[state as usize].map_mut(namespace);
+        match map.get_mut(key) {
+            Some(slot) => {
+                slot.value = value;
+                slot.dirty = true;
+            }
+            None => {
+                map.insert(key.to_vec(), Slot { value, dirty: true });
+            }
+        }
         Ok(())
     }
 
@@ -664,7 +724,7 @@ impl KeyedState {
 
     /// Number of entries cached in memory.
     pub fn cached_entries(&self) -> usize {
-        self.cache.iter().map(HashMap::len).sum()
+        self.cache.iter().map(StateCache::len).sum()
     }
 
     /// Flushes if the working set exceeds its budget; call between batches.
@@ -687,7 +747,7 @@ impl KeyedState {
     /// # Errors
     /// A database failure.
     pub fn flush(&mut self, durable: bool) -> Result<()> {
-        if !durable && self.cache.iter().all(|c| c.values().all(|s| !s.dirty)) {
+        if !durable && !self.cache.iter().any(StateCache::any_dirty) {
             return Ok(());
         }
         let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
@@ -700,20 +760,30 @@ impl KeyedState {
         for (i, desc) in self.states.iter().enumerate() {
             let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
             let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
-            for (k, slot) in self.cache[i].iter_mut().filter(|(_, s)| s.dirty) {
-                match &slot.value {
-                    Some(v) => {
-                        table
-                            .insert(k.as_slice(), v.as_slice())
-                            .map_err(|e| db_err(&self.path, e))?;
+            let cache = &mut self.cache[i];
+            let maps = std::iter::once((&[][..], &mut cache.plain)).chain(
+                cache
+                    .namespaced
+                    .iter_mut()
+                    .map(|(ns, m)| (ns.as_slice(), m)),
+            );
+            for (ns, map) in maps {
+                for (k, slot) in map.iter_mut().filter(|(_, s)| s.dirty) {
+                    let table_key = composite(shard_of(k, self.shard_count).0, ns, k);
+                    match &slot.value {
+                        Some(v) => {
+                            table
+                                .insert(table_key.as_slice(), v.as_slice())
+                                .map_err(|e| db_err(&self.path, e))?;
+                        }
+                        None => {
+                            table
+                                .remove(table_key.as_slice())
+                                .map_err(|e| db_err(&self.path, e))?;
+                        }
                     }
-                    None => {
-                        table
-                            .remove(k.as_slice())
-                            .map_err(|e| db_err(&self.path, e))?;
-                    }
+                    slot.dirty = false;
                 }
-                slot.dirty = false;
             }
         }
         txn.commit().map_err(|e| db_err(&self.path, e))?;
