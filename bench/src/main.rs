@@ -466,7 +466,7 @@ fn nopstream_run(cfg: &RunConfig, case: &Case<'_>) -> Result<(measure::ChildRun,
 
 fn floor_run(case: &Case<'_>) -> Result<(measure::ChildRun, FloorReport)> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["floor", "--workload", case.workload.name, "--input"])
+    cmd.args(["floor", "--workload", case.workload.floor, "--input"])
         .arg(&case.input);
     let child = measure::run(cmd)?;
     let report: FloorReport = serde_json::from_str(&child.stdout)
@@ -513,6 +513,8 @@ fn run_flink(
                     .env("Q", q)
                     .env("MODE", "streaming")
                     .env("PAR", parallelism.to_string())
+                    .env("CKPT_MS", w.checkpoint_ms.unwrap_or(0).to_string())
+                    .env("BACKEND", "hashmap")
                     .env("INPUT", &input);
                 let child = measure::run(cmd)?;
                 let job_s = field(&child.stdout, "RESULT", "job_s")
@@ -544,7 +546,8 @@ fn run_flink(
                 records,
                 runs: flink_runs,
                 note: format!(
-                    "flink_job.py Q={q} MODE=streaming PAR={parallelism}, headerless copy; measured {}",
+                    "flink_job.py Q={q} MODE=streaming PAR={parallelism} CKPT_MS={} BACKEND=hashmap, headerless copy; measured {}",
+                    w.checkpoint_ms.unwrap_or(0),
                     utc_now()
                 ),
             });

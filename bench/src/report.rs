@@ -226,6 +226,23 @@ impl Results {
                 ratio(FLINK),
             );
         }
+        // Checkpointed ÷ unchecked: `<w>-ckpt` against `<w>`, same engine and input.
+        for r in self.rows.iter().filter(|r| r.workload.ends_with("-ckpt")) {
+            let base = r.workload.trim_end_matches("-ckpt");
+            if let Some(b) = self.row(base, &r.input, &r.engine) {
+                let (c, u) = (r.summary(), b.summary());
+                let _ = writeln!(
+                    t,
+                    "\ncheckpointed ÷ unchecked, {} on {}: {:.2} steady / {:.2} end-to-end ({} ÷ {})",
+                    r.engine,
+                    r.input,
+                    c.steady_rps.median / u.steady_rps.median,
+                    c.e2e_rps.median / u.e2e_rps.median,
+                    r.workload,
+                    base
+                );
+            }
+        }
         t
     }
 

@@ -29,6 +29,11 @@ pub struct Workload {
     pub pipeline: Option<&'static str>,
     /// `Q` of `flink_job.py`, if the peer runs this workload.
     pub flink_query: Option<&'static str>,
+    /// Exactly-once checkpoint interval in ms (nop-stream `checkpoint_interval_ms`, Flink
+    /// `CKPT_MS` with the hashmap backend); `None`: only the final epoch.
+    pub checkpoint_ms: Option<u64>,
+    /// The floor to compare with (a workload name of [`crate::floor::run`]).
+    pub floor: &'static str,
 }
 
 const SINK_AFTER: &str = r#"
@@ -55,6 +60,8 @@ inputs = ["bids"]
 {sink:parse}"#,
         ),
         flink_query: Some("q0"),
+        checkpoint_ms: None,
+        floor: "q0",
     },
     Workload {
         name: "q1",
@@ -74,6 +81,8 @@ inputs = ["parse"]
 {sink:map}"#,
         ),
         flink_query: Some("q1"),
+        checkpoint_ms: None,
+        floor: "q1",
     },
     Workload {
         name: "count",
@@ -94,6 +103,30 @@ config = { emit = "record" }
 {sink:count}"#,
         ),
         flink_query: Some("count"),
+        checkpoint_ms: None,
+        floor: "count",
+    },
+    Workload {
+        name: "count-ckpt",
+        description: "keyed running count with exactly-once checkpoints every 1 s (keyed state segments, manifests, 2PC sink)",
+        input: Input::Bids,
+        pipeline: Some(
+            r#"
+[[operator]]
+name = "parse"
+plugin = "bids-parser@0.1.0"
+inputs = ["bids"]
+
+[[operator]]
+name = "count"
+plugin = "keyed-count@0.1.0"
+inputs = [{ from = "parse", partition = "hash" }]
+config = { emit = "record" }
+{sink:count}"#,
+        ),
+        flink_query: Some("count"),
+        checkpoint_ms: Some(1000),
+        floor: "count",
     },
     Workload {
         name: "flights",
@@ -101,6 +134,8 @@ config = { emit = "record" }
         input: Input::Flights,
         pipeline: None,
         flink_query: None,
+        checkpoint_ms: None,
+        floor: "flights",
     },
 ];
 
@@ -138,7 +173,7 @@ pub fn job_text(w: &Workload, data_dir: &str, input_file: &str, batch_records: u
 name = "bench-{name}"
 semantic = "strict-exactly-once"
 batch_records = {batch_records}
-
+{checkpoint}
 [[source]]
 name = "bids"
 plugin = "file-source@0.1.0"
@@ -147,6 +182,10 @@ config = {{ path = "/input/{input_file}", format = "csv", header = true }}
 {body}"#,
         name = w.name,
         description = w.description,
+        checkpoint = w
+            .checkpoint_ms
+            .map(|ms| format!("checkpoint_interval_ms = {ms}\n"))
+            .unwrap_or_default(),
     )
 }
 
