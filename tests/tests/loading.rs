@@ -167,8 +167,18 @@ fn missing_plugin_is_refused_listing_where_it_looked() {
         )
         .expect_err("missing");
     let msg = err.to_string();
-    assert!(matches!(err, RuntimeError::PluginLoad { .. }), "{err:?}");
-    assert!(msg.contains("no-such-plugin@9.9.9 not found"), "{msg}");
+    assert!(
+        matches!(err, RuntimeError::PluginNotFound { .. }),
+        "{err:?}"
+    );
+    assert!(
+        msg.contains("plugin `no-such-plugin@9.9.9` not found"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("no_such_plugin.wasm"),
+        "lists every file name tried: {msg}"
+    );
     assert!(msg.contains(nop_stream_artifacts::PLUGIN_DIR), "{msg}");
 }
 

@@ -193,7 +193,10 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     .read_dir()
                     .is_ok_and(|mut d| d.next().is_some());
             if resume {
-                eprintln!("resuming from the checkpoints in {}", ckpt.display());
+                eprintln!(
+                    "checkpoints found in {}: resuming (use --fresh to start over)",
+                    ckpt.display()
+                );
             } else {
                 output::claim_output_dir(&output)?;
             }
@@ -281,9 +284,56 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     return Ok(std::process::ExitCode::FAILURE);
                 }
             };
+            // Host-side resources the job needs: prepare archives and read-only grants.
+            let dir = job_dir(&job);
+            let mut missing = Vec::new();
+            for (i, step) in model.prepare.iter().enumerate() {
+                let nop_stream_core::PrepareStep::Unzip {
+                    archive,
+                    into,
+                    member,
+                } = step;
+                if !dir.join(into).join(member).exists() && !dir.join(archive).is_file() {
+                    missing.push(format!(
+                        "{name}: prepare[{i}].unzip: archive {} does not exist",
+                        dir.join(archive).display()
+                    ));
+                }
+            }
+            for (i, node) in model.nodes.iter().enumerate() {
+                for (g, grant) in node.grants.iter().enumerate() {
+                    if grant.writable || grant.host.starts_with("$OUTPUT") {
+                        continue;
+                    }
+                    let host_dir = dir.join(&grant.host);
+                    let prepared = model.prepare.iter().any(|p| {
+                        let nop_stream_core::PrepareStep::Unzip { into, .. } = p;
+                        dir.join(into) == host_dir
+                    });
+                    if !host_dir.is_dir() && !prepared {
+                        missing.push(format!(
+                            "{name}: {}.grants[{g}].host: directory {} does not exist",
+                            model.node_field(i),
+                            host_dir.display()
+                        ));
+                    }
+                }
+            }
             let host = PluginHost::new(cache_dir())?;
-            let registry = PluginRegistry::new(&host, search, job_dir(&job));
-            match stream_graph(&model, &registry) {
+            let registry = PluginRegistry::new(&host, search, dir.clone());
+            let graph = stream_graph(&model, &registry);
+            if !missing.is_empty() {
+                for m in &missing {
+                    eprintln!("{m}");
+                }
+                if let Err(d) = &graph {
+                    eprintln!("{}", d.clone().with_file(&name));
+                }
+                let n = missing.len() + graph.as_ref().err().map_or(0, |d| d.len());
+                eprintln!("{name}: {n} problem(s)");
+                return Ok(std::process::ExitCode::FAILURE);
+            }
+            match graph {
                 Ok(g) => {
                     let plan = partitioned_plan(&job_graph(&g));
                     println!(

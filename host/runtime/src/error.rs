@@ -38,6 +38,14 @@ pub enum RuntimeError {
         /// Why.
         message: String,
     },
+    /// No component file matches the reference.
+    #[error("plugin `{plugin}` {message}")]
+    PluginNotFound {
+        /// Plugin reference.
+        plugin: String,
+        /// Where it looked.
+        message: String,
+    },
     /// The component does not export the world its role needs.
     #[error("plugin `{plugin}` does not implement the `nop:stream/{expected}` world: {message}")]
     WrongWorld {

@@ -264,6 +264,7 @@ fn recoverable(e: &RuntimeError) -> bool {
         e,
         RuntimeError::CommitUncertain { .. }
             | RuntimeError::PluginLoad { .. }
+            | RuntimeError::PluginNotFound { .. }
             | RuntimeError::WrongWorld { .. }
             | RuntimeError::DescribeMismatch { .. }
             | RuntimeError::Io { .. }

@@ -75,12 +75,13 @@ impl<'h> PluginRegistry<'h> {
                     }
                 }
                 Err(format!(
-                    "plugin {name}@{version} not found in the plugin path [{}] (looked for {name}.wasm and {name}@{version}.wasm); build the plugins or pass --plugins DIR",
+                    "not found in the plugin path [{}] (looked for {}); build the plugins or pass --plugins DIR",
                     self.search_path
                         .iter()
                         .map(|p| p.display().to_string())
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    candidates.join(", ")
                 ))
             }
         }
@@ -93,9 +94,8 @@ impl<'h> PluginRegistry<'h> {
     pub fn load(&self, plugin: &PluginRef, kind: PluginKind) -> Result<Arc<LoadedPlugin>> {
         let path = self
             .resolve(plugin)
-            .map_err(|message| RuntimeError::PluginLoad {
+            .map_err(|message| RuntimeError::PluginNotFound {
                 plugin: plugin.to_string(),
-                path: String::new(),
                 message,
             })?;
         let key = (path.clone(), kind);
@@ -134,6 +134,10 @@ impl PluginCatalog for PluginRegistry<'_> {
     fn describe(&self, node: &NodeSpec) -> std::result::Result<PluginInfo, String> {
         self.load(&node.plugin, node.kind)
             .map(|p| p.info.clone())
-            .map_err(|e| e.to_string())
+            .map_err(|e| match e {
+                // The diagnostic already names the plugin.
+                RuntimeError::PluginNotFound { message, .. } => message,
+                e => e.to_string(),
+            })
     }
 }
