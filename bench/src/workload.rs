@@ -45,6 +45,20 @@ grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
 config = { summary_dir = "/output" }
 "#;
 
+/// Keyed running count: parse, HASH by auction, count in keyed state, blackhole.
+const COUNT_PIPELINE: &str = r#"
+[[operator]]
+name = "parse"
+plugin = "bids-parser@0.1.0"
+inputs = ["bids"]
+
+[[operator]]
+name = "count"
+plugin = "keyed-count@0.1.0"
+inputs = [{ from = "parse", partition = "hash" }]
+config = { emit = "record" }
+{sink:count}"#;
+
 /// The workloads, in table order.
 pub const WORKLOADS: &[Workload] = &[
     Workload {
@@ -88,20 +102,7 @@ inputs = ["parse"]
         name: "count",
         description: "keyed running count per auction (HASH edge, redb-backed keyed state), one update per bid",
         input: Input::Bids,
-        pipeline: Some(
-            r#"
-[[operator]]
-name = "parse"
-plugin = "bids-parser@0.1.0"
-inputs = ["bids"]
-
-[[operator]]
-name = "count"
-plugin = "keyed-count@0.1.0"
-inputs = [{ from = "parse", partition = "hash" }]
-config = { emit = "record" }
-{sink:count}"#,
-        ),
+        pipeline: Some(COUNT_PIPELINE),
         flink_query: Some("count"),
         checkpoint_ms: None,
         floor: "count",
@@ -110,20 +111,7 @@ config = { emit = "record" }
         name: "count-ckpt",
         description: "keyed running count with exactly-once checkpoints every 1 s (keyed state segments, manifests, 2PC sink)",
         input: Input::Bids,
-        pipeline: Some(
-            r#"
-[[operator]]
-name = "parse"
-plugin = "bids-parser@0.1.0"
-inputs = ["bids"]
-
-[[operator]]
-name = "count"
-plugin = "keyed-count@0.1.0"
-inputs = [{ from = "parse", partition = "hash" }]
-config = { emit = "record" }
-{sink:count}"#,
-        ),
+        pipeline: Some(COUNT_PIPELINE),
         flink_query: Some("count"),
         checkpoint_ms: Some(1000),
         floor: "count",

@@ -610,17 +610,12 @@ macro_rules! guest_call {
     }};
 }
 
+/// [`guest_call!`] for exports without a WIT `result`: only traps can fail them.
 macro_rules! guest_call_infallible {
-    ($self:ident, $name:literal, |$inst:ident, $store:ident| $body:expr) => {{
-        let ticks = $self.ctx.limits.cpu_ticks();
-        $self.store.set_epoch_deadline(ticks);
-        let $inst = Arc::clone(&$self.inst);
-        let $store = &mut $self.store;
-        match $body {
-            Ok(v) => Ok(v),
-            Err(e) => Err(classify(&$self.ctx, $name, e, &$self.store)),
-        }
-    }};
+    ($self:ident, $name:literal, |$inst:ident, $store:ident| $body:expr) => {
+        guest_call!($self, $name, |$inst, $store| ($body)
+            .map(Ok::<_, GuestError>))
+    };
 }
 
 /// An operator instance serving one subtask.
