@@ -366,8 +366,7 @@ pub fn run_job(
             });
     let mut recoveries = 0;
     let mut resumed_from = None;
-    let mut durable_epochs = 0u64;
-    let mut committed = Vec::new();
+    let mut tally = RunTally::default();
     loop {
         let restore = storage.latest_manifest().map_err(storage_err)?;
         if let Some(m) = &restore {
@@ -393,9 +392,9 @@ pub fn run_job(
                 wall: started.elapsed(),
                 records_read: progress.records_read(),
                 records_written: progress.records_written(),
-                epochs: durable_epochs,
+                epochs: tally.durable_epochs,
                 final_epoch: Some(m.epoch.0),
-                committed,
+                committed: tally.committed,
                 tasks: Vec::new(),
             });
         }
@@ -406,7 +405,7 @@ pub fn run_job(
             .max()
             .unwrap_or(0);
         let attempt = next_attempt(&ns_dir, log.iter().map(|r| r.attempt.0).max().unwrap_or(0))?;
-        let outcome = run_attempt(
+        let result = run_attempt(
             plan,
             plugins,
             opts,
@@ -415,10 +414,9 @@ pub fn run_job(
             attempt,
             EpochId(max_epoch + 1),
             &progress,
+            &mut tally,
         );
-        durable_epochs += outcome.durable_epochs;
-        committed.extend(outcome.committed);
-        match outcome.result {
+        match result {
             Ok((reports, final_epoch)) => {
                 return Ok(JobReport {
                     job_id: plan.job.job_id.to_string(),
@@ -430,9 +428,9 @@ pub fn run_job(
                     wall: started.elapsed(),
                     records_read: progress.records_read(),
                     records_written: progress.records_written(),
-                    epochs: durable_epochs,
+                    epochs: tally.durable_epochs,
                     final_epoch: Some(final_epoch.0),
-                    committed,
+                    committed: tally.committed,
                     tasks: reports,
                 });
             }
@@ -473,8 +471,9 @@ fn next_attempt(ns_dir: &Path, log_max: u32) -> Result<AttemptId> {
     Ok(AttemptId(next))
 }
 
-struct AttemptOutcome {
-    result: Result<(Vec<TaskReport>, EpochId)>,
+/// What the attempts of one run achieved, kept across in-process recoveries.
+#[derive(Default)]
+struct RunTally {
     durable_epochs: u64,
     committed: Vec<CommittedTransaction>,
 }
@@ -550,37 +549,7 @@ fn run_attempt(
     attempt: AttemptId,
     first_epoch: EpochId,
     progress: &Arc<JobProgress>,
-) -> AttemptOutcome {
-    let mut outcome = AttemptOutcome {
-        result: Err(RuntimeError::Cancelled),
-        durable_epochs: 0,
-        committed: Vec::new(),
-    };
-    outcome.result = attempt_inner(
-        plan,
-        plugins,
-        opts,
-        storage,
-        restore,
-        attempt,
-        first_epoch,
-        progress,
-        &mut outcome,
-    );
-    outcome
-}
-
-#[allow(clippy::too_many_arguments)]
-fn attempt_inner(
-    plan: &PartitionedPlan,
-    plugins: &PluginSet,
-    opts: &RunOptions,
-    storage: &Arc<dyn CheckpointStorage>,
-    restore: Option<&EpochManifest>,
-    attempt: AttemptId,
-    first_epoch: EpochId,
-    progress: &Arc<JobProgress>,
-    outcome: &mut AttemptOutcome,
+    tally: &mut RunTally,
 ) -> Result<(Vec<TaskReport>, EpochId)> {
     let job = &plan.job;
     let namespace = checkpoint_namespace(plan);
@@ -1029,7 +998,7 @@ fn attempt_inner(
                         })?;
                     log(epoch, EpochState::Durable, None)?;
                     failpoint::hit("after-manifest-publish");
-                    outcome.durable_epochs += 1;
+                    tally.durable_epochs += 1;
                     pending_txns.insert(
                         epoch,
                         manifest
@@ -1076,7 +1045,7 @@ fn attempt_inner(
                 && let Some(txns) = pending_txns.remove(&c)
             {
                 log(c, EpochState::Committed, None)?;
-                outcome.committed.extend(txns);
+                tally.committed.extend(txns);
             }
         }
     }

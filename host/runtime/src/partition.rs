@@ -64,31 +64,33 @@ impl OutputEdge {
         }
     }
 
-    /// Sends `batch` by the edge's policy. `site` names the emitting operator in errors.
+    /// Sends `batch` by the edge's policy, moving it onto the channel where one channel
+    /// receives it (copies only for BROADCAST). `site` names the emitting operator in errors.
     ///
     /// # Errors
     /// A record without a key on a HASH edge, or a channel error.
-    pub fn emit(&mut self, batch: &Batch, site: &Site) -> Result<()> {
+    pub fn emit(&mut self, batch: Batch, site: &Site) -> Result<()> {
         if batch.ends.is_empty() {
             return Ok(());
         }
         match self.policy {
             PartitionPolicy::Forward | PartitionPolicy::Union | PartitionPolicy::Singleton => {
-                self.senders[0].send(Message::Records(batch.clone()))
+                self.senders[0].send(Message::Records(batch))
             }
             PartitionPolicy::Rebalance => {
                 // Whole batches round-robin: cheaper than per record, same balance over time.
                 let i = self.next % self.senders.len();
                 self.next = self.next.wrapping_add(1);
-                self.senders[i].send(Message::Records(batch.clone()))
+                self.senders[i].send(Message::Records(batch))
             }
             PartitionPolicy::Broadcast => {
-                for s in &mut self.senders {
+                let (last, rest) = self.senders.split_last_mut().expect("an edge has channels");
+                for s in rest {
                     s.send(Message::Records(batch.clone()))?;
                 }
-                Ok(())
+                last.send(Message::Records(batch))
             }
-            PartitionPolicy::Hash => self.emit_hashed(batch, site),
+            PartitionPolicy::Hash => self.emit_hashed(&batch, site),
         }
     }
 

@@ -494,20 +494,21 @@ impl Task {
         let _ = self.events.send(e);
     }
 
+    /// The task watermark implied by restored per-channel watermarks: +inf once the data
+    /// ended, the minimum over inputs still open, -inf for a source head.
     fn restored_watermark(&self) -> i64 {
-        let open: Vec<i64> = self
-            .inputs
+        if self.data_ended {
+            return i64::MAX;
+        }
+        if self.inputs.is_empty() {
+            return i64::MIN;
+        }
+        self.inputs
             .iter()
             .filter(|c| !c.ended)
             .map(|c| c.watermark)
-            .collect();
-        if self.inputs.is_empty() || self.data_ended {
-            if self.data_ended { i64::MAX } else { i64::MIN }
-        } else if open.is_empty() {
-            i64::MAX
-        } else {
-            open.into_iter().min().unwrap_or(i64::MIN)
-        }
+            .min()
+            .unwrap_or(i64::MAX)
     }
 
     fn is_source(&self) -> bool {
@@ -871,8 +872,16 @@ impl Task {
         if from == self.stages.len() {
             let site = &self.sites[self.sites.len() - 1];
             self.report.records_out += batch.ends.len() as u64;
-            for out in &mut self.outputs {
-                out.emit(&batch, site)?;
+            // Every output edge but the last gets a copy; the last takes the batch.
+            let mut batch = Some(batch);
+            let n = self.outputs.len();
+            for (i, out) in self.outputs.iter_mut().enumerate() {
+                let b = if i + 1 == n {
+                    batch.take().expect("taken only by the last edge")
+                } else {
+                    batch.clone().expect("kept until the last edge")
+                };
+                out.emit(b, site)?;
             }
             return Ok(());
         }
