@@ -210,6 +210,12 @@ pub trait Context {
 
     /// Current processing time in ms since the Unix epoch.
     fn current_processing_time(&self) -> i64;
+
+    /// Emits `records` to the side output `tag` (declared with
+    /// [`crate::PluginInfo::side_output`]); the host routes them to the edges reading
+    /// `{ from = "<operator>", output = "<tag>" }` after the current call returns. An
+    /// undeclared tag traps in the host (panics in [`crate::MockContext`]).
+    fn side_output(&mut self, tag: &str, records: &crate::Batch);
 }
 
 /// Convenience for building a [`FiredTimer`] list in tests and helpers.

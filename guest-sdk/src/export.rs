@@ -123,6 +123,8 @@ pub fn info_to_wit(i: PluginInfo) -> wt::PluginInfo {
             SinkCapability::BestEffort => wt::SinkCapability::BestEffort,
         }),
         config_schema: i.config_schema,
+        side_outputs: i.side_outputs,
+        model: i.model,
     }
 }
 

@@ -5,7 +5,9 @@
 
 #[cfg(target_arch = "wasm32")]
 use crate::wit::operator::nop::stream::{log as wlog, metrics as wmetrics};
-use crate::wit::operator::nop::stream::{state as wstate, timers as wtimers, types as wtypes};
+use crate::wit::operator::nop::stream::{
+    output as woutput, state as wstate, timers as wtimers, types as wtypes,
+};
 use crate::{Context, KeyPage, LogLevel, PluginError, Result, StateHandle, TimeDomain, ValueBatch};
 
 /// Emits one log line through the host's tracing, tagged with the plugin and subtask.
@@ -176,5 +178,9 @@ impl Context for HostContext {
 
     fn current_processing_time(&self) -> i64 {
         wtimers::current_processing_time()
+    }
+
+    fn side_output(&mut self, tag: &str, records: &crate::Batch) {
+        woutput::side_output(tag, &crate::__private::batch_to_wit(records.clone()));
     }
 }

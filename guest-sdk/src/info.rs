@@ -132,6 +132,12 @@ pub struct PluginInfo {
     pub sink_capability: Option<SinkCapability>,
     /// JSON Schema of the `config` object `open` accepts; `{}` by default.
     pub config_schema: String,
+    /// Side outputs this operator may emit to with [`crate::Context::side_output`];
+    /// none by default. Emitting to an undeclared tag traps in the host.
+    pub side_outputs: Vec<String>,
+    /// Semantic model of the operator (a window spec, a CEP pattern) as JSON; it enters
+    /// the plan fingerprint (seed §9.2). `None` by default.
+    pub model: Option<String>,
 }
 
 impl PluginInfo {
@@ -145,6 +151,8 @@ impl PluginInfo {
             source_capability: None,
             sink_capability: None,
             config_schema: "{}".to_string(),
+            side_outputs: Vec::new(),
+            model: None,
         }
     }
 
@@ -192,6 +200,18 @@ impl PluginInfo {
     /// Sets the JSON Schema of the `config` object (a JSON document as text).
     pub fn config_schema(mut self, schema: impl Into<String>) -> Self {
         self.config_schema = schema.into();
+        self
+    }
+
+    /// Declares one more side output (see [`crate::Context::side_output`]).
+    pub fn side_output(mut self, tag: impl Into<String>) -> Self {
+        self.side_outputs.push(tag.into());
+        self
+    }
+
+    /// Sets the semantic model (JSON) that enters the plan fingerprint.
+    pub fn model(mut self, model_json: impl Into<String>) -> Self {
+        self.model = Some(model_json.into());
         self
     }
 }

@@ -1,8 +1,8 @@
 //! [`MockContext`]: an in-memory [`Context`] for native unit tests of operators.
 
 use crate::{
-    Context, FiredTimer, KeyPage, Operator, PluginError, PluginInfo, Result, StateDescriptor,
-    StateHandle, TimeDomain, ValueBatch,
+    Batch, Context, FiredTimer, KeyPage, Operator, PluginError, PluginInfo, Result,
+    StateDescriptor, StateHandle, TimeDomain, ValueBatch,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -32,12 +32,17 @@ pub struct MockContext {
     timers: BTreeSet<(i64, TimeDomain, Vec<u8>, Vec<u8>)>,
     watermark: i64,
     processing_time: i64,
+    // Declared side outputs; `None` accepts any tag (contexts built from bare states).
+    side_tags: Option<Vec<String>>,
+    side: BTreeMap<String, Batch>,
 }
 
 impl MockContext {
     /// A context accepting the states `info` declares; owns every shard.
     pub fn new(info: &PluginInfo) -> Self {
-        Self::with_states(info.states.clone())
+        let mut ctx = Self::with_states(info.states.clone());
+        ctx.side_tags = Some(info.side_outputs.clone());
+        ctx
     }
 
     /// A context for operator `T`, declaring the states of `T::describe()`.
@@ -56,6 +61,8 @@ impl MockContext {
             timers: BTreeSet::new(),
             watermark: i64::MIN,
             processing_time: 0,
+            side_tags: None,
+            side: BTreeMap::new(),
         }
     }
 
@@ -130,6 +137,12 @@ impl MockContext {
                 timestamp: t.0,
             })
             .collect()
+    }
+
+    /// Removes and returns everything emitted to side output `tag` so far (one batch,
+    /// in emission order; empty if nothing was emitted).
+    pub fn take_side_output(&mut self, tag: &str) -> Batch {
+        self.side.remove(tag).unwrap_or_default()
     }
 
     /// Number of stored items: one per value, one per list element, one per map entry.
@@ -355,6 +368,19 @@ impl Context for MockContext {
 
     fn current_processing_time(&self) -> i64 {
         self.processing_time
+    }
+
+    fn side_output(&mut self, tag: &str, records: &Batch) {
+        if let Some(tags) = &self.side_tags {
+            assert!(
+                tags.iter().any(|t| t == tag),
+                "trap: side output {tag:?} is not declared in describe() (declared: {tags:?})"
+            );
+        }
+        let out = self.side.entry(tag.to_string()).or_default();
+        for r in records.iter() {
+            out.push_record(r.key, r.timestamp, r.data);
+        }
     }
 }
 

@@ -133,6 +133,14 @@ pub struct PluginInfo {
     pub sink_capability: Option<SinkCapability>,
     /// JSON Schema of the config object, as text.
     pub config_schema: String,
+    /// Side outputs the operator may emit to (WIT `output.side-output`); jobs read them
+    /// as `{ from = "<operator>", output = "<name>" }`.
+    #[serde(default)]
+    pub side_outputs: Vec<String>,
+    /// Semantic model (window spec, CEP pattern) as JSON; part of the plan fingerprint
+    /// (seed §9.2).
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 impl PluginInfo {

@@ -188,6 +188,8 @@ fn placeholder_info(n: &NodeSpec) -> PluginInfo {
         source_capability: None,
         sink_capability: None,
         config_schema: String::new(),
+        side_outputs: Vec::new(),
+        model: None,
     }
 }
 

@@ -51,6 +51,8 @@ fn info(name: &str, version: &str, kind: PluginKind) -> PluginInfo {
         source_capability: (kind == PluginKind::Source).then_some(SourceCapability::Replayable),
         sink_capability: (kind == PluginKind::Sink).then_some(SinkCapability::StagedAtomicCommit),
         config_schema: "{}".into(),
+        side_outputs: Vec::new(),
+        model: None,
     }
 }
 

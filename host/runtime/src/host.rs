@@ -2,8 +2,8 @@
 //! (backed by [`KeyedState`]), `timers`, `log`, `metrics` (design §3; one capability, one
 //! `impl`).
 
-use crate::bindings::op::nop::stream::{log, metrics, state, timers, types};
-use crate::bindings::{KeyPage, LogLevel, TimeDomain, ValueBatch};
+use crate::bindings::op::nop::stream::{log, metrics, output, state, timers, types};
+use crate::bindings::{Batch, KeyPage, LogLevel, TimeDomain, ValueBatch};
 use nop_stream_state::{KeyedState, StateError};
 use std::collections::{BTreeMap, BTreeSet};
 use wasmtime::StoreLimits;
@@ -45,6 +45,10 @@ pub struct StoreData {
     pub(crate) gauges: BTreeMap<String, i64>,
     /// Guest stderr capture (panic messages), if enabled.
     pub(crate) stderr: Option<wasmtime_wasi::p2::pipe::MemoryOutputPipe>,
+    /// Side outputs `describe()` declared; emitting to another tag traps.
+    pub(crate) side_tags: Vec<String>,
+    /// Side-output records emitted during the current call, in order.
+    pub(crate) side: Vec<(String, Batch)>,
 }
 
 impl WasiView for StoreData {
@@ -273,6 +277,21 @@ impl timers::Host for StoreData {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0))
+    }
+}
+
+impl output::Host for StoreData {
+    fn side_output(&mut self, tag: String, records: Batch) -> wasmtime::Result<()> {
+        if !self.side_tags.iter().any(|t| *t == tag) {
+            return Err(wasmtime::Error::new(HostTrap(format!(
+                "side output {tag:?} is not declared in describe() (declared: {:?})",
+                self.side_tags
+            ))));
+        }
+        if !records.ends.is_empty() {
+            self.side.push((tag, records));
+        }
+        Ok(())
     }
 }
 

@@ -235,6 +235,8 @@ impl PluginHost {
                 source_capability: None,
                 sink_capability: None,
                 config_schema: String::new(),
+                side_outputs: Vec::new(),
+                model: None,
             },
             cache_hit,
             engine: self.engine.clone(),
@@ -319,6 +321,8 @@ fn convert_info(w: WitPluginInfo) -> PluginInfo {
             WitSinkCapability::BestEffort => SinkCapability::BestEffort,
         }),
         config_schema: w.config_schema,
+        side_outputs: w.side_outputs,
+        model: w.model,
     }
 }
 
@@ -381,6 +385,8 @@ impl LoadedPlugin {
             counters: BTreeMap::new(),
             gauges: BTreeMap::new(),
             stderr: Some(stderr),
+            side_tags: self.info.side_outputs.clone(),
+            side: Vec::new(),
         };
         let mut store = Store::new(&self.engine, data);
         store.limiter(|s| &mut s.limits);
@@ -717,7 +723,13 @@ impl OperatorInstance {
             .call_close(s))
     }
 
-    /// The instance's keyed state, if any.
+    /// Removes and returns the side-output records emitted by the calls since the last
+    /// take, as (tag, batch) in emission order. Undeclared tags already trapped.
+    pub fn take_side_outputs(&mut self) -> Vec<(String, Batch)> {
+        std::mem::take(&mut self.store.data_mut().side)
+    }
+
+    /// The keyed state of this instance, if the operator declared any.
     pub fn state_mut(&mut self) -> Option<&mut KeyedState> {
         self.store.data_mut().state.as_mut()
     }
