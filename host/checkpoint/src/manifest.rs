@@ -47,6 +47,10 @@ pub struct SplitState {
     pub cursor: String,
     /// Whether the split was read to its end.
     pub finished: bool,
+    /// Largest event timestamp read from the split so far (ms), when the source derives
+    /// watermarks (seed §8.5); restores the split's watermark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_timestamp: Option<i64>,
 }
 
 /// A pre-committed sink transaction waiting for its epoch to become durable (seed §7.3).

@@ -69,6 +69,17 @@ enum Command {
         /// checkpoints, else 0].
         #[arg(long)]
         max_restarts: Option<u32>,
+        /// Explicit rescale action (seed §10.5): restore the latest durable epoch, taken
+        /// by this same job at another parallelism, into the plan at the parallelism
+        /// given with -p (or the job file's). Keyed state, timers and watermarks move
+        /// with their state shards; the shard count stays. Without it a changed plan is
+        /// refused.
+        #[arg(long)]
+        rescale: bool,
+        /// Take an epoch checkpoint every this many ms, overriding the job file's
+        /// `job.checkpoint_interval_ms` (part of the plan fingerprint).
+        #[arg(long)]
+        checkpoint_interval_ms: Option<u64>,
     },
     /// List the checkpoints of a job (job file) or of a checkpoint namespace directory:
     /// epochs with state, duration, alignment, snapshot size, source offsets and sink
@@ -152,6 +163,65 @@ fn read_model(job: &Path, parallelism: Option<u32>) -> Result<StreamModel> {
     })
 }
 
+/// The fingerprint this job's plan has at the parallelism the latest durable checkpoint
+/// in `ckpt` was taken with (subtasks per vertex in its manifest): what the manifest must
+/// carry for `--rescale` to restore it. Only parallelism may differ (seed §10.5).
+fn rescale_source_fingerprint(
+    model: &StreamModel,
+    registry: &PluginRegistry,
+    plan: &nop_stream_core::PartitionedPlan,
+    ckpt: &Path,
+) -> Result<String> {
+    use nop_stream_checkpoint::{CheckpointStorage, LocalStorage};
+    let storage = LocalStorage::open(ckpt)
+        .with_context(|| format!("cannot open checkpoints in {}", ckpt.display()))?;
+    let m = storage
+        .latest_manifest()
+        .with_context(|| format!("cannot read checkpoints in {}", ckpt.display()))?
+        .with_context(|| format!("--rescale: no durable epoch in {}", ckpt.display()))?;
+    let mut old = model.clone();
+    for node in &mut old.nodes {
+        let id = nop_stream_core::operator_id(node);
+        let Some(v) = plan
+            .vertices
+            .iter()
+            .find(|v| v.operators.iter().any(|o| o.operator_id == id))
+        else {
+            continue;
+        };
+        let n = m.tasks.iter().filter(|t| t.task.vertex == v.id).count() as u32;
+        anyhow::ensure!(
+            n > 0,
+            "--rescale: epoch {} has no task of vertex `{}`; the job's topology changed, so \
+             this is not a rescale",
+            m.epoch.0,
+            v.id
+        );
+        node.parallelism = Some(n);
+    }
+    let old_plan = partitioned_plan(&job_graph(
+        &stream_graph(&old, registry).map_err(|d| anyhow::anyhow!("{d}"))?,
+    ));
+    anyhow::ensure!(
+        old_plan.fingerprint == m.plan_fingerprint,
+        "--rescale: epoch {} was not taken by this job at its old parallelism (fingerprint {} \
+         vs {}); only the parallelism may change in a rescale",
+        m.epoch.0,
+        &m.plan_fingerprint[..m.plan_fingerprint.len().min(16)],
+        &old_plan.fingerprint[..old_plan.fingerprint.len().min(16)]
+    );
+    eprintln!(
+        "rescale: restoring epoch {} into parallelism {}",
+        m.epoch.0,
+        plan.vertices
+            .iter()
+            .map(|v| format!("{}={}", v.id, v.parallelism))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(m.plan_fingerprint)
+}
+
 fn job_dir(job: &Path) -> PathBuf {
     job.parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -174,8 +244,14 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             no_echo,
             fresh,
             max_restarts,
+            rescale,
+            checkpoint_interval_ms,
         } => {
-            let model = read_model(&job, parallelism)?;
+            let mut model = read_model(&job, parallelism)?;
+            if let Some(ms) = checkpoint_interval_ms {
+                anyhow::ensure!(ms >= 1, "--checkpoint-interval-ms must be >= 1");
+                model.job.checkpoint_interval_ms = Some(ms);
+            }
             let dir = job_dir(&job);
             prepare::run_steps(&model, &dir)?;
             let base = PathBuf::from("nopstream-out").join(&model.job.id);
@@ -211,6 +287,15 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             opts.limits = limits;
             opts.resume = resume;
             opts.max_restarts = max_restarts;
+            if rescale {
+                anyhow::ensure!(
+                    resume,
+                    "--rescale needs a checkpoint to restore, and {} has none",
+                    ckpt.display()
+                );
+                opts.rescale_from =
+                    Some(rescale_source_fingerprint(&model, &registry, &plan, &ckpt)?);
+            }
             let progress = Arc::new(JobProgress::default());
             let done = Arc::new(AtomicBool::new(false));
             let display = (!no_progress && !json)
@@ -287,17 +372,34 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             // Host-side resources the job needs: prepare archives and read-only grants.
             let dir = job_dir(&job);
             let mut missing = Vec::new();
+            // Files earlier prepare steps will produce.
+            let mut produced: Vec<std::path::PathBuf> = Vec::new();
             for (i, step) in model.prepare.iter().enumerate() {
-                let nop_stream_core::PrepareStep::Unzip {
-                    archive,
-                    into,
-                    member,
-                } = step;
-                if !dir.join(into).join(member).exists() && !dir.join(archive).is_file() {
-                    missing.push(format!(
-                        "{name}: prepare[{i}].unzip: archive {} does not exist",
-                        dir.join(archive).display()
-                    ));
+                match step {
+                    nop_stream_core::PrepareStep::Unzip {
+                        archive,
+                        into,
+                        member,
+                    } => {
+                        if !dir.join(into).join(member).exists() && !dir.join(archive).is_file() {
+                            missing.push(format!(
+                                "{name}: prepare[{i}].unzip: archive {} does not exist",
+                                dir.join(archive).display()
+                            ));
+                        }
+                        produced.push(dir.join(into).join(member));
+                    }
+                    nop_stream_core::PrepareStep::Sort { file, into, .. } => {
+                        let input = dir.join(file);
+                        if !input.is_file() && !produced.contains(&input) {
+                            missing.push(format!(
+                                "{name}: prepare[{i}].sort: file {} does not exist and no \
+                                 earlier prepare step produces it",
+                                input.display()
+                            ));
+                        }
+                        produced.push(dir.join(into));
+                    }
                 }
             }
             for (i, node) in model.nodes.iter().enumerate() {
@@ -306,9 +408,13 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                         continue;
                     }
                     let host_dir = dir.join(&grant.host);
-                    let prepared = model.prepare.iter().any(|p| {
-                        let nop_stream_core::PrepareStep::Unzip { into, .. } = p;
-                        dir.join(into) == host_dir
+                    let prepared = model.prepare.iter().any(|p| match p {
+                        nop_stream_core::PrepareStep::Unzip { into, .. } => {
+                            dir.join(into) == host_dir
+                        }
+                        nop_stream_core::PrepareStep::Sort { into, .. } => {
+                            dir.join(into).parent() == Some(host_dir.as_path())
+                        }
                     });
                     if !host_dir.is_dir() && !prepared {
                         missing.push(format!(

@@ -101,6 +101,7 @@ pub fn stream_graph(
             config: n.config.clone(),
             grants: n.grants.clone(),
             parallelism: model.parallelism_of(n),
+            watermarks: n.watermarks,
         })
         .collect();
 
@@ -152,11 +153,29 @@ pub fn stream_graph(
                 )),
                 _ => {}
             }
+            if let Some(tag) = &input.output
+                && infos[u].is_some()
+                && !up.plugin_info.side_outputs.iter().any(|t| t == tag)
+            {
+                let declared = if up.plugin_info.side_outputs.is_empty() {
+                    "it declares none".to_string()
+                } else {
+                    format!("it declares: {}", up.plugin_info.side_outputs.join(", "))
+                };
+                diags.push(Diagnostic::new(
+                    format!("{}.inputs[{j}].output", prefixes[i]),
+                    format!(
+                        "`{}` (plugin {}) has no side output `{tag}`; {declared}",
+                        up.name, up.plugin
+                    ),
+                ));
+            }
             edges.push(StreamEdge {
                 from: up.operator_id.clone(),
                 to: down.operator_id.clone(),
                 input_index: j as u32,
                 partition,
+                output: input.output.clone(),
             });
         }
     }
@@ -441,6 +460,7 @@ pub fn job_graph(g: &StreamGraph) -> JobGraph {
         let e = &g.edges[*k];
         let a = index[&e.from];
         (e.partition == PartitionPolicy::Forward
+            && e.output.is_none()
             && g.nodes[a].parallelism == g.nodes[b].parallelism
             && outs[a].len() == 1)
             .then_some(a)
@@ -537,6 +557,7 @@ pub fn job_graph(g: &StreamGraph) -> JobGraph {
                 to,
                 input_index: e.input_index,
                 partition: e.partition,
+                output: e.output.clone(),
             },
         ));
     }
@@ -634,6 +655,7 @@ pub fn partitioned_plan(g: &JobGraph) -> PartitionedPlan {
                 to: e.to.clone(),
                 input_index: e.input_index,
                 partition: e.partition,
+                output: e.output.clone(),
                 channels,
                 shard_owners,
             }

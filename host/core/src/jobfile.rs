@@ -26,6 +26,11 @@
 //! member = "flights.csv"            # required: member to extract
 //! into = "data"                     # required: destination directory
 //!
+//! [[prepare]]                       # a CSV sorted by columns (numeric where both parse)
+//! sort = "data/flights.csv"         # input, relative to the job file's directory
+//! by = ["time_hour", "minute"]      # required: column names, most significant first
+//! into = "data/flights-by-time.csv" # required: output file (redone if the input is newer)
+//!
 //! [[source]]
 //! name = "flights"                  # required, unique among all nodes; same charset as id
 //! uid = "flights-source"            # optional explicit operator id (seed §3.2)
@@ -33,11 +38,14 @@
 //! parallelism = 2                   # optional override of job.parallelism
 //! grants = [{ guest = "/input", host = "data" }]   # read-only unless writable = true
 //! config = { path = "/input/flights.csv", header = true }  # any table; default {}
+//! watermarks = { max_out_of_orderness_ms = 60000, idle_timeout_ms = 5000 }  # sources
+//!                                   # only; optional (see WatermarkSpec); bound default 0
 //!
 //! [[operator]]
 //! name = "parse"
 //! plugin = "flights-mapper@0.1.0"
 //! inputs = ["flights"]              # names, or tables { from = "x", partition = "hash" }
+//!                                   # and `output = "late"` to read a declared side output
 //! config = {}
 //!
 //! [[operator]]
@@ -592,16 +600,19 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
 }
 
 fn read_prepare(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, prefix: &str) -> Option<PrepareStep> {
-    if find(t, "unzip").is_none() {
-        check_keys(cx, t, prefix, &["unzip"]);
+    let kind = if find(t, "unzip").is_some() {
+        "unzip"
+    } else if find(t, "sort").is_some() {
+        "sort"
+    } else {
+        check_keys(cx, t, prefix, &["unzip", "sort"]);
         cx.err(
             Some(span),
             prefix,
-            "a prepare step needs a kind key; expected one of: unzip",
+            "a prepare step needs a kind key; expected one of: unzip, sort",
         );
         return None;
-    }
-    check_keys(cx, t, prefix, &["unzip", "member", "into"]);
+    };
     let req = |cx: &mut Cx<'_>, key: &str| -> Option<String> {
         let field = join(prefix, key);
         match find(t, key) {
@@ -623,6 +634,46 @@ fn read_prepare(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, prefix: &str) -> O
             }
         }
     };
+    if kind == "sort" {
+        check_keys(cx, t, prefix, &["sort", "by", "into"]);
+        let file = req(cx, "sort");
+        let into = req(cx, "into");
+        let field = join(prefix, "by");
+        let by = match find(t, "by") {
+            Some(v) => match v.get_ref() {
+                DeValue::Array(items) if !items.is_empty() => items
+                    .iter()
+                    .enumerate()
+                    .map(|(j, it)| get_str(cx, it, &format!("{field}[{j}]")))
+                    .collect::<Option<Vec<_>>>(),
+                DeValue::Array(_) => {
+                    cx.err(Some(v.span()), field, "must name at least one column");
+                    None
+                }
+                other => {
+                    cx.err(
+                        Some(v.span()),
+                        field,
+                        format!(
+                            "expected an array of column names, found {}",
+                            other.type_str()
+                        ),
+                    );
+                    None
+                }
+            },
+            None => {
+                cx.err(Some(span.clone()), field, "missing required key `by`");
+                None
+            }
+        };
+        return Some(PrepareStep::Sort {
+            file: file?,
+            by: by?,
+            into: into?,
+        });
+    }
+    check_keys(cx, t, prefix, &["unzip", "member", "into"]);
     let archive = req(cx, "unzip");
     let member = req(cx, "member");
     let into = req(cx, "into");
@@ -652,6 +703,7 @@ fn read_node(
             "inputs",
             "grants",
             "config",
+            "watermarks",
         ],
     );
     let mut ns = NodeSpans {
@@ -715,10 +767,11 @@ fn read_node(
                             inputs.push(InputSpec {
                                 from: s.to_string(),
                                 partition: None,
+                                output: None,
                             });
                         }
                         DeValue::Table(it) => {
-                            check_keys(cx, it, &ip, &["from", "partition"]);
+                            check_keys(cx, it, &ip, &["from", "partition", "output"]);
                             let mut spans = (None, None);
                             let from = match find(it, "from") {
                                 Some(fv) => {
@@ -750,8 +803,24 @@ fn read_node(
                                 }
                                 p
                             });
+                            let output = find(it, "output").and_then(|ov| {
+                                let s = get_str(cx, ov, &format!("{ip}.output"))?;
+                                if s.is_empty() {
+                                    cx.err(
+                                        Some(ov.span()),
+                                        format!("{ip}.output"),
+                                        "must not be empty",
+                                    );
+                                    return None;
+                                }
+                                Some(s)
+                            });
                             ns.input_items.push(spans);
-                            inputs.push(InputSpec { from, partition });
+                            inputs.push(InputSpec {
+                                from,
+                                partition,
+                                output,
+                            });
                         }
                         other => {
                             cx.err(
@@ -767,6 +836,7 @@ fn read_node(
                             inputs.push(InputSpec {
                                 from: String::new(),
                                 partition: None,
+                                output: None,
                             });
                         }
                     }
@@ -854,6 +924,43 @@ fn read_node(
         None => serde_json::Value::Object(Default::default()),
     };
 
+    let watermarks = find(t, "watermarks").and_then(|v| {
+        let field = f("watermarks");
+        let DeValue::Table(wt) = v.get_ref() else {
+            cx.err(
+                Some(v.span()),
+                field,
+                format!(
+                    "expected a table {{ max_out_of_orderness_ms = .., idle_timeout_ms = .. }}, found {}",
+                    v.get_ref().type_str()
+                ),
+            );
+            return None;
+        };
+        if kind != PluginKind::Source {
+            cx.err(
+                Some(v.span()),
+                field.clone(),
+                "only sources generate watermarks (downstream tasks take the minimum of their inputs)",
+            );
+        }
+        check_keys(cx, wt, &field, &["max_out_of_orderness_ms", "idle_timeout_ms"]);
+        let bound = find(wt, "max_out_of_orderness_ms")
+            .and_then(|x| get_int(cx, x, &format!("{field}.max_out_of_orderness_ms"), i64::MAX as u64 / 2))
+            .unwrap_or(0);
+        let idle = find(wt, "idle_timeout_ms").and_then(|x| {
+            let n = get_int(cx, x, &format!("{field}.idle_timeout_ms"), i64::MAX as u64 / 2)?;
+            if n == 0 {
+                cx.err(Some(x.span()), format!("{field}.idle_timeout_ms"), "must be >= 1");
+            }
+            Some(n)
+        });
+        Some(crate::model::WatermarkSpec {
+            max_out_of_orderness_ms: bound,
+            idle_timeout_ms: idle,
+        })
+    });
+
     let node = NodeSpec {
         path: model_path(kind, &name),
         name,
@@ -864,6 +971,7 @@ fn read_node(
         inputs,
         config,
         grants,
+        watermarks,
     };
     (node, ns)
 }
@@ -1437,14 +1545,16 @@ config = { dir = "/output" }
             m.nodes[2].inputs,
             vec![InputSpec {
                 from: "parse".into(),
-                partition: Some(PartitionPolicy::Hash)
+                partition: Some(PartitionPolicy::Hash),
+                output: None,
             }]
         );
         assert_eq!(
             m.nodes[1].inputs,
             vec![InputSpec {
                 from: "flights".into(),
-                partition: None
+                partition: None,
+                output: None,
             }]
         );
         let sink = &m.nodes[3];

@@ -51,6 +51,38 @@ pub enum PrepareStep {
         /// Destination directory.
         into: String,
     },
+    /// Sort the CSV file `file` (with a header line) by the columns `by` (numerically
+    /// when both values parse as numbers, else bytewise; stable, so equal keys keep file
+    /// order) into `into`, unless `into` already exists and is newer than `file`. Used to
+    /// feed event-time jobs from a file that is far from time order (issue 4, flights).
+    Sort {
+        /// Input CSV, relative to the job file's directory.
+        file: String,
+        /// Column names, most significant first.
+        by: Vec<String>,
+        /// Output file, relative to the job file's directory.
+        into: String,
+    },
+}
+
+/// How a source derives watermarks from the event time its records carry (seed §8.5;
+/// Flink's bounded-out-of-orderness `WatermarkStrategy` with idleness).
+///
+/// Per split the reader tracks the largest timestamp seen, `max_ts`; the split's
+/// watermark is `max_ts - max_out_of_orderness_ms - 1`. The source subtask's watermark is
+/// the minimum over its unfinished splits that are not idle (a split not yet started
+/// holds it back), never decreasing. A started, unfinished split that returned no record
+/// for `idle_timeout_ms` is idle; when every unfinished split of a subtask is idle the
+/// subtask marks its output channels idle and downstream tasks leave them out of their
+/// minimum until records flow again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatermarkSpec {
+    /// Bound on how far behind the largest timestamp seen a record may arrive, in ms;
+    /// default 0.
+    pub max_out_of_orderness_ms: u64,
+    /// Processing time without records after which a split counts as idle, in ms;
+    /// default none (never idle).
+    pub idle_timeout_ms: Option<u64>,
 }
 
 /// A source, operator or sink of the job file.
@@ -74,6 +106,10 @@ pub struct NodeSpec {
     pub config: serde_json::Value,
     /// Directories granted to the plugin.
     pub grants: Vec<Grant>,
+    /// Sources only: watermark generation from record timestamps; none by default (the
+    /// only watermark is the final one at the end of bounded input).
+    #[serde(default)]
+    pub watermarks: Option<WatermarkSpec>,
 }
 
 /// One input of a node.
@@ -83,6 +119,10 @@ pub struct InputSpec {
     pub from: String,
     /// Explicit partition policy; default FORWARD for equal parallelism, else REBALANCE.
     pub partition: Option<PartitionPolicy>,
+    /// Side output of the upstream operator to read (e.g. `late`), which its plugin must
+    /// declare; none reads the main output.
+    #[serde(default)]
+    pub output: Option<String>,
 }
 
 /// A plugin reference: `name@version` resolved in the plugin path, or a `.wasm` file.

@@ -2,7 +2,7 @@
 //! `StreamGraph -> JobGraph -> PartitionedPlan -> DeploymentPlan`. Every layer is plain
 //! serde data that round-trips through JSON.
 
-use crate::model::{Grant, PluginRef};
+use crate::model::{Grant, PluginRef, WatermarkSpec};
 use crate::shard::HashPolicy;
 use nop_stream_api::{
     ChannelId, EdgeId, JobId, OperatorId, PartitionPolicy, PipelineId, PluginInfo, PluginKind,
@@ -50,6 +50,9 @@ pub struct PlannedOperator {
     pub grants: Vec<Grant>,
     /// Parallelism of the operator.
     pub parallelism: u32,
+    /// Sources: how watermarks derive from record timestamps (none: only the final one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermarks: Option<WatermarkSpec>,
 }
 
 /// Logical DAG: one node per operator, edges with their partition policy.
@@ -74,6 +77,9 @@ pub struct StreamEdge {
     pub input_index: u32,
     /// Partition policy (explicit, or FORWARD/REBALANCE by parallelism).
     pub partition: PartitionPolicy,
+    /// Side output of the upstream operator this edge carries; none for the main output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 /// Operator chains: FORWARD edges between single-input/single-output operators of equal
@@ -114,6 +120,9 @@ pub struct JobEdge {
     pub input_index: u32,
     /// Partition policy.
     pub partition: PartitionPolicy,
+    /// Side output of the upstream operator this edge carries; none for the main output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 /// The single source of parallelism, partitioning, shard ownership, channel identities
@@ -179,6 +188,9 @@ pub struct PartitionedEdge {
     pub input_index: u32,
     /// Partition policy.
     pub partition: PartitionPolicy,
+    /// Side output of the upstream operator this edge carries; none for the main output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
     /// Every channel of the edge.
     pub channels: Vec<ChannelId>,
     /// For HASH edges: owner subtask of each shard, indexed by shard id

@@ -58,6 +58,14 @@ pub struct RunOptions {
     pub checkpoint_timeout_ms: u64,
     /// Durable epochs kept per namespace. Default 3.
     pub retain_epochs: usize,
+    /// An explicit rescale action (seed §10.5): the fingerprint of this same job compiled
+    /// at the parallelism the checkpoint was taken with. When the latest manifest carries
+    /// exactly that fingerprint, it is restored into the plan at the new parallelism:
+    /// keyed state, timers and watermarks move with their StateShard (the shard count
+    /// stays), split cursors go to their new owners, and every sink subtask of the old
+    /// plan first commits its durable transactions and aborts the rest. `None` (default):
+    /// a changed plan is refused (seed §10.4).
+    pub rescale_from: Option<String>,
 }
 
 impl RunOptions {
@@ -73,6 +81,7 @@ impl RunOptions {
             max_restarts: None,
             checkpoint_timeout_ms: 60_000,
             retain_epochs: 3,
+            rescale_from: None,
         }
     }
 }
@@ -284,6 +293,19 @@ fn now_ms() -> u64 {
 /// # Errors
 /// [`RuntimeError::Restore`] naming the first difference.
 pub fn check_restore_compatible(m: &EpochManifest, plan: &PartitionedPlan) -> Result<()> {
+    check_restore(m, plan, None).map(|_| ())
+}
+
+/// Like [`check_restore_compatible`], but accepts a manifest whose fingerprint equals
+/// `rescale_from` (an explicit rescale action); returns whether the restore rescales.
+///
+/// # Errors
+/// [`RuntimeError::Restore`] naming the first difference.
+pub fn check_restore(
+    m: &EpochManifest,
+    plan: &PartitionedPlan,
+    rescale_from: Option<&str>,
+) -> Result<bool> {
     let refuse = |message: String| {
         Err(RuntimeError::Restore {
             epoch: m.epoch.0,
@@ -318,13 +340,16 @@ pub fn check_restore_compatible(m: &EpochManifest, plan: &PartitionedPlan) -> Re
         ));
     }
     if m.plan_fingerprint != plan.fingerprint {
+        if rescale_from == Some(m.plan_fingerprint.as_str()) {
+            return Ok(true);
+        }
         return refuse(format!(
-            "plan fingerprint differs: checkpoint {} vs job {} (the job file, a plugin version, its state schema or the parallelism changed; start fresh with --fresh, or restore explicitly with a migration)",
+            "plan fingerprint differs: checkpoint {} vs job {} (the job file, a plugin version, its state schema or the parallelism changed; start fresh with --fresh, restore at another parallelism with --rescale, or restore explicitly with a migration)",
             &m.plan_fingerprint[..m.plan_fingerprint.len().min(16)],
             &plan.fingerprint[..plan.fingerprint.len().min(16)]
         ));
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Runs `plan` to completion with the embedded backend, taking epoch checkpoints,
@@ -369,8 +394,9 @@ pub fn run_job(
     let mut tally = RunTally::default();
     loop {
         let restore = storage.latest_manifest().map_err(storage_err)?;
+        let mut rescale = false;
         if let Some(m) = &restore {
-            check_restore_compatible(m, plan)?;
+            rescale = check_restore(m, plan, opts.rescale_from.as_deref())?;
             if resumed_from.is_none() && recoveries == 0 {
                 resumed_from = Some(m.epoch.0);
             }
@@ -411,6 +437,7 @@ pub fn run_job(
             opts,
             &storage,
             restore.as_ref(),
+            rescale,
             attempt,
             EpochId(max_epoch + 1),
             &progress,
@@ -476,6 +503,68 @@ fn next_attempt(ns_dir: &Path, log_max: u32) -> Result<AttemptId> {
 struct RunTally {
     durable_epochs: u64,
     committed: Vec<CommittedTransaction>,
+}
+
+/// Before a rescale restore (seed §10.5: sink transactions never migrate silently between
+/// subtasks): each sink subtask of the checkpointed plan, opened under its old index and
+/// parallelism, commits the manifest's durable transactions and aborts every other
+/// pending one, so the new subtasks start with nothing pending.
+fn settle_sinks_for_rescale(
+    plan: &PartitionedPlan,
+    plugins: &PluginSet,
+    opts: &RunOptions,
+    m: &EpochManifest,
+    attempt: AttemptId,
+) -> Result<()> {
+    for v in &plan.vertices {
+        let Some(op) = v.operators.last().filter(|o| o.kind == PluginKind::Sink) else {
+            continue;
+        };
+        let old: Vec<_> = m.tasks.iter().filter(|t| t.task.vertex == v.id).collect();
+        let old_parallelism = old.len() as u32;
+        let plugin = plugins.get(&op.operator_id).cloned().ok_or_else(|| {
+            RuntimeError::Internal(format!("no plugin loaded for operator `{}`", op.name))
+        })?;
+        for t in old {
+            let sub = t.task.subtask.0;
+            let opts_i = InstanceOptions {
+                site: Site {
+                    plugin: plugin.label.clone(),
+                    operator: op.name.clone(),
+                    subtask: Some(sub),
+                },
+                limits: opts.limits.clone(),
+                grants: grants_of(op, opts)?,
+                state: None,
+            };
+            let Instance::Sink(mut sink) = plugin.instantiate(&opts_i)? else {
+                return Err(RuntimeError::Internal("sink plugin is not a sink".into()));
+            };
+            sink.open(
+                &TaskInfo {
+                    job_id: plan.job.job_id.to_string(),
+                    pipeline_id: plan.job.pipeline_id.to_string(),
+                    operator_id: op.operator_id.to_string(),
+                    operator_name: op.name.clone(),
+                    subtask_index: sub,
+                    parallelism: old_parallelism,
+                    attempt: attempt.0,
+                },
+                &op.config.to_string(),
+            )?;
+            for p in &t.pending_transactions {
+                let committable = hex::decode(&p.committable)
+                    .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+                task::commit_with_recovery(&mut sink, &p.txn, &committable)?;
+            }
+            for stale in sink.pending_transactions()? {
+                tracing::info!(txn = %stale, "rescale: aborting a transaction of a non-durable epoch");
+                sink.abort(&stale)?;
+            }
+            sink.close()?;
+        }
+    }
+    Ok(())
 }
 
 /// Reads the segments a manifest names for `operator_id` and the shards in `owned`.
@@ -546,6 +635,7 @@ fn run_attempt(
     opts: &RunOptions,
     storage: &Arc<dyn CheckpointStorage>,
     restore: Option<&EpochManifest>,
+    rescale: bool,
     attempt: AttemptId,
     first_epoch: EpochId,
     progress: &Arc<JobProgress>,
@@ -673,6 +763,10 @@ fn run_attempt(
         });
     }
 
+    if let (true, Some(m)) = (rescale, restore) {
+        settle_sinks_for_rescale(plan, plugins, opts, m, attempt)?;
+    }
+
     let cancel = Arc::new(AtomicBool::new(false));
     let transport = LocalTransport::new(
         if opts.channel_capacity == 0 {
@@ -695,7 +789,38 @@ fn run_attempt(
             let sub = st.index.0;
             let snap = restore.and_then(|m| m.task(&st.task));
             let mut task_restore = TaskRestore::default();
-            if let Some(s) = snap {
+            if let (true, Some(m)) = (rescale, restore) {
+                // Channels changed: restore conservatively from every old subtask of the
+                // vertex (seed §8.5): per edge the minimum watermark, ended only if every
+                // old channel of the edge had ended. Sink transactions were settled above.
+                let old: Vec<_> = m.tasks.iter().filter(|t| t.task.vertex == v.id).collect();
+                task_restore.end_of_data = !old.is_empty() && old.iter().all(|t| t.end_of_data);
+                for ch in &st.inputs {
+                    let edge = format!("{}/", ch.edge);
+                    let old_channels: Vec<(i64, bool)> = old
+                        .iter()
+                        .flat_map(|t| {
+                            t.watermarks
+                                .iter()
+                                .filter(|(c, _)| c.starts_with(&edge))
+                                .map(|(c, w)| (*w, t.ended_inputs.contains(c)))
+                        })
+                        .collect();
+                    if old_channels.is_empty() {
+                        continue;
+                    }
+                    let w = old_channels
+                        .iter()
+                        .filter(|(_, ended)| !ended)
+                        .map(|(w, _)| *w)
+                        .min()
+                        .unwrap_or(i64::MAX);
+                    task_restore.watermarks.insert(ch.to_string(), w);
+                    if old_channels.iter().all(|(_, ended)| *ended) {
+                        task_restore.ended_inputs.insert(ch.to_string());
+                    }
+                }
+            } else if let Some(s) = snap {
                 task_restore.end_of_data = s.end_of_data;
                 task_restore.watermarks = s.watermarks.iter().cloned().collect();
                 task_restore.ended_inputs = s.ended_inputs.iter().cloned().collect();
@@ -712,7 +837,7 @@ fn run_attempt(
                             })?;
                         task_restore
                             .splits
-                            .insert(sp.split_id.clone(), (cursor, sp.finished));
+                            .insert(sp.split_id.clone(), (cursor, sp.finished, sp.max_timestamp));
                     }
                 }
             }
@@ -785,6 +910,7 @@ fn run_attempt(
                     rx: transport.open_receiver(ch, token)?,
                     input_index: edge.input_index,
                     watermark: i64::MIN,
+                    idle: false,
                     ended: false,
                     closed: false,
                 });
@@ -801,13 +927,16 @@ fn run_attempt(
                     .iter()
                     .map(|c| transport.open_sender(c, token))
                     .collect::<Result<Vec<_>>>()?;
-                outputs.push(OutputEdge::new(
-                    edge.id.clone(),
-                    edge.partition,
-                    senders,
-                    chans.iter().map(|c| c.downstream.0).collect(),
-                    edge.shard_owners.iter().map(|s| s.0).collect(),
-                ));
+                outputs.push(
+                    OutputEdge::new(
+                        edge.id.clone(),
+                        edge.partition,
+                        senders,
+                        chans.iter().map(|c| c.downstream.0).collect(),
+                        edge.shard_owners.iter().map(|s| s.0).collect(),
+                    )
+                    .with_output(edge.output.clone()),
+                );
             }
             let sink_txn_prefix = tail_is_sink.then(|| {
                 let op = v.operators.last().expect("non-empty chain");
@@ -831,6 +960,7 @@ fn run_attempt(
                 inputs,
                 outputs,
                 splits: splits_of.remove(&(vi, sub)).unwrap_or_default(),
+                watermarks: v.operators[0].watermarks,
                 batch_records: job.batch_records.min(opts.limits.max_batch_records),
                 sink_txn_prefix,
                 first_epoch,

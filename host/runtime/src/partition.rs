@@ -12,6 +12,8 @@ use nop_stream_core::shard_of;
 pub struct OutputEdge {
     edge: EdgeId,
     policy: PartitionPolicy,
+    /// Side output of the tail operator the edge carries; `None`: the main output.
+    output: Option<String>,
     /// Senders indexed by downstream subtask (all-to-all policies) or a single sender.
     senders: Vec<Box<dyn ChannelSender>>,
     /// Downstream subtask of each sender.
@@ -43,6 +45,17 @@ fn empty_batch() -> Batch {
 }
 
 impl OutputEdge {
+    /// Makes this edge carry the side output `tag` instead of the main output.
+    pub fn with_output(mut self, tag: Option<String>) -> Self {
+        self.output = tag;
+        self
+    }
+
+    /// The side output this edge carries (`None`: the main output).
+    pub fn output(&self) -> Option<&str> {
+        self.output.as_deref()
+    }
+
     /// An edge with its senders; `targets[i]` is the downstream subtask `senders[i]` feeds.
     /// For HASH, `shard_owners[s]` is the owner of shard `s`.
     pub fn new(
@@ -56,6 +69,7 @@ impl OutputEdge {
         OutputEdge {
             edge,
             policy,
+            output: None,
             senders,
             targets,
             shard_owners,

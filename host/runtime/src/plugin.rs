@@ -755,6 +755,38 @@ impl OperatorInstance {
             .collect()
     }
 
+    /// Removes and returns processing-time timers due at `now` (ms since the Unix epoch),
+    /// in timestamp order. Timers restored overdue fire on the first call (seed §8.4).
+    pub fn take_due_processing_timers(&mut self, now: i64) -> Vec<FiredTimer> {
+        let timers = &mut self.store.data_mut().timers;
+        let due: Vec<_> = timers
+            .range((1u8, i64::MIN, Vec::new(), Vec::new())..)
+            .take_while(|t| t.1 <= now)
+            .cloned()
+            .collect();
+        due.into_iter()
+            .map(|t| {
+                timers.remove(&t);
+                FiredTimer {
+                    domain: crate::bindings::TimeDomain::ProcessingTime,
+                    key: t.2,
+                    namespace: t.3,
+                    timestamp: t.1,
+                }
+            })
+            .collect()
+    }
+
+    /// Whether a processing-time timer is registered.
+    pub fn has_processing_timers(&self) -> bool {
+        self.store
+            .data()
+            .timers
+            .range((1u8, i64::MIN, Vec::new(), Vec::new())..)
+            .next()
+            .is_some()
+    }
+
     /// Plugin-defined counters.
     pub fn counters(&self) -> &BTreeMap<String, u64> {
         &self.store.data().counters

@@ -23,7 +23,7 @@ use nop_stream_checkpoint::{
     CheckpointStorage, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot,
     payload_checksum,
 };
-use nop_stream_core::shard_of;
+use nop_stream_core::{WatermarkSpec, shard_of};
 use nop_stream_state::ShardSnapshot;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -94,6 +94,9 @@ pub(crate) struct InputChannel {
     pub rx: Receiver<Message>,
     pub input_index: u32,
     pub watermark: i64,
+    /// The sender said all its inputs are idle (seed §8.5); cleared by records or a
+    /// watermark.
+    pub idle: bool,
     /// End of data received.
     pub ended: bool,
     /// The sender went away (after its end of data).
@@ -105,8 +108,8 @@ pub(crate) struct InputChannel {
 pub(crate) struct TaskRestore {
     /// Shard payloads per operator id (already read and verified).
     pub shards: BTreeMap<String, Vec<(String, ShardSnapshot)>>,
-    /// Split cursors by split id.
-    pub splits: BTreeMap<String, (Vec<u8>, bool)>,
+    /// Split cursors by split id: (cursor, finished, largest event timestamp read).
+    pub splits: BTreeMap<String, (Vec<u8>, bool, Option<i64>)>,
     /// Watermark per input channel id.
     pub watermarks: BTreeMap<String, i64>,
     /// Input channels that had ended.
@@ -125,6 +128,8 @@ pub(crate) struct TaskSpec {
     pub inputs: Vec<InputChannel>,
     pub outputs: Vec<OutputEdge>,
     pub splits: Vec<Split>,
+    /// Source heads: watermark generation from record timestamps.
+    pub watermarks: Option<WatermarkSpec>,
     pub batch_records: u32,
     /// Transaction id prefix of the sink at the tail (`{job}:{pipeline}:{op}:{subtask}:`).
     pub sink_txn_prefix: Option<String>,
@@ -149,6 +154,10 @@ struct SplitCursor {
     split: Split,
     cursor: Vec<u8>,
     finished: bool,
+    /// Largest event timestamp read (ms); `None` before the first timestamped record.
+    max_ts: Option<i64>,
+    /// When a read last returned records; `None` until the split is first read.
+    last_records: Option<Instant>,
 }
 
 struct SinkState {
@@ -166,6 +175,9 @@ struct Task {
     outputs: Vec<OutputEdge>,
     inputs: Vec<InputChannel>,
     splits: Vec<SplitCursor>,
+    watermark_spec: Option<WatermarkSpec>,
+    /// Whether this task last told its outputs it is idle.
+    output_idle: bool,
     max_batch: usize,
     batch_records: u32,
     sink: Option<SinkState>,
@@ -220,6 +232,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         mut inputs,
         outputs,
         splits,
+        watermarks: watermark_spec,
         batch_records,
         sink_txn_prefix,
         first_epoch,
@@ -284,11 +297,13 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
     let splits = splits
         .into_iter()
         .map(|s| {
-            let (cursor, finished) = restore.splits.get(&s.id).cloned().unwrap_or_default();
+            let (cursor, finished, max_ts) = restore.splits.get(&s.id).cloned().unwrap_or_default();
             SplitCursor {
                 split: s,
                 cursor,
                 finished,
+                max_ts,
+                last_records: None,
             }
         })
         .collect();
@@ -301,6 +316,8 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         outputs,
         inputs,
         splits,
+        watermark_spec,
+        output_idle: false,
         max_batch: batch_records.max(1) as usize,
         batch_records,
         sink: None,
@@ -367,7 +384,11 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
 
 /// Commits; if the commit call fails, asks `recover` whether it happened anyway (a lost
 /// reply), and never reports an unknown outcome as committed (seed §5.7, design §6).
-fn commit_with_recovery(sink: &mut SinkInstance, txn: &str, committable: &[u8]) -> Result<()> {
+pub(crate) fn commit_with_recovery(
+    sink: &mut SinkInstance,
+    txn: &str,
+    committable: &[u8],
+) -> Result<()> {
     use crate::bindings::CommitOutcome;
     if failpoint::hit("expire-transaction") {
         // Simulates a transaction that expired in the external system before commit.
@@ -477,6 +498,29 @@ fn decode_timers(mut buf: &[u8]) -> Option<Vec<TimerEntry>> {
     Some(out)
 }
 
+/// Emits `batch` on every edge carrying `output` (`None`: the main output); every such
+/// edge but the last gets a copy, the last takes the batch.
+fn emit_to(
+    outputs: &mut [OutputEdge],
+    output: Option<&str>,
+    batch: Batch,
+    site: &Site,
+) -> Result<()> {
+    let n = outputs.iter().filter(|o| o.output() == output).count();
+    let mut batch = Some(batch);
+    let mut seen = 0;
+    for out in outputs.iter_mut().filter(|o| o.output() == output) {
+        seen += 1;
+        let b = if seen == n {
+            batch.take().expect("taken only by the last edge")
+        } else {
+            batch.clone().expect("kept until the last edge")
+        };
+        out.emit(b, site)?;
+    }
+    Ok(())
+}
+
 fn sanitize(id: &str) -> String {
     id.chars()
         .map(|c| {
@@ -501,6 +545,8 @@ impl Task {
             return i64::MAX;
         }
         if self.inputs.is_empty() {
+            // A source head: its split watermarks are recomputed (and re-emitted) after
+            // the first read; they never go below what the splits had reached.
             return i64::MIN;
         }
         self.inputs
@@ -521,6 +567,7 @@ impl Task {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Cancelled);
             }
+            self.fire_processing_timers()?;
             if self.is_source() && !self.data_ended {
                 while let Ok(cmd) = self.commands.try_recv() {
                     if self.on_command(cmd)? {
@@ -552,10 +599,88 @@ impl Task {
             .record_read(&sc.split.id, n, r.progress.consumed, r.progress.total);
         sc.cursor = r.next_cursor;
         sc.finished = r.finished;
+        if n > 0 || sc.last_records.is_none() {
+            sc.last_records = Some(Instant::now());
+        }
+        if let Some(m) = r.records.timestamps.iter().max() {
+            sc.max_ts = Some(sc.max_ts.map_or(*m, |x| x.max(*m)));
+        }
         let finished = sc.finished;
         self.push(1, 0, r.records)?;
+        self.source_watermark()?;
         if n == 0 && !finished {
             std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Per-split bounded-out-of-orderness watermarks (seed §8.5, [`WatermarkSpec`]): the
+    /// subtask's watermark is the minimum over unfinished, non-idle splits; when every
+    /// unfinished split is idle the outputs are marked idle.
+    fn source_watermark(&mut self) -> Result<()> {
+        let Some(spec) = self.watermark_spec else {
+            return Ok(());
+        };
+        let bound = i64::try_from(spec.max_out_of_orderness_ms).unwrap_or(i64::MAX / 2);
+        let idle_after = spec.idle_timeout_ms.map(Duration::from_millis);
+        let mut wm: Option<i64> = None;
+        let mut any_unfinished = false;
+        for s in self.splits.iter().filter(|s| !s.finished) {
+            any_unfinished = true;
+            let idle =
+                matches!((idle_after, s.last_records), (Some(d), Some(t)) if t.elapsed() >= d);
+            if idle {
+                continue;
+            }
+            let w = s
+                .max_ts
+                .map_or(i64::MIN, |m| m.saturating_sub(bound).saturating_sub(1));
+            wm = Some(wm.map_or(w, |x: i64| x.min(w)));
+        }
+        match wm {
+            Some(w) if w > self.watermark => {
+                self.output_idle = false;
+                self.advance_watermark(w)
+            }
+            Some(_) if self.output_idle => {
+                // Active again: re-announce the current watermark to clear the idle mark.
+                self.output_idle = false;
+                let w = self.watermark;
+                for out in &mut self.outputs {
+                    out.broadcast(&Message::Watermark(w))?;
+                }
+                Ok(())
+            }
+            None if any_unfinished && !self.output_idle => {
+                self.output_idle = true;
+                for out in &mut self.outputs {
+                    out.broadcast(&Message::Idle)?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Fires every processing-time timer due now, in timestamp order (seed §8.4: timers
+    /// restored overdue fire once, at the first check).
+    fn fire_processing_timers(&mut self) -> Result<()> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        for i in 0..self.stages.len() {
+            if let Stage::Operator(op) = &mut self.stages[i] {
+                if !op.has_processing_timers() {
+                    continue;
+                }
+                let due = op.take_due_processing_timers(now);
+                if due.is_empty() {
+                    continue;
+                }
+                let out = op.on_timers(&due)?;
+                self.push(i + 1, 0, out)?;
+                self.route_side_outputs(i)?;
+            }
         }
         Ok(())
     }
@@ -586,11 +711,20 @@ impl Task {
             Ok(Message::Records(b)) => {
                 self.report.records_in += b.ends.len() as u64;
                 let input = self.inputs[idx].input_index;
+                if self.inputs[idx].idle {
+                    self.inputs[idx].idle = false;
+                    self.maybe_advance()?;
+                }
                 self.push(0, input, b)?;
             }
             Ok(Message::Watermark(w)) => {
                 let c = &mut self.inputs[idx];
                 c.watermark = c.watermark.max(w);
+                c.idle = false;
+                self.maybe_advance()?;
+            }
+            Ok(Message::Idle) => {
+                self.inputs[idx].idle = true;
                 self.maybe_advance()?;
             }
             Ok(Message::Barrier(epoch)) => self.on_barrier(idx, epoch)?,
@@ -692,6 +826,7 @@ impl Task {
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
                 let out = op.prepare_checkpoint(epoch.0)?;
+                self.route_side_outputs(i)?;
                 self.push(i + 1, 0, out)?;
             }
         }
@@ -800,6 +935,7 @@ impl Task {
                     descriptor: hex::encode(&s.split.descriptor),
                     cursor: hex::encode(&s.cursor),
                     finished: s.finished,
+                    max_timestamp: s.max_ts,
                 })
                 .collect(),
             watermarks: self
@@ -844,6 +980,7 @@ impl Task {
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
                 let out = op.finish()?;
+                self.route_side_outputs(i)?;
                 self.push(i + 1, 0, out)?;
             }
         }
@@ -872,22 +1009,12 @@ impl Task {
         if from == self.stages.len() {
             let site = &self.sites[self.sites.len() - 1];
             self.report.records_out += batch.ends.len() as u64;
-            // Every output edge but the last gets a copy; the last takes the batch.
-            let mut batch = Some(batch);
-            let n = self.outputs.len();
-            for (i, out) in self.outputs.iter_mut().enumerate() {
-                let b = if i + 1 == n {
-                    batch.take().expect("taken only by the last edge")
-                } else {
-                    batch.clone().expect("kept until the last edge")
-                };
-                out.emit(b, site)?;
-            }
-            return Ok(());
+            return emit_to(&mut self.outputs, None, batch, site);
         }
         match &mut self.stages[from] {
             Stage::Operator(op) => {
                 let out = op.process(input, &batch)?;
+                self.route_side_outputs(from)?;
                 self.push(from + 1, 0, out)
             }
             Stage::Sink(sink) => {
@@ -908,16 +1035,71 @@ impl Task {
         }
     }
 
-    /// Task watermark = minimum over inputs that have not ended.
+    /// Sends what stage `i` emitted to side outputs during its last call to the edges
+    /// reading them. Only a chain's tail can have such edges (the planner never chains
+    /// past an operator whose side output is read); anything else is dropped and
+    /// counted as `side_output_dropped`.
+    fn route_side_outputs(&mut self, i: usize) -> Result<()> {
+        let Stage::Operator(op) = &mut self.stages[i] else {
+            return Ok(());
+        };
+        let side = op.take_side_outputs();
+        if side.is_empty() {
+            return Ok(());
+        }
+        let is_tail = i + 1 == self.stages.len();
+        let site = &self.sites[i];
+        for (tag, batch) in side {
+            let read = is_tail
+                && self
+                    .outputs
+                    .iter()
+                    .any(|o| o.output() == Some(tag.as_str()));
+            if read {
+                self.report.records_out += batch.ends.len() as u64;
+                emit_to(&mut self.outputs, Some(&tag), batch, site)?;
+            } else {
+                *self
+                    .report
+                    .counters
+                    .entry(site.operator.clone())
+                    .or_default()
+                    .entry(format!("side_output_dropped.{tag}"))
+                    .or_default() += batch.ends.len() as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Task watermark = minimum over inputs that have neither ended nor gone idle
+    /// (seed §8.5); never decreasing. When every open input is idle, the outputs are
+    /// marked idle too; the next watermark clears the mark downstream.
     fn maybe_advance(&mut self) -> Result<()> {
-        let wm = self
-            .inputs
-            .iter()
-            .filter(|c| !c.ended)
-            .map(|c| c.watermark)
-            .min();
+        let open = self.inputs.iter().filter(|c| !c.ended);
+        let wm = open.clone().filter(|c| !c.idle).map(|c| c.watermark).min();
+        let all_idle = wm.is_none() && open.count() > 0;
+        if all_idle {
+            if !self.output_idle {
+                self.output_idle = true;
+                for out in &mut self.outputs {
+                    out.broadcast(&Message::Idle)?;
+                }
+            }
+            return Ok(());
+        }
         match wm {
-            Some(w) if w > self.watermark => self.advance_watermark(w),
+            Some(w) if w > self.watermark => {
+                self.output_idle = false;
+                self.advance_watermark(w)
+            }
+            Some(_) if self.output_idle => {
+                self.output_idle = false;
+                let w = self.watermark;
+                for out in &mut self.outputs {
+                    out.broadcast(&Message::Watermark(w))?;
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -933,6 +1115,7 @@ impl Task {
                     Some(op.on_timers(&due)?)
                 };
                 let out = op.on_watermark(wm)?;
+                self.route_side_outputs(i)?;
                 if let Some(f) = fired {
                     self.push(i + 1, 0, f)?;
                 }

@@ -29,6 +29,9 @@ pub enum Message {
     Watermark(i64),
     /// A checkpoint barrier (seed §5.3).
     Barrier(EpochId),
+    /// The sender's inputs are all idle (seed §8.5): leave this channel out of the
+    /// watermark minimum until records or a watermark arrive on it again.
+    Idle,
     /// The sender will send nothing more on this channel.
     End,
 }
