@@ -12,6 +12,7 @@
 extern crate self as nop_stream_sdk;
 
 mod batch;
+pub mod cep;
 mod context;
 mod error;
 mod export;
@@ -20,6 +21,7 @@ mod info;
 mod mock;
 mod plugin;
 mod state;
+pub mod window;
 #[doc(hidden)]
 pub mod wit;
 
