@@ -118,6 +118,27 @@ impl<R: Read + Seek> LineReader<R> {
         max: u32,
         mut emit: impl FnMut(&[u8]),
     ) -> io::Result<ReadStep> {
+        self.read_records(d, cursor, max, |_, line| {
+            emit(line);
+            true
+        })
+    }
+
+    /// [`LineReader::read`], handing `emit` each record with the byte offset of its line
+    /// start. If `emit` returns `false` the record is not counted as returned and reading
+    /// stops there: the step's `next` is that line's start (so a retry reads it again) and
+    /// `finished` is `false`. Line ownership and cursors are otherwise exactly as in
+    /// [`LineReader::read`].
+    ///
+    /// # Errors
+    /// As [`LineReader::read`].
+    pub fn read_records(
+        &mut self,
+        d: &SplitDescriptor,
+        cursor: Option<u64>,
+        max: u32,
+        mut emit: impl FnMut(u64, &[u8]) -> bool,
+    ) -> io::Result<ReadStep> {
         let from = cursor.unwrap_or(d.start);
         if from < d.start || from > d.file_len {
             return Err(io::Error::new(
@@ -142,6 +163,7 @@ impl<R: Read + Seek> LineReader<R> {
                     ),
                 ));
             }
+            let line_start = p;
             p += n;
             self.pos = p;
             self.at_line_start = true;
@@ -153,7 +175,13 @@ impl<R: Read + Seek> LineReader<R> {
                 l = rest;
             }
             if !l.is_empty() {
-                emit(l);
+                if !emit(line_start, l) {
+                    return Ok(ReadStep {
+                        next: line_start,
+                        finished: false,
+                        records,
+                    });
+                }
                 records += 1;
             }
         }
@@ -342,6 +370,43 @@ mod tests {
         };
         let err = shrunk.read(&d, None, 10, |_| {}).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn read_records_reports_line_starts_and_stops_on_request() {
+        let content = b"h\r\naa\r\n\nbb\ncc\n";
+        let d = descriptors(content.len() as u64, 1, true).remove(0);
+        let mut r = LineReader::new(Cursor::new(content.to_vec()));
+        let mut seen = Vec::new();
+        let step = r
+            .read_records(&d, None, 10, |at, l| {
+                seen.push((at, l.to_vec()));
+                l != b"cc"
+            })
+            .unwrap();
+        assert_eq!(
+            seen,
+            vec![
+                (3, b"aa".to_vec()),
+                (8, b"bb".to_vec()),
+                (11, b"cc".to_vec())
+            ]
+        );
+        assert_eq!(
+            step,
+            ReadStep {
+                next: 11,
+                finished: false,
+                records: 2
+            }
+        );
+        // Resuming from the returned cursor reads the refused line again.
+        let mut got = Vec::new();
+        let step = r
+            .read(&d, Some(step.next), 10, |l| got.push(l.to_vec()))
+            .unwrap();
+        assert_eq!(got, vec![b"cc".to_vec()]);
+        assert!(step.finished);
     }
 
     #[test]

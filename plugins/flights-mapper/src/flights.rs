@@ -44,13 +44,14 @@ pub const COLUMNS: [(&str, Kind); 19] = [
 ];
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"key":{"type":"string","default":"carrier","description":"column whose value becomes the record key"},"fields":{"type":"array","items":{"type":"string"},"description":"columns to keep, in output order; default all, in file order"}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"key":{"type":"string","default":"carrier","description":"column whose value becomes the record key"},"fields":{"type":"array","items":{"type":"string"},"description":"columns to keep, in output order; default all, in file order"},"skip_null_key":{"type":"boolean","default":false,"description":"drop records whose key column is missing (unquoted NA or empty) or an empty quoted string"}}}"#;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     key: Option<String>,
     fields: Option<Vec<String>>,
+    skip_null_key: Option<bool>,
 }
 
 /// Validated configuration: column indexes into [`COLUMNS`].
@@ -60,6 +61,9 @@ pub struct Config {
     pub key: usize,
     /// Columns written to the output object, in output order (default: all, file order).
     pub fields: Vec<usize>,
+    /// Drop records whose key is empty: the key column is missing (unquoted `NA` or empty)
+    /// or a quoted empty string (default `false`: such records get the empty key).
+    pub skip_null_key: bool,
 }
 
 fn column(name: &str) -> Result<usize, String> {
@@ -70,7 +74,7 @@ fn column(name: &str) -> Result<usize, String> {
 }
 
 impl Config {
-    /// Parses `{ "key": "carrier", "fields": ["carrier", "dep_delay"] }`.
+    /// Parses `{ "key": "carrier", "fields": ["carrier", "dep_delay"], "skip_null_key": false }`.
     ///
     /// # Errors
     /// Malformed JSON, unknown fields or columns, a column listed twice.
@@ -96,7 +100,11 @@ impl Config {
                 idx
             }
         };
-        Ok(Self { key, fields })
+        Ok(Self {
+            key,
+            fields,
+            skip_null_key: raw.skip_null_key.unwrap_or(false),
+        })
     }
 }
 
@@ -177,6 +185,12 @@ fn write_number(out: &mut Vec<u8>, v: Value) {
 }
 
 impl Mapper {
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// A mapper for `config`.
     #[must_use]
     pub fn new(config: Config) -> Self {
@@ -383,6 +397,13 @@ mod tests {
         let c = Config::parse("{}").unwrap();
         assert_eq!(c.key, 9);
         assert_eq!(c.fields.len(), 19);
+        assert!(!c.skip_null_key);
+        assert!(
+            Config::parse(r#"{"skip_null_key":true}"#)
+                .unwrap()
+                .skip_null_key
+        );
+        assert!(Config::parse(r#"{"skip_null_key":"yes"}"#).is_err());
         serde_json::from_str::<serde_json::Value>(CONFIG_SCHEMA).unwrap();
     }
 
