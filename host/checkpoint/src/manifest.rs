@@ -5,7 +5,7 @@ use nop_stream_api::{AttemptId, EpochId, FencingToken, TaskId};
 use serde::{Deserialize, Serialize};
 
 /// Version of the manifest and segment formats; restore refuses another.
-pub const STATE_FORMAT_VERSION: u32 = 1;
+pub const STATE_FORMAT_VERSION: u32 = 2;
 
 /// Where one keyed-state shard of one state lives (seed §8.2: operatorId + subtask +
 /// shard + state name). Several descriptors may point into one packed segment file.

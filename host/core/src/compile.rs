@@ -261,6 +261,15 @@ fn check_plugin(node: &NodeSpec, info: &PluginInfo, field: &str, diags: &mut Vec
                 field,
                 format!("`{r}` declares state #{k} with an empty name (seed §13)"),
             ));
+        } else if s.name.starts_with("__") {
+            diags.push(Diagnostic::new(
+                field,
+                format!(
+                    "`{r}` declares state `{}`; names starting with `__` are reserved for the \
+                     host (timers live in `__timers`)",
+                    s.name
+                ),
+            ));
         } else if !names.insert(s.name.as_str()) {
             diags.push(Diagnostic::new(
                 field,

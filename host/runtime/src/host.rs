@@ -45,6 +45,8 @@ pub struct StoreData {
     pub(crate) gauges: BTreeMap<String, i64>,
     /// Guest stderr capture (panic messages), if enabled.
     pub(crate) stderr: Option<wasmtime_wasi::p2::pipe::MemoryOutputPipe>,
+    /// Handle of the internal `__timers` state in `state` (after the declared ones).
+    pub(crate) timer_state: Option<u32>,
     /// Side outputs `describe()` declared; emitting to another tag traps.
     pub(crate) side_tags: Vec<String>,
     /// Side-output records emitted during the current call, in order.
@@ -60,7 +62,56 @@ impl WasiView for StoreData {
     }
 }
 
+/// Name of the internal state holding timers (seed §8.4: timer state is keyed state,
+/// routed by StateShard and snapshotted with the epoch). Plugins may not declare or open
+/// names starting with `__`.
+pub const TIMER_STATE: &str = "__timers";
+
+/// Timers live in the `__timers` state under namespace `domain | timestamp | namespace`
+/// (timestamp big-endian with the sign bit flipped, so the byte order is time order) and
+/// the timer's key, with an empty value.
+pub(crate) fn timer_namespace(domain: u8, timestamp: i64, namespace: &[u8]) -> Vec<u8> {
+    let mut ns = Vec::with_capacity(9 + namespace.len());
+    ns.push(domain);
+    ns.extend_from_slice(&((timestamp as u64) ^ (1 << 63)).to_be_bytes());
+    ns.extend_from_slice(namespace);
+    ns
+}
+
+/// Inverse of [`timer_namespace`] plus the key: the timer entry, if well formed.
+pub(crate) fn timer_entry(ns: &[u8], key: Vec<u8>) -> Option<TimerEntry> {
+    let domain = *ns.first()?;
+    let ts = u64::from_be_bytes(ns.get(1..9)?.try_into().ok()?) ^ (1 << 63);
+    Some((domain, ts as i64, key, ns[9..].to_vec()))
+}
+
 impl StoreData {
+    /// Refuses the internal timer state's handle on the guest-facing state calls.
+    fn user_handle(&self, state: u32) -> wasmtime::Result<()> {
+        if self.timer_state == Some(state) {
+            return Err(wasmtime::Error::new(HostTrap(format!(
+                "state access refused: handle {state} is not a state this plugin opened"
+            ))));
+        }
+        Ok(())
+    }
+
+    /// Writes a timer through to the `__timers` state (the in-memory index is the
+    /// caller's).
+    pub(crate) fn persist_timer(&mut self, t: &TimerEntry, present: bool) -> wasmtime::Result<()> {
+        let Some(h) = self.timer_state else {
+            return Ok(());
+        };
+        let ns = timer_namespace(t.0, t.1, &t.3);
+        let ks = self.keyed()?;
+        if present {
+            ks.value_put_many(h, &ns, &t.2, &[t.2.len() as u32], &[], &[0])
+                .map_err(trap)
+        } else {
+            ks.value_delete(h, &ns, &t.2).map_err(trap)
+        }
+    }
+
     fn keyed(&mut self) -> wasmtime::Result<&mut KeyedState> {
         match self.state.as_mut() {
             Some(s) => Ok(s),
@@ -75,6 +126,11 @@ impl types::Host for StoreData {}
 
 impl state::Host for StoreData {
     fn open_state(&mut self, name: String) -> wasmtime::Result<Result<u32, String>> {
+        if name.starts_with("__") {
+            return Ok(Err(format!(
+                "state `{name}`: names starting with `__` are reserved for the host"
+            )));
+        }
         Ok(match self.state.as_ref().and_then(|s| s.handle(&name)) {
             Some(h) => Ok(h),
             None => Err(format!(
@@ -90,6 +146,7 @@ impl state::Host for StoreData {
         keys: Vec<u8>,
         key_ends: Vec<u32>,
     ) -> wasmtime::Result<ValueBatch> {
+        self.user_handle(state)?;
         let mut out = ValueBatch {
             data: Vec::new(),
             ends: Vec::with_capacity(key_ends.len()),
@@ -118,6 +175,7 @@ impl state::Host for StoreData {
         values: Vec<u8>,
         value_ends: Vec<u32>,
     ) -> wasmtime::Result<()> {
+        self.user_handle(state)?;
         self.keyed()?
             .value_put_many(state, &namespace, &keys, &key_ends, &values, &value_ends)
             .map_err(trap)
@@ -129,6 +187,7 @@ impl state::Host for StoreData {
         namespace: Vec<u8>,
         key: Vec<u8>,
     ) -> wasmtime::Result<()> {
+        self.user_handle(state)?;
         self.keyed()?
             .value_delete(state, &namespace, &key)
             .map_err(trap)
@@ -141,6 +200,7 @@ impl state::Host for StoreData {
         after: Option<Vec<u8>>,
         limit: u32,
     ) -> wasmtime::Result<KeyPage> {
+        self.user_handle(state)?;
         let (keys, key_ends, more) = self
             .keyed()?
             .value_keys(state, &namespace, after.as_deref(), limit)
@@ -159,6 +219,7 @@ impl state::Host for StoreData {
         key: Vec<u8>,
         value: Vec<u8>,
     ) -> wasmtime::Result<()> {
+        self.user_handle(state)?;
         self.keyed()?
             .list_append(state, &namespace, &key, &value)
             .map_err(trap)
@@ -170,12 +231,14 @@ impl state::Host for StoreData {
         namespace: Vec<u8>,
         key: Vec<u8>,
     ) -> wasmtime::Result<Vec<Vec<u8>>> {
+        self.user_handle(state)?;
         self.keyed()?
             .list_get(state, &namespace, &key)
             .map_err(trap)
     }
 
     fn list_clear(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
+        self.user_handle(state)?;
         self.keyed()?
             .list_clear(state, &namespace, &key)
             .map_err(trap)
@@ -189,6 +252,7 @@ impl state::Host for StoreData {
         user_key: Vec<u8>,
         value: Vec<u8>,
     ) -> wasmtime::Result<()> {
+        self.user_handle(state)?;
         self.keyed()?
             .map_put(state, &namespace, &key, &user_key, &value)
             .map_err(trap)
@@ -201,6 +265,7 @@ impl state::Host for StoreData {
         key: Vec<u8>,
         user_key: Vec<u8>,
     ) -> wasmtime::Result<Option<Vec<u8>>> {
+        self.user_handle(state)?;
         self.keyed()?
             .map_get(state, &namespace, &key, &user_key)
             .map_err(trap)
@@ -213,6 +278,7 @@ impl state::Host for StoreData {
         key: Vec<u8>,
         user_key: Vec<u8>,
     ) -> wasmtime::Result<()> {
+        self.user_handle(state)?;
         self.keyed()?
             .map_remove(state, &namespace, &key, &user_key)
             .map_err(trap)
@@ -224,12 +290,14 @@ impl state::Host for StoreData {
         namespace: Vec<u8>,
         key: Vec<u8>,
     ) -> wasmtime::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.user_handle(state)?;
         self.keyed()?
             .map_entries(state, &namespace, &key)
             .map_err(trap)
     }
 
     fn clear(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
+        self.user_handle(state)?;
         self.keyed()?.clear(state, &namespace, &key).map_err(trap)
     }
 }
@@ -251,8 +319,9 @@ impl timers::Host for StoreData {
     ) -> wasmtime::Result<()> {
         // Timers are keyed like state: refuse keys outside the subtask's shards.
         self.keyed()?.check_key(&key).map_err(trap)?;
-        self.timers
-            .insert((domain_code(domain), timestamp, key, namespace));
+        let t = (domain_code(domain), timestamp, key, namespace);
+        self.persist_timer(&t, true)?;
+        self.timers.insert(t);
         Ok(())
     }
 
@@ -263,8 +332,10 @@ impl timers::Host for StoreData {
         namespace: Vec<u8>,
         timestamp: i64,
     ) -> wasmtime::Result<()> {
-        self.timers
-            .remove(&(domain_code(domain), timestamp, key, namespace));
+        let t = (domain_code(domain), timestamp, key, namespace);
+        if self.timers.remove(&t) {
+            self.persist_timer(&t, false)?;
+        }
         Ok(())
     }
 
@@ -325,5 +396,26 @@ impl metrics::Host for StoreData {
     fn gauge_set(&mut self, name: String, value: i64) -> wasmtime::Result<()> {
         self.gauges.insert(name, value);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timer_namespaces_round_trip_and_sort_by_time() {
+        let times = [i64::MIN, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX];
+        let encoded: Vec<Vec<u8>> = times.iter().map(|&t| timer_namespace(0, t, b"w")).collect();
+        let mut sorted = encoded.clone();
+        sorted.sort();
+        assert_eq!(sorted, encoded, "byte order must be time order");
+        for (&t, ns) in times.iter().zip(&encoded) {
+            assert_eq!(
+                timer_entry(ns, b"k".to_vec()),
+                Some((0, t, b"k".to_vec(), b"w".to_vec()))
+            );
+        }
+        assert_eq!(timer_entry(&[1, 2], Vec::new()), None);
     }
 }

@@ -592,9 +592,7 @@ fn read_shards(
                 message: format!("segment {} failed its checksum", seg.state_path),
             });
         }
-        let state = if seg.state == task::TIMER_STATE {
-            u32::MAX
-        } else {
+        let state = {
             let Some(i) = states.iter().position(|d| d.name == seg.state) else {
                 return Err(RuntimeError::Restore {
                     epoch: m.epoch.0,
@@ -870,12 +868,14 @@ fn run_attempt(
                 if let Some(m) = restore
                     && op.kind == PluginKind::Operator
                 {
+                    let mut states = plugin.info.states.clone();
+                    states.push(crate::plugin::timer_descriptor());
                     let shards = read_shards(
                         storage.as_ref(),
                         m,
                         op.operator_id.as_str(),
                         &owned,
-                        &plugin.info.states,
+                        &states,
                     )?;
                     if !shards.is_empty() {
                         task_restore

@@ -273,6 +273,16 @@ impl PluginHost {
     }
 }
 
+/// The descriptor of the internal timer state ([`crate::host::TIMER_STATE`]).
+pub fn timer_descriptor() -> StateDescriptor {
+    StateDescriptor {
+        name: crate::host::TIMER_STATE.into(),
+        kind: StateKind::Value,
+        schema_version: 1,
+        codec: "timer/1".into(),
+    }
+}
+
 #[allow(unsafe_code)]
 fn deserialize_cached(engine: &Engine, file: &Path) -> wasmtime::Result<Component> {
     // SAFETY: cache files are written only by `Component::serialize` of this host (temp
@@ -363,11 +373,19 @@ impl LoadedPlugin {
                     message: format!("cannot grant directory to {}: {e:#}", opts.site),
                 })?;
         }
+        // Timers are keyed state too (seed §8.4): an internal `__timers` state after the
+        // declared ones, so they are routed, flushed to redb and snapshotted per shard.
+        let mut timer_state = None;
         let state = match &opts.state {
-            Some(cfg) => Some(KeyedState::open(cfg.clone()).map_err(|e| RuntimeError::Io {
-                path: cfg.path.display().to_string(),
-                message: e.to_string(),
-            })?),
+            Some(cfg) => {
+                let mut cfg = cfg.clone();
+                timer_state = Some(cfg.states.len() as u32);
+                cfg.states.push(timer_descriptor());
+                Some(KeyedState::open(cfg.clone()).map_err(|e| RuntimeError::Io {
+                    path: cfg.path.display().to_string(),
+                    message: e.to_string(),
+                })?)
+            }
             None => None,
         };
         let limits = StoreLimitsBuilder::new()
@@ -385,6 +403,7 @@ impl LoadedPlugin {
             counters: BTreeMap::new(),
             gauges: BTreeMap::new(),
             stderr: Some(stderr),
+            timer_state,
             side_tags: self.info.side_outputs.clone(),
             side: Vec::new(),
         };
@@ -735,46 +754,56 @@ impl OperatorInstance {
     }
 
     /// Removes and returns event-time timers due at `watermark`, in timestamp order.
-    pub fn take_due_event_timers(&mut self, watermark: i64) -> Vec<FiredTimer> {
-        let timers = &mut self.store.data_mut().timers;
-        let due: Vec<_> = timers
+    pub fn take_due_event_timers(&mut self, watermark: i64) -> Result<Vec<FiredTimer>> {
+        let data = self.store.data_mut();
+        let due: Vec<_> = data
+            .timers
             .iter()
             .take_while(|t| t.0 == 0 && t.1 <= watermark)
             .cloned()
             .collect();
-        due.into_iter()
-            .map(|t| {
-                timers.remove(&t);
-                FiredTimer {
-                    domain: crate::bindings::TimeDomain::EventTime,
-                    key: t.2,
-                    namespace: t.3,
-                    timestamp: t.1,
-                }
+        for t in &due {
+            data.timers.remove(t);
+            data.persist_timer(t, false).map_err(|e| {
+                RuntimeError::Internal(format!("{}: timer state: {e}", self.ctx.site))
+            })?;
+        }
+        Ok(due
+            .into_iter()
+            .map(|t| FiredTimer {
+                domain: crate::bindings::TimeDomain::EventTime,
+                key: t.2,
+                namespace: t.3,
+                timestamp: t.1,
             })
-            .collect()
+            .collect())
     }
 
     /// Removes and returns processing-time timers due at `now` (ms since the Unix epoch),
     /// in timestamp order. Timers restored overdue fire on the first call (seed §8.4).
-    pub fn take_due_processing_timers(&mut self, now: i64) -> Vec<FiredTimer> {
-        let timers = &mut self.store.data_mut().timers;
-        let due: Vec<_> = timers
+    pub fn take_due_processing_timers(&mut self, now: i64) -> Result<Vec<FiredTimer>> {
+        let data = self.store.data_mut();
+        let due: Vec<_> = data
+            .timers
             .range((1u8, i64::MIN, Vec::new(), Vec::new())..)
             .take_while(|t| t.1 <= now)
             .cloned()
             .collect();
-        due.into_iter()
-            .map(|t| {
-                timers.remove(&t);
-                FiredTimer {
-                    domain: crate::bindings::TimeDomain::ProcessingTime,
-                    key: t.2,
-                    namespace: t.3,
-                    timestamp: t.1,
-                }
+        for t in &due {
+            data.timers.remove(t);
+            data.persist_timer(t, false).map_err(|e| {
+                RuntimeError::Internal(format!("{}: timer state: {e}", self.ctx.site))
+            })?;
+        }
+        Ok(due
+            .into_iter()
+            .map(|t| FiredTimer {
+                domain: crate::bindings::TimeDomain::ProcessingTime,
+                key: t.2,
+                namespace: t.3,
+                timestamp: t.1,
             })
-            .collect()
+            .collect())
     }
 
     /// Whether a processing-time timer is registered.
@@ -797,9 +826,24 @@ impl OperatorInstance {
         self.store.data().timers.iter().cloned().collect()
     }
 
-    /// Registers restored timers.
-    pub fn restore_timers(&mut self, timers: impl IntoIterator<Item = crate::host::TimerEntry>) {
-        self.store.data_mut().timers.extend(timers);
+    /// Rebuilds the in-memory timer index from the `__timers` state (after a restore).
+    ///
+    /// # Errors
+    /// A database failure or a corrupt timer entry.
+    pub fn reload_timers(&mut self) -> Result<()> {
+        let data = self.store.data_mut();
+        let (Some(h), Some(ks)) = (data.timer_state, data.state.as_mut()) else {
+            return Ok(());
+        };
+        let entries = ks
+            .scan(h)
+            .map_err(|e| RuntimeError::Internal(format!("timer state: {e}")))?;
+        for (ns, key) in entries {
+            let t = crate::host::timer_entry(&ns, key)
+                .ok_or_else(|| RuntimeError::Internal("corrupt timer entry".into()))?;
+            data.timers.insert(t);
+        }
+        Ok(())
     }
 
     /// Sets the watermark the guest sees through `current-watermark`.

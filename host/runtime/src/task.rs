@@ -8,7 +8,6 @@
 
 use crate::bindings::{Batch, Split, TaskInfo};
 use crate::error::{Result, RuntimeError, Site};
-use crate::host::TimerEntry;
 use crate::job::JobProgress;
 use crate::partition::OutputEdge;
 use crate::plugin::{
@@ -23,7 +22,7 @@ use nop_stream_checkpoint::{
     CheckpointStorage, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot,
     payload_checksum,
 };
-use nop_stream_core::{WatermarkSpec, shard_of};
+use nop_stream_core::WatermarkSpec;
 use nop_stream_state::ShardSnapshot;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -32,9 +31,6 @@ use std::time::{Duration, Instant};
 
 /// How often blocked loops look at the cancel flag.
 const POLL: Duration = Duration::from_millis(50);
-
-/// State name under which timers are snapshotted.
-pub(crate) const TIMER_STATE: &str = "__timers";
 
 /// What a task reports to the coordinator.
 #[derive(Debug)]
@@ -263,28 +259,19 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         operator_ids.push(s.operator_id.clone());
     }
     let restore = restore.unwrap_or_default();
-    // Restore keyed state and timers of each stateful operator.
+    // Restore keyed state and timers (the `__timers` state) of each stateful operator.
     for (i, stage) in stages.iter_mut().enumerate() {
         if let Stage::Operator(op) = stage
             && let Some(shards) = restore.shards.get(&operator_ids[i])
         {
-            let (timers, state): (Vec<_>, Vec<_>) =
-                shards.iter().partition(|(name, _)| name == TIMER_STATE);
-            let state: Vec<ShardSnapshot> = state.into_iter().map(|(_, s)| s.clone()).collect();
+            let state: Vec<ShardSnapshot> = shards.iter().map(|(_, s)| s.clone()).collect();
             if let Some(ks) = op.state_mut() {
                 ks.restore(&state).map_err(|e| RuntimeError::Io {
                     path: format!("checkpoint of operator `{}`", sites[i].operator),
                     message: format!("cannot restore keyed state: {e}"),
                 })?;
             }
-            let mut restored = Vec::new();
-            for (_, t) in timers {
-                restored.extend(decode_timers(&t.payload).ok_or_else(|| RuntimeError::Io {
-                    path: format!("checkpoint of operator `{}`", sites[i].operator),
-                    message: "corrupt timer segment".into(),
-                })?);
-            }
-            op.restore_timers(restored);
+            op.reload_timers()?;
         }
     }
     failpoint::hit("during-restore");
@@ -468,36 +455,6 @@ fn split_batch(b: &Batch, max: usize) -> Vec<Batch> {
     out
 }
 
-fn encode_timers(timers: &[&TimerEntry]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (domain, ts, key, ns) in timers {
-        out.push(*domain);
-        out.extend_from_slice(&ts.to_le_bytes());
-        nop_stream_state::codec::push_item(&mut out, key);
-        nop_stream_state::codec::push_item(&mut out, ns);
-    }
-    out
-}
-
-fn decode_timers(mut buf: &[u8]) -> Option<Vec<TimerEntry>> {
-    let mut out = Vec::new();
-    while !buf.is_empty() {
-        let domain = *buf.first()?;
-        let ts = i64::from_le_bytes(buf.get(1..9)?.try_into().ok()?);
-        buf = &buf[9..];
-        let mut take = || -> Option<Vec<u8>> {
-            let len = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?) as usize;
-            let item = buf.get(4..4 + len)?.to_vec();
-            buf = &buf[4 + len..];
-            Some(item)
-        };
-        let key = take()?;
-        let ns = take()?;
-        out.push((domain, ts, key, ns));
-    }
-    Some(out)
-}
-
 /// Emits `batch` on every edge carrying `output` (`None`: the main output); every such
 /// edge but the last gets a copy, the last takes the batch.
 fn emit_to(
@@ -673,7 +630,7 @@ impl Task {
                 if !op.has_processing_timers() {
                     continue;
                 }
-                let due = op.take_due_processing_timers(now);
+                let due = op.take_due_processing_timers(now)?;
                 if due.is_empty() {
                     continue;
                 }
@@ -864,29 +821,6 @@ impl Task {
                 })? {
                     let d = &descs[s.state as usize];
                     parts.push((d.name.clone(), d.schema_version, s));
-                }
-            }
-            let timers = op.timers();
-            if !timers.is_empty() {
-                let shard_count = op.state_mut().map_or(1, |ks| ks.shard_count());
-                let mut by_shard: BTreeMap<u32, Vec<&TimerEntry>> = BTreeMap::new();
-                for t in &timers {
-                    by_shard
-                        .entry(shard_of(&t.2, shard_count).0)
-                        .or_default()
-                        .push(t);
-                }
-                for (shard, ts) in by_shard {
-                    parts.push((
-                        TIMER_STATE.into(),
-                        1,
-                        ShardSnapshot {
-                            shard: nop_stream_api::StateShardId(shard),
-                            state: u32::MAX,
-                            entries: ts.len() as u64,
-                            payload: encode_timers(&ts),
-                        },
-                    ));
                 }
             }
             if parts.is_empty() {
@@ -1108,7 +1042,7 @@ impl Task {
         self.watermark = wm;
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
-                let due = op.take_due_event_timers(wm);
+                let due = op.take_due_event_timers(wm)?;
                 let fired = if due.is_empty() {
                     None
                 } else {
@@ -1169,16 +1103,5 @@ mod tests {
             }
         }
         assert_eq!(i, 10);
-    }
-
-    #[test]
-    fn timers_round_trip_through_their_segment_codec() {
-        let timers: Vec<TimerEntry> = vec![
-            (0, -5, b"k".to_vec(), b"".to_vec()),
-            (1, i64::MAX, b"".to_vec(), b"ns".to_vec()),
-        ];
-        let refs: Vec<&TimerEntry> = timers.iter().collect();
-        assert_eq!(decode_timers(&encode_timers(&refs)).unwrap(), timers);
-        assert!(decode_timers(&[0, 1, 2]).is_none());
     }
 }

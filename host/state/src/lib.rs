@@ -20,7 +20,7 @@ pub mod codec;
 
 use nop_stream_api::{StateDescriptor, StateKind, StateShardId};
 use nop_stream_core::shard_of;
-use redb::{Database, ReadableDatabase, ReadableTableMetadata, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -877,6 +877,42 @@ impl KeyedState {
             c.clear();
         }
         Ok(())
+    }
+
+    /// Every (namespace, key) stored for `state` in the owned shards, after a flush, in
+    /// table order (shard, namespace, key). Used to rebuild the timer index after a
+    /// restore.
+    ///
+    /// # Errors
+    /// Unknown handle, a corrupt table key, or a database failure.
+    pub fn scan(&mut self, state: u32) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let name = self
+            .states
+            .get(state as usize)
+            .ok_or(StateError::UnknownHandle(state))?
+            .name
+            .clone();
+        self.flush(false)?;
+        let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
+        let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&name);
+        let table = match txn.open_table(def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(db_err(&self.path, e)),
+        };
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| db_err(&self.path, e))? {
+            let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
+            let k = k.value();
+            let corrupt = || StateError::Corrupt(name.clone());
+            let ns_len = k
+                .get(4..8)
+                .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
+                .ok_or_else(corrupt)?;
+            let ns = k.get(8..8 + ns_len).ok_or_else(corrupt)?;
+            out.push((ns.to_vec(), k[8 + ns_len..].to_vec()));
+        }
+        Ok(out)
     }
 
     /// Number of stored entries of every state (after a flush), for tests and metrics.
