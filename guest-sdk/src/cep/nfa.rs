@@ -1,0 +1,384 @@
+//! The NFA core: partial matches ("runs") over one key's events, with no I/O. The operator
+//! loads a key's [`KeyNfa`] from keyed state, feeds it events in event-time order and
+//! time advances, and writes it back (seed §9.2).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::pattern::{AfterMatchSkip, Contiguity, Pattern, StageKind};
+use super::{Match, MatchSoFar, MatchedStage, Timed};
+
+/// A partial match. Stored in the `cep-nfa` value state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Run {
+    /// Creation order within the key; orders runs and same-step matches.
+    pub id: u64,
+    /// Stage the run waits in; `stages.len()` for a completed run waiting for its
+    /// `not_followed_by` window to run out (absence).
+    pub stage: u16,
+    /// Events taken in `stage` so far.
+    pub count: u32,
+    /// `(stage, event id)` of every taken event, in take order.
+    pub events: Vec<(u16, u64)>,
+    /// Event time of the first event (ms).
+    pub start_ts: i64,
+    /// Negative stages guarding the run until its next take (`not_next` guards expire
+    /// after one event).
+    pub guards: Vec<u16>,
+    /// Whether `events` already formed an emitted match (then a timeout is not reported).
+    pub emitted: bool,
+}
+
+impl Run {
+    fn start_id(&self) -> u64 {
+        self.events[0].1
+    }
+}
+
+/// Per-key NFA bookkeeping, the value of the `cep-nfa` state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NfaState {
+    /// Next event id (event ids number this key's events in processing order).
+    pub next_event_id: u64,
+    /// Next run id.
+    pub next_run_id: u64,
+    /// Live partial matches, ascending by id.
+    pub runs: Vec<Run>,
+}
+
+/// One event in the shared buffer (`cep-buffer` map state, user key = event id): stored
+/// once however many runs reference it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BufEntry<E> {
+    /// Event time (ms).
+    pub ts: i64,
+    /// The decoded event.
+    pub event: E,
+    /// Number of runs referencing the event.
+    pub refs: u32,
+}
+
+/// What processing produced, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Output<E> {
+    /// A complete match (main output).
+    Matched(Match<E>),
+    /// A partial match pruned by `within` (side output `timed-out`).
+    TimedOut(Match<E>),
+}
+
+/// One key's NFA: state plus the in-memory shared buffer.
+pub(crate) struct KeyNfa<E> {
+    pub state: NfaState,
+    pub buffer: BTreeMap<u64, BufEntry<E>>,
+}
+
+impl<E: Clone> KeyNfa<E> {
+    /// Deadline (`start + within`) of `run`, if the pattern has `within`.
+    pub fn deadline(p: &Pattern<E>, run: &Run) -> Option<i64> {
+        p.within.map(|w| run.start_ts.saturating_add(w))
+    }
+
+    fn so_far<'a>(&'a self, p: &'a Pattern<E>, events: &'a [(u16, u64)]) -> MatchSoFar<'a, E> {
+        MatchSoFar {
+            stages: &p.stages,
+            events,
+            buffer: &self.buffer,
+        }
+    }
+
+    fn new_id(&mut self) -> u64 {
+        let id = self.state.next_run_id;
+        self.state.next_run_id += 1;
+        id
+    }
+
+    /// Builds the [`Match`] of `events` for `key`.
+    pub fn to_match(
+        &self,
+        p: &Pattern<E>,
+        key: &[u8],
+        events: &[(u16, u64)],
+        timeout_ts: Option<i64>,
+    ) -> Match<E> {
+        let mut stages: Vec<MatchedStage<E>> = Vec::new();
+        for &(s, id) in events {
+            let b = &self.buffer[&id];
+            let name = &p.stages[usize::from(s)].name;
+            let ev = Timed {
+                timestamp: b.ts,
+                event: b.event.clone(),
+            };
+            match stages.iter_mut().find(|m| &m.name == name) {
+                Some(m) => m.events.push(ev),
+                None => stages.push(MatchedStage {
+                    name: name.clone(),
+                    events: vec![ev],
+                }),
+            }
+        }
+        // Pattern order (takes are already in stage order; this keeps it explicit).
+        stages.sort_by_key(|m| p.stages.iter().position(|s| s.name == m.name));
+        let start_ts = self.buffer[&events[0].1].ts;
+        let end_ts = self.buffer[&events[events.len() - 1].1].ts;
+        Match {
+            key: key.to_vec(),
+            stages,
+            start_ts,
+            end_ts,
+            timeout_ts,
+        }
+    }
+
+    /// Spawns the runs that follow `t` having just taken an event into its stage:
+    /// the loop run (if the stage may take more) and the runs entering later stages (if
+    /// the stage has enough events). Completed matches go to `done`.
+    fn expand(&mut self, p: &Pattern<E>, t: &Run, runs: &mut Vec<Run>, done: &mut Vec<Run>) {
+        let st = &p.stages[usize::from(t.stage)];
+        let first_new = runs.len();
+        let done_before = done.len();
+        if st.max.is_none_or(|m| t.count < m) {
+            let mut l = t.clone();
+            l.id = self.new_id();
+            runs.push(l);
+        }
+        if t.count >= st.min {
+            self.enter(p, usize::from(t.stage) + 1, t, Vec::new(), runs, done);
+        }
+        if done.len() > done_before {
+            for r in &mut runs[first_new..] {
+                r.emitted = true;
+            }
+        }
+    }
+
+    fn enter(
+        &mut self,
+        p: &Pattern<E>,
+        j: usize,
+        base: &Run,
+        guards: Vec<u16>,
+        runs: &mut Vec<Run>,
+        done: &mut Vec<Run>,
+    ) {
+        let id = self.new_id();
+        let mk = |stage: usize, guards: Vec<u16>| Run {
+            id,
+            stage: stage as u16,
+            count: 0,
+            events: base.events.clone(),
+            start_ts: base.start_ts,
+            guards,
+            emitted: false,
+        };
+        if j == p.stages.len() {
+            if guards
+                .iter()
+                .any(|&g| p.stages[usize::from(g)].kind == StageKind::NotFollowedBy)
+            {
+                runs.push(mk(j, guards));
+            } else {
+                done.push(mk(j, Vec::new()));
+            }
+            return;
+        }
+        let st = &p.stages[j];
+        if st.kind != StageKind::Positive {
+            let mut g = guards;
+            g.push(j as u16);
+            return self.enter(p, j + 1, base, g, runs, done);
+        }
+        runs.push(mk(j, guards.clone()));
+        if st.optional {
+            self.enter(p, j + 1, base, guards, runs, done);
+        }
+    }
+
+    /// Feeds one event (the next in event-time order, `ts` ms) through every run and the
+    /// pattern's start; completed matches are emitted according to the skip strategy.
+    pub fn process_event(
+        &mut self,
+        p: &Pattern<E>,
+        key: &[u8],
+        ts: i64,
+        event: E,
+        out: &mut Vec<Output<E>>,
+    ) {
+        let eid = self.state.next_event_id;
+        self.state.next_event_id += 1;
+        self.buffer.insert(eid, BufEntry { ts, event, refs: 0 });
+        let old = std::mem::take(&mut self.state.runs);
+        let mut runs: Vec<Run> = Vec::with_capacity(old.len() + 2);
+        let mut done: Vec<Run> = Vec::new();
+        for mut r in old {
+            let (take, keep) = {
+                let ev = &self.buffer[&eid].event;
+                let m = self.so_far(p, &r.events);
+                if r.guards
+                    .iter()
+                    .any(|&g| p.eval(&p.stages[usize::from(g)].cond, ev, &m))
+                {
+                    continue;
+                }
+                if usize::from(r.stage) == p.stages.len() {
+                    (false, true)
+                } else {
+                    let st = &p.stages[usize::from(r.stage)];
+                    if r.count > 0 && st.until.as_ref().is_some_and(|u| p.eval(u, ev, &m)) {
+                        continue;
+                    }
+                    let take = st.max.is_none_or(|mx| r.count < mx) && p.eval(&st.cond, ev, &m);
+                    let contiguity = if r.count == 0 {
+                        st.contiguity
+                    } else {
+                        st.inner
+                    };
+                    let keep = match contiguity {
+                        Contiguity::Strict => false,
+                        Contiguity::Relaxed => !take,
+                        Contiguity::NonDeterministic => true,
+                    };
+                    (take, keep)
+                }
+            };
+            if take {
+                let mut t = r.clone();
+                t.events.push((r.stage, eid));
+                t.count += 1;
+                t.guards.clear();
+                t.emitted = false;
+                self.expand(p, &t, &mut runs, &mut done);
+            }
+            if keep {
+                r.guards
+                    .retain(|&g| p.stages[usize::from(g)].kind == StageKind::NotFollowedBy);
+                runs.push(r);
+            }
+        }
+        let starts = {
+            let ev = &self.buffer[&eid].event;
+            p.eval(&p.stages[0].cond, ev, &self.so_far(p, &[]))
+        };
+        if starts {
+            let t = Run {
+                id: 0,
+                stage: 0,
+                count: 1,
+                events: vec![(0, eid)],
+                start_ts: ts,
+                guards: Vec::new(),
+                emitted: false,
+            };
+            self.expand(p, &t, &mut runs, &mut done);
+        }
+        runs.sort_by_key(|r| r.id);
+        self.state.runs = runs;
+        done.sort_by_key(|r| (r.start_id(), r.id));
+        self.emit_all(p, key, done, None, out);
+    }
+
+    /// Emits `done` in order, pruning after each emitted match per the skip strategy.
+    fn emit_all(
+        &mut self,
+        p: &Pattern<E>,
+        key: &[u8],
+        mut done: Vec<Run>,
+        timeout_ts: Option<i64>,
+        out: &mut Vec<Output<E>>,
+    ) {
+        let mut i = 0;
+        while i < done.len() {
+            let events = done[i].events.clone();
+            out.push(Output::Matched(self.to_match(p, key, &events, timeout_ts)));
+            if let Some((point, inclusive)) = pruning_point(p, &events) {
+                let prune = |r: &Run| {
+                    let s = r.start_id();
+                    if inclusive { s <= point } else { s < point }
+                };
+                self.state.runs.retain(|r| !prune(r));
+                let rest: Vec<Run> = done.drain(i + 1..).filter(|r| !prune(r)).collect();
+                done.extend(rest);
+            }
+            i += 1;
+        }
+    }
+
+    /// Event time reached `t` (ms): runs with `start + within <= t` are pruned — reported
+    /// as timed out unless already emitted, or emitted as a match if they only waited for
+    /// a trailing `not_followed_by` window to run out.
+    pub fn advance_time(&mut self, p: &Pattern<E>, key: &[u8], t: i64, out: &mut Vec<Output<E>>) {
+        if p.within.is_none() {
+            return;
+        }
+        let mut expired: Vec<Run> = Vec::new();
+        let mut live: Vec<Run> = Vec::new();
+        for r in std::mem::take(&mut self.state.runs) {
+            if Self::deadline(p, &r).is_some_and(|d| d <= t) {
+                expired.push(r);
+            } else {
+                live.push(r);
+            }
+        }
+        self.state.runs = live;
+        if expired.is_empty() {
+            return;
+        }
+        expired.sort_by_key(|r| (Self::deadline(p, r), r.start_id(), r.id));
+        let mut reported: BTreeSet<Vec<(u16, u64)>> = BTreeSet::new();
+        let mut pruned: BTreeSet<u64> = BTreeSet::new();
+        for r in &expired {
+            if pruned.contains(&r.id) {
+                continue;
+            }
+            let deadline = Self::deadline(p, r);
+            if usize::from(r.stage) == p.stages.len() {
+                out.push(Output::Matched(self.to_match(p, key, &r.events, deadline)));
+                if let Some((point, inclusive)) = pruning_point(p, &r.events) {
+                    let prune = |x: &Run| {
+                        let s = x.start_id();
+                        if inclusive { s <= point } else { s < point }
+                    };
+                    self.state.runs.retain(|x| !prune(x));
+                    pruned.extend(expired.iter().filter(|x| prune(x)).map(|x| x.id));
+                }
+            } else if !r.emitted && reported.insert(r.events.clone()) {
+                out.push(Output::TimedOut(self.to_match(p, key, &r.events, deadline)));
+            }
+        }
+    }
+
+    /// Recomputes reference counts and drops buffered events no run references.
+    pub fn collect_garbage(&mut self) {
+        for b in self.buffer.values_mut() {
+            b.refs = 0;
+        }
+        for r in &self.state.runs {
+            for (_, id) in &r.events {
+                if let Some(b) = self.buffer.get_mut(id) {
+                    b.refs += 1;
+                }
+            }
+        }
+        self.buffer.retain(|_, b| b.refs > 0);
+    }
+}
+
+/// `(event id, inclusive)`: partial matches starting at (inclusive) or before that event
+/// are discarded after emitting a match of `events`; `None` for no pruning.
+fn pruning_point<E>(p: &Pattern<E>, events: &[(u16, u64)]) -> Option<(u64, bool)> {
+    let stage_of = |name: &str| p.stages.iter().position(|s| s.name == name);
+    match &p.skip {
+        AfterMatchSkip::NoSkip => None,
+        AfterMatchSkip::SkipToNext => Some((events[0].1, true)),
+        AfterMatchSkip::SkipPastLastEvent => Some((events[events.len() - 1].1, true)),
+        AfterMatchSkip::SkipToFirst(n) => {
+            let s = stage_of(n)? as u16;
+            events.iter().find(|e| e.0 == s).map(|e| (e.1, false))
+        }
+        AfterMatchSkip::SkipToLast(n) => {
+            let s = stage_of(n)? as u16;
+            events.iter().rev().find(|e| e.0 == s).map(|e| (e.1, false))
+        }
+    }
+}
