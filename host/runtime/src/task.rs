@@ -625,6 +625,11 @@ impl Task {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
+        self.fire_processing_timers_until(now)
+    }
+
+    /// Fires every processing-time timer with `timestamp <= now`, stage by stage.
+    fn fire_processing_timers_until(&mut self, now: i64) -> Result<()> {
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
                 if !op.has_processing_timers() {
@@ -904,13 +909,17 @@ impl Task {
         Ok(())
     }
 
-    /// End of all input: the final watermark (+inf) fires every event-time timer, each
+    /// End of all input: the final watermark (+inf) fires every event-time timer, then
+    /// every pending processing-time timer fires (bounded jobs drain them), each
     /// operator's `finish` output flows down the rest of the chain, the end marker goes
     /// downstream, and the coordinator hears of it (seed §5.9).
     fn end_of_data(&mut self) -> Result<()> {
         if self.watermark < i64::MAX {
             self.advance_watermark(i64::MAX)?;
         }
+        // Bounded input: processing time also runs to the end, so processing-time
+        // windows and timeouts still pending fire now rather than never.
+        self.fire_processing_timers_until(i64::MAX)?;
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
                 let out = op.finish()?;
