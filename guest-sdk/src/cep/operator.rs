@@ -1,27 +1,30 @@
 //! [`CepOperator`]: runs a [`Pattern`] per record key on host keyed state and event-time
 //! timers (seed §9.2, §8.4).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::nfa::{BufEntry, KeyNfa, NfaState, Output};
 use super::{Match, Pattern};
 use crate::{
-    Batch, Context, FiredTimer, MapState, PluginError, PluginInfo, RecordRef, Result, TimeDomain,
-    ValueState, counter_add,
+    Batch, Context, FiredTimer, PluginError, PluginInfo, RecordRef, Result, TimeDomain, ValueState,
+    counter_add,
 };
 
 /// Per-key NFA state (partial matches, id counters): value state.
 pub const NFA_STATE: &str = "cep-nfa";
-/// Shared buffer (event id → event, timestamp, reference count): map state.
+/// Shared buffer per key (event id → event, timestamp, reference count; each event
+/// stored once however many partial matches reference it): value state.
 pub const BUFFER_STATE: &str = "cep-buffer";
-/// Event queue (event time → events awaiting the watermark, arrival order): map state.
+/// Event queue per key (event time → events awaiting the watermark, arrival order):
+/// value state.
 pub const QUEUE_STATE: &str = "cep-queue";
 /// Namespace of the CEP states and of its event-time timers.
 pub const CEP_NAMESPACE: &[u8] = b"cep";
-/// Schema version of the three CEP states (postcard codec).
-pub const STATE_SCHEMA: u32 = 1;
+/// Schema version of the three CEP states (postcard codec); 2 since they are value
+/// states read and written in batches.
+pub const STATE_SCHEMA: u32 = 2;
 /// Side output of timed-out partial matches.
 pub const TIMED_OUT: &str = "timed-out";
 /// Side output of late records (with [`LateEvents::SideOutput`]).
@@ -42,14 +45,10 @@ pub enum LateEvents {
     SideOutput,
 }
 
-/// Order-preserving 8-byte encoding of an event time (sign bit flipped, big-endian).
-fn ts_key(ts: i64) -> [u8; 8] {
-    ((ts as u64) ^ (1 << 63)).to_be_bytes()
-}
-
-fn ts_of(key: &[u8; 8]) -> i64 {
-    (u64::from_be_bytes(*key) ^ (1 << 63)) as i64
-}
+/// A key's queued events: event time → events in arrival order.
+type Queue<E> = BTreeMap<i64, Vec<E>>;
+/// A key's shared buffer: event id → entry.
+type Buffer<E> = BTreeMap<u64, BufEntry<E>>;
 
 /// Runs a CEP [`Pattern`] over keyed, timestamped records; embed it in an
 /// [`crate::Operator`] and forward `process`, `on_timers`, `on_watermark`,
@@ -64,10 +63,13 @@ fn ts_of(key: &[u8; 8]) -> i64 {
 ///   emit fn).
 /// - Declare the states, side outputs and model with [`CepOperator::declare`].
 ///
-/// Cost: each watermark step loads, per key with due timers, the key's queue, NFA value
-/// and shared buffer; memory per key is bounded by its queued events plus the events
-/// referenced by its partial matches. Without `within`, partial matches of a pattern
-/// that cannot complete are kept forever (as in Flink).
+/// Cost: host calls are batched per call, not per record: `process` reads and writes
+/// the queues and NFA values of all keys of the batch with one `value-get-many` /
+/// `value-put-many` each, and `on_timers` does the same for the keys with a due timer
+/// (queue, NFA value, shared buffer). Each key holds exactly one CEP timer, at its
+/// earliest queued event or partial-match deadline. Memory per key is bounded by its
+/// queued events plus the events referenced by its partial matches. Without `within`,
+/// partial matches of a pattern that cannot complete are kept forever (as in Flink).
 pub struct CepOperator<E> {
     pattern: Pattern<E>,
     decode: DecodeFn<E>,
@@ -76,10 +78,11 @@ pub struct CepOperator<E> {
     late: LateEvents,
     late_events: u64,
     nfa: ValueState<NfaState>,
-    buffer: MapState<[u8; 8], BufEntry<E>>,
-    queue: MapState<[u8; 8], Vec<E>>,
+    buffer: ValueState<Buffer<E>>,
+    queue: ValueState<Queue<E>>,
     /// Keys advanced by `on_timers` that `on_watermark` brings up to the watermark.
-    touched: Vec<Vec<u8>>,
+    /// Keys `on_timers` advanced, with the event time they were advanced to.
+    touched: Vec<(Vec<u8>, i64)>,
 }
 
 impl<E> std::fmt::Debug for CepOperator<E> {
@@ -99,12 +102,12 @@ where
     /// [`NFA_STATE`], [`BUFFER_STATE`] (schema [`STATE_SCHEMA`], postcard), the side
     /// outputs [`TIMED_OUT`] and [`LATE`], and the pattern model (plan fingerprint).
     pub fn declare(info: PluginInfo, pattern: &Pattern<E>) -> PluginInfo {
-        info.state(MapState::<[u8; 8], Vec<E>>::descriptor(
+        info.state(ValueState::<Queue<E>>::descriptor(
             QUEUE_STATE,
             STATE_SCHEMA,
         ))
         .state(ValueState::<NfaState>::descriptor(NFA_STATE, STATE_SCHEMA))
-        .state(MapState::<[u8; 8], BufEntry<E>>::descriptor(
+        .state(ValueState::<Buffer<E>>::descriptor(
             BUFFER_STATE,
             STATE_SCHEMA,
         ))
@@ -134,8 +137,8 @@ where
             late: LateEvents::Drop,
             late_events: 0,
             nfa: ValueState::open(ctx, NFA_STATE)?,
-            buffer: MapState::open(ctx, BUFFER_STATE)?,
-            queue: MapState::open(ctx, QUEUE_STATE)?,
+            buffer: ValueState::open(ctx, BUFFER_STATE)?,
+            queue: ValueState::open(ctx, QUEUE_STATE)?,
             touched: Vec::new(),
         })
     }
@@ -186,7 +189,9 @@ where
     ) -> Result<()> {
         let _ = out;
         let wm = ctx.current_watermark();
-        let mut groups: BTreeMap<(&[u8], i64), Vec<E>> = BTreeMap::new();
+        // Events per key in arrival order; keys in order of first appearance.
+        let mut index: HashMap<&[u8], usize> = HashMap::new();
+        let mut groups: Vec<(&[u8], Vec<(i64, E)>)> = Vec::new();
         let mut late = Batch::new();
         for (i, rec) in batch.iter().enumerate() {
             let key = rec.key.ok_or_else(|| {
@@ -204,14 +209,28 @@ where
                 late.push_record(rec.key, rec.timestamp, rec.data);
                 continue;
             }
-            groups.entry((key, ts)).or_default().push(event);
+            let g = *index.entry(key).or_insert_with(|| {
+                groups.push((key, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push((ts, event));
         }
-        let queue = self.queue.in_namespace(CEP_NAMESPACE);
-        for ((key, ts), events) in groups {
-            let mut queued = queue.get(ctx, key, &ts_key(ts)).unwrap_or_default();
-            queued.extend(events);
-            queue.put(ctx, key, &ts_key(ts), &queued);
-            ctx.register_timer(TimeDomain::EventTime, key, CEP_NAMESPACE, ts);
+        if !groups.is_empty() {
+            let keys: Vec<&[u8]> = groups.iter().map(|(k, _)| *k).collect();
+            let queues = self.queue.in_namespace(CEP_NAMESPACE).get_many(ctx, &keys);
+            let nfas = self.nfa.in_namespace(CEP_NAMESPACE).get_many(ctx, &keys);
+            let mut puts: Vec<(&[u8], Queue<E>)> = Vec::with_capacity(groups.len());
+            for (((key, events), queue), nfa) in groups.into_iter().zip(queues).zip(nfas) {
+                let mut queue = queue.unwrap_or_default();
+                let before = self.next_timer(queue.keys().next().copied(), nfa.as_ref());
+                for (ts, e) in events {
+                    queue.entry(ts).or_default().push(e);
+                }
+                let after = self.next_timer(queue.keys().next().copied(), nfa.as_ref());
+                retime(ctx, key, before, after);
+                puts.push((key, queue));
+            }
+            self.queue.in_namespace(CEP_NAMESPACE).put_many(ctx, &puts);
         }
         if !late.is_empty() {
             self.late_events += late.len() as u64;
@@ -223,11 +242,26 @@ where
         Ok(())
     }
 
+    /// The event time of a key's one CEP timer: its earliest queued event or partial
+    /// match deadline, whichever comes first.
+    fn next_timer(&self, first_queued: Option<i64>, nfa: Option<&NfaState>) -> Option<i64> {
+        let deadline = nfa.and_then(|n| {
+            n.runs
+                .iter()
+                .filter_map(|r| KeyNfa::deadline(&self.pattern, r))
+                .min()
+        });
+        match (first_queued, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Feeds the keys of due CEP timers through the NFA up to the timer time (or the
     /// context's watermark if later); non-CEP timers are ignored.
     ///
     /// # Errors
-    /// Whatever the emit fns report; state is unchanged for the failing key.
+    /// Whatever the emit fns report; nothing is written then.
     pub fn on_timers(
         &mut self,
         ctx: &mut (impl Context + ?Sized),
@@ -235,24 +269,28 @@ where
         out: &mut Batch,
     ) -> Result<()> {
         let wm = ctx.current_watermark();
-        let mut keys: Vec<(Vec<u8>, i64)> = Vec::new();
+        // Keys in order of their first due timer, each with its latest due time.
+        let mut index: HashMap<&[u8], usize> = HashMap::new();
+        let mut keys: Vec<(&[u8], i64)> = Vec::new();
         for t in timers.iter().filter(|t| Self::is_cep_timer(t)) {
-            match keys.iter_mut().find(|(k, _)| *k == t.key) {
-                Some(e) => e.1 = e.1.max(t.timestamp),
-                None => keys.push((t.key.clone(), t.timestamp)),
+            match index.get(t.key.as_slice()) {
+                Some(&i) => keys[i].1 = keys[i].1.max(t.timestamp),
+                None => {
+                    index.insert(&t.key, keys.len());
+                    keys.push((&t.key, t.timestamp));
+                }
             }
         }
-        for (key, ts) in keys {
-            self.advance(ctx, &key, ts.max(wm), out)?;
-            if !self.touched.contains(&key) {
-                self.touched.push(key);
-            }
-        }
+        let due: Vec<(&[u8], i64)> = keys.into_iter().map(|(k, ts)| (k, ts.max(wm))).collect();
+        self.advance_keys(ctx, &due, true, out)?;
+        self.touched
+            .extend(due.iter().map(|(k, upto)| (k.to_vec(), *upto)));
         Ok(())
     }
 
-    /// Brings the keys touched by the preceding `on_timers` up to `watermark`, so that
-    /// timeouts falling between their timers and the watermark are handled now.
+    /// Brings the keys touched by the preceding `on_timers` up to `watermark` when they
+    /// were advanced to less (the host shows the new watermark while timers fire, so
+    /// normally none are).
     ///
     /// # Errors
     /// Whatever the emit fns report.
@@ -262,8 +300,15 @@ where
         watermark: i64,
         out: &mut Batch,
     ) -> Result<()> {
-        for key in std::mem::take(&mut self.touched) {
-            self.advance(ctx, &key, watermark, out)?;
+        let touched = std::mem::take(&mut self.touched);
+        let behind: Vec<(&[u8], i64)> = touched
+            .iter()
+            .filter(|(_, upto)| *upto < watermark)
+            .map(|(k, _)| (k.as_slice(), watermark))
+            .collect();
+        if !behind.is_empty() {
+            // Their one timer is still registered (it is not due), so it stays.
+            self.advance_keys(ctx, &behind, false, out)?;
         }
         Ok(())
     }
@@ -278,106 +323,117 @@ where
         self.on_watermark(ctx, wm, out)
     }
 
-    /// Processes key `key` up to event time `t`: queued events and timeouts in time
-    /// order (timeouts first on equal times), then writes the key's state back.
-    fn advance(
+    /// Processes each `(key, t)`: the key's queued events and timeouts up to event time
+    /// `t` in time order (timeouts first on equal times), then writes every key's state
+    /// back with one batched put per state. `fired`: the key's timer just fired (so it
+    /// is no longer registered).
+    fn advance_keys(
         &mut self,
         ctx: &mut (impl Context + ?Sized),
-        key: &[u8],
-        t: i64,
+        due: &[(&[u8], i64)],
+        fired: bool,
         out: &mut Batch,
     ) -> Result<()> {
-        let p = &self.pattern;
+        if due.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&[u8]> = due.iter().map(|(k, _)| *k).collect();
         let nfa_state = self.nfa.in_namespace(CEP_NAMESPACE);
         let queue_state = self.queue.in_namespace(CEP_NAMESPACE);
         let buffer_state = self.buffer.in_namespace(CEP_NAMESPACE);
-        let state = nfa_state.get(ctx, key).unwrap_or_default();
-        let queue = queue_state.entries(ctx, key);
-        let deadline_due = state
-            .runs
-            .iter()
-            .any(|r| KeyNfa::deadline(p, r).is_some_and(|d| d <= t));
-        if !deadline_due && queue.first().is_none_or(|(k, _)| ts_of(k) > t) {
-            return Ok(());
-        }
-        let timers_of = |k: &KeyNfa<E>, queue: &[([u8; 8], Vec<E>)]| -> BTreeSet<i64> {
-            let mut s: BTreeSet<i64> = queue.iter().map(|(k, _)| ts_of(k)).collect();
-            s.extend(k.state.runs.iter().filter_map(|r| KeyNfa::deadline(p, r)));
-            s
-        };
-        let loaded: BTreeMap<u64, BufEntry<E>> = buffer_state
-            .entries(ctx, key)
-            .into_iter()
-            .map(|(k, v)| (u64::from_be_bytes(k), v))
-            .collect();
-        let mut k = KeyNfa {
-            state,
-            buffer: loaded.clone(),
-        };
-        let timers_before = timers_of(&k, &queue);
-        let mut outputs = Vec::new();
-        let mut done = 0;
-        for (qk, events) in &queue {
-            let ts = ts_of(qk);
-            if ts > t {
-                break;
-            }
-            k.advance_time(p, key, ts, &mut outputs);
-            for e in events {
-                k.process_event(p, key, ts, e.clone(), &mut outputs);
-            }
-            done += 1;
-        }
-        k.advance_time(p, key, t, &mut outputs);
-        k.collect_garbage();
+        let nfas = nfa_state.get_many(ctx, &keys);
+        let queues = queue_state.get_many(ctx, &keys);
+        let buffers = buffer_state.get_many(ctx, &keys);
 
-        // Encode every output before touching state, so an emit error changes nothing.
+        // Everything is computed before state is touched, so an emit error changes
+        // nothing (the task then fails and recovers from the last epoch).
         let mark = out.len();
         let mut timed_out = Batch::new();
-        for o in &outputs {
-            let (m, target, f) = match o {
-                Output::Matched(m) => (m, &mut *out, &self.emit),
-                Output::TimedOut(m) => (
-                    m,
-                    &mut timed_out,
-                    self.emit_timed_out.as_ref().unwrap_or(&self.emit),
-                ),
+        let mut nfa_puts: Vec<(&[u8], NfaState)> = Vec::new();
+        let mut queue_puts: Vec<(&[u8], Queue<E>)> = Vec::new();
+        let mut buffer_puts: Vec<(&[u8], Buffer<E>)> = Vec::new();
+        let mut deletes: Vec<&[u8]> = Vec::new();
+        let mut retimes: Vec<(&[u8], Option<i64>, Option<i64>)> = Vec::new();
+        for ((((key, t), nfa), queue), buffer) in due.iter().zip(nfas).zip(queues).zip(buffers) {
+            let (key, t) = (*key, *t);
+            let mut queue = queue.unwrap_or_default();
+            let had_state = nfa.is_some() || !queue.is_empty();
+            let before = if fired {
+                None
+            } else {
+                self.next_timer(queue.keys().next().copied(), nfa.as_ref())
             };
-            let r = target.push_with(Some(key), Some(m.end_ts), |buf| f(m, buf));
-            if let Err(e) = r {
-                out.truncate(mark);
-                return Err(e);
+            let mut k = KeyNfa {
+                state: nfa.unwrap_or_default(),
+                buffer: buffer.unwrap_or_default(),
+            };
+            let mut outputs = Vec::new();
+            let later = queue.split_off(&t.saturating_add(1));
+            for (ts, events) in std::mem::take(&mut queue) {
+                k.advance_time(&self.pattern, key, ts, &mut outputs);
+                for e in events {
+                    k.process_event(&self.pattern, key, ts, e, &mut outputs);
+                }
+            }
+            let queue = later;
+            k.advance_time(&self.pattern, key, t, &mut outputs);
+            k.collect_garbage();
+            for o in &outputs {
+                let (m, target, f) = match o {
+                    Output::Matched(m) => (m, &mut *out, &self.emit),
+                    Output::TimedOut(m) => (
+                        m,
+                        &mut timed_out,
+                        self.emit_timed_out.as_ref().unwrap_or(&self.emit),
+                    ),
+                };
+                if let Err(e) = target.push_with(Some(key), Some(m.end_ts), |buf| f(m, buf)) {
+                    out.truncate(mark);
+                    return Err(e);
+                }
+            }
+            let after = self.next_timer(queue.keys().next().copied(), Some(&k.state));
+            retimes.push((key, before, after));
+            if k.state.runs.is_empty() && queue.is_empty() {
+                debug_assert!(k.buffer.is_empty(), "no run but buffered events");
+                if had_state {
+                    deletes.push(key);
+                }
+            } else {
+                nfa_puts.push((key, k.state));
+                queue_puts.push((key, queue));
+                buffer_puts.push((key, k.buffer));
             }
         }
         if !timed_out.is_empty() {
             ctx.side_output(TIMED_OUT, &timed_out);
         }
-
-        let rest = &queue[done..];
-        for (qk, _) in &queue[..done] {
-            queue_state.remove(ctx, key, qk);
-        }
-        for id in loaded.keys().filter(|id| !k.buffer.contains_key(id)) {
-            buffer_state.remove(ctx, key, &id.to_be_bytes());
-        }
-        for (id, b) in &k.buffer {
-            if loaded.get(id).is_none_or(|old| old.refs != b.refs) {
-                buffer_state.put(ctx, key, &id.to_be_bytes(), b);
-            }
-        }
-        let timers_after = timers_of(&k, rest);
-        for ts in timers_before.difference(&timers_after) {
-            ctx.delete_timer(TimeDomain::EventTime, key, CEP_NAMESPACE, *ts);
-        }
-        for ts in timers_after.difference(&timers_before) {
-            ctx.register_timer(TimeDomain::EventTime, key, CEP_NAMESPACE, *ts);
-        }
-        if k.state.runs.is_empty() && rest.is_empty() {
-            debug_assert!(k.buffer.is_empty(), "no run but buffered events");
+        for key in deletes {
             nfa_state.delete(ctx, key);
-        } else {
-            nfa_state.put(ctx, key, &k.state);
+            queue_state.delete(ctx, key);
+            buffer_state.delete(ctx, key);
+        }
+        if !nfa_puts.is_empty() {
+            nfa_state.put_many(ctx, &nfa_puts);
+            queue_state.put_many(ctx, &queue_puts);
+            buffer_state.put_many(ctx, &buffer_puts);
+        }
+        for (key, before, after) in retimes {
+            retime(ctx, key, before, after);
         }
         Ok(())
+    }
+}
+
+/// Moves a key's one CEP timer from `before` to `after` (either may be absent).
+fn retime(ctx: &mut (impl Context + ?Sized), key: &[u8], before: Option<i64>, after: Option<i64>) {
+    if before == after {
+        return;
+    }
+    if let Some(b) = before {
+        ctx.delete_timer(TimeDomain::EventTime, key, CEP_NAMESPACE, b);
+    }
+    if let Some(a) = after {
+        ctx.register_timer(TimeDomain::EventTime, key, CEP_NAMESPACE, a);
     }
 }

@@ -38,8 +38,9 @@
 //! parallelism = 2                   # optional override of job.parallelism
 //! grants = [{ guest = "/input", host = "data" }]   # read-only unless writable = true
 //! config = { path = "/input/flights.csv", header = true }  # any table; default {}
-//! watermarks = { max_out_of_orderness_ms = 60000, idle_timeout_ms = 5000 }  # sources
-//!                                   # only; optional (see WatermarkSpec); bound default 0
+//! watermarks = { max_out_of_orderness_ms = 60000, idle_timeout_ms = 5000, max_drift_ms = 600000 }
+//!                                   # sources only; optional (see WatermarkSpec); bound
+//!                                   # default 0, no idleness, no alignment
 //!
 //! [[operator]]
 //! name = "parse"
@@ -944,7 +945,12 @@ fn read_node(
                 "only sources generate watermarks (downstream tasks take the minimum of their inputs)",
             );
         }
-        check_keys(cx, wt, &field, &["max_out_of_orderness_ms", "idle_timeout_ms"]);
+        check_keys(
+            cx,
+            wt,
+            &field,
+            &["max_out_of_orderness_ms", "idle_timeout_ms", "max_drift_ms"],
+        );
         let bound = find(wt, "max_out_of_orderness_ms")
             .and_then(|x| get_int(cx, x, &format!("{field}.max_out_of_orderness_ms"), i64::MAX as u64 / 2))
             .unwrap_or(0);
@@ -955,9 +961,13 @@ fn read_node(
             }
             Some(n)
         });
+        let drift = find(wt, "max_drift_ms").and_then(|x| {
+            get_int(cx, x, &format!("{field}.max_drift_ms"), i64::MAX as u64 / 2)
+        });
         Some(crate::model::WatermarkSpec {
             max_out_of_orderness_ms: bound,
             idle_timeout_ms: idle,
+            max_drift_ms: drift,
         })
     });
 

@@ -83,6 +83,12 @@ pub struct WatermarkSpec {
     /// Processing time without records after which a split counts as idle, in ms;
     /// default none (never idle).
     pub idle_timeout_ms: Option<u64>,
+    /// Watermark alignment (Flink's `withWatermarkAlignment`): a source subtask whose
+    /// watermark is more than this many ms ahead of the slowest subtask of the same
+    /// source pauses reading until the others catch up, so downstream operators do not
+    /// buffer the fast readers' future events. Default none (no alignment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_drift_ms: Option<u64>,
 }
 
 /// A source, operator or sink of the job file.

@@ -781,6 +781,24 @@ fn run_attempt(
     let mut sink_tasks = BTreeSet::new();
     let mut specs = Vec::new();
 
+    // Watermark alignment tables, one per source with `max_drift_ms`.
+    let alignments: HashMap<usize, Arc<task::WatermarkAlignment>> = plan
+        .vertices
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| {
+            v.operators[0].kind == PluginKind::Source
+                && v.operators[0]
+                    .watermarks
+                    .is_some_and(|w| w.max_drift_ms.is_some())
+        })
+        .map(|(vi, v)| {
+            (
+                vi,
+                Arc::new(task::WatermarkAlignment::new(v.parallelism as usize)),
+            )
+        })
+        .collect();
     for (vi, v) in plan.vertices.iter().enumerate() {
         let tail_is_sink = v.operators.last().map(|o| o.kind) == Some(PluginKind::Sink);
         for st in &v.subtasks {
@@ -961,6 +979,7 @@ fn run_attempt(
                 outputs,
                 splits: splits_of.remove(&(vi, sub)).unwrap_or_default(),
                 watermarks: v.operators[0].watermarks,
+                alignment: alignments.get(&vi).map(|a| (Arc::clone(a), sub as usize)),
                 batch_records: job.batch_records.min(opts.limits.max_batch_records),
                 sink_txn_prefix,
                 first_epoch,

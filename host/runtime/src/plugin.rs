@@ -753,9 +753,13 @@ impl OperatorInstance {
         self.store.data_mut().state.as_mut()
     }
 
-    /// Removes and returns event-time timers due at `watermark`, in timestamp order.
+    /// Advances the watermark the guest sees to `watermark`, then removes and returns the
+    /// event-time timers due at it, in timestamp order.
     pub fn take_due_event_timers(&mut self, watermark: i64) -> Result<Vec<FiredTimer>> {
         let data = self.store.data_mut();
+        // The guest sees the new watermark while its timers fire (as in Flink's timer
+        // service: the watermark advances, then the due timers fire).
+        data.watermark = data.watermark.max(watermark);
         let due: Vec<_> = data
             .timers
             .iter()

@@ -126,6 +126,9 @@ pub(crate) struct TaskSpec {
     pub splits: Vec<Split>,
     /// Source heads: watermark generation from record timestamps.
     pub watermarks: Option<WatermarkSpec>,
+    /// Source heads with `max_drift_ms`: the watermark table shared by the subtasks of
+    /// the source, and this subtask's slot in it.
+    pub alignment: Option<(Arc<WatermarkAlignment>, usize)>,
     pub batch_records: u32,
     /// Transaction id prefix of the sink at the tail (`{job}:{pipeline}:{op}:{subtask}:`).
     pub sink_txn_prefix: Option<String>,
@@ -144,6 +147,37 @@ enum Stage {
     Source(SourceInstance),
     Operator(OperatorInstance),
     Sink(SinkInstance),
+}
+
+/// Watermarks of every subtask of one source, for watermark alignment
+/// ([`WatermarkSpec::max_drift_ms`]). Finished or idle subtasks publish `i64::MAX`.
+#[derive(Debug)]
+pub(crate) struct WatermarkAlignment {
+    watermarks: std::sync::Mutex<Vec<i64>>,
+}
+
+impl WatermarkAlignment {
+    pub(crate) fn new(subtasks: usize) -> Self {
+        WatermarkAlignment {
+            watermarks: std::sync::Mutex::new(vec![i64::MIN; subtasks]),
+        }
+    }
+
+    fn publish(&self, slot: usize, watermark: i64) {
+        let mut w = self.watermarks.lock().unwrap_or_else(|p| p.into_inner());
+        w[slot] = watermark;
+    }
+
+    /// The slowest watermark among the other subtasks.
+    fn slowest_other(&self, slot: usize) -> i64 {
+        let w = self.watermarks.lock().unwrap_or_else(|p| p.into_inner());
+        w.iter()
+            .enumerate()
+            .filter(|(i, _)| *i != slot)
+            .map(|(_, w)| *w)
+            .min()
+            .unwrap_or(i64::MAX)
+    }
 }
 
 struct SplitCursor {
@@ -172,6 +206,7 @@ struct Task {
     inputs: Vec<InputChannel>,
     splits: Vec<SplitCursor>,
     watermark_spec: Option<WatermarkSpec>,
+    alignment: Option<(Arc<WatermarkAlignment>, usize)>,
     /// Whether this task last told its outputs it is idle.
     output_idle: bool,
     max_batch: usize,
@@ -229,6 +264,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         outputs,
         splits,
         watermarks: watermark_spec,
+        alignment,
         batch_records,
         sink_txn_prefix,
         first_epoch,
@@ -304,6 +340,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         inputs,
         splits,
         watermark_spec,
+        alignment,
         output_idle: false,
         max_batch: batch_records.max(1) as usize,
         batch_records,
@@ -324,6 +361,11 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         cancel,
     };
     t.watermark = t.restored_watermark();
+    for stage in &mut t.stages {
+        if let Stage::Operator(op) = stage {
+            op.set_watermark(t.watermark);
+        }
+    }
     t.aligner = Aligner::new(t.inputs.len());
     // Sink recovery (seed §7.3 "on recovery"): commit the durable pre-committed
     // transactions, abort every other pending one of this subtask, then begin anew.
@@ -541,10 +583,25 @@ impl Task {
     }
 
     /// Reads one batch from the first unfinished split; ends the data when none is left.
+    /// With watermark alignment, a subtask too far ahead of the slowest one pauses.
     fn read_once(&mut self) -> Result<()> {
         let Some(i) = self.splits.iter().position(|s| !s.finished) else {
+            if let Some((a, slot)) = &self.alignment {
+                a.publish(*slot, i64::MAX);
+            }
             return self.end_of_data();
         };
+        if let (Some((a, slot)), Some(drift)) = (
+            &self.alignment,
+            self.watermark_spec.and_then(|w| w.max_drift_ms),
+        ) && self.watermark > i64::MIN
+            && self.watermark
+                > a.slowest_other(*slot)
+                    .saturating_add(i64::try_from(drift).unwrap_or(i64::MAX))
+        {
+            std::thread::sleep(Duration::from_millis(1));
+            return Ok(());
+        }
         let Some(Stage::Source(src)) = self.stages.first_mut() else {
             unreachable!("checked by is_source");
         };
@@ -593,6 +650,10 @@ impl Task {
                 .max_ts
                 .map_or(i64::MIN, |m| m.saturating_sub(bound).saturating_sub(1));
             wm = Some(wm.map_or(w, |x: i64| x.min(w)));
+        }
+        if let Some((a, slot)) = &self.alignment {
+            // Idle subtasks do not hold the others back.
+            a.publish(*slot, wm.map_or(i64::MAX, |w| w.max(self.watermark)));
         }
         match wm {
             Some(w) if w > self.watermark => {
