@@ -7,7 +7,7 @@
 //! `blackhole-sink`'s [`Summary`], so a nop-stream run can be checked against the floor
 //! record for record (count and order-independent checksum).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::Path;
 use std::time::Instant;
@@ -140,6 +140,102 @@ fn count(path: &Path, out: &mut Summary) -> Result<u64> {
     })
 }
 
+/// q5 window size and slide (ms), as in the job's `window-count` config.
+const Q5_SIZE_MS: i64 = 10_000;
+const Q5_SLIDE_MS: i64 = 2_000;
+
+/// Emits the top auction of one window (largest count, ties: smallest auction id), in
+/// `hot-items`' text format.
+fn q5_emit(
+    start: i64,
+    counts: &HashMap<i64, u64, FxBuildHasher>,
+    out: &mut Summary,
+    buf: &mut Vec<u8>,
+) {
+    let mut best: Option<hot_items::Candidate> = None;
+    for (&auction, &count) in counts {
+        hot_items::offer(
+            &mut best,
+            hot_items::Candidate {
+                count,
+                auction,
+                start,
+                end: start + Q5_SIZE_MS,
+            },
+        );
+    }
+    if let Some(c) = best {
+        buf.clear();
+        hot_items::format_top(&c, buf);
+        out.add(buf);
+    }
+}
+
+/// Nexmark q5-style hot items: bids per (window start, auction) over 10 s windows
+/// sliding every 2 s, then one `window_start,window_end,auction,bids` line per window.
+/// Windows fire as the job's do: when the watermark (largest timestamp so far − 1, the
+/// source's `max_out_of_orderness_ms = 0`) reaches `window_end − 1`; a bid only for
+/// windows that already fired is late and skipped (none in the time-ordered generated
+/// input, where this equals nop-stream's per-batch watermark).
+fn q5(path: &Path, out: &mut Summary) -> Result<u64> {
+    let mut windows: BTreeMap<i64, HashMap<i64, u64, FxBuildHasher>> = BTreeMap::new();
+    let mut wm = i64::MIN;
+    let mut buf = Vec::with_capacity(64);
+    let n = for_each_line(path, |line| {
+        let bid = bid_of(line)?;
+        let ts = bid.date_time;
+        let mut start = ts - ts.rem_euclid(Q5_SLIDE_MS);
+        while start > ts - Q5_SIZE_MS {
+            if start + Q5_SIZE_MS - 1 > wm {
+                *windows
+                    .entry(start)
+                    .or_default()
+                    .entry(bid.auction)
+                    .or_default() += 1;
+            }
+            start -= Q5_SLIDE_MS;
+        }
+        let w = ts.saturating_sub(1);
+        if w > wm {
+            wm = w;
+            while let Some(entry) = windows.first_entry() {
+                if *entry.key() + Q5_SIZE_MS - 1 > wm {
+                    break;
+                }
+                let (start, counts) = entry.remove_entry();
+                q5_emit(start, &counts, out, &mut buf);
+            }
+        }
+        Ok(())
+    })?;
+    for (start, counts) in windows {
+        q5_emit(start, &counts, out, &mut buf);
+    }
+    Ok(n)
+}
+
+/// CEP: three strictly rising bids in a row on one auction within 10 s, skip past last
+/// event — `rising-bids`' direct form ([`rising_bids::Direct`]: per auction the bids
+/// since its last match, at most two), one `auction,p1,p2,p3` line per match. Assumes
+/// time-ordered input per auction (as generated; the job sorts by event time itself).
+fn cep(path: &Path, out: &mut Summary) -> Result<u64> {
+    let mut state: HashMap<i64, rising_bids::Direct, FxBuildHasher> = HashMap::default();
+    let mut buf = Vec::with_capacity(64);
+    for_each_line(path, |line| {
+        let bid = bid_of(line)?;
+        if let Some(m) = state
+            .entry(bid.auction)
+            .or_default()
+            .push(bid.date_time, bid.price)
+        {
+            buf.clear();
+            rising_bids::format_match(bid.auction, m, &mut buf);
+            out.add(&buf);
+        }
+        Ok(())
+    })
+}
+
 #[derive(Default)]
 struct CarrierAcc {
     flights: u64,
@@ -213,6 +309,8 @@ pub fn run(workload: &str, input: &Path) -> Result<FloorReport> {
         "q0" => q0(input, &mut out)?,
         "q1" => q1(input, &mut out)?,
         "count" => count(input, &mut out)?,
+        "q5" => q5(input, &mut out)?,
+        "cep" => cep(input, &mut out)?,
         "flights" => flights(input, &mut out)?,
         other => bail!("no floor for workload `{other}`"),
     };
@@ -240,6 +338,12 @@ mod tests {
             assert_eq!(r.records, 5000, "{w}");
             assert_eq!(r.output.records, 5000, "{w}");
         }
+        // 5000 bids, 1 per ms from a multiple of 2 s: windows start every 2 s from
+        // t0 - 8 s to t0 + 4 s, seven windows.
+        let r = run("q5", &path).unwrap();
+        assert_eq!((r.records, r.output.records), (5000, 7));
+        let r = run("cep", &path).unwrap();
+        assert_eq!(r.records, 5000);
         assert_ne!(
             run("q0", &path).unwrap().output,
             run("q1", &path).unwrap().output

@@ -94,6 +94,10 @@ enum Cmd {
         /// Flink parallelism (`PAR`).
         #[arg(long, default_value_t = 1)]
         parallelism: u32,
+        /// Only these workloads (comma-separated names) [default: every one with a
+        /// Flink query].
+        #[arg(long, value_delimiter = ',')]
+        workloads: Vec<String>,
         /// Output directory of the `run` whose results to extend.
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
@@ -206,8 +210,15 @@ fn dispatch(cli: Cli) -> Result<()> {
             runs,
             large,
             parallelism,
+            workloads,
             out,
         } => {
+            for n in &workloads {
+                ensure!(
+                    workload::find(n).is_some_and(|w| w.flink_query.is_some()),
+                    "unknown workload `{n}` or one without a Flink query"
+                );
+            }
             let out = absolute(&out)?;
             let mut results = load(&out).unwrap_or_default();
             run_flink(
@@ -217,6 +228,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 runs.max(1),
                 large,
                 parallelism,
+                &workloads,
                 &out,
             )?;
             println!("\n{}", results.table());
@@ -490,6 +502,7 @@ fn run_flink(
     runs: usize,
     large: bool,
     parallelism: u32,
+    only: &[String],
     out: &Path,
 ) -> Result<()> {
     ensure!(
@@ -501,7 +514,10 @@ fn run_flink(
     let work = out.join("flink");
     std::fs::create_dir_all(&work)?;
     let sizes = if large { &SIZES[..] } else { &SIZES[..1] };
-    for w in WORKLOADS.iter().filter(|w| w.input == Input::Bids) {
+    for w in WORKLOADS
+        .iter()
+        .filter(|w| w.input == Input::Bids && (only.is_empty() || only.iter().any(|n| n == w.name)))
+    {
         let Some(q) = w.flink_query else { continue };
         for &(label, records) in sizes {
             let input = bids_file(&data, label, records, false)?;

@@ -34,6 +34,11 @@ pub struct Workload {
     pub checkpoint_ms: Option<u64>,
     /// The floor to compare with (a workload name of [`crate::floor::run`]).
     pub floor: &'static str,
+    /// Event time: the source stamps records with `date_time` (file-source `event_time`)
+    /// and emits watermarks (`max_out_of_orderness_ms = 0`; the generated bids are in
+    /// time order). Windows and CEP need it; `bids-parser` stamps records with
+    /// `date_time` either way, but watermarks derive from the source's own records.
+    pub event_time: bool,
 }
 
 const SINK_AFTER: &str = r#"
@@ -59,6 +64,41 @@ inputs = [{ from = "parse", partition = "hash" }]
 config = { emit = "record" }
 {sink:count}"#;
 
+/// Nexmark q5-style hot items: parse, HASH by auction, sliding-window count (binary
+/// accumulator), SINGLETON to the top-per-window stage, blackhole.
+const Q5_PIPELINE: &str = r#"
+[[operator]]
+name = "parse"
+plugin = "bids-parser@0.1.0"
+inputs = ["bids"]
+
+[[operator]]
+name = "window"
+plugin = "window-count@0.1.0"
+inputs = [{ from = "parse", partition = "hash" }]
+config = { window = { kind = "sliding", size_ms = 10000, slide_ms = 2000 } }
+
+[[operator]]
+name = "top"
+plugin = "hot-items@0.1.0"
+parallelism = 1
+inputs = [{ from = "window", partition = "singleton" }]
+config = { slide_ms = 2000 }
+{sink:top}"#;
+
+/// CEP: parse, HASH by auction, three rising bids within 10 s, blackhole.
+const CEP_PIPELINE: &str = r#"
+[[operator]]
+name = "parse"
+plugin = "bids-parser@0.1.0"
+inputs = ["bids"]
+
+[[operator]]
+name = "rising"
+plugin = "rising-bids@0.1.0"
+inputs = [{ from = "parse", partition = "hash" }]
+{sink:rising}"#;
+
 /// The workloads, in table order.
 pub const WORKLOADS: &[Workload] = &[
     Workload {
@@ -76,6 +116,7 @@ inputs = ["bids"]
         flink_query: Some("q0"),
         checkpoint_ms: None,
         floor: "q0",
+        event_time: false,
     },
     Workload {
         name: "q1",
@@ -97,6 +138,7 @@ inputs = ["parse"]
         flink_query: Some("q1"),
         checkpoint_ms: None,
         floor: "q1",
+        event_time: false,
     },
     Workload {
         name: "count",
@@ -106,6 +148,7 @@ inputs = ["parse"]
         flink_query: Some("count"),
         checkpoint_ms: None,
         floor: "count",
+        event_time: false,
     },
     Workload {
         name: "count-ckpt",
@@ -115,6 +158,27 @@ inputs = ["parse"]
         flink_query: Some("count"),
         checkpoint_ms: Some(1000),
         floor: "count",
+        event_time: false,
+    },
+    Workload {
+        name: "q5",
+        description: "Nexmark q5-style hot items: bids per auction in 10 s windows sliding every 2 s (window-count), then the top auction per window (hot-items, singleton edge)",
+        input: Input::Bids,
+        pipeline: Some(Q5_PIPELINE),
+        flink_query: Some("q5"),
+        checkpoint_ms: None,
+        floor: "q5",
+        event_time: true,
+    },
+    Workload {
+        name: "cep",
+        description: "CEP: three strictly rising bids in a row on one auction within 10 s, skip past last event (rising-bids on the SDK CEP runtime)",
+        input: Input::Bids,
+        pipeline: Some(CEP_PIPELINE),
+        flink_query: Some("cep"),
+        checkpoint_ms: None,
+        floor: "cep",
+        event_time: true,
     },
     Workload {
         name: "flights",
@@ -124,6 +188,7 @@ inputs = ["parse"]
         flink_query: None,
         checkpoint_ms: None,
         floor: "flights",
+        event_time: false,
     },
 ];
 
@@ -166,10 +231,20 @@ batch_records = {batch_records}
 name = "bids"
 plugin = "file-source@0.1.0"
 grants = [{{ guest = "/input", host = "{data_dir}" }}]
-config = {{ path = "/input/{input_file}", format = "csv", header = true }}
-{body}"#,
+config = {{ path = "/input/{input_file}", format = "csv", header = true{event_time} }}
+{watermarks}{body}"#,
         name = w.name,
         description = w.description,
+        event_time = if w.event_time {
+            r#", event_time = { column = "date_time", format = "epoch-ms" }"#
+        } else {
+            ""
+        },
+        watermarks = if w.event_time {
+            "watermarks = { max_out_of_orderness_ms = 0 }\n"
+        } else {
+            ""
+        },
         checkpoint = w
             .checkpoint_ms
             .map(|ms| format!("checkpoint_interval_ms = {ms}\n"))
@@ -191,6 +266,22 @@ mod tests {
             assert_eq!(t.matches("[[sink]]").count(), 1);
         }
         assert!(find("count").is_some() && find("nope").is_none());
+        for name in ["q5", "cep"] {
+            let t = job_text(find(name).unwrap(), "../data", "bids-1m.csv", 1024);
+            assert!(
+                t.contains("watermarks = { max_out_of_orderness_ms = 0 }"),
+                "{t}"
+            );
+            assert!(t.contains(r#"event_time = { column = "date_time""#), "{t}");
+            if let Err(e) = nop_stream_core::parse_job_file("job.toml", &t) {
+                panic!("{t}\n{e:?}");
+            }
+        }
+        let t = job_text(find("count").unwrap(), "../data", "bids-1m.csv", 1024);
+        assert!(
+            !t.contains("watermarks") && !t.contains("event_time"),
+            "{t}"
+        );
         assert!(flights_job().ends_with("examples/flights/flights.toml"));
     }
 }
