@@ -616,3 +616,76 @@ config = { dir = "/output", prefix = "windows" }
     crashed.run_ok(&job, &args);
     assert_eq!(total(&crashed.committed("windows")), 336_776);
 }
+
+/// Sliding event-time windows (2 h every 30 min, per origin, over the time-sorted file)
+/// restored at every epoch: for each epoch N of a checkpointed run, a run killed right
+/// after manifest N and resumed commits exactly what the uninterrupted run commits.
+#[test]
+fn sliding_windows_restored_at_every_epoch_emit_what_an_uninterrupted_run_emits() {
+    let job = repo().join(format!(
+        "examples/flights/.crash-{}-sliding.toml",
+        std::process::id()
+    ));
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _guard = Remove(job.clone());
+    let hourly = std::fs::read_to_string(example("hourly-delay.toml")).unwrap();
+    let sliding = hourly
+        .replace(
+            r#"name = "flights-hourly-delay""#,
+            r#"name = "flights-sliding-delay""#,
+        )
+        .replace(
+            r#"window = { kind = "tumbling", size_ms = 3600000, time = "event" }"#,
+            r#"window = { kind = "sliding", size_ms = 7200000, slide_ms = 1800000 }"#,
+        );
+    assert_ne!(sliding, hourly);
+    std::fs::write(&job, sliding).unwrap();
+    let args = ["-p", "2", "--checkpoint-interval-ms", "40"];
+    let straight = Run::new();
+    let report = straight.run_ok(&job, &args);
+    let expected = straight.committed("hours");
+    // Independent check: every flight is in exactly four 2 h windows sliding by 30 min.
+    let flights = flights();
+    let mut windows: BTreeMap<(String, i64), u64> = BTreeMap::new();
+    for f in &flights {
+        let last = f.ts.div_euclid(1_800_000) * 1_800_000;
+        for k in 0..4 {
+            *windows
+                .entry((f.origin.clone(), last - k * 1_800_000))
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(expected.len(), windows.len());
+    for l in &expected {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let key = (
+            v["key"].as_str().unwrap().to_owned(),
+            v["window_start"].as_i64().unwrap(),
+        );
+        assert_eq!(v["flights"].as_u64(), windows.get(&key).copied(), "{l}");
+    }
+    let epochs: u64 = report
+        .lines()
+        .find_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("epochs")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no epoch count in {report}"));
+    assert!(epochs >= 3, "the run took {epochs} epochs");
+    for n in 1..epochs {
+        let run = Run::new();
+        let o = run.run(&job, &args, Some(&format!("after-manifest-publish={n}")));
+        if o.status.success() {
+            continue; // this run took fewer epochs
+        }
+        run.run_ok(&job, &args);
+        assert_eq!(run.committed("hours"), expected, "restored at epoch {n}");
+    }
+}

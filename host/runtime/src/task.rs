@@ -361,6 +361,12 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         cancel,
     };
     t.watermark = t.restored_watermark();
+    if t.data_ended
+        && let Some((a, slot)) = &t.alignment
+    {
+        // A source that had already read everything must not hold the others back.
+        a.publish(*slot, i64::MAX);
+    }
     for stage in &mut t.stages {
         if let Stage::Operator(op) = stage {
             op.set_watermark(t.watermark);
