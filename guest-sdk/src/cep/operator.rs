@@ -49,6 +49,8 @@ pub enum LateEvents {
 type Queue<E> = BTreeMap<i64, Vec<E>>;
 /// A key's shared buffer: event id → entry.
 type Buffer<E> = BTreeMap<u64, BufEntry<E>>;
+/// One key's events of a batch, with their event times, in arrival order.
+type KeyEvents<'a, E> = (&'a [u8], Vec<(i64, E)>);
 
 /// Runs a CEP [`Pattern`] over keyed, timestamped records; embed it in an
 /// [`crate::Operator`] and forward `process`, `on_timers`, `on_watermark`,
@@ -191,7 +193,7 @@ where
         let wm = ctx.current_watermark();
         // Events per key in arrival order; keys in order of first appearance.
         let mut index: HashMap<&[u8], usize> = HashMap::new();
-        let mut groups: Vec<(&[u8], Vec<(i64, E)>)> = Vec::new();
+        let mut groups: Vec<KeyEvents<'_, E>> = Vec::new();
         let mut late = Batch::new();
         for (i, rec) in batch.iter().enumerate() {
             let key = rec.key.ok_or_else(|| {

@@ -353,7 +353,7 @@ impl timers::Host for StoreData {
 
 impl output::Host for StoreData {
     fn side_output(&mut self, tag: String, records: Batch) -> wasmtime::Result<()> {
-        if !self.side_tags.iter().any(|t| *t == tag) {
+        if !self.side_tags.contains(&tag) {
             return Err(wasmtime::Error::new(HostTrap(format!(
                 "side output {tag:?} is not declared in describe() (declared: {:?})",
                 self.side_tags
