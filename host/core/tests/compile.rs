@@ -604,3 +604,119 @@ fn layers_parse_and_print() {
     let e = "graph".parse::<Layer>().unwrap_err();
     assert!(e.to_string().contains("graph"));
 }
+
+#[test]
+fn side_outputs_are_validated_routed_and_never_chained() {
+    let text = "[job]\nname = \"j\"\nsemantic = \"best-effort\"\n\
+                [[source]]\nname = \"s\"\nplugin = \"file-source@0.1.0\"\n\
+                watermarks = { max_out_of_orderness_ms = 5000, idle_timeout_ms = 100, max_drift_ms = 60000 }\n\
+                [[operator]]\nname = \"w\"\nplugin = \"map@1.0.0\"\ninputs = [\"s\"]\n\
+                [[sink]]\nname = \"main\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"w\"]\n\
+                [[sink]]\nname = \"late\"\nplugin = \"jsonl-sink@0.1.0\"\n\
+                inputs = [{ from = \"w\", output = \"late\" }]\n";
+    let m = model(text);
+    assert_eq!(
+        m.nodes[0].watermarks,
+        Some(WatermarkSpec {
+            max_out_of_orderness_ms: 5000,
+            idle_timeout_ms: Some(100),
+            max_drift_ms: Some(60000),
+        })
+    );
+    // `map` declares no side output: refused, naming the field and the tag.
+    let d = refused(&m, &Fake::new());
+    let msg = first(&d, "sink[1].inputs[0].output");
+    assert!(msg.contains("no side output `late`"), "{msg}");
+    // Declared: the edge carries the tag, and `w` (two outputs) ends its chain.
+    let cat = Fake::new().with("map@1.0.0", |i| i.side_outputs.push("late".into()));
+    let s = stream_graph(&m, &cat).unwrap_or_else(|d| panic!("{d}"));
+    let side: Vec<_> = s.edges.iter().filter(|e| e.output.is_some()).collect();
+    assert_eq!(side.len(), 1);
+    assert_eq!(side[0].output.as_deref(), Some("late"));
+    let jg = job_graph(&s);
+    let chains: Vec<Vec<String>> = jg
+        .vertices
+        .iter()
+        .map(|v| v.operators.iter().map(|o| o.name.clone()).collect())
+        .collect();
+    assert_eq!(chains, [vec!["s", "w"], vec!["main"], vec!["late"]]);
+    let p = partitioned_plan(&jg);
+    assert_eq!(
+        p.edges
+            .iter()
+            .filter(|e| e.output.as_deref() == Some("late"))
+            .count(),
+        1
+    );
+    assert_eq!(p.vertices[0].operators[0].watermarks, m.nodes[0].watermarks);
+    roundtrip(&p);
+    // A single main output chains as before: `late` never chains into `w`.
+    let only_side = text.replace(
+        "[[sink]]\nname = \"main\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"w\"]\n",
+        "",
+    );
+    let s = stream_graph(&model(&only_side), &cat).unwrap_or_else(|d| panic!("{d}"));
+    let chains: Vec<usize> = job_graph(&s)
+        .vertices
+        .iter()
+        .map(|v| v.operators.len())
+        .collect();
+    assert_eq!(chains, [2, 1]);
+    // The model (a CEP pattern, a window spec) enters the fingerprint.
+    let a = plan_of(&m, &cat);
+    let b = plan_of(
+        &m,
+        &cat.clone()
+            .with("map@1.0.0", |i| i.model = Some("{\"within\":1}".into())),
+    );
+    assert_ne!(a.fingerprint, b.fingerprint);
+}
+
+#[test]
+fn watermarks_belong_to_sources_and_plugins_cannot_use_reserved_state_names() {
+    let bad = "[job]\nname = \"j\"\nsemantic = \"best-effort\"\n\
+               [[source]]\nname = \"s\"\nplugin = \"file-source@0.1.0\"\n\
+               [[operator]]\nname = \"w\"\nplugin = \"map@1.0.0\"\ninputs = [\"s\"]\n\
+               watermarks = { max_out_of_orderness_ms = 1, idle_timeout_ms = 0, bogus = 1 }\n\
+               [[sink]]\nname = \"k\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"w\"]\n";
+    let d = parse_job_file("job.toml", bad).expect_err("refused");
+    let text = d.to_string();
+    assert!(text.contains("only sources generate watermarks"), "{text}");
+    assert!(text.contains("idle_timeout_ms"), "{text}");
+    assert!(text.contains("bogus"), "{text}");
+    let ok = bad.replace(
+        "watermarks = { max_out_of_orderness_ms = 1, idle_timeout_ms = 0, bogus = 1 }\n",
+        "",
+    );
+    let cat = Fake::new().with("map@1.0.0", |i| {
+        i.states.push(StateDescriptor {
+            name: "__timers".into(),
+            kind: StateKind::Value,
+            schema_version: 1,
+            codec: "x".into(),
+        })
+    });
+    let d = refused(&model(&ok), &cat);
+    assert!(first(&d, "operator[0].plugin").contains("reserved"), "{d}");
+}
+
+#[test]
+fn sort_prepare_steps_parse_and_are_checked() {
+    let text = "[job]\nname = \"j\"\n[[prepare]]\nsort = \"data/f.csv\"\nby = [\"t\", \"m\"]\ninto = \"data/g.csv\"\n\
+                [[source]]\nname = \"s\"\nplugin = \"file-source@0.1.0\"\n\
+                [[sink]]\nname = \"k\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"s\"]\n";
+    assert_eq!(
+        model(text).prepare,
+        vec![PrepareStep::Sort {
+            file: "data/f.csv".into(),
+            by: vec!["t".into(), "m".into()],
+            into: "data/g.csv".into(),
+        }]
+    );
+    let d = parse_job_file(
+        "job.toml",
+        &text.replace("by = [\"t\", \"m\"]\n", "by = []\n"),
+    )
+    .expect_err("refused");
+    assert!(d.to_string().contains("at least one column"), "{d}");
+}
