@@ -221,16 +221,15 @@ fn dispatch(cli: Cli) -> Result<()> {
             }
             let out = absolute(&out)?;
             let mut results = load(&out).unwrap_or_default();
-            run_flink(
-                &mut results,
-                &absolute(&python)?,
-                &absolute(&script)?,
-                runs.max(1),
+            let peer = FlinkConfig {
+                python: absolute(&python)?,
+                script: absolute(&script)?,
+                runs: runs.max(1),
                 large,
                 parallelism,
-                &workloads,
-                &out,
-            )?;
+                only: workloads,
+            };
+            run_flink(&mut results, &peer, &out)?;
             println!("\n{}", results.table());
             results.write(&out)?;
             Ok(())
@@ -495,16 +494,27 @@ fn field(stdout: &str, prefix: &str, key: &str) -> Option<f64> {
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
-fn run_flink(
-    results: &mut Results,
-    python: &Path,
-    script: &Path,
+/// What `flink` runs: the peer's interpreter and script, runs, sizes, parallelism and
+/// the workloads (empty: every one with a Flink query).
+struct FlinkConfig {
+    python: PathBuf,
+    script: PathBuf,
     runs: usize,
     large: bool,
     parallelism: u32,
-    only: &[String],
-    out: &Path,
-) -> Result<()> {
+    only: Vec<String>,
+}
+
+fn run_flink(results: &mut Results, peer: &FlinkConfig, out: &Path) -> Result<()> {
+    let FlinkConfig {
+        python,
+        script,
+        runs,
+        large,
+        parallelism,
+        only,
+    } = peer;
+    let (runs, large, parallelism) = (*runs, *large, *parallelism);
     ensure!(
         python.is_file(),
         "{} not found: create the virtualenv first (`just bench-peers` does)",
