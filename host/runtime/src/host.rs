@@ -5,7 +5,7 @@
 use crate::bindings::op::nop::stream::{log, metrics, output, state, timers, types};
 use crate::bindings::{Batch, KeyPage, LogLevel, TimeDomain, ValueBatch};
 use nop_stream_state::{KeyedState, StateError};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
 use wasmtime::StoreLimits;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
 
@@ -26,6 +26,84 @@ pub const MAX_LOG_LINE: usize = 4096;
 /// One registered timer: (domain, timestamp, key, namespace).
 pub type TimerEntry = (u8, i64, Vec<u8>, Vec<u8>);
 
+/// The in-memory index of registered timers: per (domain, timestamp) the set of
+/// (key, namespace) pairs, each with whether it is written to the `__timers` state yet.
+/// Registration is an integer-keyed B-tree step plus a hash insert; timers of one
+/// timestamp fire sorted by (key, namespace), so firing order is deterministic.
+#[derive(Default)]
+pub(crate) struct TimerIndex {
+    buckets: BTreeMap<(u8, i64), TimerBucket>,
+    len: usize,
+}
+
+type TimerBucket = HashMap<(Vec<u8>, Vec<u8>), bool, foldhash::fast::RandomState>;
+
+impl TimerIndex {
+    /// Adds a timer (`persisted`: already in the `__timers` state); a duplicate keeps
+    /// the existing entry.
+    pub(crate) fn insert(&mut self, t: TimerEntry, persisted: bool) {
+        let (d, ts, key, ns) = t;
+        let bucket = self.buckets.entry((d, ts)).or_default();
+        if let std::collections::hash_map::Entry::Vacant(v) = bucket.entry((key, ns)) {
+            v.insert(persisted);
+            self.len += 1;
+        }
+    }
+
+    /// Removes a timer; `Some(persisted)` if it was registered.
+    pub(crate) fn remove(&mut self, t: &TimerEntry) -> Option<bool> {
+        let bucket = self.buckets.get_mut(&(t.0, t.1))?;
+        let persisted = bucket.remove(&(t.2.clone(), t.3.clone()))?;
+        if bucket.is_empty() {
+            self.buckets.remove(&(t.0, t.1));
+        }
+        self.len -= 1;
+        Some(persisted)
+    }
+
+    /// Removes and returns the timers of `domain` with `timestamp <= up_to`, in
+    /// (timestamp, key, namespace) order, each with whether it was persisted.
+    pub(crate) fn pop_due(&mut self, domain: u8, up_to: i64) -> Vec<(TimerEntry, bool)> {
+        let mut due = Vec::new();
+        loop {
+            let Some((&(d, ts), _)) = self.buckets.range((domain, i64::MIN)..).next() else {
+                break;
+            };
+            if d != domain || ts > up_to {
+                break;
+            }
+            let bucket = self.buckets.remove(&(d, ts)).expect("just seen");
+            let mut items: Vec<_> = bucket.into_iter().collect();
+            items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            self.len -= items.len();
+            due.extend(items.into_iter().map(|((k, ns), p)| ((d, ts, k, ns), p)));
+        }
+        due
+    }
+
+    /// Whether any timer of `domain` is registered.
+    pub(crate) fn has_domain(&self, domain: u8) -> bool {
+        self.buckets
+            .range((domain, i64::MIN)..)
+            .next()
+            .is_some_and(|((d, _), _)| *d == domain)
+    }
+
+    /// Number of registered timers.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Every timer, in (domain, timestamp) order, with its persisted flag.
+    pub(crate) fn iter_mut(
+        &mut self,
+    ) -> impl Iterator<Item = ((u8, i64), &(Vec<u8>, Vec<u8>), &mut bool)> {
+        self.buckets
+            .iter_mut()
+            .flat_map(|(dt, b)| b.iter_mut().map(move |(kn, p)| (*dt, kn, p)))
+    }
+}
+
 /// Everything a plugin instance's `Store` holds.
 pub struct StoreData {
     pub(crate) wasi: WasiCtx,
@@ -35,8 +113,13 @@ pub struct StoreData {
     pub(crate) label: String,
     /// Keyed state of the operator subtask, if it has any.
     pub(crate) state: Option<KeyedState>,
-    /// Registered timers in firing order.
-    pub(crate) timers: BTreeSet<TimerEntry>,
+    /// Registered timers in firing order, each with whether it is written to the
+    /// `__timers` state yet. Timers are synced to that state before each snapshot
+    /// ([`StoreData::sync_timers`]), so one registered and fired within a checkpoint
+    /// interval never touches it.
+    pub(crate) timers: TimerIndex,
+    /// Timers removed since the last sync that the `__timers` state still holds.
+    pub(crate) timers_removed: Vec<TimerEntry>,
     /// Current event-time watermark of the subtask (ms).
     pub(crate) watermark: i64,
     /// Plugin-defined counters.
@@ -96,19 +179,39 @@ impl StoreData {
         Ok(())
     }
 
-    /// Writes a timer through to the `__timers` state (the in-memory index is the
-    /// caller's).
-    pub(crate) fn persist_timer(&mut self, t: &TimerEntry, present: bool) -> wasmtime::Result<()> {
-        let Some(h) = self.timer_state else {
+    /// Writes the timers registered since the last sync to the `__timers` state and
+    /// removes the ones fired or deleted since (call before a snapshot).
+    ///
+    /// # Errors
+    /// A refused state access (never expected: keys were checked on registration).
+    pub(crate) fn sync_timers(&mut self) -> Result<(), StateError> {
+        let (Some(h), Some(ks)) = (self.timer_state, self.state.as_mut()) else {
             return Ok(());
         };
-        let ns = timer_namespace(t.0, t.1, &t.3);
-        let ks = self.keyed()?;
-        if present {
-            ks.value_put_many(h, &ns, &t.2, &[t.2.len() as u32], &[], &[0])
-                .map_err(trap)
-        } else {
-            ks.value_delete(h, &ns, &t.2).map_err(trap)
+        for t in self.timers_removed.drain(..) {
+            ks.value_delete(h, &timer_namespace(t.0, t.1, &t.3), &t.2)?;
+        }
+        for ((d, ts), (key, namespace), persisted) in self.timers.iter_mut() {
+            if *persisted {
+                continue;
+            }
+            let ns = timer_namespace(d, ts, namespace);
+            ks.value_put_many(h, &ns, key, &[key.len() as u32], &[], &[0])?;
+            *persisted = true;
+        }
+        Ok(())
+    }
+
+    /// Removes a timer from the index, remembering to delete it from the `__timers`
+    /// state at the next sync if it was written there.
+    pub(crate) fn remove_timer(&mut self, t: &TimerEntry) -> bool {
+        match self.timers.remove(t) {
+            Some(true) => {
+                self.timers_removed.push(t.clone());
+                true
+            }
+            Some(false) => true,
+            None => false,
         }
     }
 
@@ -319,9 +422,8 @@ impl timers::Host for StoreData {
     ) -> wasmtime::Result<()> {
         // Timers are keyed like state: refuse keys outside the subtask's shards.
         self.keyed()?.check_key(&key).map_err(trap)?;
-        let t = (domain_code(domain), timestamp, key, namespace);
-        self.persist_timer(&t, true)?;
-        self.timers.insert(t);
+        self.timers
+            .insert((domain_code(domain), timestamp, key, namespace), false);
         Ok(())
     }
 
@@ -333,9 +435,7 @@ impl timers::Host for StoreData {
         timestamp: i64,
     ) -> wasmtime::Result<()> {
         let t = (domain_code(domain), timestamp, key, namespace);
-        if self.timers.remove(&t) {
-            self.persist_timer(&t, false)?;
-        }
+        self.remove_timer(&t);
         Ok(())
     }
 

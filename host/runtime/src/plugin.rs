@@ -398,7 +398,8 @@ impl LoadedPlugin {
             limits,
             label: opts.site.to_string(),
             state,
-            timers: BTreeSet::new(),
+            timers: crate::host::TimerIndex::default(),
+            timers_removed: Vec::new(),
             watermark: i64::MIN,
             counters: BTreeMap::new(),
             gauges: BTreeMap::new(),
@@ -760,17 +761,12 @@ impl OperatorInstance {
         // The guest sees the new watermark while its timers fire (as in Flink's timer
         // service: the watermark advances, then the due timers fire).
         data.watermark = data.watermark.max(watermark);
-        let due: Vec<_> = data
-            .timers
-            .iter()
-            .take_while(|t| t.0 == 0 && t.1 <= watermark)
-            .cloned()
-            .collect();
-        for t in &due {
-            data.timers.remove(t);
-            data.persist_timer(t, false).map_err(|e| {
-                RuntimeError::Internal(format!("{}: timer state: {e}", self.ctx.site))
-            })?;
+        let mut due = Vec::new();
+        for (t, persisted) in data.timers.pop_due(0, watermark) {
+            if persisted {
+                data.timers_removed.push(t.clone());
+            }
+            due.push(t);
         }
         Ok(due
             .into_iter()
@@ -787,17 +783,12 @@ impl OperatorInstance {
     /// in timestamp order. Timers restored overdue fire on the first call (seed §8.4).
     pub fn take_due_processing_timers(&mut self, now: i64) -> Result<Vec<FiredTimer>> {
         let data = self.store.data_mut();
-        let due: Vec<_> = data
-            .timers
-            .range((1u8, i64::MIN, Vec::new(), Vec::new())..)
-            .take_while(|t| t.1 <= now)
-            .cloned()
-            .collect();
-        for t in &due {
-            data.timers.remove(t);
-            data.persist_timer(t, false).map_err(|e| {
-                RuntimeError::Internal(format!("{}: timer state: {e}", self.ctx.site))
-            })?;
+        let mut due = Vec::new();
+        for (t, persisted) in data.timers.pop_due(1, now) {
+            if persisted {
+                data.timers_removed.push(t.clone());
+            }
+            due.push(t);
         }
         Ok(due
             .into_iter()
@@ -812,12 +803,7 @@ impl OperatorInstance {
 
     /// Whether a processing-time timer is registered.
     pub fn has_processing_timers(&self) -> bool {
-        self.store
-            .data()
-            .timers
-            .range((1u8, i64::MIN, Vec::new(), Vec::new())..)
-            .next()
-            .is_some()
+        self.store.data().timers.has_domain(1)
     }
 
     /// Plugin-defined counters.
@@ -826,8 +812,26 @@ impl OperatorInstance {
     }
 
     /// Every registered timer as (domain code, timestamp, key, namespace).
-    pub fn timers(&self) -> Vec<crate::host::TimerEntry> {
-        self.store.data().timers.iter().cloned().collect()
+    pub fn timers(&mut self) -> Vec<crate::host::TimerEntry> {
+        let mut out = Vec::with_capacity(self.store.data().timers.len());
+        for ((d, ts), (k, ns), _) in self.store.data_mut().timers.iter_mut() {
+            out.push((d, ts, k.clone(), ns.clone()));
+        }
+        out.sort();
+        out
+    }
+
+    /// Writes pending timer changes to the `__timers` state; call before snapshotting
+    /// the keyed state.
+    ///
+    /// # Errors
+    /// A refused state access.
+    pub fn sync_timers(&mut self) -> Result<()> {
+        let site = self.ctx.site.to_string();
+        self.store
+            .data_mut()
+            .sync_timers()
+            .map_err(|e| RuntimeError::Internal(format!("{site}: timer state: {e}")))
     }
 
     /// Rebuilds the in-memory timer index from the `__timers` state (after a restore).
@@ -845,7 +849,7 @@ impl OperatorInstance {
         for (ns, key) in entries {
             let t = crate::host::timer_entry(&ns, key)
                 .ok_or_else(|| RuntimeError::Internal("corrupt timer entry".into()))?;
-            data.timers.insert(t);
+            data.timers.insert(t, true);
         }
         Ok(())
     }

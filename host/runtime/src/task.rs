@@ -885,6 +885,7 @@ impl Task {
             };
             let op_id = self.operator_ids[i].clone();
             let mut parts: Vec<(String, u32, ShardSnapshot)> = Vec::new();
+            op.sync_timers()?;
             if let Some(ks) = op.state_mut() {
                 let descs = ks.descriptors().to_vec();
                 for s in ks.snapshot().map_err(|e| RuntimeError::Io {

@@ -119,10 +119,19 @@ type SlotMap = HashMap<Vec<u8>, Slot, foldhash::fast::RandomState>;
 /// The working set of one state: a map per namespace, keyed by the raw key bytes, so a
 /// hit costs one hash lookup with no composite key built (those are made only for
 /// misses and flushes).
+///
+/// It also knows which namespaces may hold entries in redb (`in_db`): the database starts
+/// empty with every attempt and fills only by flushes and restores, so a key of any other
+/// namespace (a new window, a new timer time) is absent without a database read, and
+/// deleting it leaves no tombstone. This keeps the working set at the live entries plus
+/// the tombstones of one checkpoint interval.
 #[derive(Default)]
 struct StateCache {
     plain: SlotMap,
     namespaced: HashMap<Vec<u8>, SlotMap, foldhash::fast::RandomState>,
+    in_db: std::collections::HashSet<Vec<u8>, foldhash::fast::RandomState>,
+    /// The table held entries when the database was opened: any namespace may be there.
+    opened_non_empty: bool,
 }
 
 impl StateCache {
@@ -149,9 +158,27 @@ impl StateCache {
         self.plain.len() + self.namespaced.values().map(HashMap::len).sum::<usize>()
     }
 
+    /// Drops every cached entry (the redb namespace knowledge stays).
     fn clear(&mut self) {
         self.plain.clear();
         self.namespaced.clear();
+    }
+
+    /// Whether redb may hold entries of `namespace`.
+    fn maybe_in_db(&self, namespace: &[u8]) -> bool {
+        self.opened_non_empty || self.in_db.contains(namespace)
+    }
+
+    /// Removes the slot of `key` (a delete of a value redb never held).
+    fn remove(&mut self, namespace: &[u8], key: &[u8]) {
+        if namespace.is_empty() {
+            self.plain.remove(key);
+        } else if let Some(m) = self.namespaced.get_mut(namespace) {
+            m.remove(key);
+            if m.is_empty() {
+                self.namespaced.remove(namespace);
+            }
+        }
     }
 
     fn any_dirty(&self) -> bool {
@@ -176,6 +203,8 @@ fn composite(shard: u32, namespace: &[u8], key: &[u8]) -> Vec<u8> {
 struct Slot {
     value: Option<Vec<u8>>,
     dirty: bool,
+    /// redb may hold a value for this key (so a delete must reach it).
+    in_db: bool,
 }
 
 /// Keyed state of one operator subtask. Not thread-safe by design: a subtask owns it on
@@ -251,14 +280,30 @@ impl KeyedState {
             std::fs::create_dir_all(dir).map_err(|e| db_err(&config.path, e))?;
         }
         let db = Database::create(&config.path).map_err(|e| db_err(&config.path, e))?;
-        let n = config.states.len();
+        // A reopened database may hold entries of any namespace.
+        let mut cache = Vec::with_capacity(config.states.len());
+        {
+            let txn = db.begin_read().map_err(|e| db_err(&config.path, e))?;
+            for desc in &config.states {
+                let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
+                let opened_non_empty = match txn.open_table(def) {
+                    Ok(t) => !t.is_empty().map_err(|e| db_err(&config.path, e))?,
+                    Err(redb::TableError::TableDoesNotExist(_)) => false,
+                    Err(e) => return Err(db_err(&config.path, e)),
+                };
+                cache.push(StateCache {
+                    opened_non_empty,
+                    ..StateCache::default()
+                });
+            }
+        }
         Ok(KeyedState {
             db,
             path: config.path,
             shard_count: config.shard_count,
             owned: config.owned,
             states: config.states,
-            cache: (0..n).map(|_| StateCache::default()).collect(),
+            cache,
             max_cached_entries: config.max_cached_entries,
         })
     }
@@ -375,7 +420,8 @@ impl KeyedState {
             }
             ends.push(data.len() as u32);
         }
-        if misses.is_empty() {
+        if misses.is_empty() || !self.cache[state as usize].maybe_in_db(namespace) {
+            // Nothing of this namespace was ever written to redb: the misses are absent.
             return Ok(());
         }
         // Misses: one read transaction, then rebuild the output in order.
@@ -405,6 +451,7 @@ impl KeyedState {
             map.insert(
                 key,
                 Slot {
+                    in_db: value.is_some(),
                     value,
                     dirty: false,
                 },
@@ -439,6 +486,7 @@ impl KeyedState {
         for key in slices(keys, key_ends) {
             self.check_key(key)?;
         }
+        let in_db = self.cache[state as usize].maybe_in_db(namespace);
         let map = self.cache[state as usize].map_mut(namespace);
         for (key, value) in slices(keys, key_ends).zip(slices(values, value_ends)) {
             match map.get_mut(key) {
@@ -454,6 +502,7 @@ impl KeyedState {
                         Slot {
                             value: Some(value.to_vec()),
                             dirty: true,
+                            in_db,
                         },
                     );
                 }
@@ -471,6 +520,9 @@ impl KeyedState {
         {
             return Ok(slot.value.clone());
         }
+        if !self.cache[state as usize].maybe_in_db(namespace) {
+            return Ok(None);
+        }
         let loaded = self
             .read_db(state, &[composite(shard.0, namespace, key).as_slice()])?
             .pop()
@@ -480,6 +532,7 @@ impl KeyedState {
             Slot {
                 value: loaded.clone(),
                 dirty: false,
+                in_db: loaded.is_some(),
             },
         );
         Ok(loaded)
@@ -493,14 +546,33 @@ impl KeyedState {
         value: Option<Vec<u8>>,
     ) -> Result<()> {
         self.check_key(key)?;
-        let map = self.cache[state as usize].map_mut(namespace);
-        match map.get_mut(key) {
-            Some(slot) => {
+        let cache = &mut self.cache[state as usize];
+        let in_db = cache.maybe_in_db(namespace);
+        let existing = cache
+            .map(namespace)
+            .and_then(|m| m.get(key))
+            .map(|s| s.in_db);
+        match (existing, value) {
+            // Deleting what redb never held: forget it, no tombstone.
+            (Some(false), None) => cache.remove(namespace, key),
+            (None, None) if !in_db => {}
+            (Some(_), value) => {
+                let slot = cache
+                    .map_mut(namespace)
+                    .get_mut(key)
+                    .expect("checked above");
                 slot.value = value;
                 slot.dirty = true;
             }
-            None => {
-                map.insert(key.to_vec(), Slot { value, dirty: true });
+            (None, value) => {
+                cache.map_mut(namespace).insert(
+                    key.to_vec(),
+                    Slot {
+                        value,
+                        dirty: true,
+                        in_db,
+                    },
+                );
             }
         }
         Ok(())
@@ -761,13 +833,16 @@ impl KeyedState {
             let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
             let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
             let cache = &mut self.cache[i];
-            let maps = std::iter::once((&[][..], &mut cache.plain)).chain(
-                cache
-                    .namespaced
-                    .iter_mut()
-                    .map(|(ns, m)| (ns.as_slice(), m)),
-            );
+            let StateCache {
+                plain,
+                namespaced,
+                in_db,
+                ..
+            } = cache;
+            let maps = std::iter::once((&[][..], plain))
+                .chain(namespaced.iter_mut().map(|(ns, m)| (ns.as_slice(), m)));
             for (ns, map) in maps {
+                let mut wrote = false;
                 for (k, slot) in map.iter_mut().filter(|(_, s)| s.dirty) {
                     let table_key = composite(shard_of(k, self.shard_count).0, ns, k);
                     match &slot.value {
@@ -775,16 +850,25 @@ impl KeyedState {
                             table
                                 .insert(table_key.as_slice(), v.as_slice())
                                 .map_err(|e| db_err(&self.path, e))?;
+                            slot.in_db = true;
+                            wrote = true;
                         }
                         None => {
                             table
                                 .remove(table_key.as_slice())
                                 .map_err(|e| db_err(&self.path, e))?;
+                            slot.in_db = false;
                         }
                     }
                     slot.dirty = false;
                 }
+                if wrote && !in_db.contains(ns) {
+                    in_db.insert(ns.to_vec());
+                }
+                // Flushed deletes need no slot any more.
+                map.retain(|_, s| s.value.is_some() || s.dirty);
             }
+            namespaced.retain(|_, m| !m.is_empty());
         }
         txn.commit().map_err(|e| db_err(&self.path, e))?;
         Ok(())
@@ -863,7 +947,16 @@ impl KeyedState {
             let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
             let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
             let mut key = Vec::new();
+            let known = &mut self.cache[s.state as usize].in_db;
             for (k, v) in pairs {
+                if let Some(ns) = k
+                    .get(..4)
+                    .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
+                    .and_then(|n| k.get(4..4 + n))
+                    && !known.contains(ns)
+                {
+                    known.insert(ns.to_vec());
+                }
                 key.clear();
                 key.extend_from_slice(&s.shard.0.to_be_bytes());
                 key.extend_from_slice(&k);
