@@ -60,7 +60,10 @@ impl Sink for JsonlSink {
             )));
         }
         Ok(Self {
-            staging: Staging::new(c.dir, c.prefix, task.subtask_index),
+            staging: Staging::new(c.dir, c.prefix, task.subtask_index).with_owner(format!(
+                "{}:{}:{}:",
+                task.job_id, task.pipeline_id, task.operator_id
+            )),
         })
     }
 

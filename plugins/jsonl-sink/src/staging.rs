@@ -167,6 +167,9 @@ pub struct Staging {
     dir: PathBuf,
     prefix: String,
     subtask: u32,
+    /// `{jobId}:{pipelineId}:{operatorId}:`: transactions of other sinks sharing the
+    /// directory are never listed as this subtask's.
+    owner: Option<String>,
     open: HashMap<String, BufWriter<File>>,
 }
 
@@ -178,8 +181,18 @@ impl Staging {
             dir: dir.into(),
             prefix: prefix.into(),
             subtask,
+            owner: None,
             open: HashMap::new(),
         }
+    }
+
+    /// Restricts [`Staging::pending`] to transactions whose id starts with `owner`
+    /// (`{jobId}:{pipelineId}:{operatorId}:`), so several sinks can share a directory
+    /// without aborting each other's transactions.
+    #[must_use]
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
     }
 
     fn staging_dir(&self) -> PathBuf {
@@ -419,7 +432,8 @@ impl Staging {
             let Some(txn) = stem.and_then(decode_txn) else {
                 continue;
             };
-            if parse_txn(&txn).is_ok_and(|(subtask, _)| subtask == self.subtask) {
+            let mine = self.owner.as_deref().is_none_or(|o| txn.starts_with(o));
+            if mine && parse_txn(&txn).is_ok_and(|(subtask, _)| subtask == self.subtask) {
                 txns.push(txn);
             }
         }
@@ -568,6 +582,17 @@ mod tests {
         fs::remove_file(&c.final_path).unwrap();
         assert_eq!(fresh.recover(&c), CommitOutcome::Unknown);
         assert!(fresh.commit(&c).is_err());
+    }
+
+    #[test]
+    fn sinks_sharing_a_directory_list_only_their_own_transactions() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut hours = Staging::new(dir.path(), "hours", 0).with_owner("j:main:sinks/hours:");
+        let mut late = Staging::new(dir.path(), "late", 0).with_owner("j:main:sinks/late:");
+        hours.begin("j:main:sinks/hours:0:1").unwrap();
+        late.begin("j:main:sinks/late:0:1").unwrap();
+        assert_eq!(hours.pending().unwrap(), vec!["j:main:sinks/hours:0:1"]);
+        assert_eq!(late.pending().unwrap(), vec!["j:main:sinks/late:0:1"]);
     }
 
     #[test]
