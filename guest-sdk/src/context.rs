@@ -201,6 +201,21 @@ pub trait Context {
     /// through [`crate::Operator::on_timers`].
     fn register_timer(&mut self, domain: TimeDomain, key: &[u8], namespace: &[u8], timestamp: i64);
 
+    /// Registers the timer (domain, key, namespace, timestamp) for each of `keys`; one
+    /// host call inside a component (use it for all keys of a window). Default: one
+    /// [`Context::register_timer`] per key.
+    fn register_timers_for_keys(
+        &mut self,
+        domain: TimeDomain,
+        namespace: &[u8],
+        timestamp: i64,
+        keys: &[&[u8]],
+    ) {
+        for key in keys {
+            self.register_timer(domain, key, namespace, timestamp);
+        }
+    }
+
     /// Deletes a timer if it is registered.
     fn delete_timer(&mut self, domain: TimeDomain, key: &[u8], namespace: &[u8], timestamp: i64);
 

@@ -168,6 +168,22 @@ impl Context for HostContext {
         wtimers::register(domain_to_wit(domain), key, namespace, timestamp);
     }
 
+    fn register_timers_for_keys(
+        &mut self,
+        domain: TimeDomain,
+        namespace: &[u8],
+        timestamp: i64,
+        keys: &[&[u8]],
+    ) {
+        let mut flat = Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
+        let mut ends = Vec::with_capacity(keys.len());
+        for k in keys {
+            flat.extend_from_slice(k);
+            ends.push(flat.len() as u32);
+        }
+        wtimers::register_keys(domain_to_wit(domain), namespace, timestamp, &flat, &ends);
+    }
+
     fn delete_timer(&mut self, domain: TimeDomain, key: &[u8], namespace: &[u8], timestamp: i64) {
         wtimers::delete(domain_to_wit(domain), key, namespace, timestamp);
     }

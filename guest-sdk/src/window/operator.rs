@@ -235,15 +235,18 @@ impl<F: WindowFunction> WindowOperator<F> {
             let max = w.max_timestamp();
             let cleanup = self.spec.cleanup_time(&w);
             let fired = self.has_fired(&w, watermark);
-            for g in &groups {
-                if fired {
+            if fired {
+                for g in &groups {
                     self.function.fire(ctx, g.key, w, &ns, out)?;
-                } else {
-                    ctx.register_timer(domain, g.key, &ns, max);
                 }
-                if cleanup != max {
-                    ctx.register_timer(domain, g.key, &ns, cleanup);
-                }
+            }
+            // One host call per timer time for all keys of the window.
+            let group_keys: Vec<&[u8]> = groups.iter().map(|g| g.key).collect();
+            if !fired {
+                ctx.register_timers_for_keys(domain, &ns, max, &group_keys);
+            }
+            if cleanup != max {
+                ctx.register_timers_for_keys(domain, &ns, cleanup, &group_keys);
             }
             i = j;
         }

@@ -427,6 +427,33 @@ impl timers::Host for StoreData {
         Ok(())
     }
 
+    fn register_keys(
+        &mut self,
+        domain: TimeDomain,
+        namespace: Vec<u8>,
+        timestamp: i64,
+        keys: Vec<u8>,
+        key_ends: Vec<u32>,
+    ) -> wasmtime::Result<()> {
+        let d = domain_code(domain);
+        let mut start = 0usize;
+        for &end in &key_ends {
+            let end = end as usize;
+            if end < start || end > keys.len() {
+                return Err(wasmtime::Error::new(HostTrap(format!(
+                    "timer registration refused: key end offset {end} after {start}, buffer length {}",
+                    keys.len()
+                ))));
+            }
+            let key = &keys[start..end];
+            self.keyed()?.check_key(key).map_err(trap)?;
+            self.timers
+                .insert((d, timestamp, key.to_vec(), namespace.clone()), false);
+            start = end;
+        }
+        Ok(())
+    }
+
     fn delete(
         &mut self,
         domain: TimeDomain,
