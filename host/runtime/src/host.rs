@@ -38,6 +38,10 @@ pub(crate) struct TimerIndex {
 
 type TimerBucket = HashMap<(Vec<u8>, Vec<u8>), bool, foldhash::fast::RandomState>;
 
+/// One timer of [`TimerIndex::iter_mut`]: (domain, timestamp), (key, namespace), and its
+/// persisted flag.
+pub(crate) type TimerSlot<'a> = ((u8, i64), &'a (Vec<u8>, Vec<u8>), &'a mut bool);
+
 impl TimerIndex {
     /// Adds a timer (`persisted`: already in the `__timers` state); a duplicate keeps
     /// the existing entry.
@@ -65,10 +69,7 @@ impl TimerIndex {
     /// (timestamp, key, namespace) order, each with whether it was persisted.
     pub(crate) fn pop_due(&mut self, domain: u8, up_to: i64) -> Vec<(TimerEntry, bool)> {
         let mut due = Vec::new();
-        loop {
-            let Some((&(d, ts), _)) = self.buckets.range((domain, i64::MIN)..).next() else {
-                break;
-            };
+        while let Some((&(d, ts), _)) = self.buckets.range((domain, i64::MIN)..).next() {
             if d != domain || ts > up_to {
                 break;
             }
@@ -95,9 +96,7 @@ impl TimerIndex {
     }
 
     /// Every timer, in (domain, timestamp) order, with its persisted flag.
-    pub(crate) fn iter_mut(
-        &mut self,
-    ) -> impl Iterator<Item = ((u8, i64), &(Vec<u8>, Vec<u8>), &mut bool)> {
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = TimerSlot<'_>> {
         self.buckets
             .iter_mut()
             .flat_map(|(dt, b)| b.iter_mut().map(move |(kn, p)| (*dt, kn, p)))
