@@ -11,6 +11,7 @@
 //! - `floor`: one floor run, printing its report as JSON (what `run` spawns).
 
 mod bids;
+mod epochs;
 mod floor;
 mod measure;
 mod report;
@@ -104,6 +105,29 @@ enum Cmd {
     },
     /// Print the table of `<out>/results.json` and re-render the files.
     Report {
+        /// Output directory.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// Recovery time after SIGKILL: runs a checkpointing workload, kills it mid-run,
+    /// restarts it, and reports the time from the restart to the first epoch the new
+    /// attempt committed (read from the epoch log); writes `<out>/recovery.json`.
+    Recovery {
+        /// Workload (one with checkpoints).
+        #[arg(long, default_value = "count-ckpt")]
+        workload: String,
+        /// Trials.
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
+        /// Kill this many ms after the start [default: half of an uninterrupted run].
+        #[arg(long)]
+        kill_after_ms: Option<u64>,
+        /// 10M bids instead of 1M.
+        #[arg(long)]
+        large: bool,
+        /// The `nopstream` binary [default: next to this one].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
         /// Output directory.
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
@@ -233,6 +257,33 @@ fn dispatch(cli: Cli) -> Result<()> {
             println!("\n{}", results.table());
             results.write(&out)?;
             Ok(())
+        }
+        Cmd::Recovery {
+            workload,
+            trials,
+            kill_after_ms,
+            large,
+            nopstream,
+            out,
+        } => {
+            let w = workload::find(&workload)
+                .filter(|w| w.checkpoint_ms.is_some() && w.input == Input::Bids)
+                .with_context(|| format!("`{workload}` is not a bids workload with checkpoints"))?;
+            let nopstream = match nopstream {
+                Some(p) => absolute(&p)?,
+                None => std::env::current_exe()?
+                    .parent()
+                    .context("binary directory")?
+                    .join("nopstream"),
+            };
+            let cfg = RunConfig {
+                runs: 1,
+                parallelism: 1,
+                batch_records: 1024,
+                nopstream,
+                out: absolute(&out)?,
+            };
+            recovery(&cfg, w, trials.max(1), kill_after_ms, large)
         }
         Cmd::Report { out } => {
             let results = load(&out)?;
@@ -365,6 +416,7 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
         command: std::env::args().collect::<Vec<_>>().join(" "),
         rows: Vec::new(),
     };
+    let mut checkpoint_stats = Vec::new();
     for case in &cases {
         let name = case.workload.name;
         eprintln!("== {name} on {}", case.input.display());
@@ -406,6 +458,24 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
                 report.records_read == warm_floor.records,
                 "{name}: record count changed"
             );
+            if case.workload.checkpoint_ms.is_some() {
+                let s = epochs::stats(&case.run_dir.join("work"))?;
+                eprintln!(
+                    "   run {}: {} epochs durable, epoch duration median {:.0} ms (max {:.0}), snapshot median {:.0} B (max {:.0}, retained manifests)",
+                    i + 1,
+                    s.durable_epochs,
+                    s.duration_ms.median,
+                    s.duration_ms.max,
+                    s.snapshot_bytes.median,
+                    s.snapshot_bytes.max
+                );
+                checkpoint_stats.push(serde_json::json!({
+                    "workload": name,
+                    "input": case.input.file_name().map(|n| n.to_string_lossy().into_owned()),
+                    "run": i + 1,
+                    "stats": s,
+                }));
+            }
             ns_runs.push(Run {
                 e2e_s: child.wall_s,
                 steady_s: steady,
@@ -450,6 +520,12 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
             note: "one thread, same parsing code, HashMap".into(),
         });
     }
+    if !checkpoint_stats.is_empty() {
+        std::fs::write(
+            cfg.out.join("checkpoints.json"),
+            serde_json::to_string_pretty(&checkpoint_stats)?,
+        )?;
+    }
     Ok(results)
 }
 
@@ -473,6 +549,111 @@ fn nopstream_run(cfg: &RunConfig, case: &Case<'_>) -> Result<(measure::ChildRun,
     let report: JobReport = serde_json::from_str(&child.stdout)
         .with_context(|| format!("nopstream --json printed {:?}", child.stdout))?;
     Ok((child, report))
+}
+
+/// Kill-and-restart trials of `w` (see [`Cmd::Recovery`]).
+fn recovery(
+    cfg: &RunConfig,
+    w: &Workload,
+    trials: usize,
+    kill_after_ms: Option<u64>,
+    large: bool,
+) -> Result<()> {
+    let (label, records) = if large { SIZES[1] } else { SIZES[0] };
+    let data = cfg.out.join("data");
+    let jobs = cfg.out.join("jobs");
+    std::fs::create_dir_all(&jobs)?;
+    let input = bids_file(&data, label, records, true)?;
+    let file_name = input.file_name().context("file name")?.to_string_lossy();
+    let job = jobs.join(format!("{}-{label}.toml", w.name));
+    std::fs::write(
+        &job,
+        workload::job_text(w, "../data", &file_name, cfg.batch_records),
+    )?;
+    let case = Case {
+        workload: w,
+        input,
+        job,
+        run_dir: cfg
+            .out
+            .join("runs")
+            .join(format!("recovery-{}-{label}", w.name)),
+    };
+    // An uninterrupted run: compiles components into the cache and times the job.
+    let (child, _) = nopstream_run(cfg, &case)?;
+    let kill_after = kill_after_ms.unwrap_or((child.wall_s * 500.0) as u64);
+    eprintln!(
+        "uninterrupted run {:.2} s; killing each trial after {kill_after} ms",
+        child.wall_s
+    );
+    let work = case.run_dir.join("work");
+    let mut to_commit = Vec::new();
+    let mut to_finish = Vec::new();
+    for t in 0..trials {
+        if work.exists() {
+            std::fs::remove_dir_all(&work)?;
+        }
+        let _ = std::fs::remove_dir_all(case.run_dir.join("output"));
+        let mut cmd = Command::new(&cfg.nopstream);
+        cmd.arg("run")
+            .arg(&case.job)
+            .args(["--no-progress", "--no-echo", "--output"])
+            .arg(case.run_dir.join("output"))
+            .arg("--work-dir")
+            .arg(&work)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let mut first = cmd.spawn()?;
+        std::thread::sleep(std::time::Duration::from_millis(kill_after));
+        if first.try_wait()?.is_some() {
+            eprintln!("   trial {}: the run ended before the kill; skipped", t + 1);
+            continue;
+        }
+        first.kill()?; // SIGKILL
+        first.wait()?;
+        let restart_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as u64;
+        let started = std::time::Instant::now();
+        let status = cmd.status()?;
+        ensure!(status.success(), "the restarted run failed");
+        let finish = started.elapsed().as_secs_f64() * 1000.0;
+        let commit = epochs::first_commit_after(&work, restart_ms)?;
+        eprintln!(
+            "   trial {}: restart -> first committed epoch {commit:.0} ms, -> finished {finish:.0} ms",
+            t + 1
+        );
+        to_commit.push(commit);
+        to_finish.push(finish);
+    }
+    ensure!(
+        !to_commit.is_empty(),
+        "no trial killed the run mid-way; pass --kill-after-ms"
+    );
+    let commit = epochs::Spread::of(&to_commit);
+    let finish = epochs::Spread::of(&to_finish);
+    println!(
+        "recovery ({} {label}, killed after {kill_after} ms, {} trials): restart -> first committed epoch median {:.0} ms (max {:.0}); restart -> finished median {:.0} ms (max {:.0})",
+        w.name,
+        to_commit.len(),
+        commit.median,
+        commit.max,
+        finish.median,
+        finish.max
+    );
+    std::fs::write(
+        cfg.out.join("recovery.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "workload": w.name,
+            "input": label,
+            "kill_after_ms": kill_after,
+            "restart_to_first_commit_ms": to_commit,
+            "restart_to_finished_ms": to_finish,
+            "median_restart_to_first_commit_ms": commit.median,
+            "median_restart_to_finished_ms": finish.median,
+        }))?,
+    )?;
+    Ok(())
 }
 
 fn floor_run(case: &Case<'_>) -> Result<(measure::ChildRun, FloorReport)> {
