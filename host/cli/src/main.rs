@@ -253,7 +253,6 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 model.job.checkpoint_interval_ms = Some(ms);
             }
             let dir = job_dir(&job);
-            prepare::run_steps(&model, &dir)?;
             let base = PathBuf::from("nopstream-out").join(&model.job.id);
             let output = output.unwrap_or_else(|| base.join("output"));
             let work_dir = work_dir.unwrap_or_else(|| base.join("work"));
@@ -268,6 +267,19 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     .join("manifests")
                     .read_dir()
                     .is_ok_and(|mut d| d.next().is_some());
+            // Refuse an impossible rescale before touching any file.
+            anyhow::ensure!(
+                !rescale || resume,
+                "--rescale needs a checkpoint to restore, and {} has none{}",
+                ckpt.display(),
+                if fresh { " (--fresh discards it)" } else { "" }
+            );
+            let rescale_from = if rescale {
+                Some(rescale_source_fingerprint(&model, &registry, &plan, &ckpt)?)
+            } else {
+                None
+            };
+            prepare::run_steps(&model, &dir)?;
             if resume {
                 eprintln!(
                     "checkpoints found in {}: resuming (use --fresh to start over)",
@@ -287,15 +299,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             opts.limits = limits;
             opts.resume = resume;
             opts.max_restarts = max_restarts;
-            if rescale {
-                anyhow::ensure!(
-                    resume,
-                    "--rescale needs a checkpoint to restore, and {} has none",
-                    ckpt.display()
-                );
-                opts.rescale_from =
-                    Some(rescale_source_fingerprint(&model, &registry, &plan, &ckpt)?);
-            }
+            opts.rescale_from = rescale_from;
             let progress = Arc::new(JobProgress::default());
             let done = Arc::new(AtomicBool::new(false));
             let display = (!no_progress && !json)
