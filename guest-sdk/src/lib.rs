@@ -19,6 +19,7 @@ mod export;
 mod host;
 mod info;
 mod mock;
+pub mod num;
 mod plugin;
 mod state;
 pub mod window;

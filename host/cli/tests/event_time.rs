@@ -274,6 +274,27 @@ fn example(name: &str) -> PathBuf {
     repo().join("examples/flights").join(name)
 }
 
+/// A job file written next to the example data (relative paths in a job resolve against
+/// its directory), removed when dropped.
+struct TempJob(PathBuf);
+
+impl TempJob {
+    fn new(tag: &str, text: &str) -> TempJob {
+        let path = repo().join(format!(
+            "examples/flights/.crash-{}-{tag}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        TempJob(path)
+    }
+}
+
+impl Drop for TempJob {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Runs an example three ways and returns the (identical) committed output:
 /// 1. straight, parallelism 1, no checkpoints;
 /// 2. parallelism 2 with an epoch every 50 ms;
@@ -428,19 +449,8 @@ fn hourly_windows_and_cascades_survive_random_kills() {
 /// windows hold exactly the flights that were not late.
 #[test]
 fn late_flights_go_to_the_side_output_and_nothing_else_is_lost() {
-    let job = repo().join(format!(
-        "examples/flights/.crash-{}-late.toml",
-        std::process::id()
-    ));
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _guard = Remove(job.clone());
-    std::fs::write(
-        &job,
+    let job_file = TempJob::new(
+        "late",
         r#"
 [job]
 name = "flights-late"
@@ -487,8 +497,8 @@ inputs = [{ from = "hourly", output = "late" }]
 grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
 config = { dir = "/output", prefix = "late" }
 "#,
-    )
-    .unwrap();
+    );
+    let job = job_file.0.clone();
     let run = Run::new();
     run.run_ok(&job, &["--checkpoint-interval-ms", "100"]);
     let windows = run.committed("hours");
@@ -543,19 +553,8 @@ config = { dir = "/output", prefix = "late" }
 /// once (seed §8.4), and at the end of the bounded input the pending ones fire too.
 #[test]
 fn processing_time_windows_count_every_flight_once_across_a_crash() {
-    let job = repo().join(format!(
-        "examples/flights/.crash-{}-proctime.toml",
-        std::process::id()
-    ));
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _guard = Remove(job.clone());
-    std::fs::write(
-        &job,
+    let job_file = TempJob::new(
+        "proctime",
         r#"
 [job]
 name = "flights-proctime"
@@ -593,8 +592,8 @@ inputs = ["windows"]
 grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
 config = { dir = "/output", prefix = "windows" }
 "#,
-    )
-    .unwrap();
+    );
+    let job = job_file.0.clone();
     let total = |lines: &[String]| -> u64 {
         lines
             .iter()
@@ -622,17 +621,6 @@ config = { dir = "/output", prefix = "windows" }
 /// after manifest N and resumed commits exactly what the uninterrupted run commits.
 #[test]
 fn sliding_windows_restored_at_every_epoch_emit_what_an_uninterrupted_run_emits() {
-    let job = repo().join(format!(
-        "examples/flights/.crash-{}-sliding.toml",
-        std::process::id()
-    ));
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _guard = Remove(job.clone());
     let hourly = std::fs::read_to_string(example("hourly-delay.toml")).unwrap();
     let sliding = hourly
         .replace(
@@ -644,7 +632,8 @@ fn sliding_windows_restored_at_every_epoch_emit_what_an_uninterrupted_run_emits(
             r#"window = { kind = "sliding", size_ms = 7200000, slide_ms = 1800000 }"#,
         );
     assert_ne!(sliding, hourly);
-    std::fs::write(&job, sliding).unwrap();
+    let job_file = TempJob::new("sliding", &sliding);
+    let job = job_file.0.clone();
     let args = ["-p", "2", "--checkpoint-interval-ms", "40"];
     let straight = Run::new();
     let report = straight.run_ok(&job, &args);

@@ -43,7 +43,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::num::{Num, exact_add, exact_total, i128_parts, write_f64};
+use nop_stream_sdk::num::{Num, exact_add, exact_total, i128_parts, write_f64};
 
 /// JSON Schema of the config, reported by `describe()`.
 pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["key_field","aggregates"],"properties":{"key_field":{"type":"string"},"aggregates":{"type":"array","items":{"type":"object","additionalProperties":false,"required":["name","fn"],"properties":{"name":{"type":"string"},"fn":{"enum":["count","count_null","count_not_null","count_gt","count_lt","sum","min","max","avg"]},"field":{"type":"string"},"value":{"type":"number"}}}}}}"#;

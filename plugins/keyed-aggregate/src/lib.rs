@@ -15,7 +15,6 @@
 //! order, keyed by the key.
 
 pub mod aggregate;
-pub mod num;
 
 use nop_stream_sdk::{
     Batch, Context, KEYS_PAGE_LIMIT, Operator, PluginError, PluginInfo, Result, TaskInfo,

@@ -34,8 +34,6 @@
 //! ([`MODEL`]); the window itself (kind, sizes, time, lateness) is part of the config,
 //! which the plan fingerprint already covers.
 
-pub mod num;
-
 use std::fmt;
 
 use nop_stream_sdk::window::{
@@ -48,7 +46,7 @@ use nop_stream_sdk::{
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::num::{Num, exact_add, exact_total, i128_parts, write_f64};
+use nop_stream_sdk::num::{Num, exact_add, exact_total, i128_parts, write_f64};
 
 /// Schema version of [`Slot`] vectors in the accumulator state.
 pub const ACC_SCHEMA: u32 = 1;

@@ -1,4 +1,7 @@
-//! Numbers as they appear in JSON records, and an exactly rounded float sum.
+//! Numbers as they appear in JSON records, and an exactly rounded float sum: the
+//! arithmetic of aggregate functions whose results must equal an independent computation
+//! whatever the batch boundaries and record order (used by `keyed-aggregate` and
+//! `window-aggregate`).
 
 use std::cmp::Ordering;
 
@@ -111,4 +114,58 @@ pub fn i128_parts(v: i128) -> (f64, f64) {
     // `hi` is within 2^75 of `v` for |v| < 2^127, so the residual fits i128.
     let residual = v.saturating_sub(hi as i128);
     (hi, residual as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fsum(values: &[f64]) -> f64 {
+        let mut p = Vec::new();
+        for &v in values {
+            exact_add(&mut p, v);
+        }
+        exact_total(&p)
+    }
+
+    #[test]
+    fn exact_sum_is_order_independent() {
+        let values = [1e100, 1.0, -1e100, 0.1, 0.2, 0.3, 1e-20, -0.6];
+        let want = fsum(&values);
+        assert_eq!(fsum(&[0.1, 0.2, 0.3, -0.6]), {
+            // 0.1 + 0.2 + 0.3 - 0.6 in exact arithmetic of the binary values.
+            let mut p = Vec::new();
+            for v in [0.3, -0.6, 0.2, 0.1] {
+                exact_add(&mut p, v);
+            }
+            exact_total(&p)
+        });
+        let mut v = values.to_vec();
+        for _ in 0..20 {
+            v.rotate_left(3);
+            v.swap(1, 5);
+            assert_eq!(fsum(&v).to_bits(), want.to_bits());
+        }
+        assert_eq!(fsum(&[]), 0.0);
+        assert_eq!(fsum(&[0.1; 10]), 1.0);
+    }
+
+    #[test]
+    fn numbers_compare_and_print() {
+        assert_eq!(Num::Int(2).compare(Num::Float(2.5)), Ordering::Less);
+        assert_eq!(
+            Num::Int(i64::MAX).compare(Num::Int(i64::MAX - 1)),
+            Ordering::Greater
+        );
+        let mut out = Vec::new();
+        Num::Int(-7).write_json(&mut out);
+        out.push(b' ');
+        Num::Float(-3.5).write_json(&mut out);
+        assert_eq!(out, b"-7 -3.5");
+        let (hi, lo) = i128_parts(i128::from(i64::MAX) * 3 + 1);
+        let mut p = Vec::new();
+        exact_add(&mut p, hi);
+        exact_add(&mut p, lo);
+        assert_eq!(exact_total(&p), hi + lo);
+    }
 }
