@@ -5,7 +5,8 @@
 
 use std::cmp::Ordering;
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// A JSON number: integers that fit `i64` stay exact, everything else is `f64`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -116,6 +117,175 @@ pub fn i128_parts(v: i128) -> (f64, f64) {
     (hi, residual as f64)
 }
 
+/// A field value of a JSON record, as far as numeric aggregation cares.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum JsonScalar {
+    /// The field is absent.
+    Missing,
+    /// `null`.
+    Null,
+    /// A number.
+    Num(Num),
+    /// A string.
+    Str,
+    /// `true` / `false`.
+    Bool,
+    /// An array or object.
+    Nested,
+}
+
+impl JsonScalar {
+    /// Absent or `null`.
+    #[must_use]
+    pub fn is_null(self) -> bool {
+        matches!(self, Self::Missing | Self::Null)
+    }
+
+    /// A string, boolean, array or object: present, but not a number.
+    #[must_use]
+    pub fn is_non_numeric(self) -> bool {
+        matches!(self, Self::Str | Self::Bool | Self::Nested)
+    }
+
+    /// What the value is, for error messages (`"a string"`, `"null"`, ...).
+    #[must_use]
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Null => "null",
+            Self::Num(_) => "a number",
+            Self::Str => "a string",
+            Self::Bool => "a boolean",
+            Self::Nested => "an array or object",
+        }
+    }
+}
+
+/// Reads one JSON value into a [`JsonScalar`], skipping nested values without building
+/// them.
+#[derive(Debug, Clone, Copy)]
+pub struct ScalarSeed;
+
+impl<'de> DeserializeSeed<'de> for ScalarSeed {
+    type Value = JsonScalar;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<JsonScalar, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ScalarSeed {
+    type Value = JsonScalar;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Bool)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Num(Num::Int(v)))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<JsonScalar, E> {
+        #[allow(clippy::cast_precision_loss)]
+        Ok(JsonScalar::Num(
+            i64::try_from(v).map_or(Num::Float(v as f64), Num::Int),
+        ))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Num(Num::Float(v)))
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Str)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<JsonScalar, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(JsonScalar::Nested)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<JsonScalar, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(JsonScalar::Nested)
+    }
+}
+
+/// An object key, borrowed from the input when it has no escapes.
+#[derive(Debug)]
+pub enum FieldName<'de> {
+    /// Borrowed from the input.
+    Borrowed(&'de str),
+    /// Unescaped into a new string.
+    Owned(String),
+}
+
+impl FieldName<'_> {
+    /// The key.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Borrowed(s) => s,
+            Self::Owned(s) => s,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FieldName<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FieldName<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(FieldName::Borrowed(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(FieldName::Owned(v.to_owned()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Pulls the named fields out of one JSON object without building a tree:
+/// `vals[i]` becomes the value of `fields[i]` (left as it was if the field is absent).
+#[derive(Debug)]
+pub struct FieldsSeed<'a> {
+    /// Field names.
+    pub fields: &'a [String],
+    /// One slot per field.
+    pub vals: &'a mut [JsonScalar],
+}
+
+impl<'de> DeserializeSeed<'de> for FieldsSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FieldsSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(name) = map.next_key::<FieldName<'de>>()? {
+            match self.fields.iter().position(|f| f.as_str() == name.as_str()) {
+                Some(i) => self.vals[i] = map.next_value_seed(ScalarSeed)?,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +337,37 @@ mod tests {
         exact_add(&mut p, hi);
         exact_add(&mut p, lo);
         assert_eq!(exact_total(&p), hi + lo);
+    }
+
+    #[test]
+    fn fields_are_pulled_out_of_json_objects() {
+        let fields = [
+            "a".to_string(),
+            "b".into(),
+            "c".into(),
+            "d".into(),
+            "e".into(),
+        ];
+        let mut vals = [JsonScalar::Missing; 5];
+        let mut de = serde_json::Deserializer::from_str(
+            r#"{"b":null,"a":7,"x":{"a":1},"c":"s","d":[1],"e":1.5}"#,
+        );
+        FieldsSeed {
+            fields: &fields,
+            vals: &mut vals,
+        }
+        .deserialize(&mut de)
+        .unwrap();
+        assert_eq!(
+            vals,
+            [
+                JsonScalar::Num(Num::Int(7)),
+                JsonScalar::Null,
+                JsonScalar::Str,
+                JsonScalar::Nested,
+                JsonScalar::Num(Num::Float(1.5)),
+            ]
+        );
+        assert!(vals[1].is_null() && !vals[0].is_null() && vals[2].is_non_numeric());
     }
 }

@@ -43,7 +43,9 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use nop_stream_sdk::num::{Num, exact_add, exact_total, i128_parts, write_f64};
+use nop_stream_sdk::num::{
+    FieldName, Num, ScalarSeed, exact_add, exact_total, i128_parts, write_f64,
+};
 
 /// JSON Schema of the config, reported by `describe()`.
 pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["key_field","aggregates"],"properties":{"key_field":{"type":"string"},"aggregates":{"type":"array","items":{"type":"object","additionalProperties":false,"required":["name","fn"],"properties":{"name":{"type":"string"},"fn":{"enum":["count","count_null","count_not_null","count_gt","count_lt","sum","min","max","avg"]},"field":{"type":"string"},"value":{"type":"number"}}}}}}"#;
@@ -120,34 +122,7 @@ fn to_num(n: &serde_json::Number) -> Option<Num> {
 }
 
 /// A field value of one record, as far as aggregation cares.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Val {
-    /// The field is absent.
-    Missing,
-    /// `null`.
-    Null,
-    /// A number.
-    Num(Num),
-    /// A string.
-    Str,
-    /// `true` / `false`.
-    Bool,
-    /// An array or object.
-    Nested,
-}
-
-impl Val {
-    fn describe(self) -> &'static str {
-        match self {
-            Self::Missing => "missing",
-            Self::Null => "null",
-            Self::Num(_) => "a number",
-            Self::Str => "a string",
-            Self::Bool => "a boolean",
-            Self::Nested => "an array or object",
-        }
-    }
-}
+pub use nop_stream_sdk::num::JsonScalar as Val;
 
 /// Running value of one aggregate for one key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -532,93 +507,13 @@ impl<'de> Visitor<'de> for Extract<'_> {
                         json: self.key_json,
                     })?;
                 }
-                Some(i) => self.vals[i] = map.next_value_seed(ValSeed)?,
+                Some(i) => self.vals[i] = map.next_value_seed(ScalarSeed)?,
                 None => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
         Ok(())
-    }
-}
-
-/// An object key, borrowed from the input when it has no escapes.
-enum FieldName<'de> {
-    Borrowed(&'de str),
-    Owned(String),
-}
-
-impl FieldName<'_> {
-    fn as_str(&self) -> &str {
-        match self {
-            Self::Borrowed(s) => s,
-            Self::Owned(s) => s,
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for FieldName<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = FieldName<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a field name")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(FieldName::Borrowed(v))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(FieldName::Owned(v.to_owned()))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// Reads a scalar into a [`Val`], skipping nested values.
-struct ValSeed;
-
-impl<'de> DeserializeSeed<'de> for ValSeed {
-    type Value = Val;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Val, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ValSeed {
-    type Value = Val;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Val, E> {
-        Ok(Val::Bool)
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Val, E> {
-        Ok(Val::Num(Num::Int(v)))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Val, E> {
-        #[allow(clippy::cast_precision_loss)]
-        Ok(Val::Num(
-            i64::try_from(v).map_or(Num::Float(v as f64), Num::Int),
-        ))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Val, E> {
-        Ok(Val::Num(Num::Float(v)))
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Val, E> {
-        Ok(Val::Str)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Val, E> {
-        Ok(Val::Null)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Val, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Val::Nested)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Val, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Val::Nested)
     }
 }
 
@@ -655,7 +550,7 @@ impl<'de> Visitor<'de> for KeySeed<'_> {
         Ok(self.printed(&v.to_string(), Val::Num(Num::Int(v))))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Val, E> {
-        let val = ValSeed.visit_u64::<E>(v)?;
+        let val = ScalarSeed.visit_u64::<E>(v)?;
         Ok(self.printed(&v.to_string(), val))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Val, E> {
@@ -674,10 +569,10 @@ impl<'de> Visitor<'de> for KeySeed<'_> {
         Ok(Val::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Val, A::Error> {
-        ValSeed.visit_seq(seq)
+        ScalarSeed.visit_seq(seq)
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Val, A::Error> {
-        ValSeed.visit_map(map)
+        ScalarSeed.visit_map(map)
     }
 }
 

@@ -43,10 +43,10 @@ use nop_stream_sdk::window::{
 use nop_stream_sdk::{
     Batch, Context, FiredTimer, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo,
 };
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::de::DeserializeSeed;
+use serde::{Deserialize, Serialize};
 
-use nop_stream_sdk::num::{Num, exact_add, exact_total, i128_parts, write_f64};
+use nop_stream_sdk::num::{FieldsSeed, Num, exact_add, exact_total, i128_parts, write_f64};
 
 /// Schema version of [`Slot`] vectors in the accumulator state.
 pub const ACC_SCHEMA: u32 = 1;
@@ -101,15 +101,7 @@ pub struct Aggregate {
 }
 
 /// A field value of one record, as far as aggregation cares.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Val {
-    /// Absent or `null`.
-    Null,
-    /// A number.
-    Num(Num),
-    /// A string, boolean, array or object.
-    Other,
-}
+pub use nop_stream_sdk::num::JsonScalar as Val;
 
 /// Running value of one aggregate in one window.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -205,9 +197,9 @@ impl AggregateFunction for Aggregates {
     type Out = Vec<Slot>;
 
     fn decode(&self, record: RecordRef<'_>) -> Result<Vec<Val>> {
-        let mut vals = vec![Val::Null; self.fields.len()];
+        let mut vals = vec![Val::Missing; self.fields.len()];
         let mut de = serde_json::Deserializer::from_slice(record.data);
-        Extract {
+        FieldsSeed {
             fields: &self.fields,
             vals: &mut vals,
         }
@@ -215,7 +207,7 @@ impl AggregateFunction for Aggregates {
         .and_then(|()| de.end())
         .map_err(|e| PluginError::invalid_record(format!("not a JSON object: {e}")))?;
         for (i, v) in vals.iter().enumerate() {
-            if self.numeric[i] && *v == Val::Other {
+            if self.numeric[i] && v.is_non_numeric() {
                 return Err(PluginError::invalid_record(format!(
                     "field {:?} must be a number or null",
                     self.fields[i]
@@ -242,9 +234,9 @@ impl AggregateFunction for Aggregates {
 
     fn add(&self, acc: &mut Vec<Slot>, vals: &Vec<Val>) {
         for (slot, agg) in acc.iter_mut().zip(&self.aggregates) {
-            let v = agg.field.map_or(Val::Other, |f| vals[f]);
+            let v = agg.field.map_or(Val::Missing, |f| vals[f]);
             match slot {
-                Slot::Count(c) => *c += u64::from(agg.field.is_none() || v != Val::Null),
+                Slot::Count(c) => *c += u64::from(agg.field.is_none() || !v.is_null()),
                 Slot::Sum { n, ints, partials } => {
                     if let Val::Num(x) = v {
                         *n += 1;
@@ -447,120 +439,6 @@ impl Operator for WindowAggregate {
 }
 
 nop_stream_sdk::export_operator!(WindowAggregate);
-
-/// Pulls the configured fields out of one JSON object without building a tree.
-struct Extract<'a> {
-    fields: &'a [String],
-    vals: &'a mut [Val],
-}
-
-impl<'de> DeserializeSeed<'de> for Extract<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Extract<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(name) = map.next_key::<FieldName<'de>>()? {
-            match self.fields.iter().position(|f| f.as_str() == name.as_str()) {
-                Some(i) => self.vals[i] = map.next_value_seed(ValSeed)?,
-                None => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// An object key, borrowed from the input when it has no escapes.
-enum FieldName<'de> {
-    Borrowed(&'de str),
-    Owned(String),
-}
-
-impl FieldName<'_> {
-    fn as_str(&self) -> &str {
-        match self {
-            Self::Borrowed(s) => s,
-            Self::Owned(s) => s,
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for FieldName<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = FieldName<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a field name")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(FieldName::Borrowed(v))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(FieldName::Owned(v.to_owned()))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// Reads a JSON value into a [`Val`], skipping nested values.
-struct ValSeed;
-
-impl<'de> DeserializeSeed<'de> for ValSeed {
-    type Value = Val;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Val, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ValSeed {
-    type Value = Val;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Val, E> {
-        Ok(Val::Other)
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Val, E> {
-        Ok(Val::Num(Num::Int(v)))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Val, E> {
-        #[allow(clippy::cast_precision_loss)]
-        Ok(Val::Num(
-            i64::try_from(v).map_or(Num::Float(v as f64), Num::Int),
-        ))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Val, E> {
-        Ok(Val::Num(Num::Float(v)))
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Val, E> {
-        Ok(Val::Other)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Val, E> {
-        Ok(Val::Null)
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Val, E> {
-        Ok(Val::Null)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Val, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Val::Other)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Val, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Val::Other)
-    }
-}
 
 #[cfg(test)]
 mod tests;
