@@ -144,6 +144,22 @@ pub trait Context {
     /// Removes the value of one key, if any.
     fn value_delete(&mut self, state: StateHandle, namespace: &[u8], key: &[u8]);
 
+    /// Removes the values of many keys (laid out flat: `keys` + exclusive `key_ends`).
+    /// Default: one [`Self::value_delete`] per key; the host does it in one call.
+    fn value_delete_many(
+        &mut self,
+        state: StateHandle,
+        namespace: &[u8],
+        keys: &[u8],
+        key_ends: &[u32],
+    ) {
+        let mut start = 0usize;
+        for &end in key_ends {
+            self.value_delete(state, namespace, &keys[start..end as usize]);
+            start = end as usize;
+        }
+    }
+
     /// Lists keys of a value state held by this subtask in `namespace`, ascending,
     /// starting strictly after `after` (or at the first key), at most `limit` keys.
     fn value_keys(

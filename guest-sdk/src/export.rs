@@ -8,9 +8,9 @@ use crate::wit::operator::nop::stream::{timers as wtimers, types as wt};
 use crate::wit::sink::exports::nop::stream::sink_plugin as wsink;
 use crate::wit::source::exports::nop::stream::source_plugin as wsrc;
 use crate::{
-    Batch, CommitOutcome, ErrorCode, FiredTimer, Operator, PluginError, PluginInfo, PluginKind,
-    Result, Sink, SinkCapability, Source, SourceCapability, Split, StateDescriptor, StateKind,
-    TaskInfo, TimeDomain,
+    Batch, CommitOutcome, ErrorCode, Operator, PluginError, PluginInfo, PluginKind, Result, Sink,
+    SinkCapability, Source, SourceCapability, Split, StateDescriptor, StateKind, TaskInfo,
+    TimeDomain, TimerGroup,
 };
 use std::any::Any;
 use std::cell::RefCell;
@@ -141,15 +141,16 @@ pub fn task_from_wit(t: wt::TaskInfo) -> TaskInfo {
     }
 }
 
-fn timer_from_wit(t: wtimers::FiredTimer) -> FiredTimer {
-    FiredTimer {
-        domain: match t.domain {
+fn timers_from_wit(g: wtimers::TimerGroup) -> TimerGroup {
+    TimerGroup {
+        domain: match g.domain {
             wtimers::TimeDomain::EventTime => TimeDomain::EventTime,
             wtimers::TimeDomain::ProcessingTime => TimeDomain::ProcessingTime,
         },
-        key: t.key,
-        namespace: t.namespace,
-        timestamp: t.timestamp,
+        timestamp: g.timestamp,
+        namespace: g.namespace,
+        keys: g.keys,
+        key_ends: g.key_ends,
     }
 }
 
@@ -196,8 +197,8 @@ impl<T: Operator> wop::Guest for OperatorExport<T> {
         })
     }
 
-    fn on_timers(timers: Vec<wtimers::FiredTimer>) -> core::result::Result<wt::Batch, wt::Error> {
-        let timers: Vec<FiredTimer> = timers.into_iter().map(timer_from_wit).collect();
+    fn on_timers(timers: Vec<wtimers::TimerGroup>) -> core::result::Result<wt::Batch, wt::Error> {
+        let timers: Vec<TimerGroup> = timers.into_iter().map(timers_from_wit).collect();
         emit::<T>(Batch::new(), |op, out| {
             op.on_timers(&mut HostContext, &timers, out)
         })

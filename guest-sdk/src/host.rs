@@ -99,6 +99,16 @@ impl Context for HostContext {
         wstate::value_delete(state.raw(), namespace, key);
     }
 
+    fn value_delete_many(
+        &mut self,
+        state: StateHandle,
+        namespace: &[u8],
+        keys: &[u8],
+        key_ends: &[u32],
+    ) {
+        wstate::value_delete_many(state.raw(), namespace, keys, key_ends);
+    }
+
     fn value_keys(
         &mut self,
         state: StateHandle,

@@ -259,7 +259,8 @@ pub enum TimeDomain {
     ProcessingTime,
 }
 
-/// A timer that fired, delivered to [`crate::Operator::on_timers`].
+/// One timer: (domain, key, namespace, timestamp). [`crate::Operator::on_timers`] receives
+/// them grouped ([`TimerGroup`]); this owned form is for tests and helpers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FiredTimer {
     /// Clock of the timer.
@@ -270,6 +271,94 @@ pub struct FiredTimer {
     pub namespace: Vec<u8>,
     /// Timestamp in milliseconds since the Unix epoch.
     pub timestamp: i64,
+}
+
+/// Timers that fired together, delivered to [`crate::Operator::on_timers`]: every key
+/// whose timer for one (domain, timestamp, namespace) came due, laid out flat like a
+/// batch's keys (one boundary crossing for a window end that fires thousands of keys).
+/// The host delivers groups in timestamp order, then namespace byte order, keys
+/// ascending within a group.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TimerGroup {
+    /// Clock of the timers.
+    pub domain: TimeDomain,
+    /// Timestamp in milliseconds since the Unix epoch.
+    pub timestamp: i64,
+    /// Namespace the timers were registered in.
+    pub namespace: Vec<u8>,
+    /// The keys, concatenated.
+    pub keys: Vec<u8>,
+    /// Exclusive end offset in `keys` of each key.
+    pub key_ends: Vec<u32>,
+}
+
+impl TimerGroup {
+    /// Number of timers (keys) in the group.
+    pub fn len(&self) -> usize {
+        self.key_ends.len()
+    }
+
+    /// Whether the group holds no timer.
+    pub fn is_empty(&self) -> bool {
+        self.key_ends.is_empty()
+    }
+
+    /// The key of timer `i`.
+    ///
+    /// # Panics
+    /// If `i >= self.len()` or the offsets are malformed.
+    pub fn key(&self, i: usize) -> &[u8] {
+        let start = if i == 0 {
+            0
+        } else {
+            self.key_ends[i - 1] as usize
+        };
+        &self.keys[start..self.key_ends[i] as usize]
+    }
+
+    /// The keys in order.
+    pub fn iter_keys(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.len()).map(move |i| self.key(i))
+    }
+
+    /// The timers one by one (owned; for tests and simple operators).
+    pub fn timers(&self) -> impl Iterator<Item = FiredTimer> + '_ {
+        self.iter_keys().map(move |key| FiredTimer {
+            domain: self.domain,
+            key: key.to_vec(),
+            namespace: self.namespace.clone(),
+            timestamp: self.timestamp,
+        })
+    }
+
+    /// Groups `timers` as the host does: consecutive timers with equal (domain,
+    /// timestamp, namespace) form one group, in the given order.
+    pub fn group(timers: &[FiredTimer]) -> Vec<TimerGroup> {
+        let mut groups: Vec<TimerGroup> = Vec::new();
+        for t in timers {
+            let same = groups.last().is_some_and(|g| {
+                g.domain == t.domain && g.timestamp == t.timestamp && g.namespace == t.namespace
+            });
+            if !same {
+                groups.push(TimerGroup {
+                    domain: t.domain,
+                    timestamp: t.timestamp,
+                    namespace: t.namespace.clone(),
+                    keys: Vec::new(),
+                    key_ends: Vec::new(),
+                });
+            }
+            let g = groups.last_mut().expect("pushed above");
+            g.keys.extend_from_slice(&t.key);
+            g.key_ends.push(g.keys.len() as u32);
+        }
+        groups
+    }
+
+    /// Every timer of `groups`, in order.
+    pub fn flatten(groups: &[TimerGroup]) -> Vec<FiredTimer> {
+        groups.iter().flat_map(TimerGroup::timers).collect()
+    }
 }
 
 /// Severity of a log line.

@@ -33,7 +33,7 @@ pub use host::{HostContext, counter_add, gauge_set, log};
 
 pub use info::{
     FiredTimer, LogLevel, PluginInfo, PluginKind, SinkCapability, SourceCapability,
-    StateDescriptor, StateKind, TaskInfo, TimeDomain,
+    StateDescriptor, StateKind, TaskInfo, TimeDomain, TimerGroup,
 };
 pub use mock::MockContext;
 pub use plugin::{CommitOutcome, Operator, Progress, ReadOutcome, Sink, Source, Split};

@@ -2,7 +2,7 @@
 
 use crate::{
     Batch, Context, FiredTimer, KeyPage, Operator, PluginError, PluginInfo, Result,
-    StateDescriptor, StateHandle, TimeDomain, ValueBatch,
+    StateDescriptor, StateHandle, TimeDomain, TimerGroup, ValueBatch,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -92,38 +92,43 @@ impl MockContext {
     }
 
     /// Advances the watermark to `watermark` and removes and returns every event-time
-    /// timer with `timestamp <= watermark`, in timestamp order.
-    pub fn fire_due_event_timers(&mut self, watermark: i64) -> Vec<FiredTimer> {
+    /// timer with `timestamp <= watermark`, grouped as the host groups them (see
+    /// [`TimerGroup`]).
+    pub fn fire_due_event_timers(&mut self, watermark: i64) -> Vec<TimerGroup> {
         self.watermark = self.watermark.max(watermark);
         self.fire_due(TimeDomain::EventTime, watermark)
     }
 
     /// Sets processing time to `now` and removes and returns every processing-time timer
-    /// with `timestamp <= now`, in timestamp order.
-    pub fn fire_due_processing_timers(&mut self, now: i64) -> Vec<FiredTimer> {
+    /// with `timestamp <= now`, grouped as [`Self::fire_due_event_timers`].
+    pub fn fire_due_processing_timers(&mut self, now: i64) -> Vec<TimerGroup> {
         self.processing_time = now;
         self.fire_due(TimeDomain::ProcessingTime, now)
     }
 
-    fn fire_due(&mut self, domain: TimeDomain, up_to: i64) -> Vec<FiredTimer> {
-        let due: Vec<_> = self
+    fn fire_due(&mut self, domain: TimeDomain, up_to: i64) -> Vec<TimerGroup> {
+        let mut due: Vec<_> = self
             .timers
             .iter()
             .take_while(|t| t.0 <= up_to)
             .filter(|t| t.1 == domain)
             .cloned()
             .collect();
-        due.into_iter()
-            .map(|t| {
-                self.timers.remove(&t);
-                FiredTimer {
-                    domain: t.1,
-                    key: t.2,
-                    namespace: t.3,
-                    timestamp: t.0,
-                }
+        for t in &due {
+            self.timers.remove(t);
+        }
+        // The host's order: timestamp, then namespace, then key.
+        due.sort_by(|a, b| (a.0, &a.3, &a.2).cmp(&(b.0, &b.3, &b.2)));
+        let fired: Vec<FiredTimer> = due
+            .into_iter()
+            .map(|t| FiredTimer {
+                domain: t.1,
+                key: t.2,
+                namespace: t.3,
+                timestamp: t.0,
             })
-            .collect()
+            .collect();
+        TimerGroup::group(&fired)
     }
 
     /// Every registered timer, in timestamp order.
@@ -503,7 +508,7 @@ mod tests {
         ctx.register_timer(TimeDomain::EventTime, b"c", b"", 30);
         ctx.delete_timer(TimeDomain::EventTime, b"c", b"", 30);
         assert_eq!(ctx.registered_timers().len(), 3);
-        let fired = ctx.fire_due_event_timers(20);
+        let fired = TimerGroup::flatten(&ctx.fire_due_event_timers(20));
         assert_eq!(
             fired,
             vec![

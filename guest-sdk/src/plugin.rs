@@ -6,7 +6,7 @@
 //! must survive goes to host state through the [`Context`] or, for connectors, to the
 //! external system and the cursor / committable returned to the host.
 
-use crate::{Batch, Context, FiredTimer, PluginInfo, Result, TaskInfo};
+use crate::{Batch, Context, PluginInfo, Result, TaskInfo, TimerGroup};
 
 /// A stream operator: records in, records out, with keyed state and timers in the host.
 ///
@@ -50,11 +50,12 @@ pub trait Operator: Sized + 'static {
         Ok(())
     }
 
-    /// Timers that came due, in timestamp order. Default: emits nothing.
+    /// Timers that came due, grouped per (domain, timestamp, namespace) in timestamp
+    /// order ([`TimerGroup`]). Default: emits nothing.
     fn on_timers(
         &mut self,
         ctx: &mut dyn Context,
-        timers: &[FiredTimer],
+        timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
         let _ = (ctx, timers, out);

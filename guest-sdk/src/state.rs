@@ -198,6 +198,36 @@ impl<T: Serialize + DeserializeOwned> ValueStateIn<'_, T> {
             .collect()
     }
 
+    /// The values of the keys laid out flat (`keys` + exclusive `key_ends`, as in a
+    /// [`crate::TimerGroup`]), in order, in one host call.
+    pub fn get_many_flat(
+        &self,
+        ctx: &mut (impl Context + ?Sized),
+        keys: &[u8],
+        key_ends: &[u32],
+    ) -> Vec<Option<T>> {
+        if key_ends.is_empty() {
+            return Vec::new();
+        }
+        let vb = ctx.value_get_many(self.state.handle, self.namespace, keys, key_ends);
+        (0..key_ends.len())
+            .map(|i| vb.get(i).map(|v| decode(&self.state.name, v)))
+            .collect()
+    }
+
+    /// Removes the values of the keys laid out flat (`keys` + exclusive `key_ends`) in
+    /// this namespace, in one host call.
+    pub fn delete_many_flat(
+        &self,
+        ctx: &mut (impl Context + ?Sized),
+        keys: &[u8],
+        key_ends: &[u32],
+    ) {
+        if !key_ends.is_empty() {
+            ctx.value_delete_many(self.state.handle, self.namespace, keys, key_ends);
+        }
+    }
+
     /// Stores every `(key, value)` in this namespace in one host call.
     pub fn put_many(&self, ctx: &mut (impl Context + ?Sized), entries: &[(&[u8], T)]) {
         if entries.is_empty() {

@@ -8,7 +8,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use super::nfa::{BufEntry, KeyNfa, NfaState, Output};
 use super::{Match, Pattern};
 use crate::{
-    Batch, Context, FiredTimer, PluginError, PluginInfo, RecordRef, Result, TimeDomain, ValueState,
+    Batch, Context, PluginError, PluginInfo, RecordRef, Result, TimeDomain, TimerGroup, ValueState,
     counter_add,
 };
 
@@ -171,10 +171,10 @@ where
         self.late_events
     }
 
-    /// Whether `timer` belongs to the CEP runtime (event time, namespace
+    /// Whether the timers of `group` belong to the CEP runtime (event time, namespace
     /// [`CEP_NAMESPACE`]); other timers are ignored by [`CepOperator::on_timers`].
-    pub fn is_cep_timer(timer: &FiredTimer) -> bool {
-        timer.domain == TimeDomain::EventTime && timer.namespace == CEP_NAMESPACE
+    pub fn is_cep_timer(group: &TimerGroup) -> bool {
+        group.domain == TimeDomain::EventTime && group.namespace == CEP_NAMESPACE
     }
 
     /// Buffers the records of `batch` per key and event time until the watermark passes
@@ -267,19 +267,21 @@ where
     pub fn on_timers(
         &mut self,
         ctx: &mut (impl Context + ?Sized),
-        timers: &[FiredTimer],
+        timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
         let wm = ctx.current_watermark();
         // Keys in order of their first due timer, each with its latest due time.
         let mut index: HashMap<&[u8], usize> = HashMap::new();
         let mut keys: Vec<(&[u8], i64)> = Vec::new();
-        for t in timers.iter().filter(|t| Self::is_cep_timer(t)) {
-            match index.get(t.key.as_slice()) {
-                Some(&i) => keys[i].1 = keys[i].1.max(t.timestamp),
-                None => {
-                    index.insert(&t.key, keys.len());
-                    keys.push((&t.key, t.timestamp));
+        for g in timers.iter().filter(|g| Self::is_cep_timer(g)) {
+            for key in g.iter_keys() {
+                match index.get(key) {
+                    Some(&i) => keys[i].1 = keys[i].1.max(g.timestamp),
+                    None => {
+                        index.insert(key, keys.len());
+                        keys.push((key, g.timestamp));
+                    }
                 }
             }
         }

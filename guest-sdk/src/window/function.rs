@@ -202,6 +202,38 @@ pub trait WindowFunction {
 
     /// Removes the contents of `ns` for `key`.
     fn clear(&mut self, ctx: &mut dyn Context, key: &[u8], ns: &[u8]);
+
+    /// Fires `window` for every key laid out flat in `keys` / `key_ends` (a timer
+    /// group). Default: [`Self::fire`] per key.
+    ///
+    /// # Errors
+    /// Errors of the process function.
+    fn fire_many(
+        &mut self,
+        ctx: &mut dyn Context,
+        keys: &[u8],
+        key_ends: &[u32],
+        window: Window,
+        ns: &[u8],
+        out: &mut Batch,
+    ) -> Result<()> {
+        let mut start = 0usize;
+        for &end in key_ends {
+            self.fire(ctx, &keys[start..end as usize], window, ns, out)?;
+            start = end as usize;
+        }
+        Ok(())
+    }
+
+    /// Clears the window state in `ns` of every key laid out flat in `keys` /
+    /// `key_ends`. Default: [`Self::clear`] per key.
+    fn clear_many(&mut self, ctx: &mut dyn Context, keys: &[u8], key_ends: &[u32], ns: &[u8]) {
+        let mut start = 0usize;
+        for &end in key_ends {
+            self.clear(ctx, &keys[start..end as usize], ns);
+            start = end as usize;
+        }
+    }
 }
 
 /// Incremental window function: an [`AggregateFunction`] (or a [`ReduceFunction`] through
@@ -392,6 +424,39 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
     fn clear(&mut self, ctx: &mut dyn Context, key: &[u8], ns: &[u8]) {
         let state = self.acc.as_ref().expect("window function used before open");
         state.in_namespace(ns).delete(ctx, key);
+    }
+
+    /// One batched read of the accumulators, then the process function per present key.
+    fn fire_many(
+        &mut self,
+        ctx: &mut dyn Context,
+        keys: &[u8],
+        key_ends: &[u32],
+        window: Window,
+        ns: &[u8],
+        out: &mut Batch,
+    ) -> Result<()> {
+        let state = self.acc.as_ref().expect("window function used before open");
+        let accs = state.in_namespace(ns).get_many_flat(ctx, keys, key_ends);
+        let mut start = 0usize;
+        for (acc, &end) in accs.into_iter().zip(key_ends) {
+            let key = &keys[start..end as usize];
+            start = end as usize;
+            let Some(acc) = acc else {
+                continue;
+            };
+            let result = self.agg.get_result(acc);
+            let mut output = WindowOutput::new(out, key, window.max_timestamp());
+            self.process
+                .process(key, window, std::slice::from_ref(&result), &mut output)?;
+        }
+        Ok(())
+    }
+
+    /// One batched delete.
+    fn clear_many(&mut self, ctx: &mut dyn Context, keys: &[u8], key_ends: &[u32], ns: &[u8]) {
+        let state = self.acc.as_ref().expect("window function used before open");
+        state.in_namespace(ns).delete_many_flat(ctx, keys, key_ends);
     }
 }
 

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::function::{KeyGroup, WindowFunction};
 use super::{LATE_OUTPUT, MERGE_STATE, Window, WindowSpec};
-use crate::{Batch, Context, FiredTimer, PluginError, Result, TimeDomain, ValueState};
+use crate::{Batch, Context, PluginError, Result, TimeDomain, TimerGroup, ValueState};
 
 /// One window of a key's merge set (session windows), stored in [`MERGE_STATE`] as a
 /// postcard `Vec<MergeEntry>` per key: the window, and the state window whose namespace
@@ -453,51 +453,55 @@ impl<F: WindowFunction> WindowOperator<F> {
     /// Handles due timers (in the order given): a timer at a window's max timestamp fires
     /// it; one at its cleanup time clears its contents and merge-set entry. Timers of the
     /// other time domain, with a foreign namespace or of a window no longer in the merge
-    /// set are ignored.
+    /// set are ignored. A group of tumbling or sliding windows is fired with one batched
+    /// state read and cleared with one batched delete.
     ///
     /// # Errors
     /// Errors of the process function.
     pub fn on_timers(
         &mut self,
         ctx: &mut dyn Context,
-        timers: &[FiredTimer],
+        timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
         let domain = self.domain();
-        for t in timers {
-            if t.domain != domain {
+        for g in timers {
+            if g.domain != domain {
                 continue;
             }
-            let Some(w) = Window::from_namespace(&t.namespace) else {
+            let Some(w) = Window::from_namespace(&g.namespace) else {
                 continue;
             };
             let max = w.max_timestamp();
             let cleanup = self.spec.cleanup_time(&w);
             if let Some(merge_state) = &self.merge {
-                let mut set = merge_state.get(ctx, &t.key).unwrap_or_default();
-                let Some(pos) = set.iter().position(|e| e.window == w) else {
-                    continue;
-                };
-                let ns = set[pos].state.namespace();
-                if t.timestamp == max {
-                    self.function.fire(ctx, &t.key, w, &ns, out)?;
-                }
-                if t.timestamp == cleanup {
-                    self.function.clear(ctx, &t.key, &ns);
-                    set.swap_remove(pos);
-                    if set.is_empty() {
-                        merge_state.delete(ctx, &t.key);
-                    } else {
-                        merge_state.put(ctx, &t.key, &set);
+                for key in g.iter_keys() {
+                    let mut set = merge_state.get(ctx, key).unwrap_or_default();
+                    let Some(pos) = set.iter().position(|e| e.window == w) else {
+                        continue;
+                    };
+                    let ns = set[pos].state.namespace();
+                    if g.timestamp == max {
+                        self.function.fire(ctx, key, w, &ns, out)?;
+                    }
+                    if g.timestamp == cleanup {
+                        self.function.clear(ctx, key, &ns);
+                        set.swap_remove(pos);
+                        if set.is_empty() {
+                            merge_state.delete(ctx, key);
+                        } else {
+                            merge_state.put(ctx, key, &set);
+                        }
                     }
                 }
             } else {
                 let ns = w.namespace();
-                if t.timestamp == max {
-                    self.function.fire(ctx, &t.key, w, &ns, out)?;
+                if g.timestamp == max {
+                    self.function
+                        .fire_many(ctx, &g.keys, &g.key_ends, w, &ns, out)?;
                 }
-                if t.timestamp == cleanup {
-                    self.function.clear(ctx, &t.key, &ns);
+                if g.timestamp == cleanup {
+                    self.function.clear_many(ctx, &g.keys, &g.key_ends, &ns);
                 }
             }
         }

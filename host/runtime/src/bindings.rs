@@ -39,7 +39,7 @@ pub mod sink {
 }
 
 pub use op::nop::stream::state::{KeyPage, ValueBatch};
-pub use op::nop::stream::timers::{FiredTimer, TimeDomain};
+pub use op::nop::stream::timers::{TimeDomain, TimerGroup};
 pub use op::nop::stream::types::{
     Batch, Error as GuestError, ErrorCode, LogLevel, PluginInfo as WitPluginInfo,
     PluginKind as WitPluginKind, SinkCapability as WitSinkCapability,

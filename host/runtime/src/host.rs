@@ -26,58 +26,123 @@ pub const MAX_LOG_LINE: usize = 4096;
 /// One registered timer: (domain, timestamp, key, namespace).
 pub type TimerEntry = (u8, i64, Vec<u8>, Vec<u8>);
 
-/// The in-memory index of registered timers: per (domain, timestamp) the set of
-/// (key, namespace) pairs, each with whether it is written to the `__timers` state yet.
-/// Registration is an integer-keyed B-tree step plus a hash insert; timers of one
-/// timestamp fire sorted by (key, namespace), so firing order is deterministic.
+type FastHash = foldhash::fast::RandomState;
+
+/// The keys of one (domain, timestamp, namespace), each with whether it is written to
+/// the `__timers` state yet.
+type KeySet = HashMap<Box<[u8]>, bool, FastHash>;
+
+/// The in-memory index of registered timers: per (domain, timestamp), per namespace, the
+/// set of keys, each with whether it is written to the `__timers` state yet.
+/// Registration is an integer-keyed B-tree step plus two hash lookups and allocates only
+/// for a new timer (a repeated registration is a lookup). Due timers come out grouped
+/// per (timestamp, namespace), namespaces and keys in ascending byte order, so firing
+/// order is deterministic.
 #[derive(Default)]
 pub(crate) struct TimerIndex {
-    buckets: BTreeMap<(u8, i64), TimerBucket>,
+    buckets: BTreeMap<(u8, i64), HashMap<Box<[u8]>, KeySet, FastHash>>,
     len: usize,
 }
 
-type TimerBucket = HashMap<(Vec<u8>, Vec<u8>), bool, foldhash::fast::RandomState>;
-
-/// One timer of [`TimerIndex::iter_mut`]: (domain, timestamp), (key, namespace), and its
-/// persisted flag.
-pub(crate) type TimerSlot<'a> = ((u8, i64), &'a (Vec<u8>, Vec<u8>), &'a mut bool);
+/// The due timers of one (domain, timestamp, namespace), from [`TimerIndex::pop_due`]:
+/// keys ascending, each with its persisted flag.
+pub(crate) struct DueGroup {
+    pub(crate) domain: u8,
+    pub(crate) timestamp: i64,
+    pub(crate) namespace: Box<[u8]>,
+    pub(crate) keys: Vec<(Box<[u8]>, bool)>,
+}
 
 impl TimerIndex {
+    /// The key set of (domain, timestamp, namespace), created if absent.
+    fn key_set(&mut self, domain: u8, timestamp: i64, namespace: &[u8]) -> &mut KeySet {
+        let bucket = self.buckets.entry((domain, timestamp)).or_default();
+        if !bucket.contains_key(namespace) {
+            bucket.insert(namespace.into(), KeySet::default());
+        }
+        bucket.get_mut(namespace).expect("just inserted")
+    }
+
     /// Adds a timer (`persisted`: already in the `__timers` state); a duplicate keeps
     /// the existing entry.
-    pub(crate) fn insert(&mut self, t: TimerEntry, persisted: bool) {
-        let (d, ts, key, ns) = t;
-        let bucket = self.buckets.entry((d, ts)).or_default();
-        if let std::collections::hash_map::Entry::Vacant(v) = bucket.entry((key, ns)) {
-            v.insert(persisted);
+    pub(crate) fn insert(
+        &mut self,
+        domain: u8,
+        timestamp: i64,
+        key: &[u8],
+        namespace: &[u8],
+        persisted: bool,
+    ) {
+        let set = self.key_set(domain, timestamp, namespace);
+        if !set.contains_key(key) {
+            set.insert(key.into(), persisted);
             self.len += 1;
         }
     }
 
+    /// Adds the (not yet persisted) timers of `keys` for one (domain, timestamp,
+    /// namespace); duplicates keep the existing entries.
+    pub(crate) fn insert_keys<'k>(
+        &mut self,
+        domain: u8,
+        timestamp: i64,
+        namespace: &[u8],
+        keys: impl Iterator<Item = &'k [u8]>,
+    ) {
+        let set = self.key_set(domain, timestamp, namespace);
+        let mut added = 0;
+        for key in keys {
+            if !set.contains_key(key) {
+                set.insert(key.into(), false);
+                added += 1;
+            }
+        }
+        self.len += added;
+    }
+
     /// Removes a timer; `Some(persisted)` if it was registered.
-    pub(crate) fn remove(&mut self, t: &TimerEntry) -> Option<bool> {
-        let bucket = self.buckets.get_mut(&(t.0, t.1))?;
-        let persisted = bucket.remove(&(t.2.clone(), t.3.clone()))?;
-        if bucket.is_empty() {
-            self.buckets.remove(&(t.0, t.1));
+    pub(crate) fn remove(
+        &mut self,
+        domain: u8,
+        timestamp: i64,
+        key: &[u8],
+        namespace: &[u8],
+    ) -> Option<bool> {
+        let bucket = self.buckets.get_mut(&(domain, timestamp))?;
+        let set = bucket.get_mut(namespace)?;
+        let persisted = set.remove(key)?;
+        if set.is_empty() {
+            bucket.remove(namespace);
+            if bucket.is_empty() {
+                self.buckets.remove(&(domain, timestamp));
+            }
         }
         self.len -= 1;
         Some(persisted)
     }
 
-    /// Removes and returns the timers of `domain` with `timestamp <= up_to`, in
-    /// (timestamp, key, namespace) order, each with whether it was persisted.
-    pub(crate) fn pop_due(&mut self, domain: u8, up_to: i64) -> Vec<(TimerEntry, bool)> {
+    /// Removes and returns the timers of `domain` with `timestamp <= up_to`, grouped per
+    /// (timestamp, namespace): groups in timestamp then namespace order, keys ascending.
+    pub(crate) fn pop_due(&mut self, domain: u8, up_to: i64) -> Vec<DueGroup> {
         let mut due = Vec::new();
         while let Some((&(d, ts), _)) = self.buckets.range((domain, i64::MIN)..).next() {
             if d != domain || ts > up_to {
                 break;
             }
             let bucket = self.buckets.remove(&(d, ts)).expect("just seen");
-            let mut items: Vec<_> = bucket.into_iter().collect();
-            items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            self.len -= items.len();
-            due.extend(items.into_iter().map(|((k, ns), p)| ((d, ts, k, ns), p)));
+            let mut groups: Vec<(Box<[u8]>, KeySet)> = bucket.into_iter().collect();
+            groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (namespace, set) in groups {
+                let mut keys: Vec<(Box<[u8]>, bool)> = set.into_iter().collect();
+                keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                self.len -= keys.len();
+                due.push(DueGroup {
+                    domain: d,
+                    timestamp: ts,
+                    namespace,
+                    keys,
+                });
+            }
         }
         due
     }
@@ -95,11 +160,13 @@ impl TimerIndex {
         self.len
     }
 
-    /// Every timer, in (domain, timestamp) order, with its persisted flag.
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = TimerSlot<'_>> {
+    /// Every (domain, timestamp, namespace) with its keys, in (domain, timestamp) order.
+    pub(crate) fn groups_mut(
+        &mut self,
+    ) -> impl Iterator<Item = ((u8, i64), &[u8], &mut KeySet)> + '_ {
         self.buckets
             .iter_mut()
-            .flat_map(|(dt, b)| b.iter_mut().map(move |(kn, p)| (*dt, kn, p)))
+            .flat_map(|(dt, b)| b.iter_mut().map(move |(ns, set)| (*dt, ns.as_ref(), set)))
     }
 }
 
@@ -190,13 +257,25 @@ impl StoreData {
         for t in self.timers_removed.drain(..) {
             ks.value_delete(h, &timer_namespace(t.0, t.1, &t.3), &t.2)?;
         }
-        for ((d, ts), (key, namespace), persisted) in self.timers.iter_mut() {
-            if *persisted {
+        // One batched put per (domain, timestamp, namespace) of the keys not yet written.
+        let mut keys: Vec<u8> = Vec::new();
+        let mut key_ends: Vec<u32> = Vec::new();
+        let mut value_ends: Vec<u32> = Vec::new();
+        for ((d, ts), namespace, set) in self.timers.groups_mut() {
+            keys.clear();
+            key_ends.clear();
+            for (key, persisted) in set.iter_mut().filter(|(_, p)| !**p) {
+                keys.extend_from_slice(key);
+                key_ends.push(keys.len() as u32);
+                *persisted = true;
+            }
+            if key_ends.is_empty() {
                 continue;
             }
+            value_ends.clear();
+            value_ends.resize(key_ends.len(), 0);
             let ns = timer_namespace(d, ts, namespace);
-            ks.value_put_many(h, &ns, key, &[key.len() as u32], &[], &[0])?;
-            *persisted = true;
+            ks.value_put_many(h, &ns, &keys, &key_ends, &[], &value_ends)?;
         }
         Ok(())
     }
@@ -204,7 +283,7 @@ impl StoreData {
     /// Removes a timer from the index, remembering to delete it from the `__timers`
     /// state at the next sync if it was written there.
     pub(crate) fn remove_timer(&mut self, t: &TimerEntry) -> bool {
-        match self.timers.remove(t) {
+        match self.timers.remove(t.0, t.1, &t.2, &t.3) {
             Some(true) => {
                 self.timers_removed.push(t.clone());
                 true
@@ -292,6 +371,19 @@ impl state::Host for StoreData {
         self.user_handle(state)?;
         self.keyed()?
             .value_delete(state, &namespace, &key)
+            .map_err(trap)
+    }
+
+    fn value_delete_many(
+        &mut self,
+        state: u32,
+        namespace: Vec<u8>,
+        keys: Vec<u8>,
+        key_ends: Vec<u32>,
+    ) -> wasmtime::Result<()> {
+        self.user_handle(state)?;
+        self.keyed()?
+            .value_delete_many(state, &namespace, &keys, &key_ends)
             .map_err(trap)
     }
 
@@ -422,7 +514,7 @@ impl timers::Host for StoreData {
         // Timers are keyed like state: refuse keys outside the subtask's shards.
         self.keyed()?.check_key(&key).map_err(trap)?;
         self.timers
-            .insert((domain_code(domain), timestamp, key, namespace), false);
+            .insert(domain_code(domain), timestamp, &key, &namespace, false);
         Ok(())
     }
 
@@ -434,7 +526,7 @@ impl timers::Host for StoreData {
         keys: Vec<u8>,
         key_ends: Vec<u32>,
     ) -> wasmtime::Result<()> {
-        let d = domain_code(domain);
+        // Check every offset and key first: a refusal registers nothing.
         let mut start = 0usize;
         for &end in &key_ends {
             let end = end as usize;
@@ -444,12 +536,17 @@ impl timers::Host for StoreData {
                     keys.len()
                 ))));
             }
-            let key = &keys[start..end];
-            self.keyed()?.check_key(key).map_err(trap)?;
-            self.timers
-                .insert((d, timestamp, key.to_vec(), namespace.clone()), false);
+            self.keyed()?.check_key(&keys[start..end]).map_err(trap)?;
             start = end;
         }
+        let mut start = 0usize;
+        let slices = key_ends.iter().map(|&end| {
+            let key = &keys[start..end as usize];
+            start = end as usize;
+            key
+        });
+        self.timers
+            .insert_keys(domain_code(domain), timestamp, &namespace, slices);
         Ok(())
     }
 

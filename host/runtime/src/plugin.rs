@@ -6,7 +6,7 @@ use crate::bindings::op::{Operator, OperatorPre};
 use crate::bindings::sink::{Sink, SinkPre};
 use crate::bindings::src::{Source, SourcePre};
 use crate::bindings::{
-    Batch, CommitOutcome, ErrorCode, FiredTimer, GuestError, ReadResult, Split, TaskInfo,
+    Batch, CommitOutcome, ErrorCode, GuestError, ReadResult, Split, TaskInfo, TimerGroup,
     WitPluginInfo, WitPluginKind, WitSinkCapability, WitSourceCapability, WitStateKind,
 };
 use crate::error::{Result, RuntimeError, Site};
@@ -701,7 +701,7 @@ impl OperatorInstance {
     ///
     /// # Errors
     /// As [`Self::process`].
-    pub fn on_timers(&mut self, timers: &[FiredTimer]) -> Result<Batch> {
+    pub fn on_timers(&mut self, timers: &[TimerGroup]) -> Result<Batch> {
         let out = guest_call!(self, "on-timers", |i, s| i
             .nop_stream_operator_plugin()
             .call_on_timers(s, timers))?;
@@ -755,50 +755,20 @@ impl OperatorInstance {
     }
 
     /// Advances the watermark the guest sees to `watermark`, then removes and returns the
-    /// event-time timers due at it, in timestamp order.
-    pub fn take_due_event_timers(&mut self, watermark: i64) -> Result<Vec<FiredTimer>> {
+    /// event-time timers due at it, grouped per (timestamp, namespace) in timestamp order.
+    pub fn take_due_event_timers(&mut self, watermark: i64) -> Result<Vec<TimerGroup>> {
         let data = self.store.data_mut();
         // The guest sees the new watermark while its timers fire (as in Flink's timer
         // service: the watermark advances, then the due timers fire).
         data.watermark = data.watermark.max(watermark);
-        let mut due = Vec::new();
-        for (t, persisted) in data.timers.pop_due(0, watermark) {
-            if persisted {
-                data.timers_removed.push(t.clone());
-            }
-            due.push(t);
-        }
-        Ok(due
-            .into_iter()
-            .map(|t| FiredTimer {
-                domain: crate::bindings::TimeDomain::EventTime,
-                key: t.2,
-                namespace: t.3,
-                timestamp: t.1,
-            })
-            .collect())
+        Ok(take_due(data, 0, watermark))
     }
 
     /// Removes and returns processing-time timers due at `now` (ms since the Unix epoch),
-    /// in timestamp order. Timers restored overdue fire on the first call (seed §8.4).
-    pub fn take_due_processing_timers(&mut self, now: i64) -> Result<Vec<FiredTimer>> {
-        let data = self.store.data_mut();
-        let mut due = Vec::new();
-        for (t, persisted) in data.timers.pop_due(1, now) {
-            if persisted {
-                data.timers_removed.push(t.clone());
-            }
-            due.push(t);
-        }
-        Ok(due
-            .into_iter()
-            .map(|t| FiredTimer {
-                domain: crate::bindings::TimeDomain::ProcessingTime,
-                key: t.2,
-                namespace: t.3,
-                timestamp: t.1,
-            })
-            .collect())
+    /// grouped as [`Self::take_due_event_timers`]. Timers restored overdue fire on the
+    /// first call (seed §8.4).
+    pub fn take_due_processing_timers(&mut self, now: i64) -> Result<Vec<TimerGroup>> {
+        Ok(take_due(self.store.data_mut(), 1, now))
     }
 
     /// Whether a processing-time timer is registered.
@@ -814,8 +784,10 @@ impl OperatorInstance {
     /// Every registered timer as (domain code, timestamp, key, namespace).
     pub fn timers(&mut self) -> Vec<crate::host::TimerEntry> {
         let mut out = Vec::with_capacity(self.store.data().timers.len());
-        for ((d, ts), (k, ns), _) in self.store.data_mut().timers.iter_mut() {
-            out.push((d, ts, k.clone(), ns.clone()));
+        for ((d, ts), ns, set) in self.store.data_mut().timers.groups_mut() {
+            for k in set.keys() {
+                out.push((d, ts, k.to_vec(), ns.to_vec()));
+            }
         }
         out.sort();
         out
@@ -849,7 +821,7 @@ impl OperatorInstance {
         for (ns, key) in entries {
             let t = crate::host::timer_entry(&ns, key)
                 .ok_or_else(|| RuntimeError::Internal("corrupt timer entry".into()))?;
-            data.timers.insert(t, true);
+            data.timers.insert(t.0, t.1, &t.2, &t.3, true);
         }
         Ok(())
     }
@@ -1056,4 +1028,40 @@ impl SinkInstance {
     pub fn site(&self) -> &Site {
         &self.ctx.site
     }
+}
+
+/// Pops the due timers of `domain` up to `up_to` as WIT timer groups, remembering the
+/// persisted ones for deletion from the `__timers` state at the next sync.
+fn take_due(data: &mut crate::host::StoreData, domain: u8, up_to: i64) -> Vec<TimerGroup> {
+    let wit_domain = if domain == 0 {
+        crate::bindings::TimeDomain::EventTime
+    } else {
+        crate::bindings::TimeDomain::ProcessingTime
+    };
+    let groups = data.timers.pop_due(domain, up_to);
+    let mut out = Vec::with_capacity(groups.len());
+    for g in groups {
+        let mut keys = Vec::with_capacity(g.keys.iter().map(|k| k.0.len()).sum());
+        let mut key_ends = Vec::with_capacity(g.keys.len());
+        for (key, persisted) in &g.keys {
+            if *persisted {
+                data.timers_removed.push((
+                    g.domain,
+                    g.timestamp,
+                    key.to_vec(),
+                    g.namespace.to_vec(),
+                ));
+            }
+            keys.extend_from_slice(key);
+            key_ends.push(keys.len() as u32);
+        }
+        out.push(TimerGroup {
+            domain: wit_domain,
+            timestamp: g.timestamp,
+            namespace: g.namespace.into_vec(),
+            keys,
+            key_ends,
+        });
+    }
+    out
 }

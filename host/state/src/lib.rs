@@ -401,6 +401,7 @@ impl KeyedState {
         present.clear();
         // First pass: serve hits, remember misses with their table keys.
         let mut misses: Vec<(usize, Vec<u8>, Vec<u8>)> = Vec::new();
+        let may_miss = self.cache[state as usize].maybe_in_db(namespace);
         let map = self.cache[state as usize].map(namespace);
         for (i, key) in slices(keys, key_ends).enumerate() {
             let shard = self.check_key(key)?;
@@ -414,14 +415,17 @@ impl KeyedState {
                     }
                 }
                 None => {
-                    misses.push((i, key.to_vec(), composite(shard.0, namespace, key)));
+                    if may_miss {
+                        misses.push((i, key.to_vec(), composite(shard.0, namespace, key)));
+                    }
                     present.push(false);
                 }
             }
             ends.push(data.len() as u32);
         }
-        if misses.is_empty() || !self.cache[state as usize].maybe_in_db(namespace) {
-            // Nothing of this namespace was ever written to redb: the misses are absent.
+        if misses.is_empty() {
+            // Every key was cached, or nothing of this namespace was ever written to
+            // redb (so the misses are absent).
             return Ok(());
         }
         // Misses: one read transaction, then rebuild the output in order.
@@ -585,6 +589,28 @@ impl KeyedState {
     pub fn value_delete(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<()> {
         self.descriptor(state, StateKind::Value)?;
         self.put_one(state, namespace, key, None)
+    }
+
+    /// Removes the values of many keys (laid out flat: `keys` + exclusive `key_ends`).
+    ///
+    /// # Errors
+    /// As [`Self::value_get_many`]; a refused key leaves the state unchanged.
+    pub fn value_delete_many(
+        &mut self,
+        state: u32,
+        namespace: &[u8],
+        keys: &[u8],
+        key_ends: &[u32],
+    ) -> Result<()> {
+        self.descriptor(state, StateKind::Value)?;
+        check_ends("keys", key_ends, keys.len())?;
+        for key in slices(keys, key_ends) {
+            self.check_key(key)?;
+        }
+        for key in slices(keys, key_ends) {
+            self.put_one(state, namespace, key, None)?;
+        }
+        Ok(())
     }
 
     /// Keys of `state` in `namespace` held by this subtask, ascending, strictly after

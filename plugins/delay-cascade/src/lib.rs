@@ -48,7 +48,7 @@
 
 use nop_stream_sdk::cep::{AfterMatchSkip, CepOperator, LateEvents, Match, MatchSoFar, Pattern};
 use nop_stream_sdk::{
-    Batch, Context, FiredTimer, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo,
+    Batch, Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo, TimerGroup,
 };
 use serde::{Deserialize, Serialize};
 
@@ -239,7 +239,7 @@ impl Operator for DelayCascade {
     fn on_timers(
         &mut self,
         ctx: &mut dyn Context,
-        timers: &[FiredTimer],
+        timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
         self.cep.on_timers(ctx, timers, out)

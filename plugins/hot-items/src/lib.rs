@@ -30,7 +30,7 @@ use nop_stream_sdk::window::{
     WindowOperator, WindowOutput, WindowSpec, state_descriptors,
 };
 use nop_stream_sdk::{
-    Batch, Context, FiredTimer, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo,
+    Batch, Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo, TimerGroup,
 };
 use serde::{Deserialize, Serialize};
 
@@ -220,7 +220,7 @@ impl Operator for HotItems {
     fn on_timers(
         &mut self,
         ctx: &mut dyn Context,
-        timers: &[FiredTimer],
+        timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
         self.op.on_timers(ctx, timers, out)

@@ -29,7 +29,7 @@
 
 use nop_stream_sdk::cep::{AfterMatchSkip, CepOperator, Match, MatchSoFar, Pattern};
 use nop_stream_sdk::{
-    Batch, Context, FiredTimer, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo,
+    Batch, Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo, TimerGroup,
 };
 
 /// The `within` window in ms.
@@ -141,7 +141,7 @@ impl Operator for RisingBids {
     fn on_timers(
         &mut self,
         ctx: &mut dyn Context,
-        timers: &[FiredTimer],
+        timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
         self.cep.on_timers(ctx, timers, out)

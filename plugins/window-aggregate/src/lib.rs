@@ -41,7 +41,7 @@ use nop_stream_sdk::window::{
     WindowConfig, WindowOperator, WindowOutput, state_descriptors,
 };
 use nop_stream_sdk::{
-    Batch, Context, FiredTimer, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo,
+    Batch, Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo, TimerGroup,
 };
 use serde::de::DeserializeSeed;
 use serde::{Deserialize, Serialize};
@@ -431,7 +431,7 @@ impl Operator for WindowAggregate {
     fn on_timers(
         &mut self,
         ctx: &mut dyn Context,
-        timers: &[FiredTimer],
+        timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
         self.op.on_timers(ctx, timers, out)
