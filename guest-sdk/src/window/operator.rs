@@ -40,6 +40,51 @@ impl<F: WindowFunction + std::fmt::Debug> std::fmt::Debug for WindowOperator<F> 
     }
 }
 
+/// A hash map with foldhash's fixed-seed hasher (no random state in a wasm guest;
+/// SipHash was a visible cost of per-batch grouping).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+
+/// Dense ids of the windows one batch touches: a linear scan while they are few (the
+/// common case: a batch spans a few slides), a hash map beyond.
+#[derive(Default)]
+struct WindowIds {
+    list: Vec<Window>,
+    map: FastMap<Window, usize>,
+}
+
+impl WindowIds {
+    const LINEAR: usize = 16;
+
+    /// The id of `w`, assigning the next one if new.
+    fn id(&mut self, w: Window) -> usize {
+        if self.list.len() <= Self::LINEAR {
+            if let Some(i) = self.list.iter().position(|x| *x == w) {
+                return i;
+            }
+        } else if let Some(&i) = self.map.get(&w) {
+            return i;
+        }
+        let id = self.list.len();
+        self.list.push(w);
+        if self.list.len() > Self::LINEAR {
+            if self.map.is_empty() {
+                self.map
+                    .extend(self.list.iter().enumerate().map(|(i, w)| (*w, i)));
+            } else {
+                self.map.insert(w, id);
+            }
+        }
+        id
+    }
+
+    /// (window, id) in ascending window order.
+    fn sorted(&self) -> Vec<(Window, usize)> {
+        let mut v: Vec<(Window, usize)> = self.list.iter().copied().zip(0..).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
 /// A deferred timer change of the session path.
 enum TimerOp {
     Register(u32, Window, i64),
@@ -171,10 +216,13 @@ impl<F: WindowFunction> WindowOperator<F> {
         let n = batch.len();
         let watermark = ctx.current_watermark();
         let now = ctx.current_processing_time();
-        let mut key_ids: HashMap<&[u8], u32> = HashMap::new();
+        let mut key_ids: FastMap<&[u8], u32> = FastMap::default();
+        key_ids.reserve(n);
         let mut keys: Vec<&[u8]> = Vec::new();
-        // (window, key id, record index)
-        let mut entries: Vec<(Window, u32, u32)> = Vec::with_capacity(n * 2);
+        // Per window of the batch, its (key id << 32 | record index) entries: a batch
+        // touches few windows, and sorting plain u64s groups records by key cheaply.
+        let mut win_ids = WindowIds::default();
+        let mut per_window: Vec<Vec<u64>> = Vec::new();
         let mut inputs: Vec<Option<F::Input>> = Vec::with_capacity(n);
         let mut late: Vec<u32> = Vec::new();
         let mut windows = std::mem::take(&mut self.windows);
@@ -187,13 +235,18 @@ impl<F: WindowFunction> WindowOperator<F> {
                 keys.push(key);
                 (keys.len() - 1) as u32
             });
-            let before = entries.len();
+            let mut assigned = false;
             for w in &windows {
                 if !self.is_expired(w, watermark) {
-                    entries.push((*w, kid, i as u32));
+                    let wid = win_ids.id(*w);
+                    if wid == per_window.len() {
+                        per_window.push(Vec::new());
+                    }
+                    per_window[wid].push((u64::from(kid) << 32) | i as u64);
+                    assigned = true;
                 }
             }
-            if entries.len() == before {
+            if !assigned {
                 late.push(i as u32);
                 inputs.push(None);
             } else {
@@ -207,18 +260,20 @@ impl<F: WindowFunction> WindowOperator<F> {
             }
         }
         self.windows = windows;
-        entries.sort_unstable_by_key(|&(w, k, r)| (w, k, r));
-        let recs: Vec<u32> = entries.iter().map(|e| e.2).collect();
         let domain = self.domain();
         let mut ranges: Vec<(u32, Range<usize>)> = Vec::new();
-        let mut i = 0;
-        while i < entries.len() {
-            let w = entries[i].0;
+        let mut recs: Vec<u32> = Vec::new();
+        // Windows in ascending order, keys by first appearance, records in batch order.
+        for (w, wid) in win_ids.sorted() {
+            let entries = &mut per_window[wid];
+            entries.sort_unstable();
+            recs.clear();
+            recs.extend(entries.iter().map(|&e| e as u32));
             ranges.clear();
-            let mut j = i;
-            while j < entries.len() && entries[j].0 == w {
-                let (k, s) = (entries[j].1, j);
-                while j < entries.len() && entries[j].0 == w && entries[j].1 == k {
+            let mut j = 0;
+            while j < entries.len() {
+                let (k, s) = ((entries[j] >> 32) as u32, j);
+                while j < entries.len() && (entries[j] >> 32) as u32 == k {
                     j += 1;
                 }
                 ranges.push((k, s..j));
@@ -248,7 +303,6 @@ impl<F: WindowFunction> WindowOperator<F> {
             if cleanup != max {
                 ctx.register_timers_for_keys(domain, &ns, cleanup, &group_keys);
             }
-            i = j;
         }
         Self::emit_late(ctx, batch, &late);
         Ok(())
