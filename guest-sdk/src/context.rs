@@ -235,6 +235,45 @@ pub trait Context {
     /// Deletes a timer if it is registered.
     fn delete_timer(&mut self, domain: TimeDomain, key: &[u8], namespace: &[u8], timestamp: i64);
 
+    /// Moves one timer per key (laid out flat: `keys` + exclusive `key_ends`): for key
+    /// `i`, deletes the timer at `old[i]` if set and registers one at `new[i]` if set.
+    /// Default: one [`Self::delete_timer`] / [`Self::register_timer`] per change; the host
+    /// does it in one call.
+    ///
+    /// # Panics
+    /// If `old` or `new` is not as long as `key_ends` (the host traps).
+    fn retime_timers(
+        &mut self,
+        domain: TimeDomain,
+        namespace: &[u8],
+        keys: &[u8],
+        key_ends: &[u32],
+        old: &[Option<i64>],
+        new: &[Option<i64>],
+    ) {
+        assert!(
+            old.len() == key_ends.len() && new.len() == key_ends.len(),
+            "retime_timers: {} keys but {} old and {} new timestamps",
+            key_ends.len(),
+            old.len(),
+            new.len()
+        );
+        let mut start = 0usize;
+        for (i, &end) in key_ends.iter().enumerate() {
+            let key = &keys[start..end as usize];
+            start = end as usize;
+            if old[i] == new[i] {
+                continue;
+            }
+            if let Some(ts) = old[i] {
+                self.delete_timer(domain, key, namespace, ts);
+            }
+            if let Some(ts) = new[i] {
+                self.register_timer(domain, key, namespace, ts);
+            }
+        }
+    }
+
     /// Current event-time watermark of this subtask in ms since the Unix epoch
     /// (`i64::MIN` before the first watermark).
     fn current_watermark(&self) -> i64;

@@ -194,6 +194,18 @@ impl Context for HostContext {
         wtimers::register_keys(domain_to_wit(domain), namespace, timestamp, &flat, &ends);
     }
 
+    fn retime_timers(
+        &mut self,
+        domain: TimeDomain,
+        namespace: &[u8],
+        keys: &[u8],
+        key_ends: &[u32],
+        old: &[Option<i64>],
+        new: &[Option<i64>],
+    ) {
+        wtimers::retime_keys(domain_to_wit(domain), namespace, keys, key_ends, old, new);
+    }
+
     fn delete_timer(&mut self, domain: TimeDomain, key: &[u8], namespace: &[u8], timestamp: i64) {
         wtimers::delete(domain_to_wit(domain), key, namespace, timestamp);
     }

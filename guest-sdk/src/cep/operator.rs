@@ -192,7 +192,7 @@ where
         let _ = out;
         let wm = ctx.current_watermark();
         // Events per key in arrival order; keys in order of first appearance.
-        let mut index: HashMap<&[u8], usize> = HashMap::new();
+        let mut index: HashMap<&[u8], usize, foldhash::fast::FixedState> = HashMap::default();
         let mut groups: Vec<KeyEvents<'_, E>> = Vec::new();
         let mut late = Batch::new();
         for (i, rec) in batch.iter().enumerate() {
@@ -222,6 +222,7 @@ where
             let queues = self.queue.in_namespace(CEP_NAMESPACE).get_many(ctx, &keys);
             let nfas = self.nfa.in_namespace(CEP_NAMESPACE).get_many(ctx, &keys);
             let mut puts: Vec<(&[u8], Queue<E>)> = Vec::with_capacity(groups.len());
+            let mut retimes = Retimes::default();
             for (((key, events), queue), nfa) in groups.into_iter().zip(queues).zip(nfas) {
                 let mut queue = queue.unwrap_or_default();
                 let before = self.next_timer(queue.keys().next().copied(), nfa.as_ref());
@@ -229,9 +230,10 @@ where
                     queue.entry(ts).or_default().push(e);
                 }
                 let after = self.next_timer(queue.keys().next().copied(), nfa.as_ref());
-                retime(ctx, key, before, after);
+                retimes.push(key, before, after);
                 puts.push((key, queue));
             }
+            retimes.apply(ctx);
             self.queue.in_namespace(CEP_NAMESPACE).put_many(ctx, &puts);
         }
         if !late.is_empty() {
@@ -272,7 +274,7 @@ where
     ) -> Result<()> {
         let wm = ctx.current_watermark();
         // Keys in order of their first due timer, each with its latest due time.
-        let mut index: HashMap<&[u8], usize> = HashMap::new();
+        let mut index: HashMap<&[u8], usize, foldhash::fast::FixedState> = HashMap::default();
         let mut keys: Vec<(&[u8], i64)> = Vec::new();
         for g in timers.iter().filter(|g| Self::is_cep_timer(g)) {
             for key in g.iter_keys() {
@@ -356,8 +358,9 @@ where
         let mut nfa_puts: Vec<(&[u8], NfaState)> = Vec::new();
         let mut queue_puts: Vec<(&[u8], Queue<E>)> = Vec::new();
         let mut buffer_puts: Vec<(&[u8], Buffer<E>)> = Vec::new();
-        let mut deletes: Vec<&[u8]> = Vec::new();
-        let mut retimes: Vec<(&[u8], Option<i64>, Option<i64>)> = Vec::new();
+        let mut deletes: Vec<u8> = Vec::new();
+        let mut delete_ends: Vec<u32> = Vec::new();
+        let mut retimes = Retimes::default();
         for ((((key, t), nfa), queue), buffer) in due.iter().zip(nfas).zip(queues).zip(buffers) {
             let (key, t) = (*key, *t);
             let mut queue = queue.unwrap_or_default();
@@ -397,11 +400,12 @@ where
                 }
             }
             let after = self.next_timer(queue.keys().next().copied(), Some(&k.state));
-            retimes.push((key, before, after));
+            retimes.push(key, before, after);
             if k.state.runs.is_empty() && queue.is_empty() {
                 debug_assert!(k.buffer.is_empty(), "no run but buffered events");
                 if had_state {
-                    deletes.push(key);
+                    deletes.extend_from_slice(key);
+                    delete_ends.push(deletes.len() as u32);
                 }
             } else {
                 nfa_puts.push((key, k.state));
@@ -412,32 +416,53 @@ where
         if !timed_out.is_empty() {
             ctx.side_output(TIMED_OUT, &timed_out);
         }
-        for key in deletes {
-            nfa_state.delete(ctx, key);
-            queue_state.delete(ctx, key);
-            buffer_state.delete(ctx, key);
-        }
+        nfa_state.delete_many_flat(ctx, &deletes, &delete_ends);
+        queue_state.delete_many_flat(ctx, &deletes, &delete_ends);
+        buffer_state.delete_many_flat(ctx, &deletes, &delete_ends);
         if !nfa_puts.is_empty() {
             nfa_state.put_many(ctx, &nfa_puts);
             queue_state.put_many(ctx, &queue_puts);
             buffer_state.put_many(ctx, &buffer_puts);
         }
-        for (key, before, after) in retimes {
-            retime(ctx, key, before, after);
-        }
+        retimes.apply(ctx);
         Ok(())
     }
 }
 
 /// Moves a key's one CEP timer from `before` to `after` (either may be absent).
-fn retime(ctx: &mut (impl Context + ?Sized), key: &[u8], before: Option<i64>, after: Option<i64>) {
-    if before == after {
-        return;
+/// The per-key timer moves of one call (each key keeps one event-time timer in
+/// [`CEP_NAMESPACE`], at its earliest queued event or partial-match deadline), sent to
+/// the host in one `retime_timers` call.
+#[derive(Default)]
+struct Retimes {
+    keys: Vec<u8>,
+    key_ends: Vec<u32>,
+    old: Vec<Option<i64>>,
+    new: Vec<Option<i64>>,
+}
+
+impl Retimes {
+    /// Moves the timer of `key` from `before` to `after` (nothing if equal).
+    fn push(&mut self, key: &[u8], before: Option<i64>, after: Option<i64>) {
+        if before == after {
+            return;
+        }
+        self.keys.extend_from_slice(key);
+        self.key_ends.push(self.keys.len() as u32);
+        self.old.push(before);
+        self.new.push(after);
     }
-    if let Some(b) = before {
-        ctx.delete_timer(TimeDomain::EventTime, key, CEP_NAMESPACE, b);
-    }
-    if let Some(a) = after {
-        ctx.register_timer(TimeDomain::EventTime, key, CEP_NAMESPACE, a);
+
+    fn apply(self, ctx: &mut (impl Context + ?Sized)) {
+        if !self.key_ends.is_empty() {
+            ctx.retime_timers(
+                TimeDomain::EventTime,
+                CEP_NAMESPACE,
+                &self.keys,
+                &self.key_ends,
+                &self.old,
+                &self.new,
+            );
+        }
     }
 }

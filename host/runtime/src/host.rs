@@ -550,6 +550,57 @@ impl timers::Host for StoreData {
         Ok(())
     }
 
+    fn retime_keys(
+        &mut self,
+        domain: TimeDomain,
+        namespace: Vec<u8>,
+        keys: Vec<u8>,
+        key_ends: Vec<u32>,
+        old: Vec<Option<i64>>,
+        new: Vec<Option<i64>>,
+    ) -> wasmtime::Result<()> {
+        if old.len() != key_ends.len() || new.len() != key_ends.len() {
+            return Err(wasmtime::Error::new(HostTrap(format!(
+                "timer retime refused: {} keys but {} old and {} new timestamps",
+                key_ends.len(),
+                old.len(),
+                new.len()
+            ))));
+        }
+        // Check every offset and key first: a refusal changes nothing.
+        let mut start = 0usize;
+        for &end in &key_ends {
+            let end = end as usize;
+            if end < start || end > keys.len() {
+                return Err(wasmtime::Error::new(HostTrap(format!(
+                    "timer retime refused: key end offset {end} after {start}, buffer length {}",
+                    keys.len()
+                ))));
+            }
+            self.keyed()?.check_key(&keys[start..end]).map_err(trap)?;
+            start = end;
+        }
+        let d = domain_code(domain);
+        let mut start = 0usize;
+        for (i, &end) in key_ends.iter().enumerate() {
+            let key = &keys[start..end as usize];
+            start = end as usize;
+            if old[i] == new[i] {
+                continue;
+            }
+            if let Some(ts) = old[i] {
+                if self.timers.remove(d, ts, key, &namespace) == Some(true) {
+                    self.timers_removed
+                        .push((d, ts, key.to_vec(), namespace.clone()));
+                }
+            }
+            if let Some(ts) = new[i] {
+                self.timers.insert(d, ts, key, &namespace, false);
+            }
+        }
+        Ok(())
+    }
+
     fn delete(
         &mut self,
         domain: TimeDomain,
