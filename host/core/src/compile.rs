@@ -440,8 +440,10 @@ fn check_semantic(
 /// Fuses operators into chains and orders the vertices topologically.
 ///
 /// Operator `b` is chained into its upstream `a` when the edge `a -> b` is FORWARD,
-/// both have the same parallelism, `b` has exactly one input and `a` exactly one
-/// consumer. A vertex's id is its head operator's id; it is `keyed` when the head has a
+/// `a` is not a source, both have the same parallelism, `b` has exactly one input and
+/// `a` exactly one consumer. A source subtask runs alone on its own thread (as Flink's
+/// FLIP-27 split fetcher thread): reading and splitting input overlaps with the
+/// operators on another core, at the cost of one channel hop per batch. A vertex's id is its head operator's id; it is `keyed` when the head has a
 /// HASH input. Vertices are in topological order (ties broken by job-file order of the
 /// heads); edges are ordered by their downstream vertex, then input index. Edge ids are
 /// `{from}->{to}#{input_index}`.
@@ -470,6 +472,7 @@ pub fn job_graph(g: &StreamGraph) -> JobGraph {
         let a = index[&e.from];
         (e.partition == PartitionPolicy::Forward
             && e.output.is_none()
+            && g.nodes[a].kind != PluginKind::Source
             && g.nodes[a].parallelism == g.nodes[b].parallelism
             && outs[a].len() == 1)
             .then_some(a)

@@ -168,19 +168,22 @@ fn example_compiles_through_every_layer() {
     assert_eq!(
         vertices,
         [
-            ("flights-source", vec!["flights", "parse"], false),
+            ("flights-source", vec!["flights"], false),
+            ("operators/parse", vec!["parse"], false),
             ("operators/per-carrier", vec!["per-carrier", "out"], true),
         ]
     );
-    assert_eq!(j.edges.len(), 1);
+    assert_eq!(j.edges.len(), 2);
+    assert_eq!(j.edges[0].id.as_str(), "flights-source->operators/parse#0");
+    assert_eq!(j.edges[0].partition, PartitionPolicy::Forward);
     assert_eq!(
-        j.edges[0].id.as_str(),
-        "flights-source->operators/per-carrier#0"
+        j.edges[1].id.as_str(),
+        "operators/parse->operators/per-carrier#0"
     );
-    assert_eq!(j.edges[0].partition, PartitionPolicy::Hash);
+    assert_eq!(j.edges[1].partition, PartitionPolicy::Hash);
 
     let p = partitioned_plan(&j);
-    assert_eq!(p.ack_set.len(), 4);
+    assert_eq!(p.ack_set.len(), 6);
     assert_eq!(
         p.ack_set[0].to_string(),
         "flights-per-carrier/main/flights-source/0"
@@ -192,7 +195,8 @@ fn example_compiles_through_every_layer() {
     assert_eq!(keyed.subtasks[1].shards.last(), Some(&StateShardId(127)));
     let source = p.vertex(&"flights-source".into()).unwrap();
     assert!(source.subtasks.iter().all(|t| t.shards.is_empty()));
-    let e = &p.edges[0];
+    assert_eq!(p.edges[0].channels.len(), 2);
+    let e = &p.edges[1];
     assert_eq!(e.channels.len(), 4);
     assert_eq!(e.shard_owners.len(), 128);
     assert_eq!(e.shard_owners[63], SubtaskIndex(0));
@@ -206,21 +210,24 @@ fn example_compiles_through_every_layer() {
         assert_eq!(ups, [0, 1]);
         assert!(t.outputs.is_empty());
     }
-    assert_eq!(source.subtasks[1].outputs.len(), 2);
+    assert_eq!(source.subtasks[1].outputs.len(), 1);
     assert!(source.subtasks[1].inputs.is_empty());
+    let parse = p.vertex(&"operators/parse".into()).unwrap();
+    assert_eq!(parse.subtasks[1].outputs.len(), 2);
+    assert_eq!(parse.subtasks[1].inputs.len(), 1);
     assert_eq!(
-        source.subtasks[1].outputs[0].to_string(),
-        "flights-source->operators/per-carrier#0/1/0/0"
+        parse.subtasks[1].outputs[0].to_string(),
+        "operators/parse->operators/per-carrier#0/1/0/0"
     );
     assert_eq!(p.fingerprint.len(), 64);
     assert_eq!(p.fingerprint, fingerprint_of(&p));
 
     let d = deployment_plan(&p, &opts());
     assert_eq!(d.plan_fingerprint, p.fingerprint);
-    assert_eq!(d.tasks.len(), 4);
+    assert_eq!(d.tasks.len(), 6);
     assert_eq!(d.checkpoint_storage, "file:checkpoints");
     assert_eq!(
-        d.tasks[3].state_backend,
+        d.tasks[5].state_backend,
         "redb:state/operators/per-carrier/1.redb"
     );
     assert!(
@@ -297,14 +304,18 @@ fn chaining_decisions() {
         format!("[[sink]]\nname = \"k\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = {inputs}\n")
     };
 
-    // A straight FORWARD line is one chain.
+    // A straight FORWARD line is one chain after the source, which runs alone on its
+    // own thread (never chained).
     let t = format!(
         "{base}{}{}{}",
         op("a", "[\"s\"]"),
         op("b", "[\"a\"]"),
         sink("[\"b\"]")
     );
-    assert_eq!(vertex_ops(&t), [vec!["s", "a", "b", "k"]]);
+    assert_eq!(vertex_ops(&t), [vec!["s"], vec!["a", "b", "k"]]);
+    let s = stream_graph(&model(&t), &Fake::new()).unwrap();
+    assert_eq!(job_graph(&s).edges.len(), 1);
+    assert_eq!(s.edges[0].partition, PartitionPolicy::Forward);
 
     // Fan-out: `s` has two consumers, so neither chains into it.
     let t = format!(
@@ -639,7 +650,7 @@ fn side_outputs_are_validated_routed_and_never_chained() {
         .iter()
         .map(|v| v.operators.iter().map(|o| o.name.clone()).collect())
         .collect();
-    assert_eq!(chains, [vec!["s", "w"], vec!["main"], vec!["late"]]);
+    assert_eq!(chains, [vec!["s"], vec!["w"], vec!["main"], vec!["late"]]);
     let p = partitioned_plan(&jg);
     assert_eq!(
         p.edges
@@ -650,7 +661,8 @@ fn side_outputs_are_validated_routed_and_never_chained() {
     );
     assert_eq!(p.vertices[0].operators[0].watermarks, m.nodes[0].watermarks);
     roundtrip(&p);
-    // A single main output chains as before: `late` never chains into `w`.
+    // With only the side output, `late` still never chains into `w` (nor `w` into the
+    // source, which always runs alone).
     let only_side = text.replace(
         "[[sink]]\nname = \"main\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"w\"]\n",
         "",
@@ -661,7 +673,7 @@ fn side_outputs_are_validated_routed_and_never_chained() {
         .iter()
         .map(|v| v.operators.len())
         .collect();
-    assert_eq!(chains, [2, 1]);
+    assert_eq!(chains, [1, 1, 1]);
     // The model (a CEP pattern, a window spec) enters the fingerprint.
     let a = plan_of(&m, &cat);
     let b = plan_of(
