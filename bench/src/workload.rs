@@ -103,7 +103,7 @@ inputs = [{ from = "parse", partition = "hash" }]
 pub const WORKLOADS: &[Workload] = &[
     Workload {
         name: "q0",
-        description: "passthrough: CSV line -> parsed bid record -> blackhole",
+        description: "passthrough: CSV line -> parsed bid record -> blackhole (parse starts a new chain: the source reads on one core, parse and sink run on the other)",
         input: Input::Bids,
         pipeline: Some(
             r#"
@@ -111,6 +111,7 @@ pub const WORKLOADS: &[Workload] = &[
 name = "parse"
 plugin = "bids-parser@0.1.0"
 inputs = ["bids"]
+start_new_chain = true
 {sink:parse}"#,
         ),
         flink_query: Some("q0"),
@@ -120,7 +121,7 @@ inputs = ["bids"]
     },
     Workload {
         name: "q1",
-        description: "map: parsed bid -> price x 0.908 (decimal, scale 3) -> blackhole",
+        description: "map: parsed bid -> price x 0.908 (decimal, scale 3) -> blackhole (parse starts a new chain, as in q0)",
         input: Input::Bids,
         pipeline: Some(
             r#"
@@ -128,6 +129,7 @@ inputs = ["bids"]
 name = "parse"
 plugin = "bids-parser@0.1.0"
 inputs = ["bids"]
+start_new_chain = true
 
 [[operator]]
 name = "map"

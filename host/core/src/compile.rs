@@ -102,6 +102,7 @@ pub fn stream_graph(
             grants: n.grants.clone(),
             parallelism: model.parallelism_of(n),
             watermarks: n.watermarks,
+            start_new_chain: n.start_new_chain,
         })
         .collect();
 
@@ -440,10 +441,11 @@ fn check_semantic(
 /// Fuses operators into chains and orders the vertices topologically.
 ///
 /// Operator `b` is chained into its upstream `a` when the edge `a -> b` is FORWARD,
-/// `a` is not a source, both have the same parallelism, `b` has exactly one input and
-/// `a` exactly one consumer. A source subtask runs alone on its own thread (as Flink's
-/// FLIP-27 split fetcher thread): reading and splitting input overlaps with the
-/// operators on another core, at the cost of one channel hop per batch. A vertex's id is its head operator's id; it is `keyed` when the head has a
+/// `b` does not set `start_new_chain`, both have the same parallelism, `b` has exactly
+/// one input and `a` exactly one consumer. `start_new_chain` (Flink's
+/// `startNewChain()`) trades one channel hop per batch for a thread of its own: worth it
+/// when the chain is the bottleneck and a core is idle (e.g. a source reading and
+/// splitting input while a parser runs on the other core). A vertex's id is its head operator's id; it is `keyed` when the head has a
 /// HASH input. Vertices are in topological order (ties broken by job-file order of the
 /// heads); edges are ordered by their downstream vertex, then input index. Edge ids are
 /// `{from}->{to}#{input_index}`.
@@ -472,7 +474,7 @@ pub fn job_graph(g: &StreamGraph) -> JobGraph {
         let a = index[&e.from];
         (e.partition == PartitionPolicy::Forward
             && e.output.is_none()
-            && g.nodes[a].kind != PluginKind::Source
+            && !g.nodes[b].start_new_chain
             && g.nodes[a].parallelism == g.nodes[b].parallelism
             && outs[a].len() == 1)
             .then_some(a)

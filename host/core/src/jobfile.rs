@@ -705,6 +705,7 @@ fn read_node(
             "grants",
             "config",
             "watermarks",
+            "start_new_chain",
         ],
     );
     let mut ns = NodeSpans {
@@ -971,6 +972,21 @@ fn read_node(
         })
     });
 
+    let start_new_chain = find(t, "start_new_chain")
+        .and_then(|v| {
+            let field = f("start_new_chain");
+            let b = get_bool(cx, v, &field)?;
+            if b && kind == PluginKind::Source {
+                cx.err(
+                    Some(v.span()),
+                    field,
+                    "a source always heads its chain; set start_new_chain on its consumer",
+                );
+            }
+            Some(b)
+        })
+        .unwrap_or(false);
+
     let node = NodeSpec {
         path: model_path(kind, &name),
         name,
@@ -982,6 +998,7 @@ fn read_node(
         config,
         grants,
         watermarks,
+        start_new_chain,
     };
     (node, ns)
 }

@@ -116,6 +116,11 @@ pub struct NodeSpec {
     /// only watermark is the final one at the end of bounded input).
     #[serde(default)]
     pub watermarks: Option<WatermarkSpec>,
+    /// Operators and sinks: never fused into the upstream chain (Flink's
+    /// `startNewChain()`), so the node runs on its own thread after a channel hop.
+    /// Default `false`: a FORWARD input at equal parallelism chains.
+    #[serde(default)]
+    pub start_new_chain: bool,
 }
 
 /// One input of a node.

@@ -53,6 +53,9 @@ pub struct PlannedOperator {
     /// Sources: how watermarks derive from record timestamps (none: only the final one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermarks: Option<WatermarkSpec>,
+    /// Never fused into its upstream chain (job-file `start_new_chain`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub start_new_chain: bool,
 }
 
 /// Logical DAG: one node per operator, edges with their partition policy.

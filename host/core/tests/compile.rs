@@ -168,22 +168,19 @@ fn example_compiles_through_every_layer() {
     assert_eq!(
         vertices,
         [
-            ("flights-source", vec!["flights"], false),
-            ("operators/parse", vec!["parse"], false),
+            ("flights-source", vec!["flights", "parse"], false),
             ("operators/per-carrier", vec!["per-carrier", "out"], true),
         ]
     );
-    assert_eq!(j.edges.len(), 2);
-    assert_eq!(j.edges[0].id.as_str(), "flights-source->operators/parse#0");
-    assert_eq!(j.edges[0].partition, PartitionPolicy::Forward);
+    assert_eq!(j.edges.len(), 1);
     assert_eq!(
-        j.edges[1].id.as_str(),
-        "operators/parse->operators/per-carrier#0"
+        j.edges[0].id.as_str(),
+        "flights-source->operators/per-carrier#0"
     );
-    assert_eq!(j.edges[1].partition, PartitionPolicy::Hash);
+    assert_eq!(j.edges[0].partition, PartitionPolicy::Hash);
 
     let p = partitioned_plan(&j);
-    assert_eq!(p.ack_set.len(), 6);
+    assert_eq!(p.ack_set.len(), 4);
     assert_eq!(
         p.ack_set[0].to_string(),
         "flights-per-carrier/main/flights-source/0"
@@ -195,8 +192,7 @@ fn example_compiles_through_every_layer() {
     assert_eq!(keyed.subtasks[1].shards.last(), Some(&StateShardId(127)));
     let source = p.vertex(&"flights-source".into()).unwrap();
     assert!(source.subtasks.iter().all(|t| t.shards.is_empty()));
-    assert_eq!(p.edges[0].channels.len(), 2);
-    let e = &p.edges[1];
+    let e = &p.edges[0];
     assert_eq!(e.channels.len(), 4);
     assert_eq!(e.shard_owners.len(), 128);
     assert_eq!(e.shard_owners[63], SubtaskIndex(0));
@@ -210,24 +206,21 @@ fn example_compiles_through_every_layer() {
         assert_eq!(ups, [0, 1]);
         assert!(t.outputs.is_empty());
     }
-    assert_eq!(source.subtasks[1].outputs.len(), 1);
+    assert_eq!(source.subtasks[1].outputs.len(), 2);
     assert!(source.subtasks[1].inputs.is_empty());
-    let parse = p.vertex(&"operators/parse".into()).unwrap();
-    assert_eq!(parse.subtasks[1].outputs.len(), 2);
-    assert_eq!(parse.subtasks[1].inputs.len(), 1);
     assert_eq!(
-        parse.subtasks[1].outputs[0].to_string(),
-        "operators/parse->operators/per-carrier#0/1/0/0"
+        source.subtasks[1].outputs[0].to_string(),
+        "flights-source->operators/per-carrier#0/1/0/0"
     );
     assert_eq!(p.fingerprint.len(), 64);
     assert_eq!(p.fingerprint, fingerprint_of(&p));
 
     let d = deployment_plan(&p, &opts());
     assert_eq!(d.plan_fingerprint, p.fingerprint);
-    assert_eq!(d.tasks.len(), 6);
+    assert_eq!(d.tasks.len(), 4);
     assert_eq!(d.checkpoint_storage, "file:checkpoints");
     assert_eq!(
-        d.tasks[5].state_backend,
+        d.tasks[3].state_backend,
         "redb:state/operators/per-carrier/1.redb"
     );
     assert!(
@@ -304,18 +297,41 @@ fn chaining_decisions() {
         format!("[[sink]]\nname = \"k\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = {inputs}\n")
     };
 
-    // A straight FORWARD line is one chain after the source, which runs alone on its
-    // own thread (never chained).
+    // A straight FORWARD line is one chain.
     let t = format!(
         "{base}{}{}{}",
         op("a", "[\"s\"]"),
         op("b", "[\"a\"]"),
         sink("[\"b\"]")
     );
+    assert_eq!(vertex_ops(&t), [vec!["s", "a", "b", "k"]]);
+
+    // `start_new_chain` cuts the line before the node, keeping the FORWARD edge.
+    let t = format!(
+        "{base}{}start_new_chain = true\n{}{}",
+        op("a", "[\"s\"]"),
+        op("b", "[\"a\"]"),
+        sink("[\"b\"]")
+    );
     assert_eq!(vertex_ops(&t), [vec!["s"], vec!["a", "b", "k"]]);
     let s = stream_graph(&model(&t), &Fake::new()).unwrap();
-    assert_eq!(job_graph(&s).edges.len(), 1);
     assert_eq!(s.edges[0].partition, PartitionPolicy::Forward);
+    assert!(s.nodes[1].start_new_chain);
+    // It enters the plan (and its fingerprint) only where set.
+    let json = serde_json::to_string(&s).unwrap();
+    assert_eq!(json.matches("start_new_chain").count(), 1);
+    // A source always heads its chain; a non-boolean is refused too.
+    let bad = base.replace(
+        "plugin = \"file-source@0.1.0\"\n",
+        "plugin = \"file-source@0.1.0\"\nstart_new_chain = true\n",
+    ) + &op("a", "[\"s\"]")
+        + "start_new_chain = 1\n"
+        + &sink("[\"a\"]");
+    let d = parse_job_file("job.toml", &bad).expect_err("refused");
+    let text = d.to_string();
+    assert!(text.contains("source[0].start_new_chain"), "{text}");
+    assert!(text.contains("a source always heads its chain"), "{text}");
+    assert!(text.contains("operator[0].start_new_chain"), "{text}");
 
     // Fan-out: `s` has two consumers, so neither chains into it.
     let t = format!(
@@ -650,7 +666,7 @@ fn side_outputs_are_validated_routed_and_never_chained() {
         .iter()
         .map(|v| v.operators.iter().map(|o| o.name.clone()).collect())
         .collect();
-    assert_eq!(chains, [vec!["s"], vec!["w"], vec!["main"], vec!["late"]]);
+    assert_eq!(chains, [vec!["s", "w"], vec!["main"], vec!["late"]]);
     let p = partitioned_plan(&jg);
     assert_eq!(
         p.edges
@@ -661,8 +677,7 @@ fn side_outputs_are_validated_routed_and_never_chained() {
     );
     assert_eq!(p.vertices[0].operators[0].watermarks, m.nodes[0].watermarks);
     roundtrip(&p);
-    // With only the side output, `late` still never chains into `w` (nor `w` into the
-    // source, which always runs alone).
+    // A single main output chains as before: `late` never chains into `w`.
     let only_side = text.replace(
         "[[sink]]\nname = \"main\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"w\"]\n",
         "",
@@ -673,7 +688,7 @@ fn side_outputs_are_validated_routed_and_never_chained() {
         .iter()
         .map(|v| v.operators.len())
         .collect();
-    assert_eq!(chains, [1, 1, 1]);
+    assert_eq!(chains, [2, 1]);
     // The model (a CEP pattern, a window spec) enters the fingerprint.
     let a = plan_of(&m, &cat);
     let b = plan_of(
