@@ -692,4 +692,53 @@ mod tests {
         }
         assert_eq!(timer_entry(&[1, 2], Vec::new()), None);
     }
+
+    /// Every timer of `due`, flattened to (domain, ts, namespace, key, persisted).
+    fn flat(due: &[DueGroup]) -> Vec<(u8, i64, Vec<u8>, Vec<u8>, bool)> {
+        due.iter()
+            .flat_map(|g| {
+                g.keys.iter().map(move |(k, p)| {
+                    (g.domain, g.timestamp, g.namespace.to_vec(), k.to_vec(), *p)
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn timer_index_groups_due_timers_and_keeps_one_per_identity() {
+        let mut ix = TimerIndex::default();
+        // Registered out of order, with duplicates (a repeat keeps the first flag).
+        ix.insert_keys(0, 20, b"w2", [&b"b"[..], b"a", b"b"].into_iter());
+        ix.insert(0, 10, b"k", b"w1", true);
+        ix.insert(0, 10, b"k", b"w1", false);
+        ix.insert(0, 20, b"c", b"w1", false);
+        ix.insert(1, 5, b"p", b"", false);
+        ix.insert(0, 30, b"z", b"w1", false);
+        assert_eq!(ix.len(), 6);
+        assert_eq!(ix.remove(0, 20, b"a", b"w2"), Some(false));
+        assert_eq!(ix.remove(0, 20, b"a", b"w2"), None);
+        assert_eq!(ix.len(), 5);
+        // Event time up to 20: timestamp order, then namespace, then key, one group per
+        // (timestamp, namespace); processing time and later timers stay.
+        let due = ix.pop_due(0, 20);
+        assert_eq!(due.len(), 3);
+        assert_eq!(
+            flat(&due),
+            [
+                (0, 10, b"w1".to_vec(), b"k".to_vec(), true),
+                (0, 20, b"w1".to_vec(), b"c".to_vec(), false),
+                (0, 20, b"w2".to_vec(), b"b".to_vec(), false),
+            ]
+        );
+        assert_eq!(ix.len(), 2);
+        assert!(ix.has_domain(1));
+        assert!(ix.pop_due(0, 20).is_empty());
+        assert_eq!(flat(&ix.pop_due(0, i64::MAX)).len(), 1);
+        assert_eq!(
+            flat(&ix.pop_due(1, 5)),
+            [(1, 5, Vec::new(), b"p".to_vec(), false)]
+        );
+        assert_eq!(ix.len(), 0);
+        assert!(!ix.has_domain(0) && !ix.has_domain(1));
+    }
 }

@@ -146,7 +146,10 @@ fn state_survives_flush_and_reopen_and_keys_list_in_order() {
 #[derive(Debug, Clone)]
 enum Op {
     Put(u8, u8, u8),
+    /// A value longer than the working set's inline bytes.
+    PutLong(u8, u8, u8),
     Delete(u8, u8),
+    DeleteMany(u8, Vec<u8>),
     Get(Vec<(u8, u8)>),
     Flush,
     Evict,
@@ -155,7 +158,9 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0u8..4, 0u8..20, any::<u8>()).prop_map(|(n, k, v)| Op::Put(n, k, v)),
+        (0u8..4, 0u8..20, any::<u8>()).prop_map(|(n, k, v)| Op::PutLong(n, k, v)),
         (0u8..4, 0u8..20).prop_map(|(n, k)| Op::Delete(n, k)),
+        (0u8..4, proptest::collection::vec(0u8..20, 0..6)).prop_map(|(n, k)| Op::DeleteMany(n, k)),
         proptest::collection::vec((0u8..4, 0u8..20), 1..8).prop_map(Op::Get),
         Just(Op::Flush),
         Just(Op::Evict),
@@ -170,21 +175,33 @@ proptest! {
     fn value_state_matches_btreemap_model(ops in proptest::collection::vec(op(), 1..60)) {
         let dir = tempfile::tempdir().unwrap();
         let mut s = KeyedState::open(config(dir.path(), 0..16, 4)).unwrap();
-        let mut model: BTreeMap<(u8, u8), u8> = BTreeMap::new();
+        let mut model: BTreeMap<(u8, u8), Vec<u8>> = BTreeMap::new();
         for op in ops {
             match op {
                 Op::Put(n, k, v) => {
                     s.value_put_many(0, &[n], &[k], &[1], &[v], &[1]).unwrap();
-                    model.insert((n, k), v);
+                    model.insert((n, k), vec![v]);
+                }
+                Op::PutLong(n, k, v) => {
+                    let long = vec![v; 40];
+                    s.value_put_many(0, &[n], &[k], &[1], &long, &[40]).unwrap();
+                    model.insert((n, k), long);
                 }
                 Op::Delete(n, k) => {
                     s.value_delete(0, &[n], &[k]).unwrap();
                     model.remove(&(n, k));
                 }
+                Op::DeleteMany(n, keys) => {
+                    let ends: Vec<u32> = (1..=keys.len() as u32).collect();
+                    s.value_delete_many(0, &[n], &keys, &ends).unwrap();
+                    for k in keys {
+                        model.remove(&(n, k));
+                    }
+                }
                 Op::Get(keys) => {
                     for (n, k) in keys {
                         let got = get(&mut s, &[n], &[vec![k]]);
-                        prop_assert_eq!(got, vec![model.get(&(n, k)).map(|v| vec![*v])]);
+                        prop_assert_eq!(got, vec![model.get(&(n, k)).cloned()]);
                     }
                 }
                 Op::Flush => s.flush(false).unwrap(),
