@@ -32,6 +32,9 @@ type FastHash = foldhash::fast::RandomState;
 /// the `__timers` state yet.
 type KeySet = HashMap<Box<[u8]>, bool, FastHash>;
 
+/// The timers of one (domain, timestamp): per namespace, its keys.
+type TimerBucket = HashMap<Box<[u8]>, KeySet, FastHash>;
+
 /// The in-memory index of registered timers: per (domain, timestamp), per namespace, the
 /// set of keys, each with whether it is written to the `__timers` state yet.
 /// Registration is an integer-keyed B-tree step plus two hash lookups and allocates only
@@ -40,7 +43,7 @@ type KeySet = HashMap<Box<[u8]>, bool, FastHash>;
 /// order is deterministic.
 #[derive(Default)]
 pub(crate) struct TimerIndex {
-    buckets: BTreeMap<(u8, i64), HashMap<Box<[u8]>, KeySet, FastHash>>,
+    buckets: BTreeMap<(u8, i64), TimerBucket>,
     len: usize,
 }
 
@@ -588,11 +591,11 @@ impl timers::Host for StoreData {
             if old[i] == new[i] {
                 continue;
             }
-            if let Some(ts) = old[i] {
-                if self.timers.remove(d, ts, key, &namespace) == Some(true) {
-                    self.timers_removed
-                        .push((d, ts, key.to_vec(), namespace.clone()));
-                }
+            if let Some(ts) = old[i]
+                && self.timers.remove(d, ts, key, &namespace) == Some(true)
+            {
+                self.timers_removed
+                    .push((d, ts, key.to_vec(), namespace.clone()));
             }
             if let Some(ts) = new[i] {
                 self.timers.insert(d, ts, key, &namespace, false);
@@ -693,8 +696,11 @@ mod tests {
         assert_eq!(timer_entry(&[1, 2], Vec::new()), None);
     }
 
-    /// Every timer of `due`, flattened to (domain, ts, namespace, key, persisted).
-    fn flat(due: &[DueGroup]) -> Vec<(u8, i64, Vec<u8>, Vec<u8>, bool)> {
+    /// (domain, timestamp, namespace, key, persisted).
+    type FlatTimer = (u8, i64, Vec<u8>, Vec<u8>, bool);
+
+    /// Every timer of `due`, flattened.
+    fn flat(due: &[DueGroup]) -> Vec<FlatTimer> {
         due.iter()
             .flat_map(|g| {
                 g.keys.iter().map(move |(k, p)| {
