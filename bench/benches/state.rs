@@ -125,6 +125,36 @@ fn state(c: &mut Criterion) {
         }
     }
     g.finish();
+
+    // Snapshot and restore of one StateShard (the ~78 keys of shard 0): what a
+    // checkpoint writes per shard, and what a restore (or a rescale moving the shard)
+    // reads back into an empty subtask state.
+    let (k, ke, v, ve) = flat(&shard0);
+    let mut src = open(dir.path(), "snapshot-src.redb");
+    src.value_put_many(0, &[], &k, &ke, &v, &ve).expect("put");
+    let mut g = c.benchmark_group("shard");
+    g.throughput(Throughput::Elements(shard0.len() as u64));
+    g.bench_function(format!("snapshot-one-shard-{}", shard0.len()), |b| {
+        b.iter(|| src.snapshot().expect("snapshot"))
+    });
+    let snaps = src.snapshot().expect("snapshot");
+    let mut n = 0u32;
+    g.bench_function(format!("restore-one-shard-{}", shard0.len()), |b| {
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                n += 1;
+                let mut dst = open(dir.path(), &format!("restore-{n}.redb"));
+                let started = Instant::now();
+                dst.restore(&snaps).expect("restore");
+                spent += started.elapsed();
+                drop(dst);
+                let _ = std::fs::remove_file(dir.path().join(format!("restore-{n}.redb")));
+            }
+            spent
+        })
+    });
+    g.finish();
 }
 
 criterion_group!(benches, state);
