@@ -72,6 +72,9 @@ pub(crate) enum Output<E> {
 pub(crate) struct KeyNfa<E> {
     pub state: NfaState,
     pub buffer: BTreeMap<u64, BufEntry<E>>,
+    /// Build [`Output::TimedOut`] for partial matches pruned by `within` (false: prune
+    /// them silently, as `MATCH_RECOGNIZE` does).
+    pub report_timeouts: bool,
 }
 
 impl<E: Clone> KeyNfa<E> {
@@ -308,7 +311,13 @@ impl<E: Clone> KeyNfa<E> {
     /// as timed out unless already emitted, or emitted as a match if they only waited for
     /// a trailing `not_followed_by` window to run out.
     pub fn advance_time(&mut self, p: &Pattern<E>, key: &[u8], t: i64, out: &mut Vec<Output<E>>) {
-        if p.within.is_none() {
+        if p.within.is_none()
+            || !self
+                .state
+                .runs
+                .iter()
+                .any(|r| Self::deadline(p, r).is_some_and(|d| d <= t))
+        {
             return;
         }
         let mut expired: Vec<Run> = Vec::new();
@@ -342,7 +351,7 @@ impl<E: Clone> KeyNfa<E> {
                     self.state.runs.retain(|x| !prune(x));
                     pruned.extend(expired.iter().filter(|x| prune(x)).map(|x| x.id));
                 }
-            } else if !r.emitted && reported.insert(r.events.clone()) {
+            } else if self.report_timeouts && !r.emitted && reported.insert(r.events.clone()) {
                 out.push(Output::TimedOut(self.to_match(p, key, &r.events, deadline)));
             }
         }

@@ -77,6 +77,8 @@ pub struct CepOperator<E> {
     decode: DecodeFn<E>,
     emit: EmitFn<E>,
     emit_timed_out: Option<EmitFn<E>>,
+    /// Timed-out partial matches are dropped instead of built and emitted.
+    discard_timed_out: bool,
     late: LateEvents,
     late_events: u64,
     nfa: ValueState<NfaState>,
@@ -136,6 +138,7 @@ where
             decode: Box::new(decode),
             emit: Box::new(emit),
             emit_timed_out: None,
+            discard_timed_out: false,
             late: LateEvents::Drop,
             late_events: 0,
             nfa: ValueState::open(ctx, NFA_STATE)?,
@@ -151,6 +154,14 @@ where
         f: impl Fn(&Match<E>, &mut Vec<u8>) -> Result<()> + 'static,
     ) -> Self {
         self.emit_timed_out = Some(Box::new(f));
+        self
+    }
+
+    /// Drops partial matches pruned by `within` instead of sending them to
+    /// [`TIMED_OUT`] (Flink's `MATCH_RECOGNIZE` behaviour): no [`Match`] is built for
+    /// them, which saves most of the work when nearly every partial match times out.
+    pub fn discard_timed_out(mut self) -> Self {
+        self.discard_timed_out = true;
         self
     }
 
@@ -373,6 +384,7 @@ where
             let mut k = KeyNfa {
                 state: nfa.unwrap_or_default(),
                 buffer: buffer.unwrap_or_default(),
+                report_timeouts: !self.discard_timed_out,
             };
             let mut outputs = Vec::new();
             let later = queue.split_off(&t.saturating_add(1));

@@ -388,6 +388,57 @@ fn timed_out_side_output_carries_key_and_last_timestamp() {
 use crate::FiredTimer;
 
 #[test]
+fn discarded_timeouts_leave_matches_and_cleanup_unchanged() {
+    // Every `a` starts a run; most time out. Same matches, no side output, state empty.
+    let p = || {
+        Pattern::begin("a")
+            .where_("is_a", is('a'))
+            .next("b")
+            .where_("is_b", is('b'))
+            .within(50)
+    };
+    let input: Vec<(&str, i64, &str)> = vec![
+        ("k", 0, "a0"),
+        ("k", 100, "a100"),
+        ("k", 120, "b120"),
+        ("j", 10, "a10"),
+        ("k", 200, "a200"),
+        ("j", 300, "a300"),
+        ("j", 320, "b320"),
+    ];
+    let run = |discard: bool| {
+        let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
+        let mut ctx = MockContext::new(&info);
+        let mut op = open(&mut ctx, p(), LateEvents::Drop);
+        if discard {
+            op = op.discard_timed_out();
+        }
+        let mut b = Batch::new();
+        for (k, ts, l) in &input {
+            b.push_record(Some(k.as_bytes()), Some(*ts), l.as_bytes());
+        }
+        op.process(&mut ctx, &b, &mut Batch::new()).unwrap();
+        let mut out = Batch::new();
+        let t = ctx.fire_due_event_timers(i64::MAX);
+        op.on_timers(&mut ctx, &t, &mut out).unwrap();
+        op.on_watermark(&mut ctx, i64::MAX, &mut out).unwrap();
+        let mut matches: Vec<String> = out
+            .iter()
+            .map(|r| String::from_utf8(r.data.to_vec()).unwrap())
+            .collect();
+        matches.sort();
+        let timed_out = ctx.take_side_output(TIMED_OUT).len();
+        assert_eq!(ctx.state_entry_count(), 0);
+        assert!(ctx.registered_timers().is_empty());
+        (matches, timed_out)
+    };
+    let (kept, timed_out) = run(false);
+    assert_eq!(kept, ["a100 b120", "a300 b320"]);
+    assert_eq!(timed_out, 3);
+    assert_eq!(run(true), (kept, 0));
+}
+
+#[test]
 fn not_next_and_not_followed_by() {
     let nn = || {
         Pattern::begin("a")

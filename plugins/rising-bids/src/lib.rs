@@ -20,8 +20,8 @@
 //!   dropped: the next match needs three new bids.
 //!
 //! Late records (at or behind the watermark on arrival) are dropped and counted.
-//! Timed-out partial matches go to side output `timed-out` as empty payloads (nothing
-//! reads them in the benchmark).
+//! Timed-out partial matches are discarded ([`CepOperator::discard_timed_out`]), as
+//! Flink's `MATCH_RECOGNIZE` discards them.
 //!
 //! # Output
 //! One record per match, text `auction,p1,p2,p3` (the Flink peer's columns; see
@@ -124,7 +124,7 @@ impl Operator for RisingBids {
             }
         }
         Ok(RisingBids {
-            cep: CepOperator::open(ctx, pattern(), decode, encode)?.on_timed_out(|_, _| Ok(())),
+            cep: CepOperator::open(ctx, pattern(), decode, encode)?.discard_timed_out(),
         })
     }
 
