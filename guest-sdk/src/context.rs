@@ -70,6 +70,15 @@ pub struct KeyPage {
     pub more: bool,
 }
 
+/// Item `i` of a flat layout (`data` + exclusive `ends`, as WIT batches lay out keys).
+///
+/// # Panics
+/// If `i >= ends.len()` or the offsets are malformed.
+pub(crate) fn nth_flat<'a>(data: &'a [u8], ends: &[u32], i: usize) -> &'a [u8] {
+    let start = if i == 0 { 0 } else { ends[i - 1] as usize };
+    &data[start..ends[i] as usize]
+}
+
 impl KeyPage {
     /// Number of keys in the page.
     pub fn len(&self) -> usize {
@@ -86,12 +95,7 @@ impl KeyPage {
     /// # Panics
     /// If `i >= self.len()`.
     pub fn key(&self, i: usize) -> &[u8] {
-        let start = if i == 0 {
-            0
-        } else {
-            self.key_ends[i - 1] as usize
-        };
-        &self.keys[start..self.key_ends[i] as usize]
+        nth_flat(&self.keys, &self.key_ends, i)
     }
 
     /// Iterates over the keys in order.

@@ -308,12 +308,7 @@ impl TimerGroup {
     /// # Panics
     /// If `i >= self.len()` or the offsets are malformed.
     pub fn key(&self, i: usize) -> &[u8] {
-        let start = if i == 0 {
-            0
-        } else {
-            self.key_ends[i - 1] as usize
-        };
-        &self.keys[start..self.key_ends[i] as usize]
+        crate::context::nth_flat(&self.keys, &self.key_ends, i)
     }
 
     /// The keys in order.

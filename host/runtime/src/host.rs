@@ -296,6 +296,29 @@ impl StoreData {
         }
     }
 
+    /// Checks a flat key list of a timer call (offsets in bounds and ascending, every key
+    /// in this subtask's shards); traps naming `what` otherwise.
+    fn check_timer_keys(
+        &mut self,
+        what: &str,
+        keys: &[u8],
+        key_ends: &[u32],
+    ) -> wasmtime::Result<()> {
+        let mut start = 0usize;
+        for &end in key_ends {
+            let end = end as usize;
+            if end < start || end > keys.len() {
+                return Err(wasmtime::Error::new(HostTrap(format!(
+                    "{what} refused: key end offset {end} after {start}, buffer length {}",
+                    keys.len()
+                ))));
+            }
+            self.keyed()?.check_key(&keys[start..end]).map_err(trap)?;
+            start = end;
+        }
+        Ok(())
+    }
+
     fn keyed(&mut self) -> wasmtime::Result<&mut KeyedState> {
         match self.state.as_mut() {
             Some(s) => Ok(s),
@@ -530,18 +553,7 @@ impl timers::Host for StoreData {
         key_ends: Vec<u32>,
     ) -> wasmtime::Result<()> {
         // Check every offset and key first: a refusal registers nothing.
-        let mut start = 0usize;
-        for &end in &key_ends {
-            let end = end as usize;
-            if end < start || end > keys.len() {
-                return Err(wasmtime::Error::new(HostTrap(format!(
-                    "timer registration refused: key end offset {end} after {start}, buffer length {}",
-                    keys.len()
-                ))));
-            }
-            self.keyed()?.check_key(&keys[start..end]).map_err(trap)?;
-            start = end;
-        }
+        self.check_timer_keys("timer registration", &keys, &key_ends)?;
         let mut start = 0usize;
         let slices = key_ends.iter().map(|&end| {
             let key = &keys[start..end as usize];
@@ -571,18 +583,7 @@ impl timers::Host for StoreData {
             ))));
         }
         // Check every offset and key first: a refusal changes nothing.
-        let mut start = 0usize;
-        for &end in &key_ends {
-            let end = end as usize;
-            if end < start || end > keys.len() {
-                return Err(wasmtime::Error::new(HostTrap(format!(
-                    "timer retime refused: key end offset {end} after {start}, buffer length {}",
-                    keys.len()
-                ))));
-            }
-            self.keyed()?.check_key(&keys[start..end]).map_err(trap)?;
-            start = end;
-        }
+        self.check_timer_keys("timer retime", &keys, &key_ends)?;
         let d = domain_code(domain);
         let mut start = 0usize;
         for (i, &end) in key_ends.iter().enumerate() {
