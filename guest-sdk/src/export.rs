@@ -401,6 +401,94 @@ macro_rules! export_sink {
     };
 }
 
+/// Inside `impl Operator for T { … }`: forwards `process` and `on_timers` to the
+/// [`crate::window::WindowOperator`] in field `$field`, which is all a window plugin
+/// needs besides `describe` and `open`.
+///
+/// ```ignore
+/// impl Operator for MyWindow {
+///     fn describe() -> PluginInfo { … }
+///     fn open(ctx: &mut dyn Context, task: &TaskInfo, config: &str) -> Result<Self> { … }
+///     nop_stream_sdk::window_operator_hooks!(op);
+/// }
+/// ```
+#[macro_export]
+macro_rules! window_operator_hooks {
+    ($field:ident) => {
+        fn process(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            _input: u32,
+            batch: &$crate::Batch,
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.process(ctx, batch, out)
+        }
+
+        fn on_timers(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            timers: &[$crate::TimerGroup],
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.on_timers(ctx, timers, out)
+        }
+    };
+}
+
+/// Inside `impl Operator for T { … }`: forwards `process`, `on_timers` and
+/// `on_watermark` to the [`crate::cep::CepOperator`] in field `$field`, and calls its
+/// `flush` from `prepare_checkpoint` and `finish`.
+#[macro_export]
+macro_rules! cep_operator_hooks {
+    ($field:ident) => {
+        fn process(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            _input: u32,
+            batch: &$crate::Batch,
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.process(ctx, batch, out)
+        }
+
+        fn on_timers(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            timers: &[$crate::TimerGroup],
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.on_timers(ctx, timers, out)
+        }
+
+        fn on_watermark(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            watermark: i64,
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.on_watermark(ctx, watermark, out)
+        }
+
+        fn prepare_checkpoint(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            _epoch: u64,
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.flush(ctx, out)
+        }
+
+        fn finish(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.flush(ctx, out)
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,9 +47,7 @@
 //! [`nop_stream_sdk::cep`]); nothing lives in the instance.
 
 use nop_stream_sdk::cep::{AfterMatchSkip, CepOperator, LateEvents, Match, MatchSoFar, Pattern};
-use nop_stream_sdk::{
-    Batch, Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo, TimerGroup,
-};
+use nop_stream_sdk::{Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo};
 use serde::{Deserialize, Serialize};
 
 /// Minimum delay, exclusive, in minutes: a departure counts if `dep_delay > 60`.
@@ -226,46 +224,7 @@ impl Operator for DelayCascade {
         })
     }
 
-    fn process(
-        &mut self,
-        ctx: &mut dyn Context,
-        _input: u32,
-        batch: &Batch,
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.cep.process(ctx, batch, out)
-    }
-
-    fn on_timers(
-        &mut self,
-        ctx: &mut dyn Context,
-        timers: &[TimerGroup],
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.cep.on_timers(ctx, timers, out)
-    }
-
-    fn on_watermark(
-        &mut self,
-        ctx: &mut dyn Context,
-        watermark: i64,
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.cep.on_watermark(ctx, watermark, out)
-    }
-
-    fn prepare_checkpoint(
-        &mut self,
-        ctx: &mut dyn Context,
-        _epoch: u64,
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.cep.flush(ctx, out)
-    }
-
-    fn finish(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
-        self.cep.flush(ctx, out)
-    }
+    nop_stream_sdk::cep_operator_hooks!(cep);
 }
 
 nop_stream_sdk::export_operator!(DelayCascade);

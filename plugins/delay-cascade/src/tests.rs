@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use nop_stream_sdk::cep::{LATE, TIMED_OUT};
-use nop_stream_sdk::{ErrorCode, MockContext};
+use nop_stream_sdk::{Batch, ErrorCode, MockContext};
 
 use super::*;
 

@@ -28,9 +28,7 @@
 //! [`format_match`]), keyed by the auction, timestamped with the third bid.
 
 use nop_stream_sdk::cep::{AfterMatchSkip, CepOperator, Match, MatchSoFar, Pattern};
-use nop_stream_sdk::{
-    Batch, Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo, TimerGroup,
-};
+use nop_stream_sdk::{Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo};
 
 /// The `within` window in ms.
 pub const WITHIN_MS: i64 = 10_000;
@@ -128,46 +126,7 @@ impl Operator for RisingBids {
         })
     }
 
-    fn process(
-        &mut self,
-        ctx: &mut dyn Context,
-        _input: u32,
-        batch: &Batch,
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.cep.process(ctx, batch, out)
-    }
-
-    fn on_timers(
-        &mut self,
-        ctx: &mut dyn Context,
-        timers: &[TimerGroup],
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.cep.on_timers(ctx, timers, out)
-    }
-
-    fn on_watermark(
-        &mut self,
-        ctx: &mut dyn Context,
-        watermark: i64,
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.cep.on_watermark(ctx, watermark, out)
-    }
-
-    fn prepare_checkpoint(
-        &mut self,
-        ctx: &mut dyn Context,
-        _epoch: u64,
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.cep.flush(ctx, out)
-    }
-
-    fn finish(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
-        self.cep.flush(ctx, out)
-    }
+    nop_stream_sdk::cep_operator_hooks!(cep);
 }
 
 nop_stream_sdk::export_operator!(RisingBids);

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use nop_stream_sdk::MockContext;
 use nop_stream_sdk::cep::LATE;
+use nop_stream_sdk::{Batch, MockContext};
 
 use super::*;
 

@@ -40,9 +40,7 @@ use nop_stream_sdk::window::{
     AggregateFunction, Aggregating, FunctionKind, LATE_OUTPUT, ProcessWindowFunction, Window,
     WindowConfig, WindowOperator, WindowOutput, state_descriptors,
 };
-use nop_stream_sdk::{
-    Batch, Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo, TimerGroup,
-};
+use nop_stream_sdk::{Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo};
 use serde::de::DeserializeSeed;
 use serde::{Deserialize, Serialize};
 
@@ -418,24 +416,7 @@ impl Operator for WindowAggregate {
         })
     }
 
-    fn process(
-        &mut self,
-        ctx: &mut dyn Context,
-        _input: u32,
-        batch: &Batch,
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.op.process(ctx, batch, out)
-    }
-
-    fn on_timers(
-        &mut self,
-        ctx: &mut dyn Context,
-        timers: &[TimerGroup],
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.op.on_timers(ctx, timers, out)
-    }
+    nop_stream_sdk::window_operator_hooks!(op);
 }
 
 nop_stream_sdk::export_operator!(WindowAggregate);

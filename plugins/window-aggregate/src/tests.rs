@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use nop_stream_sdk::{ErrorCode, MockContext};
+use nop_stream_sdk::{Batch, ErrorCode, MockContext};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

@@ -25,9 +25,7 @@ use nop_stream_sdk::window::{
     AggregateFunction, Aggregating, FunctionKind, LATE_OUTPUT, ProcessWindowFunction, Window,
     WindowConfig, WindowOperator, WindowOutput, state_descriptors,
 };
-use nop_stream_sdk::{
-    Batch, Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo, TimerGroup,
-};
+use nop_stream_sdk::{Context, Operator, PluginError, PluginInfo, RecordRef, Result, TaskInfo};
 use serde::Deserialize;
 
 /// Schema version of the `u64` accumulator.
@@ -164,24 +162,7 @@ impl Operator for WindowCountOp {
         })
     }
 
-    fn process(
-        &mut self,
-        ctx: &mut dyn Context,
-        _input: u32,
-        batch: &Batch,
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.op.process(ctx, batch, out)
-    }
-
-    fn on_timers(
-        &mut self,
-        ctx: &mut dyn Context,
-        timers: &[TimerGroup],
-        out: &mut Batch,
-    ) -> Result<()> {
-        self.op.on_timers(ctx, timers, out)
-    }
+    nop_stream_sdk::window_operator_hooks!(op);
 }
 
 nop_stream_sdk::export_operator!(WindowCountOp);
@@ -190,7 +171,7 @@ nop_stream_sdk::export_operator!(WindowCountOp);
 mod tests {
     use std::collections::BTreeMap;
 
-    use nop_stream_sdk::MockContext;
+    use nop_stream_sdk::{Batch, MockContext};
 
     use super::*;
 
