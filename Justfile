@@ -1,4 +1,4 @@
-# nop-stream tasks; CI runs the same recipes. `cargo install just` to get `just`.
+# nop-stream tasks; `.ci/run` runs the same commands with cargo directly. `cargo install just` to get `just`.
 
 # List the recipes.
 default:
@@ -21,7 +21,7 @@ bench *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     cargo run --release -q -p nop-stream-bench -- run {{ARGS}}
 
-# Criterion microbenchmarks: boundary call, state get/put and flush, channel hop.
+# Criterion microbenchmarks: boundary call, state get/put and flush, channel hop, shard snapshot/restore.
 bench-micro:
     cargo bench -p nop-stream-bench
 
