@@ -415,6 +415,16 @@ macro_rules! export_sink {
 #[macro_export]
 macro_rules! window_operator_hooks {
     ($field:ident) => {
+        $crate::__process_and_timer_hooks!($field);
+    };
+}
+
+/// The `process` and `on_timers` forwarding shared by [`window_operator_hooks!`] and
+/// [`cep_operator_hooks!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __process_and_timer_hooks {
+    ($field:ident) => {
         fn process(
             &mut self,
             ctx: &mut dyn $crate::Context,
@@ -442,24 +452,7 @@ macro_rules! window_operator_hooks {
 #[macro_export]
 macro_rules! cep_operator_hooks {
     ($field:ident) => {
-        fn process(
-            &mut self,
-            ctx: &mut dyn $crate::Context,
-            _input: u32,
-            batch: &$crate::Batch,
-            out: &mut $crate::Batch,
-        ) -> $crate::Result<()> {
-            self.$field.process(ctx, batch, out)
-        }
-
-        fn on_timers(
-            &mut self,
-            ctx: &mut dyn $crate::Context,
-            timers: &[$crate::TimerGroup],
-            out: &mut $crate::Batch,
-        ) -> $crate::Result<()> {
-            self.$field.on_timers(ctx, timers, out)
-        }
+        $crate::__process_and_timer_hooks!($field);
 
         fn on_watermark(
             &mut self,
