@@ -246,6 +246,8 @@ fn refuse(connection: &quinn::Connection, reason: &IdentityError) {
 
 /// Completes an incoming connection and checks the client certificate's role against the
 /// negotiated protocol. A refused role closes the connection with [`ERR_IDENTITY`].
+/// The handshake itself is bounded by the idle timeout; the wait for the peer's hello is
+/// not (keep-alives hold the connection open), so bound it in the session layer.
 ///
 /// # Errors
 ///

@@ -406,6 +406,8 @@ pub struct InitOptions {
     /// Leaf validity. Default [`DEFAULT_LEAF_VALIDITY`].
     pub leaf_validity: Duration,
     /// Replace existing files. Default `false`: any existing target file is refused.
+    /// With `true`, every file is rewritten under a new CA; files of identities no longer
+    /// listed stay behind, signed by the old CA, and are refused by the new cluster.
     pub overwrite: bool,
 }
 
