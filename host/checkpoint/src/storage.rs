@@ -108,6 +108,16 @@ pub trait CheckpointStorage: Send + Sync {
     /// I/O failure.
     fn retain(&self, keep: usize) -> Result<Vec<EpochId>>;
 
+    /// Allocates the namespace's next attempt number durably: one more than both
+    /// `at_least_after` and every attempt allocated before, so attempts (and the
+    /// generations and fencing tokens derived from them) grow across in-process
+    /// recoveries and process restarts alike, even when an attempt failed before creating
+    /// any epoch (seed §3.3).
+    ///
+    /// # Errors
+    /// I/O failure; no attempt may start then.
+    fn next_attempt(&self, at_least_after: u32) -> Result<u32>;
+
     /// The newest manifest, if any.
     ///
     /// # Errors
@@ -176,6 +186,17 @@ impl LocalStorage {
 }
 
 impl CheckpointStorage for LocalStorage {
+    fn next_attempt(&self, at_least_after: u32) -> Result<u32> {
+        let path = self.root.join("attempt");
+        let recorded = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        let next = recorded.max(at_least_after) + 1;
+        Self::write_durably(&path, format!("{next}\n").as_bytes())?;
+        Ok(next)
+    }
+
     fn write_segment(&self, rel: &str, bytes: &[u8]) -> Result<()> {
         Self::write_durably(&self.root.join(rel), bytes)
     }

@@ -112,6 +112,81 @@ enum Command {
     },
     /// List the plugins on the plugin path with what their describe() says.
     Plugins,
+    /// Cluster administration.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Run a cluster coordinator: serves node sessions (leases renewed by heartbeats) and
+    /// CLI requests over QUIC with mutual TLS, until killed.
+    Coordinator {
+        /// UDP address to listen on, e.g. 127.0.0.1:7400.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Certificates directory (`nopstream cluster init`).
+        #[arg(long)]
+        certs: PathBuf,
+        /// Lease time to live, ms.
+        #[arg(long, default_value_t = 10_000)]
+        lease_ttl_ms: u64,
+        /// Interval between node heartbeats, ms.
+        #[arg(long, default_value_t = 2_000)]
+        heartbeat_ms: u64,
+    },
+    /// Run a cluster node: registers with the coordinator and keeps its lease; stops its
+    /// tasks when it cannot renew it, then registers again as new capacity.
+    Node {
+        /// The coordinator's address.
+        #[arg(long)]
+        join: std::net::SocketAddr,
+        /// Node id N (its certificate is `node-N`).
+        #[arg(long)]
+        id: u32,
+        /// Data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Certificates directory.
+        #[arg(long)]
+        certs: PathBuf,
+        /// UDP address for data connections from other nodes [default: 127.0.0.1:0].
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+        /// Task slots offered.
+        #[arg(long, default_value_t = 4)]
+        slots: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Write a cluster CA and mutual-TLS certificates into DIR: one for the coordinator,
+    /// one per node (`node-1` .. `node-N`) and one for a CLI client (`cli-admin`). Keys
+    /// are written with mode 0600. Refuses to overwrite an existing set unless --force.
+    Init {
+        /// Directory to write `ca.crt`, `ca.key` and `<identity>.crt/.key` into.
+        dir: PathBuf,
+        /// Number of node certificates.
+        #[arg(long, default_value_t = 3)]
+        nodes: u32,
+        /// Replace existing files under a new CA.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show the nodes registered with a coordinator and their leases.
+    Status {
+        /// The coordinator's address (HOST:PORT, UDP).
+        #[arg(long)]
+        cluster: std::net::SocketAddr,
+        /// Certificates directory holding `cli-admin.crt/.key` and `ca.crt`.
+        #[arg(long)]
+        certs: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -130,6 +205,15 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The tokio runtime of the cluster commands (QUIC I/O).
+fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }
 
 fn plugin_path(extra: &[PathBuf]) -> Vec<PathBuf> {
@@ -232,6 +316,84 @@ fn job_dir(job: &Path) -> PathBuf {
 fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
     let search = plugin_path(&cli.plugins);
     match cli.command {
+        Command::Cluster {
+            command: ClusterCommand::Init { dir, nodes, force },
+        } => {
+            anyhow::ensure!(nodes >= 1, "--nodes must be at least 1");
+            let mut opts = nop_stream_cluster::InitOptions::with_nodes(nodes);
+            opts.overwrite = force;
+            let report = nop_stream_cluster::init_cluster(&dir, &opts)
+                .with_context(|| format!("cluster init {}", dir.display()))?;
+            println!("cluster CA: {}", report.ca_cert.display());
+            for id in &report.identities {
+                println!("  {}", id.label());
+            }
+            println!("{} files written to {}", report.files.len(), dir.display());
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Cluster {
+            command: ClusterCommand::Status { cluster, certs, json },
+        } => {
+            use nop_stream_cluster::session::{CliRequest, CliResponse, cli_request};
+            let admin: nop_stream_cluster::Identity = "cli-admin".parse()?;
+            let resp = tokio_runtime()?.block_on(cli_request(cluster, &certs, &admin, &CliRequest::ClusterStatus))?;
+            let nodes = match resp {
+                CliResponse::Status(n) => n,
+                CliResponse::Error(e) => bail!("the coordinator refused: {e}"),
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&nodes)?);
+            } else {
+                println!("{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} data", "node", "lease", "live", "slots", "renewals", "refused", "expired");
+                for n in &nodes {
+                    println!(
+                        "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {}",
+                        n.node, n.lease, n.live, n.slots, n.renewals, n.refused_renewals, n.expirations, n.data_addr
+                    );
+                }
+            }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Coordinator {
+            listen,
+            data,
+            certs,
+            lease_ttl_ms,
+            heartbeat_ms,
+        } => {
+            let lease = nop_stream_cluster::LeaseConfig {
+                ttl: Duration::from_millis(lease_ttl_ms),
+                heartbeat_interval: Duration::from_millis(heartbeat_ms),
+                safety_margin: Duration::from_millis(lease_ttl_ms / 4),
+            };
+            lease.validate().context("lease settings")?;
+            let cfg = nop_stream_cluster::session::CoordinatorConfig { listen, certs, data, lease };
+            tokio_runtime()?.block_on(nop_stream_cluster::session::serve_coordinator(cfg, |c| {
+                println!("coordinator listening on {}", c.addr);
+            }))?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Node {
+            join,
+            id,
+            data,
+            certs,
+            listen,
+            slots,
+        } => {
+            let cfg = nop_stream_cluster::session::NodeConfig {
+                join,
+                id: nop_stream_cluster::NodeId(id),
+                certs,
+                data,
+                listen,
+                slots,
+            };
+            tokio_runtime()?.block_on(nop_stream_cluster::session::serve_node(cfg, |outcome| {
+                eprintln!("node-{id}: stopping its tasks: {outcome:?}");
+            }))?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
         Command::Run {
             job,
             parallelism,

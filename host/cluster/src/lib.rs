@@ -58,6 +58,7 @@ pub mod frame;
 pub mod identity;
 pub mod lease;
 pub mod pki;
+pub mod session;
 pub mod tls;
 
 pub use endpoint::{

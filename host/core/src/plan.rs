@@ -242,6 +242,24 @@ pub struct DeploymentOptions {
     pub checkpoint_storage: String,
 }
 
+impl PartitionedVertex {
+    /// The state shards subtask `st` of this vertex owns, as the range its state and
+    /// restore cover (design §7): its planned shards on a keyed vertex; every shard of
+    /// `0..shard_count` at parallelism 1 (one subtask sees every key); none otherwise.
+    pub fn owned_shards(&self, st: &PlannedSubtask, shard_count: u32) -> std::ops::Range<u32> {
+        if self.keyed {
+            st.shards
+                .first()
+                .map(|f| f.0..st.shards.last().map_or(f.0, |l| l.0 + 1))
+                .unwrap_or(0..0)
+        } else if self.parallelism == 1 {
+            0..shard_count
+        } else {
+            0..0
+        }
+    }
+}
+
 impl PartitionedPlan {
     /// The vertex with id `id`.
     pub fn vertex(&self, id: &VertexId) -> Option<&PartitionedVertex> {

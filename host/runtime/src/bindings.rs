@@ -41,9 +41,69 @@ pub mod sink {
 pub use op::nop::stream::state::{KeyPage, ValueBatch};
 pub use op::nop::stream::timers::{TimeDomain, TimerGroup};
 pub use op::nop::stream::types::{
-    Batch, Error as GuestError, ErrorCode, LogLevel, PluginInfo as WitPluginInfo,
+    Batch as WitBatch, Error as GuestError, ErrorCode, LogLevel, PluginInfo as WitPluginInfo,
     PluginKind as WitPluginKind, SinkCapability as WitSinkCapability,
-    SourceCapability as WitSourceCapability, StateKind as WitStateKind, TaskInfo,
+    SourceCapability as WitSourceCapability, StateKind as WitStateKind, TaskInfo as WitTaskInfo,
 };
 pub use sink::exports::nop::stream::sink_plugin::CommitOutcome;
-pub use src::exports::nop::stream::source_plugin::{Progress, ReadResult, Split};
+pub use src::exports::nop::stream::source_plugin::{
+    Progress, ReadResult as WitReadResult, Split as WitSplit,
+};
+
+use nop_stream_api::{Batch, Split, TaskInfo};
+
+/// Moves a host batch into the generated WIT record (no copy).
+pub(crate) fn wit_batch(b: Batch) -> WitBatch {
+    WitBatch {
+        data: b.data,
+        ends: b.ends,
+        keys: b.keys,
+        key_ends: b.key_ends,
+        timestamps: b.timestamps,
+    }
+}
+
+/// Moves a generated WIT batch into the host type (no copy).
+pub(crate) fn host_batch(b: WitBatch) -> Batch {
+    Batch {
+        data: b.data,
+        ends: b.ends,
+        keys: b.keys,
+        key_ends: b.key_ends,
+        timestamps: b.timestamps,
+    }
+}
+
+/// The WIT record of a task info.
+pub(crate) fn wit_task_info(t: &TaskInfo) -> WitTaskInfo {
+    WitTaskInfo {
+        job_id: t.job_id.clone(),
+        pipeline_id: t.pipeline_id.clone(),
+        operator_id: t.operator_id.clone(),
+        operator_name: t.operator_name.clone(),
+        subtask_index: t.subtask_index,
+        parallelism: t.parallelism,
+        attempt: t.attempt,
+    }
+}
+
+/// The WIT record of a split.
+pub(crate) fn wit_split(s: &Split) -> WitSplit {
+    WitSplit {
+        id: s.id.clone(),
+        descriptor: s.descriptor.clone(),
+    }
+}
+
+/// What one `read` returned, in host types.
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    /// Records read, in split order.
+    pub records: Batch,
+    /// Exclusive cursor: the position of the first record not yet returned (seed §6.4).
+    pub next_cursor: Vec<u8>,
+    /// The split holds no record after `next_cursor`.
+    pub finished: bool,
+    /// Progress within the split.
+    pub progress: Progress,
+}

@@ -174,3 +174,37 @@ pub enum RuntimeError {
 
 /// Result alias of the runtime.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+impl nop_stream_proto::TaskError for RuntimeError {
+    /// Setup errors, a refused restore and commit uncertainty are final (seed §5.7: an
+    /// unknown outcome fails loudly); cancellation, closed channels and fencing follow
+    /// from another failure; everything else may be recovered from the latest durable
+    /// epoch.
+    fn class(&self) -> nop_stream_proto::FailureClass {
+        use nop_stream_proto::FailureClass;
+        match self {
+            RuntimeError::Cancelled
+            | RuntimeError::ChannelClosed { .. }
+            | RuntimeError::Fenced { .. } => FailureClass::Secondary,
+            RuntimeError::CommitUncertain { .. }
+            | RuntimeError::PluginLoad { .. }
+            | RuntimeError::PluginNotFound { .. }
+            | RuntimeError::WrongWorld { .. }
+            | RuntimeError::DescribeMismatch { .. }
+            | RuntimeError::Io { .. }
+            | RuntimeError::Restore { .. } => FailureClass::Fatal,
+            _ => FailureClass::Recoverable,
+        }
+    }
+}
+
+impl From<nop_stream_coordinator::CoordinatorError> for RuntimeError {
+    fn from(e: nop_stream_coordinator::CoordinatorError) -> Self {
+        use nop_stream_coordinator::CoordinatorError;
+        match e {
+            CoordinatorError::Restore { epoch, message } => RuntimeError::Restore { epoch, message },
+            CoordinatorError::Storage { path, message } => RuntimeError::Io { path, message },
+            CoordinatorError::Internal(m) => RuntimeError::Internal(m),
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! `impl`).
 
 use crate::bindings::op::nop::stream::{log, metrics, output, state, timers, types};
-use crate::bindings::{Batch, KeyPage, LogLevel, TimeDomain, ValueBatch};
+use crate::bindings::{KeyPage, WitBatch, LogLevel, TimeDomain, ValueBatch};
 use nop_stream_state::{KeyedState, StateError};
 use std::collections::{BTreeMap, HashMap};
 use wasmtime::StoreLimits;
@@ -202,7 +202,7 @@ pub struct StoreData {
     /// Side outputs `describe()` declared; emitting to another tag traps.
     pub(crate) side_tags: Vec<String>,
     /// Side-output records emitted during the current call, in order.
-    pub(crate) side: Vec<(String, Batch)>,
+    pub(crate) side: Vec<(String, nop_stream_api::Batch)>,
 }
 
 impl WasiView for StoreData {
@@ -630,7 +630,7 @@ impl timers::Host for StoreData {
 }
 
 impl output::Host for StoreData {
-    fn side_output(&mut self, tag: String, records: Batch) -> wasmtime::Result<()> {
+    fn side_output(&mut self, tag: String, records: WitBatch) -> wasmtime::Result<()> {
         if !self.side_tags.contains(&tag) {
             return Err(wasmtime::Error::new(HostTrap(format!(
                 "side output {tag:?} is not declared in describe() (declared: {:?})",
@@ -638,7 +638,7 @@ impl output::Host for StoreData {
             ))));
         }
         if !records.ends.is_empty() {
-            self.side.push((tag, records));
+            self.side.push((tag, crate::bindings::host_batch(records)));
         }
         Ok(())
     }

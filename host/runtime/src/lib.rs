@@ -12,6 +12,7 @@ pub mod plugin;
 pub mod registry;
 mod task;
 pub mod transport;
+mod workers;
 
 pub use error::{Result, RuntimeError, Site};
 pub use host::HostTrap;
@@ -19,3 +20,4 @@ pub use job::{JobProgress, JobReport, PluginSet, RunOptions, run_job};
 pub use limits::{Limits, TICK_MS};
 pub use plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin, PluginHost};
 pub use task::TaskReport;
+pub use workers::InProcessWorkers;

@@ -6,14 +6,14 @@ use crate::bindings::op::{Operator, OperatorPre};
 use crate::bindings::sink::{Sink, SinkPre};
 use crate::bindings::src::{Source, SourcePre};
 use crate::bindings::{
-    Batch, CommitOutcome, ErrorCode, GuestError, ReadResult, Split, TaskInfo, TimerGroup,
-    WitPluginInfo, WitPluginKind, WitSinkCapability, WitSourceCapability, WitStateKind,
+    CommitOutcome, ErrorCode, GuestError, ReadResult, TimerGroup, WitBatch, WitPluginInfo,
+    host_batch, wit_batch, wit_split, wit_task_info, WitPluginKind, WitSinkCapability, WitSourceCapability, WitStateKind,
 };
 use crate::error::{Result, RuntimeError, Site};
 use crate::host::{HostTrap, StoreData};
 use crate::limits::{Limits, TICK_MS};
 use nop_stream_api::{
-    PluginInfo, PluginKind, SinkCapability, SourceCapability, StateDescriptor, StateKind,
+    Batch, PluginInfo, Split, TaskInfo, PluginKind, SinkCapability, SourceCapability, StateDescriptor, StateKind,
 };
 use nop_stream_state::{KeyedState, StateConfig};
 use sha2::{Digest, Sha256};
@@ -542,7 +542,7 @@ fn guest_error(ctx: &CallCtx, call: &'static str, e: GuestError) -> RuntimeError
 ///
 /// # Errors
 /// [`RuntimeError::MalformedBatch`] or [`RuntimeError::LimitExceeded`].
-fn check_output(ctx: &CallCtx, call: &'static str, b: &Batch) -> Result<()> {
+fn check_output(ctx: &CallCtx, call: &'static str, b: &WitBatch) -> Result<()> {
     let malformed = |detail: String| RuntimeError::MalformedBatch {
         site: ctx.site.clone(),
         call,
@@ -669,19 +669,20 @@ impl OperatorInstance {
     pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
         guest_call!(self, "open", |i, s| i
             .nop_stream_operator_plugin()
-            .call_open(s, task, config))
+            .call_open(s, &wit_task_info(task), config))
     }
 
     /// Calls `process` and checks the output.
     ///
     /// # Errors
     /// A trap, a guest error, a malformed batch or an output limit.
-    pub fn process(&mut self, input: u32, batch: &Batch) -> Result<Batch> {
+    pub fn process(&mut self, input: u32, batch: Batch) -> Result<Batch> {
+        let batch = wit_batch(batch);
         let out = guest_call!(self, "process", |i, s| i
             .nop_stream_operator_plugin()
-            .call_process(s, input, batch))?;
+            .call_process(s, input, &batch))?;
         check_output(&self.ctx, "process", &out)?;
-        Ok(out)
+        Ok(host_batch(out))
     }
 
     /// Calls `on-watermark` and checks the output.
@@ -694,7 +695,7 @@ impl OperatorInstance {
             .nop_stream_operator_plugin()
             .call_on_watermark(s, watermark))?;
         check_output(&self.ctx, "on-watermark", &out)?;
-        Ok(out)
+        Ok(host_batch(out))
     }
 
     /// Calls `on-timers` and checks the output.
@@ -706,7 +707,7 @@ impl OperatorInstance {
             .nop_stream_operator_plugin()
             .call_on_timers(s, timers))?;
         check_output(&self.ctx, "on-timers", &out)?;
-        Ok(out)
+        Ok(host_batch(out))
     }
 
     /// Calls `prepare-checkpoint` and checks the output.
@@ -718,7 +719,7 @@ impl OperatorInstance {
             .nop_stream_operator_plugin()
             .call_prepare_checkpoint(s, epoch))?;
         check_output(&self.ctx, "prepare-checkpoint", &out)?;
-        Ok(out)
+        Ok(host_batch(out))
     }
 
     /// Calls `finish` and checks the output.
@@ -730,7 +731,7 @@ impl OperatorInstance {
             .nop_stream_operator_plugin()
             .call_finish(s))?;
         check_output(&self.ctx, "finish", &out)?;
-        Ok(out)
+        Ok(host_batch(out))
     }
 
     /// Calls `close`.
@@ -857,7 +858,7 @@ impl SourceInstance {
     pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
         guest_call!(self, "open", |i, s| i
             .nop_stream_source_plugin()
-            .call_open(s, task, config))
+            .call_open(s, &wit_task_info(task), config))
     }
 
     /// Calls `discover-splits`; split ids must be unique.
@@ -868,6 +869,13 @@ impl SourceInstance {
         let splits = guest_call!(self, "discover-splits", |i, s| i
             .nop_stream_source_plugin()
             .call_discover_splits(s, parallelism))?;
+        let splits: Vec<Split> = splits
+            .into_iter()
+            .map(|s| Split {
+                id: s.id,
+                descriptor: s.descriptor,
+            })
+            .collect();
         let mut seen = BTreeSet::new();
         for sp in &splits {
             if !seen.insert(sp.id.as_str()) {
@@ -886,9 +894,10 @@ impl SourceInstance {
     /// # Errors
     /// A trap, a guest error, a malformed batch or an output limit.
     pub fn read(&mut self, split: &Split, cursor: &[u8], max_records: u32) -> Result<ReadResult> {
+        let split = wit_split(split);
         let out = guest_call!(self, "read", |i, s| i.nop_stream_source_plugin().call_read(
             s,
-            split,
+            &split,
             cursor,
             max_records
         ))?;
@@ -902,7 +911,12 @@ impl SourceInstance {
                 max: u64::from(max_records),
             });
         }
-        Ok(out)
+        Ok(ReadResult {
+            records: host_batch(out.records),
+            next_cursor: out.next_cursor,
+            finished: out.finished,
+            progress: out.progress,
+        })
     }
 
     /// Calls `close`.
@@ -941,7 +955,7 @@ impl SinkInstance {
     pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
         guest_call!(self, "open", |i, s| i
             .nop_stream_sink_plugin()
-            .call_open(s, task, config))
+            .call_open(s, &wit_task_info(task), config))
     }
 
     /// Calls `begin`.
@@ -958,10 +972,11 @@ impl SinkInstance {
     ///
     /// # Errors
     /// A trap or a guest error.
-    pub fn write(&mut self, txn: &str, batch: &Batch) -> Result<()> {
+    pub fn write(&mut self, txn: &str, batch: Batch) -> Result<()> {
+        let batch = wit_batch(batch);
         guest_call!(self, "write", |i, s| i
             .nop_stream_sink_plugin()
-            .call_write(s, txn, batch))
+            .call_write(s, txn, &batch))
     }
 
     /// Calls `pre-commit`, returning the committable.

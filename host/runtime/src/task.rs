@@ -6,15 +6,16 @@
 //! delivered the current barrier; sinks pre-commit at the barrier, begin the next
 //! transaction at once, and commit only when told that an epoch is durable.
 
-use crate::bindings::{Batch, Split, TaskInfo};
+use nop_stream_api::{Batch, Split, TaskInfo};
 use crate::error::{Result, RuntimeError, Site};
 use crate::job::JobProgress;
 use crate::partition::OutputEdge;
 use crate::plugin::{
     Instance, InstanceOptions, LoadedPlugin, OperatorInstance, SinkInstance, SourceInstance,
 };
-use crate::transport::Message;
+use crate::transport::{ChannelReceiver, Message};
 use crossbeam_channel::{Receiver, Select, Sender};
+use nop_stream_proto::TaskRestorePlan;
 use nop_stream_api::{AttemptId, ChannelId, EpochId, TaskId};
 use nop_stream_checkpoint::alignment::{Aligner, Alignment as AlignOutcome};
 use nop_stream_checkpoint::failpoint;
@@ -32,49 +33,8 @@ use std::time::{Duration, Instant};
 /// How often blocked loops look at the cancel flag.
 const POLL: Duration = Duration::from_millis(50);
 
-/// What a task reports to the coordinator.
-#[derive(Debug)]
-pub(crate) enum TaskEvent {
-    /// The task snapshotted an epoch and forwarded its barrier.
-    Ack {
-        attempt: AttemptId,
-        snapshot: Box<TaskSnapshot>,
-    },
-    /// The task processed the end of all its input (and emitted its final output).
-    EndOfData { attempt: AttemptId, task: TaskId },
-    /// The sink of the task committed everything `<= epoch`.
-    Committed { task: TaskId, epoch: EpochId },
-    /// The task ended normally.
-    Finished { report: TaskReport },
-    /// The task failed.
-    Failed { task: TaskId, error: RuntimeError },
-}
-
-/// What the coordinator tells a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TaskCommand {
-    /// Sources: inject barrier `epoch` at the next safe point.
-    InjectBarrier(EpochId),
-    /// Sinks: every epoch `<= epoch` is durable; commit.
-    Commit(EpochId),
-    /// The final epoch is committed: close and exit.
-    Finish,
-}
-
-/// Per-task figures.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct TaskReport {
-    /// `job/pipeline/vertex/subtask`.
-    pub task: String,
-    /// Records that entered the chain (read by a source head or received).
-    pub records_in: u64,
-    /// Records emitted on output edges or written by a sink.
-    pub records_out: u64,
-    /// Epochs this task snapshotted.
-    pub epochs: u64,
-    /// Plugin-defined counters, by operator name.
-    pub counters: BTreeMap<String, BTreeMap<String, u64>>,
-}
+pub(crate) type TaskEvent = nop_stream_proto::TaskEvent<RuntimeError>;
+pub use nop_stream_proto::{TaskCommand, TaskReport};
 
 /// One member of the chain, as planned.
 pub(crate) struct StageSpec {
@@ -87,7 +47,7 @@ pub(crate) struct StageSpec {
 
 pub(crate) struct InputChannel {
     pub id: ChannelId,
-    pub rx: Receiver<Message>,
+    pub rx: ChannelReceiver,
     pub input_index: u32,
     pub watermark: i64,
     /// The sender said all its inputs are idle (seed §8.5); cleared by records or a
@@ -97,23 +57,6 @@ pub(crate) struct InputChannel {
     pub ended: bool,
     /// The sender went away (after its end of data).
     pub closed: bool,
-}
-
-/// What the task restores from the latest durable manifest.
-#[derive(Debug, Default)]
-pub(crate) struct TaskRestore {
-    /// Shard payloads per operator id (already read and verified).
-    pub shards: BTreeMap<String, Vec<(String, ShardSnapshot)>>,
-    /// Split cursors by split id: (cursor, finished, largest event timestamp read).
-    pub splits: BTreeMap<String, (Vec<u8>, bool, Option<i64>)>,
-    /// Watermark per input channel id.
-    pub watermarks: BTreeMap<String, i64>,
-    /// Input channels that had ended.
-    pub ended_inputs: BTreeSet<String>,
-    /// Whether the task had processed the end of its data.
-    pub end_of_data: bool,
-    /// Durable pre-committed transactions to commit before anything else.
-    pub pending: Vec<PendingTransaction>,
 }
 
 /// Everything a task thread needs.
@@ -134,7 +77,7 @@ pub(crate) struct TaskSpec {
     pub sink_txn_prefix: Option<String>,
     /// First epoch this attempt can create (names the first transaction).
     pub first_epoch: EpochId,
-    pub restore: Option<TaskRestore>,
+    pub restore: TaskRestorePlan,
     pub storage: Arc<dyn CheckpointStorage>,
     pub namespace: String,
     pub events: Sender<TaskEvent>,
@@ -228,12 +171,14 @@ struct Task {
 /// Runs a task to completion on the current thread and reports to the coordinator.
 pub(crate) fn run(spec: TaskSpec) {
     let task_id = spec.task.clone();
+    let attempt = spec.attempt;
     let events = spec.events.clone();
     let cancel = Arc::clone(&spec.cancel);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(spec)));
     let event = match outcome {
-        Ok(Ok(report)) => TaskEvent::Finished { report },
+        Ok(Ok(report)) => TaskEvent::Finished { attempt, report },
         Ok(Err(error)) => TaskEvent::Failed {
+            attempt,
             task: task_id.clone(),
             error,
         },
@@ -244,6 +189,7 @@ pub(crate) fn run(spec: TaskSpec) {
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                 .unwrap_or_else(|| "unknown panic".into());
             TaskEvent::Failed {
+                attempt,
                 task: task_id.clone(),
                 error: RuntimeError::Internal(format!("task {task_id} panicked: {msg}")),
             }
@@ -294,13 +240,21 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         sites.push(s.options.site.clone());
         operator_ids.push(s.operator_id.clone());
     }
-    let restore = restore.unwrap_or_default();
-    // Restore keyed state and timers (the `__timers` state) of each stateful operator.
+    // Restore keyed state and timers (the `__timers` state) of each stateful operator from
+    // the segments the restore plan names; the task reads them itself (design §8).
     for (i, stage) in stages.iter_mut().enumerate() {
         if let Stage::Operator(op) = stage
-            && let Some(shards) = restore.shards.get(&operator_ids[i])
+            && let Some(segments) = restore.segments.get(&operator_ids[i])
         {
-            let state: Vec<ShardSnapshot> = shards.iter().map(|(_, s)| s.clone()).collect();
+            let mut states = stage_specs[i].plugin.info.states.clone();
+            states.push(crate::plugin::timer_descriptor());
+            let state = read_shards(
+                storage.as_ref(),
+                restore.epoch.map_or(0, |e| e.0),
+                &operator_ids[i],
+                segments,
+                &states,
+            )?;
             if let Some(ks) = op.state_mut() {
                 ks.restore(&state).map_err(|e| RuntimeError::Io {
                     path: format!("checkpoint of operator `{}`", sites[i].operator),
@@ -320,7 +274,11 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
     let splits = splits
         .into_iter()
         .map(|s| {
-            let (cursor, finished, max_ts) = restore.splits.get(&s.id).cloned().unwrap_or_default();
+            let (cursor, finished, max_ts) = restore
+                .splits
+                .get(&s.id)
+                .map(|c| (c.cursor.clone(), c.finished, c.max_timestamp))
+                .unwrap_or_default();
             SplitCursor {
                 split: s,
                 cursor,
@@ -415,6 +373,50 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         }
     }
     Ok(t.report)
+}
+
+/// Reads and verifies the segments `segments` of `operator_id` from checkpoint storage and
+/// maps each to the plugin's state index; `epoch` names the manifest in errors.
+///
+/// # Errors
+/// [`RuntimeError::Restore`] for a failed read or checksum, a state the plugin no longer
+/// declares, or a schema version that differs (an explicit migration is needed).
+fn read_shards(
+    storage: &dyn CheckpointStorage,
+    epoch: u64,
+    operator_id: &str,
+    segments: &[SegmentDescriptor],
+    states: &[nop_stream_api::StateDescriptor],
+) -> Result<Vec<ShardSnapshot>> {
+    let refuse = |message: String| RuntimeError::Restore { epoch, message };
+    let mut out = Vec::with_capacity(segments.len());
+    for seg in segments {
+        let Some(i) = states.iter().position(|d| d.name == seg.state) else {
+            return Err(refuse(format!(
+                "operator `{operator_id}` no longer declares state `{}`",
+                seg.state
+            )));
+        };
+        if states[i].schema_version != seg.schema_version {
+            return Err(refuse(format!(
+                "state `{}` of operator `{operator_id}` has schema version {} in the checkpoint but {} in the plugin; an explicit migration is needed",
+                seg.state, seg.schema_version, states[i].schema_version
+            )));
+        }
+        let bytes = storage
+            .read_range(&seg.file, seg.offset, seg.len)
+            .map_err(|e| refuse(e.to_string()))?;
+        if payload_checksum(&bytes) != seg.checksum {
+            return Err(refuse(format!("segment {} failed its checksum", seg.state_path)));
+        }
+        out.push(ShardSnapshot {
+            shard: nop_stream_api::StateShardId(seg.shard),
+            state: i as u32,
+            entries: seg.entries,
+            payload: bytes,
+        });
+    }
+    Ok(out)
 }
 
 /// Commits; if the commit call fails, asks `recover` whether it happened anyway (a lost
@@ -722,7 +724,7 @@ impl Task {
         let mut sel = Select::new();
         let cmd_index = sel.recv(&self.commands);
         for &i in &active {
-            sel.recv(&self.inputs[i].rx);
+            sel.recv(self.inputs[i].rx.queue());
         }
         let op = match sel.select_timeout(POLL) {
             Ok(op) => op,
@@ -735,7 +737,10 @@ impl Task {
             };
         }
         let idx = active[op.index() - 1];
-        let msg = op.recv(&self.inputs[idx].rx);
+        let msg = op.recv(self.inputs[idx].rx.queue());
+        if msg.is_ok() {
+            self.inputs[idx].rx.admit()?;
+        }
         match msg {
             Ok(Message::Records(b)) => {
                 self.report.records_in += b.ends.len() as u64;
@@ -812,6 +817,7 @@ impl Task {
             TaskCommand::Commit(epoch) => {
                 self.commit_up_to(epoch)?;
                 self.send(TaskEvent::Committed {
+                    attempt: self.attempt,
                     task: self.id.clone(),
                     epoch,
                 });
@@ -1024,7 +1030,7 @@ impl Task {
         }
         match &mut self.stages[from] {
             Stage::Operator(op) => {
-                let out = op.process(input, &batch)?;
+                let out = op.process(input, batch)?;
                 self.route_side_outputs(from)?;
                 self.push(from + 1, 0, out)
             }
@@ -1034,8 +1040,8 @@ impl Task {
                     .as_ref()
                     .map(|s| s.txn.as_str())
                     .unwrap_or_default();
-                sink.write(txn, &batch)?;
                 let n = batch.ends.len() as u64;
+                sink.write(txn, batch)?;
                 self.report.records_out += n;
                 self.progress.add_written(n);
                 Ok(())

@@ -9,9 +9,9 @@
 //!
 //! Backends: [`LocalTransport`] (in-process queues) now; QUIC will deliver into the same
 //! bounded per-channel queues from its stream readers, with QUIC flow control as the
-//! backpressure across nodes.
+//! backpressure across nodes. The frames themselves ([`Message`]) are the plain wire type
+//! of `nop-stream-proto`.
 
-use crate::bindings::Batch;
 use crate::error::{Result, RuntimeError};
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender};
 use nop_stream_api::{ChannelId, EpochId, FencingToken};
@@ -20,20 +20,61 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What travels on a channel.
-#[derive(Debug, Clone)]
-pub enum Message {
-    /// A batch of records.
-    Records(Batch),
-    /// The sender's event-time watermark advanced (ms).
-    Watermark(i64),
-    /// A checkpoint barrier (seed §5.3).
-    Barrier(EpochId),
-    /// The sender's inputs are all idle (seed §8.5): leave this channel out of the
-    /// watermark minimum until records or a watermark arrive on it again.
-    Idle,
-    /// The sender will send nothing more on this channel.
-    End,
+pub use nop_stream_proto::Message;
+
+/// The receiving end of one channel, bound to an attempt's fencing token. Fencing is
+/// checked here, where the channel is received, and not only by the sender (design §8):
+/// once the transport is fenced, [`ChannelReceiver::admit`] refuses every message still
+/// queued or arriving.
+#[derive(Debug)]
+pub struct ChannelReceiver {
+    channel: ChannelId,
+    rx: Receiver<Message>,
+    token: FencingToken,
+    current: Arc<AtomicU64>,
+}
+
+impl ChannelReceiver {
+    /// The channel.
+    pub fn channel(&self) -> &ChannelId {
+        &self.channel
+    }
+
+    /// The queue, to wait on (e.g. in a `crossbeam_channel::Select`). Every message taken
+    /// from it must pass [`Self::admit`] before it is used.
+    pub fn queue(&self) -> &Receiver<Message> {
+        &self.rx
+    }
+
+    /// Checks that the attempt this end belongs to is still the one in force.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Fenced`] once the transport was fenced.
+    pub fn admit(&self) -> Result<()> {
+        let current = FencingToken(self.current.load(Ordering::SeqCst));
+        if current != self.token {
+            return Err(RuntimeError::Fenced {
+                channel: self.channel.clone(),
+                token: self.token,
+                current,
+            });
+        }
+        Ok(())
+    }
+
+    /// Receives the next message, blocking, and admits it.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Fenced`] as [`Self::admit`]; [`RuntimeError::ChannelClosed`] once every
+    /// sender is gone and the queue is empty.
+    pub fn recv(&self) -> Result<Message> {
+        let m = self.rx.recv().map_err(|_| RuntimeError::ChannelClosed {
+            channel: self.channel.clone(),
+            message: "every sender went away".into(),
+        })?;
+        self.admit()?;
+        Ok(m)
+    }
 }
 
 /// The sending end of one channel, bound to an attempt's fencing token.
@@ -58,7 +99,7 @@ pub trait Transport: Send + Sync {
     ///
     /// # Errors
     /// [`RuntimeError::Fenced`] for a stale token; [`RuntimeError::Internal`] if opened twice.
-    fn open_receiver(&self, channel: &ChannelId, token: FencingToken) -> Result<Receiver<Message>>;
+    fn open_receiver(&self, channel: &ChannelId, token: FencingToken) -> Result<ChannelReceiver>;
 
     /// Opens the sending end of `channel` for the attempt holding `token`.
     ///
@@ -140,10 +181,16 @@ impl Transport for LocalTransport {
         "local-queue"
     }
 
-    fn open_receiver(&self, channel: &ChannelId, token: FencingToken) -> Result<Receiver<Message>> {
+    fn open_receiver(&self, channel: &ChannelId, token: FencingToken) -> Result<ChannelReceiver> {
         self.check(channel, token)?;
-        self.entry(channel, |e| e.1.take()).ok_or_else(|| {
+        let rx = self.entry(channel, |e| e.1.take()).ok_or_else(|| {
             RuntimeError::Internal(format!("channel {channel} opened twice for receiving"))
+        })?;
+        Ok(ChannelReceiver {
+            channel: channel.clone(),
+            rx,
+            token,
+            current: Arc::clone(&self.token),
         })
     }
 
@@ -239,7 +286,17 @@ mod tests {
         let mut tx = t.open_sender(&ch(), FencingToken(1)).unwrap();
         tx.send(Message::Watermark(5)).unwrap();
         assert!(matches!(rx.recv().unwrap(), Message::Watermark(5)));
+        tx.send(Message::Watermark(6)).unwrap();
         t.fence(FencingToken(2));
+        // Regression: a message queued before the fence is refused where it is received.
+        assert!(matches!(
+            rx.recv(),
+            Err(RuntimeError::Fenced {
+                token: FencingToken(1),
+                current: FencingToken(2),
+                ..
+            })
+        ));
         let err = tx.send(Message::End).unwrap_err();
         assert!(
             matches!(

@@ -1,0 +1,23 @@
+//! The coordinator role of nop-stream, written once (design §8, "One coordinator, two ways
+//! to reach tasks"): the recovery loop, attempt and generation allocation, restore
+//! planning, split assignment, the epoch loop, manifest assembly, the epoch log and
+//! retention.
+//!
+//! It reaches tasks only through the [`Workers`] seam: deploy an attempt's assignments,
+//! send commands, receive events, fence a generation, join. The embedded mode implements
+//! the seam with threads and in-process queues (`nop-stream-runtime`), the cluster mode
+//! with QUIC streams to node processes. This crate links neither wasmtime nor a
+//! transport; the decisions that can be pure are pure ([`restore`], and the epoch state
+//! machine of `nop-stream-checkpoint`).
+
+mod error;
+mod report;
+pub mod restore;
+mod run;
+mod workers;
+
+pub use error::CoordinatorError;
+pub use report::{CommittedTransaction, JobReport};
+pub use restore::{check_restore, check_restore_compatible, checkpoint_dir, checkpoint_namespace};
+pub use run::{CoordinatorOptions, open_namespace, run_job};
+pub use workers::{Next, Workers};

@@ -1,0 +1,49 @@
+//! What a finished job reports.
+
+use nop_stream_api::SemanticMode;
+use nop_stream_proto::TaskReport;
+use serde::Serialize;
+use std::time::Duration;
+
+/// A transaction the job committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CommittedTransaction {
+    /// Epoch.
+    pub epoch: u64,
+    /// Transaction id (seed §7.2).
+    pub txn: String,
+}
+
+/// What a finished job reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobReport {
+    /// Job id.
+    pub job_id: String,
+    /// Semantic mode the job ran with.
+    pub semantic: SemanticMode,
+    /// Attempt that finished.
+    pub attempt: u32,
+    /// Global recoveries in this run.
+    pub recoveries: u32,
+    /// Epoch the run resumed from, if any.
+    pub resumed_from: Option<u64>,
+    /// Whether the job had already finished in an earlier run (nothing was done).
+    pub already_finished: bool,
+    /// Wall time of the run.
+    pub wall: Duration,
+    /// Records read by sources in this run.
+    pub records_read: u64,
+    /// Records written by sinks in this run (staged; committed ones are in `committed`).
+    pub records_written: u64,
+    /// Epochs made durable in this run.
+    pub epochs: u64,
+    /// Final epoch.
+    pub final_epoch: Option<u64>,
+    /// Transactions committed in this run's durable epochs.
+    pub committed: Vec<CommittedTransaction>,
+    /// Events of an attempt other than the current one that the coordinator refused
+    /// (ACKs, ends of data, commits; design §8 "fencing").
+    pub refused_stale_events: u64,
+    /// Per-task figures of the finishing attempt.
+    pub tasks: Vec<TaskReport>,
+}

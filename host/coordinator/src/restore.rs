@@ -1,0 +1,307 @@
+//! Restore planning, pure (design §8): which segments, cursors, watermarks and pending
+//! transactions each task of a new attempt gets from the latest durable manifest, how
+//! splits are assigned to readers, and which old sink subtasks settle before a rescale.
+//! Nothing here reads storage: a task reads the segments it is given itself.
+
+use crate::CoordinatorError;
+use nop_stream_api::{PluginKind, Split, TaskId};
+use nop_stream_checkpoint::{EnumeratorState, EpochManifest, STATE_FORMAT_VERSION};
+use nop_stream_core::PartitionedPlan;
+use nop_stream_proto::{SinkSettlement, SplitCursor, TaskRestorePlan};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// An id as one path component: ASCII letters, digits, `-`, `_` and `.` kept, anything
+/// else `_`.
+pub fn path_component(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The checkpoint namespace of a plan (seed §3.1: jobId + pipelineId).
+pub fn checkpoint_namespace(plan: &PartitionedPlan) -> String {
+    path_component(&format!("{}.{}", plan.job.job_id, plan.job.pipeline_id))
+}
+
+/// The directory of a plan's checkpoint namespace under `work_dir`:
+/// `<work_dir>/checkpoints/<namespace>`.
+pub fn checkpoint_dir(work_dir: &Path, plan: &PartitionedPlan) -> PathBuf {
+    work_dir
+        .join("checkpoints")
+        .join(checkpoint_namespace(plan))
+}
+
+/// Checks that a manifest can restore `plan` (seed §10.4); the message says what differs.
+///
+/// # Errors
+/// [`CoordinatorError::Restore`] naming the first difference.
+pub fn check_restore_compatible(
+    m: &EpochManifest,
+    plan: &PartitionedPlan,
+) -> Result<(), CoordinatorError> {
+    check_restore(m, plan, None).map(|_| ())
+}
+
+/// Like [`check_restore_compatible`], but accepts a manifest whose fingerprint equals
+/// `rescale_from` (an explicit rescale action, seed §10.5); returns whether the restore
+/// rescales.
+///
+/// # Errors
+/// [`CoordinatorError::Restore`] naming the first difference.
+pub fn check_restore(
+    m: &EpochManifest,
+    plan: &PartitionedPlan,
+    rescale_from: Option<&str>,
+) -> Result<bool, CoordinatorError> {
+    let refuse = |message: String| {
+        Err(CoordinatorError::Restore {
+            epoch: m.epoch.0,
+            message,
+        })
+    };
+    if m.state_format_version != STATE_FORMAT_VERSION {
+        return refuse(format!(
+            "state format version {} differs from this host's {STATE_FORMAT_VERSION}",
+            m.state_format_version
+        ));
+    }
+    if m.state_shard_count != plan.job.state_shard_count {
+        return refuse(format!(
+            "state shard count differs: checkpoint {} vs job {} (changing it needs an explicit reshard migration)",
+            m.state_shard_count, plan.job.state_shard_count
+        ));
+    }
+    let planned: BTreeSet<String> = plan
+        .vertices
+        .iter()
+        .flat_map(|v| v.operators.iter().map(|o| o.operator_id.to_string()))
+        .collect();
+    let stored: BTreeSet<String> = m
+        .tasks
+        .iter()
+        .flat_map(|t| t.segments.iter().map(|s| s.operator_id.clone()))
+        .collect();
+    if let Some(missing) = stored.difference(&planned).next() {
+        return refuse(format!(
+            "the checkpoint holds state of operator `{missing}`, which the job no longer has"
+        ));
+    }
+    if m.plan_fingerprint != plan.fingerprint {
+        if rescale_from == Some(m.plan_fingerprint.as_str()) {
+            return Ok(true);
+        }
+        return refuse(format!(
+            "plan fingerprint differs: checkpoint {} vs job {} (the job file, a plugin version, its state schema or the parallelism changed; start fresh with --fresh, restore at another parallelism with --rescale, or restore explicitly with a migration)",
+            &m.plan_fingerprint[..m.plan_fingerprint.len().min(16)],
+            &plan.fingerprint[..plan.fingerprint.len().min(16)]
+        ));
+    }
+    Ok(false)
+}
+
+/// The splits of source vertex `vertex` recorded in a manifest's split registry, in
+/// registry order, or `None` if the manifest has no registry for it (the splits must be
+/// discovered).
+///
+/// # Errors
+/// [`CoordinatorError::Restore`] if a registered split has no descriptor or a malformed one.
+pub fn restored_splits(
+    plan: &PartitionedPlan,
+    vertex: usize,
+    m: &EpochManifest,
+) -> Result<Option<Vec<Split>>, CoordinatorError> {
+    let head = &plan.vertices[vertex].operators[0];
+    let Some(e) = m
+        .enumerators
+        .iter()
+        .find(|e| e.operator_id == head.operator_id.as_str())
+    else {
+        return Ok(None);
+    };
+    let descriptors: BTreeMap<&str, &str> = m
+        .tasks
+        .iter()
+        .flat_map(|t| {
+            t.splits
+                .iter()
+                .map(|s| (s.split_id.as_str(), s.descriptor.as_str()))
+        })
+        .collect();
+    let refuse = |message: String| CoordinatorError::Restore {
+        epoch: m.epoch.0,
+        message,
+    };
+    e.splits
+        .iter()
+        .map(|(id, _)| {
+            let d = descriptors
+                .get(id.as_str())
+                .ok_or_else(|| refuse(format!("split `{id}` has no descriptor in the manifest")))?;
+            Ok(Split {
+                id: id.clone(),
+                descriptor: hex::decode(d)
+                    .map_err(|e| refuse(format!("split `{id}`: descriptor is not hex: {e}")))?,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Assigns splits to the `parallelism` readers of a source: split `j` (in registry order)
+/// belongs to reader `j mod parallelism` (seed §6.3). Returns the splits of each reader
+/// and the registry `(split id, owner)` the manifest records.
+pub fn assign_splits(
+    operator_id: &str,
+    splits: Vec<Split>,
+    parallelism: u32,
+) -> (Vec<Vec<Split>>, EnumeratorState) {
+    let p = parallelism.max(1);
+    let mut per_reader = vec![Vec::new(); p as usize];
+    let mut registry = Vec::with_capacity(splits.len());
+    for (j, s) in splits.into_iter().enumerate() {
+        let owner = j as u32 % p;
+        registry.push((s.id.clone(), owner));
+        per_reader[owner as usize].push(s);
+    }
+    (
+        per_reader,
+        EnumeratorState {
+            operator_id: operator_id.to_owned(),
+            splits: registry,
+            finished: Vec::new(),
+        },
+    )
+}
+
+/// Before a rescale restore: every sink subtask of the checkpointed plan with its old
+/// parallelism and the durable transactions it must commit (seed §10.5).
+pub fn sink_settlements(plan: &PartitionedPlan, m: &EpochManifest) -> Vec<SinkSettlement> {
+    let mut out = Vec::new();
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        if v.operators.last().map(|o| o.kind) != Some(PluginKind::Sink) {
+            continue;
+        }
+        let old: Vec<_> = m.tasks.iter().filter(|t| t.task.vertex == v.id).collect();
+        for t in &old {
+            out.push(SinkSettlement {
+                vertex: vi as u32,
+                subtask: t.task.subtask.0,
+                parallelism: old.len() as u32,
+                commit: t.pending_transactions.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// What every task of `plan` restores from `m` (`None`: a fresh start), given the splits
+/// each source reader was assigned (`splits[(vertex, subtask)]`).
+///
+/// # Errors
+/// [`CoordinatorError::Restore`] if a split cursor in the manifest is malformed.
+///
+/// - Without rescale, a task gets its own snapshot: end of data, watermarks, ended
+///   inputs and the sink's durable pending transactions.
+/// - With rescale, channels changed, so it restores conservatively from every old subtask
+///   of its vertex (seed §8.5): per input edge the minimum watermark of the channels that
+///   had not ended, ended only if every old channel of the edge had ended, end of data
+///   only if every old subtask had reached it. Sink transactions were settled before
+///   ([`sink_settlements`]), so none is pending.
+/// - Either way, a task gets the cursors of the splits it now reads, wherever they were
+///   read before, and for each operator of its chain the segments of exactly the shards it
+///   now owns (so a rescale moves shards, not keys, design §7).
+pub fn plan_restore(
+    plan: &PartitionedPlan,
+    m: Option<&EpochManifest>,
+    rescale: bool,
+    splits: &BTreeMap<(usize, u32), Vec<Split>>,
+) -> Result<BTreeMap<TaskId, TaskRestorePlan>, CoordinatorError> {
+    let mut out = BTreeMap::new();
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        for st in &v.subtasks {
+            let mut r = TaskRestorePlan::default();
+            let Some(m) = m else {
+                out.insert(st.task.clone(), r);
+                continue;
+            };
+            r.epoch = Some(m.epoch);
+            if rescale {
+                let old: Vec<_> = m.tasks.iter().filter(|t| t.task.vertex == v.id).collect();
+                r.end_of_data = !old.is_empty() && old.iter().all(|t| t.end_of_data);
+                for ch in &st.inputs {
+                    let edge = format!("{}/", ch.edge);
+                    let old_channels: Vec<(i64, bool)> = old
+                        .iter()
+                        .flat_map(|t| {
+                            t.watermarks
+                                .iter()
+                                .filter(|(c, _)| c.starts_with(&edge))
+                                .map(|(c, w)| (*w, t.ended_inputs.contains(c)))
+                        })
+                        .collect();
+                    if old_channels.is_empty() {
+                        continue;
+                    }
+                    let w = old_channels
+                        .iter()
+                        .filter(|(_, ended)| !ended)
+                        .map(|(w, _)| *w)
+                        .min()
+                        .unwrap_or(i64::MAX);
+                    r.watermarks.insert(ch.to_string(), w);
+                    if old_channels.iter().all(|(_, ended)| *ended) {
+                        r.ended_inputs.insert(ch.to_string());
+                    }
+                }
+            } else if let Some(s) = m.task(&st.task) {
+                r.end_of_data = s.end_of_data;
+                r.watermarks = s.watermarks.iter().cloned().collect();
+                r.ended_inputs = s.ended_inputs.iter().cloned().collect();
+                r.pending = s.pending_transactions.clone();
+            }
+            let mine: BTreeSet<&str> = splits
+                .get(&(vi, st.index.0))
+                .map(|s| s.iter().map(|s| s.id.as_str()).collect())
+                .unwrap_or_default();
+            for sp in m.tasks.iter().flat_map(|t| &t.splits) {
+                if !mine.contains(sp.split_id.as_str()) {
+                    continue;
+                }
+                let cursor = hex::decode(&sp.cursor).map_err(|e| CoordinatorError::Restore {
+                    epoch: m.epoch.0,
+                    message: format!("split `{}`: cursor is not hex: {e}", sp.split_id),
+                })?;
+                r.splits.insert(
+                    sp.split_id.clone(),
+                    SplitCursor {
+                        cursor,
+                        finished: sp.finished,
+                        max_timestamp: sp.max_timestamp,
+                    },
+                );
+            }
+            let owned = v.owned_shards(st, plan.job.state_shard_count);
+            for op in v.operators.iter().filter(|o| o.kind == PluginKind::Operator) {
+                let segs: Vec<_> = m
+                    .tasks
+                    .iter()
+                    .flat_map(|t| &t.segments)
+                    .filter(|s| s.operator_id == op.operator_id.as_str() && owned.contains(&s.shard))
+                    .cloned()
+                    .collect();
+                if !segs.is_empty() {
+                    r.segments.insert(op.operator_id.to_string(), segs);
+                }
+            }
+            out.insert(st.task.clone(), r);
+        }
+    }
+    Ok(out)
+}

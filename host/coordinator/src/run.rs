@@ -1,0 +1,657 @@
+//! The recovery loop and the epoch loop of one attempt (seed §5, §10.1).
+//!
+//! [`run_job`] is a short sequence of named steps per attempt: read the latest durable
+//! manifest and check it ([`crate::check_restore`]), allocate the attempt, assign splits,
+//! settle sinks before a rescale, plan the restore, deploy, then drive the epochs until
+//! the final epoch is committed or a task fails. A failed attempt is always fenced and
+//! joined before the next one starts: the [`Attempt`] guard does it on every exit path,
+//! early `?` returns included.
+
+use crate::restore::{
+    assign_splits, check_restore, checkpoint_dir, checkpoint_namespace, plan_restore,
+    restored_splits, sink_settlements,
+};
+use crate::{CommittedTransaction, CoordinatorError, JobReport, Next, Workers};
+use nop_stream_api::{AttemptId, EpochId, FencingToken, PluginKind, Split, TaskId};
+use nop_stream_checkpoint::coordinator::{Command, EpochCoordinator, EpochState, Event};
+use nop_stream_checkpoint::{
+    CheckpointStorage, EnumeratorState, EpochLogRecord, EpochManifest, LocalStorage,
+    STATE_FORMAT_VERSION, TaskSnapshot, failpoint,
+};
+use nop_stream_core::PartitionedPlan;
+use nop_stream_proto::{
+    Deployment, FailureClass, TaskAssignment, TaskCommand, TaskError, TaskEvent, TaskReport,
+};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How the coordinator runs a job.
+#[derive(Debug, Clone)]
+pub struct CoordinatorOptions {
+    /// Global recoveries allowed after task failures. `None`: 3 when the job checkpoints
+    /// periodically, 0 otherwise.
+    pub max_restarts: Option<u32>,
+    /// Epochs older than this are aborted, in ms. Default 60,000.
+    pub checkpoint_timeout_ms: u64,
+    /// Durable epochs kept per namespace. Default 3.
+    pub retain_epochs: usize,
+    /// An explicit rescale action (seed §10.5): the fingerprint of this same job compiled
+    /// at the parallelism the checkpoint was taken with. `None` (default): a changed plan
+    /// is refused (seed §10.4).
+    pub rescale_from: Option<String>,
+    /// Pause before a recovery attempt starts. Default 100 ms.
+    pub restart_delay: Duration,
+    /// How long the epoch loop waits for an event before it ticks the epoch clock.
+    /// Default 10 ms.
+    pub poll: Duration,
+}
+
+impl Default for CoordinatorOptions {
+    fn default() -> Self {
+        CoordinatorOptions {
+            max_restarts: None,
+            checkpoint_timeout_ms: 60_000,
+            retain_epochs: 3,
+            rescale_from: None,
+            restart_delay: Duration::from_millis(100),
+            poll: Duration::from_millis(10),
+        }
+    }
+}
+
+/// Opens the checkpoint namespace of `plan` under `work_dir` (see
+/// [`crate::checkpoint_dir`]). Without `resume`, its checkpoints are deleted first and the
+/// job starts fresh.
+///
+/// # Errors
+/// [`CoordinatorError::Storage`] if the directory cannot be removed or created.
+pub fn open_namespace(
+    work_dir: &Path,
+    plan: &PartitionedPlan,
+    resume: bool,
+) -> Result<Arc<dyn CheckpointStorage>, CoordinatorError> {
+    let dir = checkpoint_dir(work_dir, plan);
+    let err = |e: String| CoordinatorError::Storage {
+        path: dir.display().to_string(),
+        message: e,
+    };
+    if !resume && dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| err(e.to_string()))?;
+    }
+    Ok(Arc::new(LocalStorage::open(&dir).map_err(|e| err(e.to_string()))?))
+}
+
+fn storage_err(what: &str) -> impl Fn(nop_stream_checkpoint::StorageError) -> CoordinatorError + '_ {
+    move |e| CoordinatorError::Storage {
+        path: what.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What the attempts of one run achieved, kept across recoveries.
+#[derive(Default)]
+struct RunTally {
+    recoveries: u32,
+    resumed_from: Option<u64>,
+    durable_epochs: u64,
+    committed: Vec<CommittedTransaction>,
+    refused_stale: u64,
+}
+
+/// Runs `plan` to completion on `workers`: epoch checkpoints, resuming from the latest
+/// durable manifest in `storage`, and global recovery from task failures up to the
+/// restart budget (seed §10.1).
+///
+/// # Errors
+/// The root-cause failure once the restart budget is spent or when it is not
+/// recoverable; a restore incompatibility; a storage failure.
+pub fn run_job<W: Workers>(
+    plan: &PartitionedPlan,
+    workers: &mut W,
+    storage: Arc<dyn CheckpointStorage>,
+    opts: &CoordinatorOptions,
+) -> Result<JobReport, W::Error> {
+    let started = Instant::now();
+    let mut restarts_left = opts.max_restarts.unwrap_or(
+        if plan.job.checkpoint_interval_ms.is_some() { 3 } else { 0 },
+    );
+    let mut tally = RunTally::default();
+    loop {
+        let prepared = prepare_attempt(plan, workers, storage.as_ref(), opts, &mut tally)?;
+        let prepared = match prepared {
+            Prepared::AlreadyFinished { attempt, epoch } => {
+                let (read, written) = workers.records();
+                return Ok(report(plan, &tally, started, attempt, Some(epoch), true, (read, written), Vec::new()));
+            }
+            Prepared::Attempt(p) => p,
+        };
+        let attempt = prepared.deployment.attempt;
+        let result = drive_attempt(plan, workers, &storage, opts, prepared, &mut tally);
+        match result {
+            Ok((tasks, final_epoch)) => {
+                let records = workers.records();
+                return Ok(report(plan, &tally, started, attempt, Some(final_epoch.0), false, records, tasks));
+            }
+            Err(e) if restarts_left > 0 && e.class() != FailureClass::Fatal => {
+                restarts_left -= 1;
+                tally.recoveries += 1;
+                tracing::warn!("attempt {attempt} failed, recovering from the latest durable epoch: {e}");
+                std::thread::sleep(opts.restart_delay);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    plan: &PartitionedPlan,
+    tally: &RunTally,
+    started: Instant,
+    attempt: AttemptId,
+    final_epoch: Option<u64>,
+    already_finished: bool,
+    (records_read, records_written): (u64, u64),
+    tasks: Vec<TaskReport>,
+) -> JobReport {
+    JobReport {
+        job_id: plan.job.job_id.to_string(),
+        semantic: plan.job.semantic,
+        attempt: attempt.0,
+        recoveries: tally.recoveries,
+        resumed_from: if already_finished { final_epoch } else { tally.resumed_from },
+        already_finished,
+        wall: started.elapsed(),
+        records_read,
+        records_written,
+        epochs: tally.durable_epochs,
+        final_epoch,
+        committed: tally.committed.clone(),
+        refused_stale_events: tally.refused_stale,
+        tasks,
+    }
+}
+
+/// An attempt ready to deploy.
+struct PreparedAttempt {
+    deployment: Deployment,
+    restore_epoch: Option<EpochId>,
+    enumerators: Vec<EnumeratorState>,
+    sources: Vec<TaskId>,
+    sinks: BTreeSet<TaskId>,
+}
+
+enum Prepared {
+    /// The latest manifest is the final epoch and it committed: nothing to do.
+    AlreadyFinished { attempt: AttemptId, epoch: u64 },
+    Attempt(Box<PreparedAttempt>),
+}
+
+/// Steps before a deployment: check the restore, allocate the attempt, assign splits,
+/// settle sinks before a rescale, plan the restore.
+fn prepare_attempt<W: Workers>(
+    plan: &PartitionedPlan,
+    workers: &mut W,
+    storage: &dyn CheckpointStorage,
+    opts: &CoordinatorOptions,
+    tally: &mut RunTally,
+) -> Result<Prepared, W::Error> {
+    let restore = storage
+        .latest_manifest()
+        .map_err(storage_err("latest manifest"))?;
+    let mut rescale = false;
+    if let Some(m) = &restore {
+        rescale = check_restore(m, plan, opts.rescale_from.as_deref())?;
+        if tally.resumed_from.is_none() && tally.recoveries == 0 {
+            tally.resumed_from = Some(m.epoch.0);
+        }
+    }
+    let log = storage.read_log().map_err(storage_err("epoch log"))?;
+    if let Some(m) = &restore
+        && m.final_epoch
+        && log
+            .iter()
+            .any(|r| r.epoch == m.epoch && r.state == EpochState::Committed)
+    {
+        return Ok(Prepared::AlreadyFinished {
+            attempt: m.attempt,
+            epoch: m.epoch.0,
+        });
+    }
+    let max_epoch = log
+        .iter()
+        .map(|r| r.epoch.0)
+        .chain(restore.as_ref().map(|m| m.epoch.0))
+        .max()
+        .unwrap_or(0);
+    let attempt = AttemptId(
+        storage
+            .next_attempt(log.iter().map(|r| r.attempt.0).max().unwrap_or(0))
+            .map_err(storage_err("attempt"))?,
+    );
+
+    // Source enumerators (seed §6.3): the split registry of the manifest, or discovery.
+    let mut splits: BTreeMap<(usize, u32), Vec<Split>> = BTreeMap::new();
+    let mut enumerators = Vec::new();
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        let head = &v.operators[0];
+        if head.kind != PluginKind::Source {
+            continue;
+        }
+        let found = match &restore {
+            Some(m) => restored_splits(plan, vi, m)?,
+            None => None,
+        };
+        let found = match found {
+            Some(s) => s,
+            None => workers.discover_splits(vi, attempt)?,
+        };
+        let (per_reader, registry) = assign_splits(head.operator_id.as_str(), found, v.parallelism);
+        for (sub, s) in per_reader.into_iter().enumerate() {
+            splits.insert((vi, sub as u32), s);
+        }
+        enumerators.push(registry);
+    }
+    if let (true, Some(m)) = (rescale, &restore) {
+        workers.settle_sinks(&sink_settlements(plan, m), attempt)?;
+    }
+    let mut restores = plan_restore(plan, restore.as_ref(), rescale, &splits)?;
+
+    let job = &plan.job;
+    let mut tasks = Vec::new();
+    let mut sources = Vec::new();
+    let mut sinks = BTreeSet::new();
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        let tail = v.operators.last().expect("a vertex has operators");
+        for st in &v.subtasks {
+            let sub = st.index.0;
+            if v.operators[0].kind == PluginKind::Source {
+                sources.push(st.task.clone());
+            }
+            let sink_txn_prefix = (tail.kind == PluginKind::Sink).then(|| {
+                sinks.insert(st.task.clone());
+                format!("{}:{}:{}:{}:", job.job_id, job.pipeline_id, tail.operator_id, sub)
+            });
+            tasks.push(TaskAssignment {
+                task: st.task.clone(),
+                vertex: vi as u32,
+                subtask: sub,
+                splits: splits.remove(&(vi, sub)).unwrap_or_default(),
+                sink_txn_prefix,
+                restore: restores.remove(&st.task).unwrap_or_default(),
+            });
+        }
+    }
+    Ok(Prepared::Attempt(Box::new(PreparedAttempt {
+        deployment: Deployment {
+            job: job.job_id.clone(),
+            generation: u64::from(attempt.0),
+            attempt,
+            token: FencingToken(u64::from(attempt.0)),
+            namespace: checkpoint_namespace(plan),
+            first_epoch: EpochId(max_epoch + 1),
+            tasks,
+        },
+        restore_epoch: restore.as_ref().map(|m| m.epoch),
+        enumerators,
+        sources,
+        sinks,
+    })))
+}
+
+/// The live deployment of one attempt. Dropping it fences the generation (unless it ended
+/// cleanly) and joins its tasks, so no exit path leaves tasks running or sources reading.
+struct Attempt<'w, W: Workers> {
+    workers: &'w mut W,
+    generation: u64,
+    fenced: bool,
+    joined: bool,
+}
+
+impl<'w, W: Workers> Attempt<'w, W> {
+    fn fence(&mut self) {
+        if !self.fenced {
+            self.fenced = true;
+            self.workers.fence(self.generation);
+        }
+    }
+
+    fn join(&mut self) {
+        if !self.joined {
+            self.joined = true;
+            self.workers.join();
+        }
+    }
+}
+
+impl<W: Workers> Drop for Attempt<'_, W> {
+    fn drop(&mut self) {
+        if !self.joined {
+            self.fence();
+            self.join();
+        }
+    }
+}
+
+/// The state of the epoch loop of one attempt.
+struct Driver<'p, E> {
+    plan: &'p PartitionedPlan,
+    storage: &'p Arc<dyn CheckpointStorage>,
+    opts: &'p CoordinatorOptions,
+    attempt: AttemptId,
+    token: FencingToken,
+    namespace: String,
+    enumerators: Vec<EnumeratorState>,
+    sources: Vec<TaskId>,
+    sinks: BTreeSet<TaskId>,
+    tasks: Vec<TaskId>,
+    coord: EpochCoordinator,
+    queue: VecDeque<Command>,
+    failure: Option<E>,
+    created_ms: BTreeMap<EpochId, u64>,
+    commit_acks: BTreeMap<EpochId, BTreeSet<TaskId>>,
+    pending_txns: BTreeMap<EpochId, Vec<CommittedTransaction>>,
+    final_epoch: Option<EpochId>,
+    reports: Vec<TaskReport>,
+    ended: usize,
+}
+
+/// Deploys a prepared attempt and drives it: ticks and task events go into the pure
+/// [`EpochCoordinator`], whose commands are carried out here (barriers, manifests, the
+/// epoch log, commits). Returns the task reports and the final epoch.
+fn drive_attempt<W: Workers>(
+    plan: &PartitionedPlan,
+    workers: &mut W,
+    storage: &Arc<dyn CheckpointStorage>,
+    opts: &CoordinatorOptions,
+    prepared: Box<PreparedAttempt>,
+    tally: &mut RunTally,
+) -> Result<(Vec<TaskReport>, EpochId), W::Error> {
+    let PreparedAttempt {
+        deployment,
+        restore_epoch,
+        enumerators,
+        sources,
+        sinks,
+    } = *prepared;
+    let total = deployment.tasks.len();
+    let mut d = Driver::<W::Error> {
+        plan,
+        storage,
+        opts,
+        attempt: deployment.attempt,
+        token: deployment.token,
+        namespace: deployment.namespace.clone(),
+        enumerators,
+        sources,
+        sinks,
+        tasks: deployment.tasks.iter().map(|t| t.task.clone()).collect(),
+        coord: EpochCoordinator::new(
+            plan.ack_set.iter().cloned(),
+            deployment.attempt,
+            deployment.first_epoch,
+            plan.job.checkpoint_interval_ms,
+            opts.checkpoint_timeout_ms,
+            restore_epoch,
+        ),
+        queue: VecDeque::new(),
+        failure: None,
+        created_ms: BTreeMap::new(),
+        commit_acks: BTreeMap::new(),
+        pending_txns: BTreeMap::new(),
+        final_epoch: None,
+        reports: Vec::new(),
+        ended: 0,
+    };
+    let mut live = Attempt {
+        generation: deployment.generation,
+        workers,
+        fenced: false,
+        joined: false,
+    };
+    live.workers.deploy(deployment)?;
+    let clock = Instant::now();
+    while d.ended < total {
+        let next = live.workers.next_event(opts.poll);
+        if d.failure.is_none() {
+            let now = clock.elapsed().as_millis() as u64;
+            d.queue.extend(d.coord.handle(Event::Tick { now_ms: now }));
+        }
+        match next {
+            Next::Event(e) => d.on_event(e, tally, &mut live),
+            Next::Timeout => {}
+            Next::Closed => break,
+        }
+        d.carry_out(&mut live, tally)?;
+    }
+    live.join();
+    if let Some(e) = d.failure {
+        return Err(e);
+    }
+    d.reports.sort_by(|a, b| a.task.cmp(&b.task));
+    match d.final_epoch {
+        Some(f) if d.coord.is_finished() => Ok((d.reports, f)),
+        _ => Err(CoordinatorError::Internal(
+            "every task ended before the final epoch committed".into(),
+        )
+        .into()),
+    }
+}
+
+impl<E: TaskError> Driver<'_, E> {
+    fn fail<W: Workers<Error = E>>(&mut self, error: E, live: &mut Attempt<'_, W>) {
+        let replace = match &self.failure {
+            None => true,
+            Some(f) => f.class() == FailureClass::Secondary && error.class() != FailureClass::Secondary,
+        };
+        if replace {
+            self.failure = Some(error);
+        }
+        // Fence the generation: its channels refuse every further frame (seed §10.2); the
+        // next attempt gets a new generation and token.
+        live.fence();
+    }
+
+    fn on_event<W: Workers<Error = E>>(
+        &mut self,
+        event: TaskEvent<E>,
+        tally: &mut RunTally,
+        live: &mut Attempt<'_, W>,
+    ) {
+        if event.attempt() != self.attempt {
+            // An event of another generation: refused and counted (design §8).
+            tally.refused_stale += 1;
+            tracing::warn!(attempt = %event.attempt(), current = %self.attempt, "refused an event of a stale attempt");
+            return;
+        }
+        let healthy = self.failure.is_none();
+        match event {
+            TaskEvent::Ack { attempt, snapshot } if healthy => {
+                self.queue.extend(self.coord.handle(Event::Ack { attempt, snapshot }));
+            }
+            TaskEvent::EndOfData { attempt, task } if healthy => {
+                self.queue.extend(self.coord.handle(Event::EndOfData { attempt, task }));
+            }
+            // A failing attempt's snapshots and ends of data no longer count.
+            TaskEvent::Ack { .. } | TaskEvent::EndOfData { .. } => {}
+            TaskEvent::Committed { task, epoch, .. } => {
+                let acks = self.commit_acks.entry(epoch).or_default();
+                acks.insert(task);
+                if acks.len() == self.sinks.len() && healthy {
+                    self.queue.extend(self.coord.handle(Event::SinksCommitted { epoch }));
+                }
+            }
+            TaskEvent::Finished { report, .. } => {
+                self.ended += 1;
+                self.reports.push(report);
+            }
+            TaskEvent::Failed { task, error, .. } => {
+                self.ended += 1;
+                tracing::debug!(%task, "task failed: {error}");
+                self.fail(error, live);
+            }
+        }
+    }
+
+    fn log(&self, epoch: EpochId, state: EpochState, detail: Option<String>) -> Result<(), CoordinatorError> {
+        self.storage
+            .append_log(&EpochLogRecord {
+                epoch,
+                state,
+                attempt: self.attempt,
+                at_ms: now_ms(),
+                detail,
+            })
+            .map_err(storage_err("epoch log"))
+    }
+
+    /// Carries out the queued commands of the epoch state machine, in order.
+    fn carry_out<W: Workers<Error = E>>(
+        &mut self,
+        live: &mut Attempt<'_, W>,
+        tally: &mut RunTally,
+    ) -> Result<(), E>
+    where
+        E: From<CoordinatorError>,
+    {
+        while self.failure.is_none() {
+            let Some(cmd) = self.queue.pop_front() else {
+                break;
+            };
+            match cmd {
+                Command::InjectBarrier { epoch, final_epoch } => {
+                    self.log(epoch, EpochState::Created, final_epoch.then(|| "final".to_owned()))?;
+                    self.created_ms.insert(epoch, now_ms());
+                    for t in &self.sources {
+                        live.workers.send(t, TaskCommand::InjectBarrier(epoch));
+                    }
+                }
+                Command::PublishManifest {
+                    epoch,
+                    final_epoch,
+                    snapshots,
+                    ..
+                } => {
+                    self.publish(epoch, final_epoch, snapshots, tally)?;
+                    self.queue.extend(self.coord.handle(Event::ManifestDurable { epoch }));
+                }
+                Command::Commit { epoch } => {
+                    if self.sinks.is_empty() {
+                        self.queue.extend(self.coord.handle(Event::SinksCommitted { epoch }));
+                    } else {
+                        for t in &self.sinks {
+                            live.workers.send(t, TaskCommand::Commit(epoch));
+                        }
+                    }
+                }
+                Command::Abort { epoch, reason } => {
+                    tracing::warn!("epoch {epoch} aborted: {reason}");
+                    self.log(epoch, EpochState::Aborted, Some(reason))?;
+                }
+                Command::Finish => {
+                    for t in &self.tasks {
+                        live.workers.send(t, TaskCommand::Finish);
+                    }
+                }
+            }
+            // COMMITTED is recorded as soon as the coordinator accepted it.
+            if let Some(c) = self.coord.latest_committed()
+                && let Some(txns) = self.pending_txns.remove(&c)
+            {
+                self.log(c, EpochState::Committed, None)?;
+                tally.committed.extend(txns);
+            }
+        }
+        Ok(())
+    }
+
+    /// Assembles the manifest of `epoch`, publishes it atomically, records DURABLE and
+    /// applies retention (seed §5.6: the manifest is published before any commit).
+    fn publish(
+        &mut self,
+        epoch: EpochId,
+        final_epoch: bool,
+        snapshots: Vec<TaskSnapshot>,
+        tally: &mut RunTally,
+    ) -> Result<(), CoordinatorError> {
+        let job = &self.plan.job;
+        let finished: BTreeSet<&str> = snapshots
+            .iter()
+            .flat_map(|s| {
+                s.splits
+                    .iter()
+                    .filter(|sp| sp.finished)
+                    .map(|sp| sp.split_id.as_str())
+            })
+            .collect();
+        let enumerators = self
+            .enumerators
+            .iter()
+            .map(|e| EnumeratorState {
+                operator_id: e.operator_id.clone(),
+                splits: e.splits.clone(),
+                finished: e
+                    .splits
+                    .iter()
+                    .filter(|(id, _)| finished.contains(id.as_str()))
+                    .map(|(id, _)| id.clone())
+                    .collect(),
+            })
+            .collect();
+        let mut manifest = EpochManifest {
+            epoch,
+            job_id: job.job_id.to_string(),
+            pipeline_id: job.pipeline_id.to_string(),
+            namespace: self.namespace.clone(),
+            plan_fingerprint: self.plan.fingerprint.clone(),
+            state_shard_count: job.state_shard_count,
+            attempt: self.attempt,
+            fencing_token: self.token,
+            final_epoch,
+            enumerators,
+            tasks: snapshots,
+            state_format_version: STATE_FORMAT_VERSION,
+            created_ms: self.created_ms.get(&epoch).copied().unwrap_or(0),
+            durable_ms: now_ms(),
+            checksum: String::new(),
+        };
+        manifest.seal();
+        self.storage
+            .publish_manifest(&manifest)
+            .map_err(|e| CoordinatorError::Storage {
+                path: format!("manifest of epoch {epoch}"),
+                message: e.to_string(),
+            })?;
+        self.log(epoch, EpochState::Durable, None)?;
+        failpoint::hit("after-manifest-publish");
+        tally.durable_epochs += 1;
+        self.pending_txns.insert(
+            epoch,
+            manifest
+                .tasks
+                .iter()
+                .flat_map(|t| t.pending_transactions.iter().filter(|p| p.epoch == epoch))
+                .map(|p| CommittedTransaction {
+                    epoch: p.epoch.0,
+                    txn: p.txn.clone(),
+                })
+                .collect(),
+        );
+        if let Err(e) = self.storage.retain(self.opts.retain_epochs) {
+            tracing::warn!("checkpoint retention failed: {e}");
+        }
+        if final_epoch {
+            self.final_epoch = Some(epoch);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,84 @@
+//! A small plan compiled from a job file against a fake plugin catalog, shared by the
+//! coordinator's tests.
+
+#![allow(dead_code)]
+
+use nop_stream_api::{
+    PluginInfo, PluginKind, SinkCapability, SourceCapability, StateDescriptor, StateKind,
+};
+use nop_stream_core::{
+    NodeSpec, PartitionedPlan, PluginCatalog, job_graph, parse_job_file, partitioned_plan,
+    stream_graph,
+};
+
+/// source (p) -> hash -> keyed aggregate (p) -> sink (p).
+pub fn job(parallelism: u32, shards: u32) -> String {
+    format!(
+        r#"[job]
+name = "coord-test"
+parallelism = {parallelism}
+state_shards = {shards}
+checkpoint_interval_ms = 1000
+
+[[source]]
+name = "src"
+plugin = "src@1.0.0"
+
+[[operator]]
+name = "agg"
+plugin = "agg@1.0.0"
+inputs = [{{ from = "src", partition = "hash" }}]
+
+[[sink]]
+name = "out"
+plugin = "out@1.0.0"
+inputs = ["agg"]
+"#
+    )
+}
+
+struct Fake;
+
+fn info(name: &str, kind: PluginKind) -> PluginInfo {
+    PluginInfo {
+        name: name.into(),
+        version: "1.0.0".into(),
+        kind,
+        description: String::new(),
+        states: if name == "agg" {
+            vec![StateDescriptor {
+                name: "acc".into(),
+                kind: StateKind::Value,
+                schema_version: 1,
+                codec: "postcard".into(),
+            }]
+        } else {
+            Vec::new()
+        },
+        source_capability: (kind == PluginKind::Source).then_some(SourceCapability::Replayable),
+        sink_capability: (kind == PluginKind::Sink).then_some(SinkCapability::TwoPhaseCommit),
+        config_schema: "{}".into(),
+        side_outputs: Vec::new(),
+        model: None,
+    }
+}
+
+impl PluginCatalog for Fake {
+    fn describe(&self, node: &NodeSpec) -> Result<PluginInfo, String> {
+        let name = node.plugin.to_string();
+        let name = name.split('@').next().unwrap_or_default().to_owned();
+        Ok(match name.as_str() {
+            "src" => info("src", PluginKind::Source),
+            "agg" => info("agg", PluginKind::Operator),
+            "out" => info("out", PluginKind::Sink),
+            other => return Err(format!("unknown plugin {other}")),
+        })
+    }
+}
+
+/// The plan of [`job`].
+pub fn plan(parallelism: u32, shards: u32) -> PartitionedPlan {
+    let m = parse_job_file("job.toml", &job(parallelism, shards)).unwrap_or_else(|d| panic!("{d}"));
+    let g = stream_graph(&m, &Fake).unwrap_or_else(|d| panic!("{d}"));
+    partitioned_plan(&job_graph(&g))
+}

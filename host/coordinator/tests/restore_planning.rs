@@ -1,0 +1,246 @@
+//! Restore planning and split assignment: pure functions over a compiled plan and a
+//! hand-made manifest.
+
+mod common;
+
+use nop_stream_api::{EpochId, FencingToken, AttemptId, Split, TaskId};
+use nop_stream_checkpoint::{
+    EnumeratorState, EpochManifest, PendingTransaction, STATE_FORMAT_VERSION, SegmentDescriptor,
+    SplitState, TaskSnapshot,
+};
+use nop_stream_coordinator::restore::{assign_splits, plan_restore, restored_splits, sink_settlements};
+use nop_stream_coordinator::{CoordinatorError, check_restore};
+use nop_stream_core::PartitionedPlan;
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+fn vertex_of(plan: &PartitionedPlan, name: &str) -> usize {
+    plan.vertices
+        .iter()
+        .position(|v| v.operators.iter().any(|o| o.name == name))
+        .unwrap_or_else(|| panic!("no vertex runs `{name}`"))
+}
+
+/// A manifest of `plan` at epoch 7: every shard of `agg` has one segment, held by the
+/// subtask owning it; sources own splits `s0..s{n}` round robin; sinks hold one pending
+/// transaction each.
+fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
+    let agg = vertex_of(plan, "agg");
+    let src = vertex_of(plan, "src");
+    let out = vertex_of(plan, "out");
+    let shards = plan.job.state_shard_count;
+    let mut tasks = Vec::new();
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        for st in &v.subtasks {
+            let mut snap = TaskSnapshot {
+                task: st.task.clone(),
+                epoch: EpochId(7),
+                end_of_data: false,
+                segments: Vec::new(),
+                splits: Vec::new(),
+                watermarks: st.inputs.iter().map(|c| (c.to_string(), 100 + i64::from(st.index.0))).collect(),
+                ended_inputs: Vec::new(),
+                pending_transactions: Vec::new(),
+                sink_operator: None,
+                snapshot_bytes: 0,
+                alignment_ms: 0,
+                duration_ms: 0,
+            };
+            if vi == agg {
+                let op = &v.operators[0].operator_id;
+                for shard in v.owned_shards(st, shards) {
+                    snap.segments.push(SegmentDescriptor {
+                        state_path: format!("{op}/{shard}/acc"),
+                        operator_id: op.to_string(),
+                        shard,
+                        state: "acc".into(),
+                        file: format!("segments/7/{shard}.seg"),
+                        offset: 0,
+                        len: 1,
+                        checksum: String::new(),
+                        codec: "postcard".into(),
+                        schema_version: 1,
+                        entries: 1,
+                    });
+                }
+            }
+            if vi == src {
+                for j in (0..splits).filter(|j| j % v.parallelism == st.index.0) {
+                    snap.splits.push(SplitState {
+                        split_id: format!("s{j}"),
+                        descriptor: hex::encode(format!("d{j}")),
+                        cursor: hex::encode([j as u8, 1]),
+                        finished: j == 0,
+                        max_timestamp: Some(i64::from(j)),
+                    });
+                }
+            }
+            if vi == out {
+                snap.pending_transactions.push(PendingTransaction {
+                    epoch: EpochId(7),
+                    txn: format!("txn-{}", st.index.0),
+                    committable: hex::encode("c"),
+                });
+            }
+            tasks.push(snap);
+        }
+    }
+    let mut m = EpochManifest {
+        epoch: EpochId(7),
+        job_id: plan.job.job_id.to_string(),
+        pipeline_id: plan.job.pipeline_id.to_string(),
+        namespace: "ns".into(),
+        plan_fingerprint: plan.fingerprint.clone(),
+        state_shard_count: shards,
+        attempt: AttemptId(1),
+        fencing_token: FencingToken(1),
+        final_epoch: false,
+        enumerators: vec![EnumeratorState {
+            operator_id: plan.vertices[src].operators[0].operator_id.to_string(),
+            splits: (0..splits).map(|j| (format!("s{j}"), j % plan.vertices[src].parallelism)).collect(),
+            finished: Vec::new(),
+        }],
+        tasks,
+        state_format_version: STATE_FORMAT_VERSION,
+        created_ms: 0,
+        durable_ms: 0,
+        checksum: String::new(),
+    };
+    m.seal();
+    m
+}
+
+fn split_map(plan: &PartitionedPlan, m: &EpochManifest) -> BTreeMap<(usize, u32), Vec<Split>> {
+    let src = vertex_of(plan, "src");
+    let splits = restored_splits(plan, src, m).unwrap().expect("the manifest has a registry");
+    let (per, _) = assign_splits("src", splits, plan.vertices[src].parallelism);
+    per.into_iter().enumerate().map(|(i, s)| ((src, i as u32), s)).collect()
+}
+
+#[test]
+fn a_fresh_start_restores_nothing() {
+    let plan = common::plan(2, 8);
+    let r = plan_restore(&plan, None, false, &BTreeMap::new()).unwrap();
+    assert_eq!(r.len(), plan.vertices.iter().map(|v| v.subtasks.len()).sum::<usize>());
+    assert!(r.values().all(|t| t.epoch.is_none() && t.segments.is_empty() && t.pending.is_empty()));
+}
+
+#[test]
+fn same_plan_gives_each_task_its_own_snapshot_and_owned_segments() {
+    let plan = common::plan(2, 8);
+    let m = manifest(&plan, 5);
+    let r = plan_restore(&plan, Some(&m), false, &split_map(&plan, &m)).unwrap();
+    let agg = vertex_of(&plan, "agg");
+    let out = vertex_of(&plan, "out");
+    for st in &plan.vertices[agg].subtasks {
+        let t = &r[&st.task];
+        let shards: BTreeSet<u32> = t.segments.values().flatten().map(|s| s.shard).collect();
+        let owned: BTreeSet<u32> = plan.vertices[agg].owned_shards(st, 8).collect();
+        assert_eq!(shards, owned, "{}", st.task);
+        assert_eq!(t.epoch, Some(EpochId(7)));
+        for ch in &st.inputs {
+            assert_eq!(t.watermarks[&ch.to_string()], 100 + i64::from(st.index.0));
+        }
+    }
+    for st in &plan.vertices[out].subtasks {
+        assert_eq!(r[&st.task].pending.len(), 1);
+        assert_eq!(r[&st.task].pending[0].txn, format!("txn-{}", st.index.0));
+    }
+    // Each reader gets the cursors of exactly its splits, decoded.
+    let src = vertex_of(&plan, "src");
+    for st in &plan.vertices[src].subtasks {
+        let got: BTreeSet<&str> = r[&st.task].splits.keys().map(String::as_str).collect();
+        let want: BTreeSet<String> = (0..5u32).filter(|j| j % 2 == st.index.0).map(|j| format!("s{j}")).collect();
+        assert_eq!(got, want.iter().map(String::as_str).collect());
+        let s0 = r[&st.task].splits.get("s0");
+        if let Some(c) = s0 {
+            assert!(c.finished);
+            assert_eq!(c.cursor, vec![0, 1]);
+        }
+    }
+}
+
+#[test]
+fn rescale_restores_conservatively_and_settles_sinks() {
+    let old = common::plan(2, 8);
+    let m = manifest(&old, 4);
+    let new = common::plan(3, 8);
+    assert_eq!(check_restore(&m, &new, Some(&old.fingerprint)), Ok(true));
+    let r = plan_restore(&new, Some(&m), true, &split_map(&new, &m)).unwrap();
+    let agg = vertex_of(&new, "agg");
+    for st in &new.vertices[agg].subtasks {
+        let t = &r[&st.task];
+        assert!(t.pending.is_empty());
+        // The minimum over both old subtasks' channels of the edge.
+        for ch in &st.inputs {
+            assert_eq!(t.watermarks[&ch.to_string()], 100, "{ch}");
+        }
+    }
+    let settle = sink_settlements(&new, &m);
+    assert_eq!(settle.len(), 2, "both old sink subtasks settle");
+    assert!(settle.iter().all(|s| s.parallelism == 2 && s.commit.len() == 1));
+}
+
+#[test]
+fn a_changed_plan_without_a_rescale_action_is_refused() {
+    let old = common::plan(2, 8);
+    let m = manifest(&old, 1);
+    let err = check_restore(&m, &common::plan(3, 8), None).unwrap_err();
+    assert!(matches!(&err, CoordinatorError::Restore { epoch: 7, message } if message.contains("plan fingerprint differs")), "{err}");
+    let err = check_restore(&m, &common::plan(2, 16), Some(&old.fingerprint)).unwrap_err();
+    assert!(err.to_string().contains("state shard count differs"), "{err}");
+}
+
+#[test]
+fn a_malformed_cursor_is_refused_naming_the_split() {
+    let plan = common::plan(1, 4);
+    let mut m = manifest(&plan, 2);
+    for t in &mut m.tasks {
+        for s in &mut t.splits {
+            s.cursor = "zz".into();
+        }
+    }
+    let err = plan_restore(&plan, Some(&m), false, &split_map(&plan, &m)).unwrap_err();
+    assert!(err.to_string().contains("split `s0`: cursor is not hex"), "{err}");
+}
+
+#[test]
+fn splits_go_round_robin_in_registry_order() {
+    let splits: Vec<Split> = (0..7).map(|j| Split { id: format!("s{j}"), descriptor: vec![j] }).collect();
+    let (per, reg) = assign_splits("src", splits, 3);
+    let ids: Vec<Vec<&str>> = per.iter().map(|s| s.iter().map(|s| s.id.as_str()).collect()).collect();
+    assert_eq!(ids, [vec!["s0", "s3", "s6"], vec!["s1", "s4"], vec!["s2", "s5"]]);
+    assert_eq!(reg.splits[4], ("s4".to_owned(), 1));
+}
+
+proptest! {
+    /// Rescaling N -> M moves whole shards: every segment of the checkpoint is restored by
+    /// exactly one new subtask, and each by the subtask that now owns its shard.
+    #[test]
+    fn rescale_moves_each_shard_to_exactly_one_owner(from in 1u32..6, to in 1u32..6, shard_pow in 2u32..6) {
+        let shards = 1 << shard_pow;
+        prop_assume!(from <= shards && to <= shards);
+        let old = common::plan(from, shards);
+        let m = manifest(&old, 3);
+        let new = common::plan(to, shards);
+        let rescale = check_restore(&m, &new, Some(&old.fingerprint)).unwrap();
+        prop_assert_eq!(rescale, from != to);
+        let r = plan_restore(&new, Some(&m), rescale, &split_map(&new, &m)).unwrap();
+        let agg = vertex_of(&new, "agg");
+        let mut seen = BTreeMap::<u32, TaskId>::new();
+        for st in &new.vertices[agg].subtasks {
+            for seg in r[&st.task].segments.values().flatten() {
+                prop_assert!(new.vertices[agg].owned_shards(st, shards).contains(&seg.shard));
+                prop_assert!(seen.insert(seg.shard, st.task.clone()).is_none(), "shard {} restored twice", seg.shard);
+            }
+        }
+        prop_assert_eq!(seen.len() as u32, shards);
+        // Every split cursor lands with exactly one reader.
+        let src = vertex_of(&new, "src");
+        let mut cursors = 0;
+        for st in &new.vertices[src].subtasks {
+            cursors += r[&st.task].splits.len();
+        }
+        prop_assert_eq!(cursors, 3);
+    }
+}

@@ -1,0 +1,374 @@
+//! The coordinator's recovery and epoch loops against scripted workers: a job runs to
+//! its final epoch, a failed attempt is fenced and joined before the next deployment,
+//! events of a stale attempt are refused and counted, and an early storage failure still
+//! fences and joins.
+
+mod common;
+
+use nop_stream_api::{AttemptId, EpochId, Split, TaskId};
+use nop_stream_checkpoint::coordinator::EpochState;
+use nop_stream_checkpoint::{
+    CheckpointStorage, EpochLogRecord, EpochManifest, LocalStorage, PendingTransaction,
+    StorageError, TaskSnapshot,
+};
+use nop_stream_coordinator::{CoordinatorError, CoordinatorOptions, Next, Workers, run_job};
+use nop_stream_core::PartitionedPlan;
+use nop_stream_proto::{
+    Deployment, FailureClass, SinkSettlement, TaskCommand, TaskError, TaskEvent, TaskReport,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug)]
+enum FakeError {
+    Coord(CoordinatorError),
+    Task(FailureClass, String),
+}
+
+impl std::fmt::Display for FakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FakeError::Coord(e) => write!(f, "{e}"),
+            FakeError::Task(_, m) => f.write_str(m),
+        }
+    }
+}
+
+impl TaskError for FakeError {
+    fn class(&self) -> FailureClass {
+        match self {
+            FakeError::Coord(_) => FailureClass::Fatal,
+            FakeError::Task(c, _) => *c,
+        }
+    }
+}
+
+impl From<CoordinatorError> for FakeError {
+    fn from(e: CoordinatorError) -> Self {
+        FakeError::Coord(e)
+    }
+}
+
+/// What the fake did, in order.
+#[derive(Debug, Clone, PartialEq)]
+enum Did {
+    Discover,
+    Deploy(u64),
+    Fence(u64),
+    Join,
+}
+
+/// Workers that answer commands at once: every task reports its end of data on deploy,
+/// acknowledges every barrier, sinks commit when told, tasks finish on Finish.
+struct Scripted {
+    plan: PartitionedPlan,
+    log: Vec<Did>,
+    events: VecDeque<TaskEvent<FakeError>>,
+    attempt: AttemptId,
+    /// Fail this many deployments with a task failure of this class.
+    fail_deploys: u32,
+    fail_class: FailureClass,
+    /// Emit an Ack of an older attempt right after deploying.
+    stale_ack: bool,
+    live: bool,
+}
+
+impl Scripted {
+    fn new(plan: PartitionedPlan) -> Self {
+        Scripted {
+            plan,
+            log: Vec::new(),
+            events: VecDeque::new(),
+            attempt: AttemptId(0),
+            fail_deploys: 0,
+            fail_class: FailureClass::Recoverable,
+            stale_ack: false,
+            live: false,
+        }
+    }
+
+    fn tasks(&self) -> Vec<TaskId> {
+        self.plan.vertices.iter().flat_map(|v| v.subtasks.iter().map(|s| s.task.clone())).collect()
+    }
+
+    fn is_sink(&self, t: &TaskId) -> bool {
+        self.plan.vertices.iter().any(|v| {
+            v.id == t.vertex && v.operators.last().map(|o| o.kind) == Some(nop_stream_api::PluginKind::Sink)
+        })
+    }
+
+    fn snapshot(&self, task: &TaskId, epoch: EpochId) -> TaskSnapshot {
+        TaskSnapshot {
+            task: task.clone(),
+            epoch,
+            end_of_data: true,
+            segments: Vec::new(),
+            splits: Vec::new(),
+            watermarks: Vec::new(),
+            ended_inputs: Vec::new(),
+            pending_transactions: if self.is_sink(task) {
+                vec![PendingTransaction { epoch, txn: format!("{task}@{epoch}"), committable: String::new() }]
+            } else {
+                Vec::new()
+            },
+            sink_operator: None,
+            snapshot_bytes: 0,
+            alignment_ms: 0,
+            duration_ms: 0,
+        }
+    }
+}
+
+impl Workers for Scripted {
+    type Error = FakeError;
+
+    fn discover_splits(&mut self, _vertex: usize, _attempt: AttemptId) -> Result<Vec<Split>, FakeError> {
+        self.log.push(Did::Discover);
+        Ok(vec![Split { id: "only".into(), descriptor: Vec::new() }])
+    }
+
+    fn settle_sinks(&mut self, _s: &[SinkSettlement], _a: AttemptId) -> Result<(), FakeError> {
+        Ok(())
+    }
+
+    fn deploy(&mut self, d: Deployment) -> Result<(), FakeError> {
+        assert!(!self.live, "deployed while the previous generation was live");
+        self.live = true;
+        self.log.push(Did::Deploy(d.generation));
+        self.attempt = d.attempt;
+        let tasks = self.tasks();
+        if self.stale_ack {
+            self.stale_ack = false;
+            let old = AttemptId(d.attempt.0 - 1);
+            self.events.push_back(TaskEvent::Ack { attempt: old, snapshot: Box::new(self.snapshot(&tasks[0], EpochId(1))) });
+        }
+        if self.fail_deploys > 0 {
+            self.fail_deploys -= 1;
+            for (i, t) in tasks.iter().enumerate() {
+                let error = if i == 0 {
+                    FakeError::Task(self.fail_class, "trap in task 0".into())
+                } else {
+                    FakeError::Task(FailureClass::Secondary, "cancelled".into())
+                };
+                self.events.push_back(TaskEvent::Failed { attempt: d.attempt, task: t.clone(), error });
+            }
+            return Ok(());
+        }
+        for t in tasks {
+            self.events.push_back(TaskEvent::EndOfData { attempt: d.attempt, task: t });
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, task: &TaskId, command: TaskCommand) {
+        let attempt = self.attempt;
+        match command {
+            TaskCommand::InjectBarrier(epoch) => {
+                // One injection per source fans out to every task's ACK.
+                if self.plan.vertices[0].subtasks[0].task == *task {
+                    for t in self.tasks() {
+                        let snapshot = Box::new(self.snapshot(&t, epoch));
+                        self.events.push_back(TaskEvent::Ack { attempt, snapshot });
+                    }
+                }
+            }
+            TaskCommand::Commit(epoch) => {
+                self.events.push_back(TaskEvent::Committed { attempt, task: task.clone(), epoch });
+            }
+            TaskCommand::Finish => {
+                self.events.push_back(TaskEvent::Finished {
+                    attempt,
+                    report: TaskReport { task: task.to_string(), ..TaskReport::default() },
+                });
+            }
+        }
+    }
+
+    fn next_event(&mut self, _timeout: Duration) -> Next<FakeError> {
+        match self.events.pop_front() {
+            Some(e) => Next::Event(e),
+            None => Next::Timeout,
+        }
+    }
+
+    fn fence(&mut self, generation: u64) {
+        self.log.push(Did::Fence(generation));
+    }
+
+    fn join(&mut self) {
+        self.live = false;
+        self.events.clear();
+        self.log.push(Did::Join);
+    }
+
+    fn records(&self) -> (u64, u64) {
+        (0, 0)
+    }
+}
+
+/// Storage whose manifest publish fails.
+struct FailingPublish(LocalStorage);
+
+impl CheckpointStorage for FailingPublish {
+    fn write_segment(&self, rel: &str, bytes: &[u8]) -> Result<(), StorageError> {
+        self.0.write_segment(rel, bytes)
+    }
+    fn read_range(&self, rel: &str, offset: u64, len: u64) -> Result<Vec<u8>, StorageError> {
+        self.0.read_range(rel, offset, len)
+    }
+    fn publish_manifest(&self, _m: &EpochManifest) -> Result<(), StorageError> {
+        Err(StorageError::Io { path: "manifests".into(), message: "disk on fire".into() })
+    }
+    fn manifest_epochs(&self) -> Result<Vec<EpochId>, StorageError> {
+        self.0.manifest_epochs()
+    }
+    fn read_manifest(&self, epoch: EpochId) -> Result<EpochManifest, StorageError> {
+        self.0.read_manifest(epoch)
+    }
+    fn append_log(&self, record: &EpochLogRecord) -> Result<(), StorageError> {
+        self.0.append_log(record)
+    }
+    fn read_log(&self) -> Result<Vec<EpochLogRecord>, StorageError> {
+        self.0.read_log()
+    }
+    fn retain(&self, keep: usize) -> Result<Vec<EpochId>, StorageError> {
+        self.0.retain(keep)
+    }
+    fn next_attempt(&self, at_least_after: u32) -> Result<u32, StorageError> {
+        self.0.next_attempt(at_least_after)
+    }
+}
+
+fn opts() -> CoordinatorOptions {
+    CoordinatorOptions { restart_delay: Duration::ZERO, poll: Duration::from_millis(1), ..CoordinatorOptions::default() }
+}
+
+#[test]
+fn a_job_runs_to_its_final_epoch_and_commits_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(2, 8);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    let report = run_job(&plan, &mut w, Arc::clone(&storage), &opts()).unwrap();
+    assert_eq!(w.log, [Did::Discover, Did::Deploy(1), Did::Join]);
+    let final_epoch = report.final_epoch.expect("a final epoch");
+    let m = storage.latest_manifest().unwrap().unwrap();
+    assert!(m.final_epoch);
+    assert_eq!(m.epoch.0, final_epoch);
+    assert_eq!(m.tasks.len(), plan.ack_set.len());
+    let log = storage.read_log().unwrap();
+    assert!(log.iter().any(|r| r.epoch.0 == final_epoch && r.state == EpochState::Durable));
+    assert!(log.iter().any(|r| r.epoch.0 == final_epoch && r.state == EpochState::Committed));
+    // Both sink subtasks' transactions of the final epoch are reported committed, once.
+    assert_eq!(report.committed.len(), 2);
+    assert_eq!(report.tasks.len(), plan.ack_set.len());
+    // A second run finds the job finished and deploys nothing.
+    let mut again = Scripted::new(plan.clone());
+    let r2 = run_job(&plan, &mut again, storage, &opts()).unwrap();
+    assert!(r2.already_finished);
+    assert!(again.log.is_empty(), "{:?}", again.log);
+}
+
+#[test]
+fn a_failed_attempt_is_fenced_and_joined_before_the_next_deployment() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(2, 8);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    w.fail_deploys = 1;
+    let report = run_job(&plan, &mut w, storage, &opts()).unwrap();
+    assert_eq!(report.recoveries, 1);
+    assert_eq!(report.attempt, 2);
+    assert_eq!(
+        w.log,
+        [Did::Discover, Did::Deploy(1), Did::Fence(1), Did::Join, Did::Discover, Did::Deploy(2), Did::Join]
+    );
+}
+
+#[test]
+fn the_root_cause_is_reported_not_the_cancellations_and_fatal_is_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(2, 8);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    w.fail_deploys = 5;
+    w.fail_class = FailureClass::Fatal;
+    let err = run_job(&plan, &mut w, storage, &opts()).unwrap_err();
+    assert_eq!(err.to_string(), "trap in task 0");
+    assert_eq!(w.log.iter().filter(|d| matches!(d, Did::Deploy(_))).count(), 1, "{:?}", w.log);
+}
+
+#[test]
+fn the_restart_budget_bounds_recoveries() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(1, 4);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    w.fail_deploys = 10;
+    let o = CoordinatorOptions { max_restarts: Some(2), ..opts() };
+    let err = run_job(&plan, &mut w, storage, &o).unwrap_err();
+    assert_eq!(err.class(), FailureClass::Recoverable);
+    let deploys: Vec<_> = w.log.iter().filter_map(|d| if let Did::Deploy(g) = d { Some(*g) } else { None }).collect();
+    assert_eq!(deploys, [1, 2, 3], "generations grow with every recovery");
+}
+
+#[test]
+fn events_of_a_stale_attempt_are_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(1, 4);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    // The first attempt fails; the second one receives an ACK of attempt 1 first.
+    w.fail_deploys = 1;
+    let report = run_job(&plan, &mut StaleOnSecond(&mut w), Arc::clone(&storage), &opts()).unwrap();
+    assert_eq!(report.refused_stale_events, 1);
+    assert_eq!(report.recoveries, 1);
+    let m = storage.latest_manifest().unwrap().unwrap();
+    assert!(m.tasks.iter().all(|t| t.epoch == m.epoch), "the stale ACK never entered a manifest");
+}
+
+/// Arms the stale ACK for the second deployment.
+struct StaleOnSecond<'a>(&'a mut Scripted);
+
+impl Workers for StaleOnSecond<'_> {
+    type Error = FakeError;
+    fn discover_splits(&mut self, v: usize, a: AttemptId) -> Result<Vec<Split>, FakeError> {
+        self.0.discover_splits(v, a)
+    }
+    fn settle_sinks(&mut self, s: &[SinkSettlement], a: AttemptId) -> Result<(), FakeError> {
+        self.0.settle_sinks(s, a)
+    }
+    fn deploy(&mut self, d: Deployment) -> Result<(), FakeError> {
+        if d.generation == 2 {
+            self.0.stale_ack = true;
+        }
+        self.0.deploy(d)
+    }
+    fn send(&mut self, t: &TaskId, c: TaskCommand) {
+        self.0.send(t, c)
+    }
+    fn next_event(&mut self, timeout: Duration) -> Next<FakeError> {
+        self.0.next_event(timeout)
+    }
+    fn fence(&mut self, g: u64) {
+        self.0.fence(g)
+    }
+    fn join(&mut self) {
+        self.0.join()
+    }
+    fn records(&self) -> (u64, u64) {
+        self.0.records()
+    }
+}
+
+#[test]
+fn a_storage_failure_mid_attempt_still_fences_and_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(2, 8);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(FailingPublish(LocalStorage::open(dir.path()).unwrap()));
+    let mut w = Scripted::new(plan.clone());
+    let err = run_job(&plan, &mut w, storage, &opts()).unwrap_err();
+    assert!(err.to_string().contains("disk on fire"), "{err}");
+    assert_eq!(w.log, [Did::Discover, Did::Deploy(1), Did::Fence(1), Did::Join]);
+}
