@@ -5,10 +5,12 @@
 //! This crate has no I/O and depends on nothing of ours; every other crate depends on it
 //! (seed §11.2: `runtime, checkpoint, state, cli -> core -> api`).
 
+mod data;
 mod ids;
 mod plugin;
 mod semantics;
 
+pub use data::*;
 pub use ids::*;
 pub use plugin::*;
 pub use semantics::*;
