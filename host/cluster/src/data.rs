@@ -173,8 +173,8 @@ pub enum DataError {
         channel: ChannelId,
         /// The other node's address.
         peer: SocketAddr,
-        /// quinn's reason.
-        source: quinn::ConnectionError,
+        /// quinn's reason (boxed: it is large, and errors travel by value).
+        source: Box<quinn::ConnectionError>,
     },
     /// The sender was closed, or its writer ended after an error already returned.
     #[error("channel {channel} to {peer}: the sender is closed")]
@@ -565,7 +565,7 @@ impl DataPlane {
             return Err(DataError::Connection {
                 channel,
                 peer,
-                source,
+                source: Box::new(source),
             });
         }
         let mut header_frame = Vec::new();
@@ -740,7 +740,7 @@ async fn write_stream(
     let lost = |source| DataError::Connection {
         channel: channel.clone(),
         peer,
-        source,
+        source: Box::new(source),
     };
     let mut send = connection.open_uni().await.map_err(lost)?;
     let write_failed = |e: quinn::WriteError| match e {
