@@ -537,6 +537,10 @@ impl DataPlane {
 
     /// Starts accepting data streams on `connection` (one acceptor task, one reader task
     /// per stream). The task ends when the connection closes. Callable from any thread.
+    ///
+    /// The data plane owns the connection's incoming unidirectional streams: every one is
+    /// read as a data channel (control sessions and requests use bidirectional streams,
+    /// notes §1.5). Call it once per connection.
     pub fn serve(&self, connection: quinn::Connection) -> JoinHandle<()> {
         let fences = self.fences.clone();
         let config = self.config;

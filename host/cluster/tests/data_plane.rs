@@ -541,3 +541,79 @@ fn a_lost_connection_fails_the_sender_and_the_receiver_naming_the_channel() {
         Ok(())
     });
 }
+
+#[test]
+fn a_stream_without_a_complete_header_in_time_is_refused_and_counted() {
+    bounded(|| {
+        let nodes = Nodes::start(
+            TransportSettings::default(),
+            DataPlaneConfig {
+                header_timeout: Duration::from_millis(300),
+                ..DataPlaneConfig::default()
+            },
+        )?;
+        let connection = nodes.connection.clone();
+        let (stopped, waited) = nodes.runtime.block_on(async move {
+            let mut send = connection.open_uni().await?;
+            // Half a length prefix, then silence.
+            send.write_all(&[0, 0]).await?;
+            let start = Instant::now();
+            let stopped = tokio::time::timeout(WAIT, send.stopped()).await??;
+            anyhow::Ok((stopped, start.elapsed()))
+        })?;
+        ensure!(stopped == Some(quinn::VarInt::from_u32(Refusal::HeaderTimeout.code())));
+        ensure!(
+            waited >= Duration::from_millis(250),
+            "refused after {waited:?}"
+        );
+        ensure!(nodes.consumer.fences().refused_without_header() == 1);
+        ensure!(nodes.connection_open());
+        Ok(())
+    });
+}
+
+/// Why the window rule on `TransportSettings` exists: with a connection window of a single
+/// stream window, one stalled channel holds all the connection's credit and a second
+/// channel on the same connection cannot move.
+#[test]
+fn a_connection_window_below_the_rule_lets_a_stalled_channel_starve_the_others() {
+    bounded(|| {
+        let settings = TransportSettings {
+            receive_window: u64::from(TransportSettings::default().stream_receive_window),
+            ..TransportSettings::default()
+        };
+        ensure!(settings.data_channels() == 1);
+        let nodes = Nodes::start(settings, DataPlaneConfig::default())?;
+        let slow_h = header("job", 1, 1, 0);
+        let fast_h = header("job", 1, 2, 1);
+        let slow_rx = nodes.receiver(&slow_h, 4)?;
+        let mut fast_rx = nodes.receiver(&fast_h, 4)?;
+        let mut slow_tx = nodes.sender(slow_h)?;
+        let slow_producer = thread::spawn(move || {
+            for i in 0..100 {
+                if slow_tx.send(Message::Records(batch(i, 1024, 64))).is_err() {
+                    return;
+                }
+            }
+        });
+        eventually("the slow queue is full", || slow_rx.queued() == 4)?;
+        thread::sleep(Duration::from_millis(300));
+        let mut fast_tx = nodes.sender(fast_h)?;
+        let fast_producer = thread::spawn(move || {
+            for i in 0..20 {
+                if fast_tx.send(Message::Records(batch(i, 1024, 64))).is_err() {
+                    return;
+                }
+            }
+        });
+        let got = fast_rx.recv_timeout(Duration::from_secs(1))?;
+        ensure!(got.is_none(), "the second channel moved: {}", got.is_some());
+        // Releasing the stalled channel releases the other one.
+        drop(slow_rx);
+        ensure!(fast_rx.recv_timeout(WAIT)?.is_some());
+        slow_producer.join().unwrap();
+        drop(fast_rx);
+        fast_producer.join().unwrap();
+        Ok(())
+    });
+}
