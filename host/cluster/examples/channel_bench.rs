@@ -1,7 +1,8 @@
 //! Throughput of one data channel: batches of 1000 records of 64 bytes pushed through one
 //! QUIC channel on loopback (mTLS, real certificates, `DataPlane` on both ends, sync
 //! producer and consumer threads) and through an in-process `crossbeam_channel::bounded(16)`,
-//! the embedded mode's queue. Prints MB/s of record payload, records/s and the ratio.
+//! the embedded mode's queue. Prints MB/s of record payload, records/s and the ratio, and
+//! the same bytes on a raw quinn stream (no codec, no thread hand-off) as the floor.
 //!
 //! `cargo run --release -p nop-stream-cluster --example channel_bench [batches]`
 //! (default 5000 batches, i.e. 5 M records, 320 MB of payload).
@@ -72,7 +73,8 @@ fn crossbeam(batches: usize, template: &Batch) -> anyhow::Result<Figures> {
     Ok(Figures { elapsed, batches })
 }
 
-fn quic(batches: usize, template: &Batch) -> anyhow::Result<Figures> {
+/// Returns the raw-stream floor and the data plane's figures.
+fn quic(batches: usize, template: &Batch) -> anyhow::Result<(Figures, Figures)> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -108,6 +110,7 @@ fn quic(batches: usize, template: &Batch) -> anyhow::Result<Figures> {
         let (a, d) = tokio::join!(accept, dial);
         anyhow::Ok(((consumer, producer), d?.connection, a?.connection))
     })?;
+    let raw = runtime.block_on(raw_stream(&connection, &accepted, batches))?;
     let plane = DataPlane::new(runtime.handle().clone(), DataPlaneConfig::default());
     plane.serve(accepted);
     let header = StreamHeader {
@@ -153,7 +156,47 @@ fn quic(batches: usize, template: &Batch) -> anyhow::Result<Figures> {
     ensure!(rx.recv_timeout(Duration::from_secs(10))? == Some(Message::End));
     producer.join().unwrap()?;
     ensure!(records == total * RECORDS);
-    Ok(Figures { elapsed, batches })
+    Ok((raw, Figures { elapsed, batches }))
+}
+
+/// The floor under the data plane: the same bytes (one 64 000-byte write per batch) on one
+/// raw quinn stream, read in 64 KiB chunks, all async, no codec and no thread hand-off.
+async fn raw_stream(
+    connection: &quinn::Connection,
+    accepted: &quinn::Connection,
+    batches: usize,
+) -> anyhow::Result<Figures> {
+    let payload = vec![7u8; RECORDS * RECORD_LEN];
+    let total = (WARMUP + batches) * payload.len();
+    let mut send = connection.open_uni().await?;
+    let writer = async move {
+        for _ in 0..WARMUP + batches {
+            send.write_all(&payload).await?;
+        }
+        send.finish()?;
+        anyhow::Ok(())
+    };
+    let reader = async {
+        let mut recv = accepted.accept_uni().await?;
+        let mut got = 0;
+        let mut start = Instant::now();
+        while let Some(chunk) = recv.read_chunk(64 * 1024, true).await? {
+            if got < WARMUP * RECORDS * RECORD_LEN
+                && got + chunk.bytes.len() >= WARMUP * RECORDS * RECORD_LEN
+            {
+                start = Instant::now();
+            }
+            got += chunk.bytes.len();
+        }
+        ensure!(got == total);
+        anyhow::Ok(start.elapsed())
+    };
+    let (w, r) = tokio::join!(writer, reader);
+    w?;
+    Ok(Figures {
+        elapsed: r?,
+        batches,
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -167,10 +210,11 @@ fn main() -> anyhow::Result<()> {
         batches * RECORDS * RECORD_LEN / 1_000_000
     );
     let local = crossbeam(batches, &template)?;
-    let remote = quic(batches, &template)?;
+    let (raw, remote) = quic(batches, &template)?;
     for (name, f) in [
         ("crossbeam bounded(16)", &local),
         ("QUIC channel (loopback)", &remote),
+        ("raw quinn stream", &raw),
     ] {
         println!(
             "{name:<24} {:>9.1} MB/s {:>13.0} records/s  ({:?})",
@@ -182,6 +226,10 @@ fn main() -> anyhow::Result<()> {
     println!(
         "ratio crossbeam / QUIC: {:.1}×",
         local.records_per_s() / remote.records_per_s()
+    );
+    println!(
+        "data plane / raw quinn stream: {:.0}%",
+        100.0 * remote.records_per_s() / raw.records_per_s()
     );
     Ok(())
 }
