@@ -5,6 +5,35 @@
 //! (records, watermarks and barriers share the stream, so barrier alignment sees QUIC
 //! stream order). Frames use the proto codec ([`nop_stream_proto::codec`]).
 //!
+//! # Usage
+//!
+//! ```no_run
+//! # fn demo(plane: nop_stream_cluster::DataPlane, conn: quinn::Connection)
+//! #     -> Result<(), Box<dyn std::error::Error>> {
+//! use nop_stream_api::{ChannelId, EdgeId, FencingToken, JobId, SubtaskIndex};
+//! use nop_stream_proto::{Message, StreamHeader};
+//! use std::time::Duration;
+//!
+//! let channel = ChannelId {
+//!     edge: EdgeId::new("map->sink#0"),
+//!     upstream: SubtaskIndex(0),
+//!     downstream: SubtaskIndex(1),
+//!     index: 0,
+//! };
+//! // Receiving node, before the producer is deployed (and `plane.serve(conn)` once per
+//! // connection):
+//! let mut rx = plane.register_receiver(JobId::new("job"), 3, FencingToken(42), channel.clone(), 16)?;
+//! // Producing node, on a task thread:
+//! let header = StreamHeader { job: JobId::new("job"), generation: 3, token: FencingToken(42), channel };
+//! let mut tx = plane.open_sender(&conn, header)?;
+//! tx.send(Message::Watermark(1_000))?; // blocks while the receiver does not keep up
+//! tx.send(Message::End)?;
+//! tx.close()?;
+//! // Receiving task thread:
+//! assert_eq!(rx.recv_timeout(Duration::from_secs(1))?, Some(Message::Watermark(1_000)));
+//! # Ok(()) }
+//! ```
+//!
 //! # Threads and tasks
 //!
 //! Subtasks run on plain std threads; quinn runs on tokio. The bridge is explicit:
@@ -392,8 +421,8 @@ impl FenceTable {
             .map(|e| e.in_force.load(Ordering::Acquire))
     }
 
-    /// Streams refused for `job` since the table was made: stale or unknown headers and
-    /// streams of the job abandoned on fencing. Oversized or malformed frames after an
+    /// Streams refused for `job` since the table was made: stale, unknown or duplicate
+    /// headers, and streams of the job stopped on fencing. Oversized or malformed frames after an
     /// admitted header are not refusals of a header and are not counted here.
     pub fn refused(&self, job: &JobId) -> u64 {
         self.lock().refused.get(job).copied().unwrap_or(0)
@@ -603,7 +632,9 @@ impl DataPlane {
     /// `token`, into a queue of `capacity` messages (each at most
     /// [`DataPlaneConfig::max_frame_len`] bytes encoded). Register before the producer
     /// opens its stream: a header for an unregistered channel is refused
-    /// ([`Refusal::UnknownChannel`]). Dropping the receiver unregisters the channel.
+    /// ([`Refusal::UnknownChannel`]). A registration admits one stream: channels are not
+    /// resumed, a broken one fails the attempt (design §8), so a second stream is refused
+    /// ([`Refusal::DuplicateStream`]). Dropping the receiver unregisters the channel.
     ///
     /// # Errors
     ///
