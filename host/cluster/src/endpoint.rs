@@ -41,6 +41,17 @@ const MAX_CLOSE_REASON: usize = 512;
 /// per stream `stream_receive_window`. Worst-case send buffering per connection is
 /// `send_window`. So a process with `C` connections may buffer up to
 /// `C × (receive_window + send_window)` bytes: 48 MiB per connection with the defaults.
+///
+/// # Window rule for data channels (design §8, notes §1.5 and P9)
+///
+/// A stalled data channel (its consumer not reading) holds up to `stream_receive_window`
+/// bytes of the connection's credit until it is read. So that stalled channels never
+/// starve the others on the same connection, keep
+/// `receive_window ≥ channels × stream_receive_window`, where `channels` is the number of
+/// data channels open between the two nodes at once, and
+/// `max_concurrent_uni_streams ≥ channels` (else `open_uni` waits, P6).
+/// [`TransportSettings::for_data_channels`] sizes both; [`TransportSettings::data_channels`]
+/// says how many channels a setting covers. The defaults cover 32 channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TransportSettings {
     /// PING interval when idle, keeping the connection and NAT bindings alive. Default 1 s.
@@ -80,6 +91,30 @@ impl Default for TransportSettings {
 }
 
 impl TransportSettings {
+    /// The defaults, with `receive_window` and `max_concurrent_uni_streams` raised so that
+    /// `channels` data channels between two nodes can all stall at once without starving
+    /// each other (the window rule above). Never lowers a default.
+    pub fn for_data_channels(channels: u32) -> Self {
+        let base = Self::default();
+        Self {
+            receive_window: base
+                .receive_window
+                .max(u64::from(channels) * u64::from(base.stream_receive_window)),
+            max_concurrent_uni_streams: base
+                .max_concurrent_uni_streams
+                .max(channels.saturating_add(channels / 4)),
+            ..base
+        }
+    }
+
+    /// How many data channels may stall at once on one connection without starving the
+    /// others: `receive_window / stream_receive_window`, capped by
+    /// `max_concurrent_uni_streams`.
+    pub fn data_channels(&self) -> u64 {
+        (self.receive_window / u64::from(self.stream_receive_window.max(1)))
+            .min(u64::from(self.max_concurrent_uni_streams))
+    }
+
     /// The quinn transport config for these settings.
     ///
     /// # Errors
@@ -384,6 +419,14 @@ mod tests {
     #[test]
     fn default_settings_build_and_bad_ones_are_named() {
         TransportSettings::default().to_quinn().unwrap();
+        assert_eq!(TransportSettings::default().data_channels(), 32);
+        let many = TransportSettings::for_data_channels(100);
+        assert_eq!(many.data_channels(), 100);
+        assert_eq!(many.receive_window, 100 * 1024 * 1024);
+        assert_eq!(
+            TransportSettings::for_data_channels(2),
+            TransportSettings::default()
+        );
         let bad = TransportSettings {
             idle_timeout: Duration::from_secs(1),
             ..TransportSettings::default()

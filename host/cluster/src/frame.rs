@@ -1,15 +1,21 @@
 //! Length-prefixed frames over QUIC streams.
 //!
-//! A frame is a big-endian `u32` payload length followed by that many payload bytes. The
-//! payload is opaque here (the wire types and their codecs live in the proto crate). Every
-//! reader has a size cap: a prefix above it is an error naming the cap and the size, and
-//! nothing of the claimed size is allocated.
+//! There is one frame format in nop-stream, the proto crate's ([`nop_stream_proto::codec`]):
+//! a big-endian `u32` payload length followed by that many payload bytes. This module moves
+//! such frames over quinn streams; the payload is opaque to [`write_frame`]/[`read_frame`]
+//! and a postcard-encoded wire value for [`write_value`]/[`read_value`]. Every reader has a
+//! size cap: a prefix above it is an error naming the cap and the size, and nothing of the
+//! claimed size is allocated.
 //!
-//! [`encode`]/[`decode`] are pure (unit- and property-tested); [`write_frame`]/[`read_frame`]
-//! move frames over quinn streams.
+//! [`encode`]/[`decode`] are pure (unit- and property-tested, and checked byte for byte
+//! against `nop_stream_proto::codec::write_frame`).
 
-/// Bytes of the length prefix.
-pub const PREFIX_LEN: usize = 4;
+use nop_stream_proto::codec::{self, CodecError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Bytes of the length prefix (the proto codec's [`codec::LENGTH_PREFIX`]).
+pub const PREFIX_LEN: usize = codec::LENGTH_PREFIX;
 
 /// Default payload cap: 16 MiB, irpc's choice. Control frames carry descriptors, never
 /// state payloads (design §8), so real frames stay far below it.
@@ -43,6 +49,9 @@ pub enum FrameError {
     /// Writing to the stream failed (stopped, connection lost).
     #[error("cannot write frame: {0}")]
     Write(#[from] quinn::WriteError),
+    /// A wire value could not be encoded, or a frame's payload is not a valid encoding.
+    #[error("bad frame payload: {0}")]
+    Codec(#[from] CodecError),
 }
 
 /// Appends one frame carrying `payload` to `out`.
@@ -143,6 +152,39 @@ pub async fn read_frame(
     Ok(Some(payload))
 }
 
+/// Writes `value` as one frame (proto codec: postcard payload behind the length prefix).
+///
+/// # Errors
+///
+/// [`FrameError::Codec`] if the encoding exceeds `max` bytes (nothing is written), or
+/// [`FrameError::Write`].
+pub async fn write_value<T: Serialize>(
+    send: &mut quinn::SendStream,
+    value: &T,
+    max: u32,
+) -> Result<(), FrameError> {
+    let mut buf = Vec::new();
+    codec::write_frame(&mut buf, value, max as usize)?;
+    send.write_all(&buf).await?;
+    Ok(())
+}
+
+/// Reads one frame and decodes it as `T`. Returns `Ok(None)` if the stream finished
+/// cleanly before a new frame began.
+///
+/// # Errors
+///
+/// As [`read_frame`], and [`FrameError::Codec`] if the payload is not a `T`.
+pub async fn read_value<T: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+    max: u32,
+) -> Result<Option<T>, FrameError> {
+    match read_frame(recv, max).await? {
+        Some(payload) => Ok(Some(codec::decode(&payload, max as usize)?)),
+        None => Ok(None),
+    }
+}
+
 /// Fills `buf` unless the stream finishes first; returns the bytes read.
 async fn read_full(recv: &mut quinn::RecvStream, buf: &mut [u8]) -> Result<usize, FrameError> {
     let mut filled = 0;
@@ -196,6 +238,22 @@ mod tests {
         // Exactly the cap is fine.
         encode(&[7; 16], 16, &mut buf).unwrap();
         assert_eq!(decode(&buf, 16).unwrap().unwrap().1, 20);
+    }
+
+    #[test]
+    fn the_byte_format_is_the_proto_codecs() {
+        let value = ("channel", 7u64, vec![1u8, 2, 3]);
+        let mut ours = Vec::new();
+        encode(&codec::encode(&value, 1024).unwrap(), 1024, &mut ours).unwrap();
+        let mut theirs = Vec::new();
+        codec::write_frame(&mut theirs, &value, 1024).unwrap();
+        assert_eq!(ours, theirs);
+        let mut reader = codec::FrameReader::new(1024);
+        reader.push(&ours);
+        assert_eq!(
+            reader.next_value::<(String, u64, Vec<u8>)>().unwrap(),
+            Some(("channel".to_owned(), 7, vec![1, 2, 3]))
+        );
     }
 
     proptest! {

@@ -14,7 +14,11 @@
 //! - [`endpoint`]: [`ClusterEndpoint`], one quinn endpoint (one UDP socket) per process,
 //!   [`TransportSettings`] with documented units and worst-case memory, [`handshake`] for
 //!   incoming connections.
-//! - [`frame`]: `u32`-length-prefixed frames with a size cap over quinn streams.
+//! - [`frame`]: the proto crate's `u32`-length-prefixed frames, with a size cap, over quinn
+//!   streams.
+//! - [`data`]: the data plane between nodes: one QUIC stream per channel behind a fenced
+//!   header ([`DataPlane`], [`QuicSender`], [`QuicReceiver`], [`FenceTable`]), with QUIC
+//!   flow control as backpressure for synchronous task threads.
 //! - [`lease`]: the pure lease table ([`LeaseTable`]) and the node-side stop rule
 //!   ([`NodeLease`]).
 //!
@@ -53,6 +57,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod data;
 pub mod endpoint;
 pub mod frame;
 pub mod identity;
@@ -61,6 +66,10 @@ pub mod pki;
 pub mod session;
 pub mod tls;
 
+pub use data::{
+    DataError, DataPlane, DataPlaneConfig, FenceTable, QuicReceiver, QuicSender, Refusal,
+    RefusalReason,
+};
 pub use endpoint::{
     ClusterEndpoint, ConnectError, EndpointError, PeerConnection, TransportSettings, handshake,
 };

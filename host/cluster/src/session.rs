@@ -12,12 +12,11 @@
 //! capacity. CLI clients send one request per stream on the CLI protocol.
 
 use crate::endpoint::{ClusterEndpoint, PeerConnection, TransportSettings, handshake};
-use crate::frame::{read_frame, write_frame};
 use crate::identity::{Identity, NodeId};
 use crate::lease::{LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus, RenewalSeq};
 use crate::pki::load_credentials;
 use crate::tls::Protocol;
-use nop_stream_proto::codec::{MAX_CONTROL_FRAME, decode, encode};
+use nop_stream_proto::codec::MAX_CONTROL_FRAME;
 use nop_stream_proto::session::{
     CoordinatorFrame, Heartbeat, HeartbeatAck, Hello, PROTOCOL_VERSION, SessionEnd, Welcome,
 };
@@ -232,13 +231,9 @@ async fn read_value<T: serde::de::DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     peer: &str,
 ) -> Result<Option<T>, SessionError> {
-    match read_frame(recv, MAX_FRAME).await {
-        Ok(Some(bytes)) => decode(&bytes, MAX_CONTROL_FRAME)
-            .map(Some)
-            .map_err(|e| protocol_err(peer, e.to_string())),
-        Ok(None) => Ok(None),
-        Err(e) => Err(protocol_err(peer, e.to_string())),
-    }
+    crate::frame::read_value(recv, MAX_FRAME)
+        .await
+        .map_err(|e| protocol_err(peer, e.to_string()))
 }
 
 async fn write_value<T: Serialize>(
@@ -246,8 +241,7 @@ async fn write_value<T: Serialize>(
     value: &T,
     peer: &str,
 ) -> Result<(), SessionError> {
-    let bytes = encode(value, MAX_CONTROL_FRAME).map_err(|e| protocol_err(peer, e.to_string()))?;
-    write_frame(send, &bytes, MAX_FRAME)
+    crate::frame::write_value(send, value, MAX_FRAME)
         .await
         .map_err(|e| protocol_err(peer, e.to_string()))
 }
