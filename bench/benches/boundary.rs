@@ -172,9 +172,12 @@ fn boundary(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
-    print_per_record("keyed-count process (state get_many + put_many, incl. cloning its input)", || {
-        black_box(count.process(0, bids.clone()).expect("process"));
-    });
+    print_per_record(
+        "keyed-count process (state get_many + put_many, incl. cloning its input)",
+        || {
+            black_box(count.process(0, bids.clone()).expect("process"));
+        },
+    );
     g.finish();
 }
 

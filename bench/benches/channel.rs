@@ -11,8 +11,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use nop_stream_api::{ChannelId, EdgeId, FencingToken, SubtaskIndex};
 use nop_stream_api::Batch;
+use nop_stream_api::{ChannelId, EdgeId, FencingToken, SubtaskIndex};
 use nop_stream_runtime::transport::{LocalTransport, Message, Transport};
 
 const RECORDS: usize = 1000;

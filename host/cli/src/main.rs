@@ -332,11 +332,21 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Cluster {
-            command: ClusterCommand::Status { cluster, certs, json },
+            command:
+                ClusterCommand::Status {
+                    cluster,
+                    certs,
+                    json,
+                },
         } => {
             use nop_stream_cluster::session::{CliRequest, CliResponse, cli_request};
             let admin: nop_stream_cluster::Identity = "cli-admin".parse()?;
-            let resp = tokio_runtime()?.block_on(cli_request(cluster, &certs, &admin, &CliRequest::ClusterStatus))?;
+            let resp = tokio_runtime()?.block_on(cli_request(
+                cluster,
+                &certs,
+                &admin,
+                &CliRequest::ClusterStatus,
+            ))?;
             let nodes = match resp {
                 CliResponse::Status(n) => n,
                 CliResponse::Error(e) => bail!("the coordinator refused: {e}"),
@@ -344,11 +354,21 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&nodes)?);
             } else {
-                println!("{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} data", "node", "lease", "live", "slots", "renewals", "refused", "expired");
+                println!(
+                    "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} data",
+                    "node", "lease", "live", "slots", "renewals", "refused", "expired"
+                );
                 for n in &nodes {
                     println!(
                         "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {}",
-                        n.node, n.lease, n.live, n.slots, n.renewals, n.refused_renewals, n.expirations, n.data_addr
+                        n.node,
+                        n.lease,
+                        n.live,
+                        n.slots,
+                        n.renewals,
+                        n.refused_renewals,
+                        n.expirations,
+                        n.data_addr
                     );
                 }
             }
@@ -367,10 +387,18 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 safety_margin: Duration::from_millis(lease_ttl_ms / 4),
             };
             lease.validate().context("lease settings")?;
-            let cfg = nop_stream_cluster::session::CoordinatorConfig { listen, certs, data, lease };
-            tokio_runtime()?.block_on(nop_stream_cluster::session::serve_coordinator(cfg, |c| {
-                println!("coordinator listening on {}", c.addr);
-            }))?;
+            let cfg = nop_stream_cluster::session::CoordinatorConfig {
+                listen,
+                certs,
+                data,
+                lease,
+            };
+            tokio_runtime()?.block_on(nop_stream_cluster::session::serve_coordinator(
+                cfg,
+                |c| {
+                    println!("coordinator listening on {}", c.addr);
+                },
+            ))?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Node {

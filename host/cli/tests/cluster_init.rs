@@ -19,8 +19,19 @@ fn init_writes_a_ca_and_one_certificate_per_identity_and_refuses_to_overwrite() 
     let c = certs.to_str().unwrap();
     let out = nopstream(&["cluster", "init", c, "--nodes", "3"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for label in ["ca", "coordinator", "node-1", "node-2", "node-3", "cli-admin"] {
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for label in [
+        "ca",
+        "coordinator",
+        "node-1",
+        "node-2",
+        "node-3",
+        "cli-admin",
+    ] {
         let crt = certs.join(format!("{label}.crt"));
         let key = certs.join(format!("{label}.key"));
         assert!(crt.is_file(), "{} missing", crt.display());
@@ -37,9 +48,20 @@ fn init_writes_a_ca_and_one_certificate_per_identity_and_refuses_to_overwrite() 
     let again = nopstream(&["cluster", "init", c, "--nodes", "3"]);
     assert!(!again.status.success(), "a second init must be refused");
     let err = String::from_utf8_lossy(&again.stderr);
-    assert!(err.contains("ca"), "the refusal names the existing file: {err}");
-    assert_eq!(std::fs::read(certs.join("ca.key")).unwrap(), ca_before, "the CA key is untouched");
+    assert!(
+        err.contains("ca"),
+        "the refusal names the existing file: {err}"
+    );
+    assert_eq!(
+        std::fs::read(certs.join("ca.key")).unwrap(),
+        ca_before,
+        "the CA key is untouched"
+    );
     let forced = nopstream(&["cluster", "init", c, "--nodes", "1", "--force"]);
     assert!(forced.status.success());
-    assert_ne!(std::fs::read(certs.join("ca.key")).unwrap(), ca_before, "--force issues a new CA");
+    assert_ne!(
+        std::fs::read(certs.join("ca.key")).unwrap(),
+        ca_before,
+        "--force issues a new CA"
+    );
 }

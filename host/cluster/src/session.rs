@@ -207,7 +207,8 @@ impl NodeRegistry {
             .iter()
             .map(|(id, e)| {
                 let mut s = e.status.clone();
-                s.live = g.leases.get(*id).is_some_and(|l| l.id.0 == s.lease) && g.leases.is_live(*id, now);
+                s.live = g.leases.get(*id).is_some_and(|l| l.id.0 == s.lease)
+                    && g.leases.is_live(*id, now);
                 s
             })
             .collect()
@@ -270,9 +271,16 @@ pub async fn serve_coordinator(
     std::fs::create_dir_all(&cfg.data)
         .map_err(|e| protocol_err(cfg.data.display(), e.to_string()))?;
     let creds = load_credentials(&cfg.certs, &Identity::Coordinator)?;
-    let ep = ClusterEndpoint::bind(cfg.listen, &creds, &[Protocol::Node, Protocol::Cli], &TransportSettings::default())?;
+    let ep = ClusterEndpoint::bind(
+        cfg.listen,
+        &creds,
+        &[Protocol::Node, Protocol::Cli],
+        &TransportSettings::default(),
+    )?;
     let registry = NodeRegistry::new(cfg.lease.ttl);
-    let addr = ep.local_addr().map_err(|e| protocol_err("coordinator", e.to_string()))?;
+    let addr = ep
+        .local_addr()
+        .map_err(|e| protocol_err("coordinator", e.to_string()))?;
     ready(&Coordinator {
         addr,
         registry: registry.clone(),
@@ -309,7 +317,11 @@ pub async fn serve_coordinator(
 }
 
 /// The coordinator's side of one node's session stream.
-async fn node_session(pc: &PeerConnection, registry: &NodeRegistry, lease: &LeaseConfig) -> Result<(), SessionError> {
+async fn node_session(
+    pc: &PeerConnection,
+    registry: &NodeRegistry,
+    lease: &LeaseConfig,
+) -> Result<(), SessionError> {
     let peer = pc.certified.label();
     let (mut send, mut recv) = tokio::time::timeout(HELLO_TIMEOUT, pc.connection.accept_bi())
         .await
@@ -324,13 +336,22 @@ async fn node_session(pc: &PeerConnection, registry: &NodeRegistry, lease: &Leas
             "{peer} speaks node protocol version {}, this coordinator speaks {PROTOCOL_VERSION}",
             hello.protocol_version
         );
-        write_value(&mut send, &CoordinatorFrame::End(SessionEnd { reason: reason.clone() }), &peer).await?;
+        write_value(
+            &mut send,
+            &CoordinatorFrame::End(SessionEnd {
+                reason: reason.clone(),
+            }),
+            &peer,
+        )
+        .await?;
         return Err(protocol_err(&peer, reason));
     }
-    let claimed: Identity = hello
-        .node
-        .parse()
-        .map_err(|e| protocol_err(&peer, format!("claims an invalid identity `{}`: {e}", hello.node)))?;
+    let claimed: Identity = hello.node.parse().map_err(|e| {
+        protocol_err(
+            &peer,
+            format!("claims an invalid identity `{}`: {e}", hello.node),
+        )
+    })?;
     if let Err(e) = pc.check_claim(&claimed) {
         pc.refuse(&e);
         return Err(protocol_err(&peer, e.to_string()));
@@ -369,7 +390,14 @@ async fn node_session(pc: &PeerConnection, registry: &NodeRegistry, lease: &Leas
             Err(e) => {
                 let reason = format!("renewal of lease-{} refused: {e}", hb.lease);
                 tracing::warn!(node = %peer, "{reason}");
-                write_value(&mut send, &CoordinatorFrame::End(SessionEnd { reason: reason.clone() }), &peer).await?;
+                write_value(
+                    &mut send,
+                    &CoordinatorFrame::End(SessionEnd {
+                        reason: reason.clone(),
+                    }),
+                    &peer,
+                )
+                .await?;
                 let _ = send.finish();
                 return Err(protocol_err(&peer, reason));
             }
@@ -406,11 +434,17 @@ pub async fn cli_request(
     request: &CliRequest,
 ) -> Result<CliResponse, SessionError> {
     let creds = load_credentials(certs, client)?;
-    let local: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
-        .parse()
-        .expect("literal address");
+    let local: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .expect("literal address");
     let ep = ClusterEndpoint::bind(local, &creds, &[], &TransportSettings::default())?;
-    let pc = ep.connect(addr, &Identity::Coordinator, Protocol::Cli).await?;
+    let pc = ep
+        .connect(addr, &Identity::Coordinator, Protocol::Cli)
+        .await?;
     let peer = "coordinator".to_owned();
     let (mut send, mut recv) = pc
         .connection
@@ -468,18 +502,28 @@ pub async fn serve_node(
     cfg: NodeConfig,
     mut stop_tasks: impl FnMut(&SessionOutcome),
 ) -> Result<(), SessionError> {
-    std::fs::create_dir_all(&cfg.data).map_err(|e| protocol_err(cfg.data.display(), e.to_string()))?;
+    std::fs::create_dir_all(&cfg.data)
+        .map_err(|e| protocol_err(cfg.data.display(), e.to_string()))?;
     let me = Identity::Node(cfg.id);
     let creds = load_credentials(&cfg.certs, &me)?;
-    let ep = ClusterEndpoint::bind(cfg.listen, &creds, &[Protocol::Node], &TransportSettings::default())?;
-    let data_addr = ep.local_addr().map_err(|e| protocol_err(me.label(), e.to_string()))?;
+    let ep = ClusterEndpoint::bind(
+        cfg.listen,
+        &creds,
+        &[Protocol::Node],
+        &TransportSettings::default(),
+    )?;
+    let data_addr = ep
+        .local_addr()
+        .map_err(|e| protocol_err(me.label(), e.to_string()))?;
     loop {
         match node_session_once(&ep, &cfg, &me, data_addr).await {
             Ok(outcome) => {
                 tracing::warn!(node = %me.label(), ?outcome, "stopping this node's tasks");
                 stop_tasks(&outcome);
             }
-            Err(e) => tracing::warn!(node = %me.label(), "cannot register with the coordinator: {e}"),
+            Err(e) => {
+                tracing::warn!(node = %me.label(), "cannot register with the coordinator: {e}")
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -493,7 +537,9 @@ async fn node_session_once(
 ) -> Result<SessionOutcome, SessionError> {
     let peer = "coordinator".to_owned();
     let started = Instant::now();
-    let pc = ep.connect(cfg.join, &Identity::Coordinator, Protocol::Node).await?;
+    let pc = ep
+        .connect(cfg.join, &Identity::Coordinator, Protocol::Node)
+        .await?;
     let (mut send, mut recv) = pc
         .connection
         .open_bi()
@@ -542,7 +588,9 @@ async fn node_session_once(
                     return;
                 }
                 Ok(None) => {
-                    let _ = ended_tx.send("the coordinator closed the session".into()).await;
+                    let _ = ended_tx
+                        .send("the coordinator closed the session".into())
+                        .await;
                     return;
                 }
                 Err(e) => {
@@ -556,14 +604,24 @@ async fn node_session_once(
     let mut next_beat = Duration::ZERO;
     let outcome = loop {
         let now = started.elapsed();
-        if let NodeLeaseStatus::MustStop { .. } = lease.lock().unwrap_or_else(|p| p.into_inner()).status(now) {
-            break SessionOutcome::LeaseLost { lease: welcome.lease };
+        if let NodeLeaseStatus::MustStop { .. } =
+            lease.lock().unwrap_or_else(|p| p.into_inner()).status(now)
+        {
+            break SessionOutcome::LeaseLost {
+                lease: welcome.lease,
+            };
         }
         if now >= next_beat {
             next_beat = now + heartbeat;
-            let seq = lease.lock().unwrap_or_else(|p| p.into_inner()).renewal_sent(now);
+            let seq = lease
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .renewal_sent(now);
             // A stalled write (partition) must not stop the deadline check: bound it.
-            let hb = Heartbeat { lease: welcome.lease, seq: seq.0 };
+            let hb = Heartbeat {
+                lease: welcome.lease,
+                seq: seq.0,
+            };
             match tokio::time::timeout(check, write_value(&mut send, &hb, &peer)).await {
                 Ok(Err(e)) => tracing::debug!("heartbeat not sent: {e}"),
                 Ok(Ok(())) | Err(_) => {}

@@ -358,9 +358,11 @@ async fn an_oversized_frame_is_refused_without_allocating_it() -> anyhow::Result
         let ep = client_endpoint(&ca.issue_credentials(&node(2))?)?;
         let peer = ep.connect(addr, &node(1), Protocol::Node).await?;
         let mut send = peer.connection.open_uni().await?;
-        // A prefix claiming 3 GiB, and a few bytes.
+        // A prefix claiming 3 GiB, and a few bytes. The reader refuses on the prefix alone
+        // and may close the connection before the second write: that write's outcome is
+        // not part of the assertion (regression: the test failed about 1 run in 5 on it).
         send.write_all(&0xC000_0000u32.to_be_bytes()).await?;
-        send.write_all(b"tiny").await?;
+        let _ = send.write_all(b"tiny").await;
         match reader.await?? {
             Err(FrameError::TooLarge { size, max }) => assert_eq!((size, max), (0xC000_0000, MAX)),
             other => bail!("expected TooLarge, got {other:?}"),

@@ -288,12 +288,18 @@ pub fn plan_restore(
                 );
             }
             let owned = v.owned_shards(st, plan.job.state_shard_count);
-            for op in v.operators.iter().filter(|o| o.kind == PluginKind::Operator) {
+            for op in v
+                .operators
+                .iter()
+                .filter(|o| o.kind == PluginKind::Operator)
+            {
                 let segs: Vec<_> = m
                     .tasks
                     .iter()
                     .flat_map(|t| &t.segments)
-                    .filter(|s| s.operator_id == op.operator_id.as_str() && owned.contains(&s.shard))
+                    .filter(|s| {
+                        s.operator_id == op.operator_id.as_str() && owned.contains(&s.shard)
+                    })
                     .cloned()
                     .collect();
                 if !segs.is_empty() {

@@ -80,10 +80,14 @@ pub fn open_namespace(
     if !resume && dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| err(e.to_string()))?;
     }
-    Ok(Arc::new(LocalStorage::open(&dir).map_err(|e| err(e.to_string()))?))
+    Ok(Arc::new(
+        LocalStorage::open(&dir).map_err(|e| err(e.to_string()))?,
+    ))
 }
 
-fn storage_err(what: &str) -> impl Fn(nop_stream_checkpoint::StorageError) -> CoordinatorError + '_ {
+fn storage_err(
+    what: &str,
+) -> impl Fn(nop_stream_checkpoint::StorageError) -> CoordinatorError + '_ {
     move |e| CoordinatorError::Storage {
         path: what.to_owned(),
         message: e.to_string(),
@@ -121,16 +125,29 @@ pub fn run_job<W: Workers>(
     opts: &CoordinatorOptions,
 ) -> Result<JobReport, W::Error> {
     let started = Instant::now();
-    let mut restarts_left = opts.max_restarts.unwrap_or(
-        if plan.job.checkpoint_interval_ms.is_some() { 3 } else { 0 },
-    );
+    let mut restarts_left =
+        opts.max_restarts
+            .unwrap_or(if plan.job.checkpoint_interval_ms.is_some() {
+                3
+            } else {
+                0
+            });
     let mut tally = RunTally::default();
     loop {
         let prepared = prepare_attempt(plan, workers, storage.as_ref(), opts, &mut tally)?;
         let prepared = match prepared {
             Prepared::AlreadyFinished { attempt, epoch } => {
                 let (read, written) = workers.records();
-                return Ok(report(plan, &tally, started, attempt, Some(epoch), true, (read, written), Vec::new()));
+                return Ok(report(
+                    plan,
+                    &tally,
+                    started,
+                    attempt,
+                    Some(epoch),
+                    true,
+                    (read, written),
+                    Vec::new(),
+                ));
             }
             Prepared::Attempt(p) => p,
         };
@@ -139,12 +156,23 @@ pub fn run_job<W: Workers>(
         match result {
             Ok((tasks, final_epoch)) => {
                 let records = workers.records();
-                return Ok(report(plan, &tally, started, attempt, Some(final_epoch.0), false, records, tasks));
+                return Ok(report(
+                    plan,
+                    &tally,
+                    started,
+                    attempt,
+                    Some(final_epoch.0),
+                    false,
+                    records,
+                    tasks,
+                ));
             }
             Err(e) if restarts_left > 0 && e.class() != FailureClass::Fatal => {
                 restarts_left -= 1;
                 tally.recoveries += 1;
-                tracing::warn!("attempt {attempt} failed, recovering from the latest durable epoch: {e}");
+                tracing::warn!(
+                    "attempt {attempt} failed, recovering from the latest durable epoch: {e}"
+                );
                 std::thread::sleep(opts.restart_delay);
             }
             Err(e) => return Err(e),
@@ -168,7 +196,11 @@ fn report(
         semantic: plan.job.semantic,
         attempt: attempt.0,
         recoveries: tally.recoveries,
-        resumed_from: if already_finished { final_epoch } else { tally.resumed_from },
+        resumed_from: if already_finished {
+            final_epoch
+        } else {
+            tally.resumed_from
+        },
         already_finished,
         wall: started.elapsed(),
         records_read,
@@ -192,7 +224,10 @@ struct PreparedAttempt {
 
 enum Prepared {
     /// The latest manifest is the final epoch and it committed: nothing to do.
-    AlreadyFinished { attempt: AttemptId, epoch: u64 },
+    AlreadyFinished {
+        attempt: AttemptId,
+        epoch: u64,
+    },
     Attempt(Box<PreparedAttempt>),
 }
 
@@ -279,7 +314,10 @@ fn prepare_attempt<W: Workers>(
             }
             let sink_txn_prefix = (tail.kind == PluginKind::Sink).then(|| {
                 sinks.insert(st.task.clone());
-                format!("{}:{}:{}:{}:", job.job_id, job.pipeline_id, tail.operator_id, sub)
+                format!(
+                    "{}:{}:{}:{}:",
+                    job.job_id, job.pipeline_id, tail.operator_id, sub
+                )
             });
             tasks.push(TaskAssignment {
                 task: st.task.clone(),
@@ -451,7 +489,9 @@ impl<E: TaskError> Driver<'_, E> {
     fn fail<W: Workers<Error = E>>(&mut self, error: E, live: &mut Attempt<'_, W>) {
         let replace = match &self.failure {
             None => true,
-            Some(f) => f.class() == FailureClass::Secondary && error.class() != FailureClass::Secondary,
+            Some(f) => {
+                f.class() == FailureClass::Secondary && error.class() != FailureClass::Secondary
+            }
         };
         if replace {
             self.failure = Some(error);
@@ -476,10 +516,12 @@ impl<E: TaskError> Driver<'_, E> {
         let healthy = self.failure.is_none();
         match event {
             TaskEvent::Ack { attempt, snapshot } if healthy => {
-                self.queue.extend(self.coord.handle(Event::Ack { attempt, snapshot }));
+                self.queue
+                    .extend(self.coord.handle(Event::Ack { attempt, snapshot }));
             }
             TaskEvent::EndOfData { attempt, task } if healthy => {
-                self.queue.extend(self.coord.handle(Event::EndOfData { attempt, task }));
+                self.queue
+                    .extend(self.coord.handle(Event::EndOfData { attempt, task }));
             }
             // A failing attempt's snapshots and ends of data no longer count.
             TaskEvent::Ack { .. } | TaskEvent::EndOfData { .. } => {}
@@ -487,7 +529,8 @@ impl<E: TaskError> Driver<'_, E> {
                 let acks = self.commit_acks.entry(epoch).or_default();
                 acks.insert(task);
                 if acks.len() == self.sinks.len() && healthy {
-                    self.queue.extend(self.coord.handle(Event::SinksCommitted { epoch }));
+                    self.queue
+                        .extend(self.coord.handle(Event::SinksCommitted { epoch }));
                 }
             }
             TaskEvent::Finished { report, .. } => {
@@ -502,7 +545,12 @@ impl<E: TaskError> Driver<'_, E> {
         }
     }
 
-    fn log(&self, epoch: EpochId, state: EpochState, detail: Option<String>) -> Result<(), CoordinatorError> {
+    fn log(
+        &self,
+        epoch: EpochId,
+        state: EpochState,
+        detail: Option<String>,
+    ) -> Result<(), CoordinatorError> {
         self.storage
             .append_log(&EpochLogRecord {
                 epoch,
@@ -529,7 +577,11 @@ impl<E: TaskError> Driver<'_, E> {
             };
             match cmd {
                 Command::InjectBarrier { epoch, final_epoch } => {
-                    self.log(epoch, EpochState::Created, final_epoch.then(|| "final".to_owned()))?;
+                    self.log(
+                        epoch,
+                        EpochState::Created,
+                        final_epoch.then(|| "final".to_owned()),
+                    )?;
                     self.created_ms.insert(epoch, now_ms());
                     for t in &self.sources {
                         live.workers.send(t, TaskCommand::InjectBarrier(epoch));
@@ -542,11 +594,13 @@ impl<E: TaskError> Driver<'_, E> {
                     ..
                 } => {
                     self.publish(epoch, final_epoch, snapshots, tally)?;
-                    self.queue.extend(self.coord.handle(Event::ManifestDurable { epoch }));
+                    self.queue
+                        .extend(self.coord.handle(Event::ManifestDurable { epoch }));
                 }
                 Command::Commit { epoch } => {
                     if self.sinks.is_empty() {
-                        self.queue.extend(self.coord.handle(Event::SinksCommitted { epoch }));
+                        self.queue
+                            .extend(self.coord.handle(Event::SinksCommitted { epoch }));
                     } else {
                         for t in &self.sinks {
                             live.workers.send(t, TaskCommand::Commit(epoch));

@@ -34,14 +34,22 @@ pub trait Workers {
     ///
     /// # Errors
     /// The plugin's failure.
-    fn discover_splits(&mut self, vertex: usize, attempt: AttemptId) -> Result<Vec<Split>, Self::Error>;
+    fn discover_splits(
+        &mut self,
+        vertex: usize,
+        attempt: AttemptId,
+    ) -> Result<Vec<Split>, Self::Error>;
 
     /// Before a rescale restore: each settlement's old sink subtask commits its durable
     /// transactions and aborts every other pending one (seed §10.5).
     ///
     /// # Errors
     /// The sink's failure; an unknown commit outcome is fatal (seed §5.7).
-    fn settle_sinks(&mut self, settlements: &[SinkSettlement], attempt: AttemptId) -> Result<(), Self::Error>;
+    fn settle_sinks(
+        &mut self,
+        settlements: &[SinkSettlement],
+        attempt: AttemptId,
+    ) -> Result<(), Self::Error>;
 
     /// Starts every task of `deployment`. On error, whatever was started is the caller's
     /// to fence and join.

@@ -3,12 +3,14 @@
 
 mod common;
 
-use nop_stream_api::{EpochId, FencingToken, AttemptId, Split, TaskId};
+use nop_stream_api::{AttemptId, EpochId, FencingToken, Split, TaskId};
 use nop_stream_checkpoint::{
     EnumeratorState, EpochManifest, PendingTransaction, STATE_FORMAT_VERSION, SegmentDescriptor,
     SplitState, TaskSnapshot,
 };
-use nop_stream_coordinator::restore::{assign_splits, plan_restore, restored_splits, sink_settlements};
+use nop_stream_coordinator::restore::{
+    assign_splits, plan_restore, restored_splits, sink_settlements,
+};
 use nop_stream_coordinator::{CoordinatorError, check_restore};
 use nop_stream_core::PartitionedPlan;
 use proptest::prelude::*;
@@ -38,7 +40,11 @@ fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
                 end_of_data: false,
                 segments: Vec::new(),
                 splits: Vec::new(),
-                watermarks: st.inputs.iter().map(|c| (c.to_string(), 100 + i64::from(st.index.0))).collect(),
+                watermarks: st
+                    .inputs
+                    .iter()
+                    .map(|c| (c.to_string(), 100 + i64::from(st.index.0)))
+                    .collect(),
                 ended_inputs: Vec::new(),
                 pending_transactions: Vec::new(),
                 sink_operator: None,
@@ -97,7 +103,9 @@ fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
         final_epoch: false,
         enumerators: vec![EnumeratorState {
             operator_id: plan.vertices[src].operators[0].operator_id.to_string(),
-            splits: (0..splits).map(|j| (format!("s{j}"), j % plan.vertices[src].parallelism)).collect(),
+            splits: (0..splits)
+                .map(|j| (format!("s{j}"), j % plan.vertices[src].parallelism))
+                .collect(),
             finished: Vec::new(),
         }],
         tasks,
@@ -112,17 +120,31 @@ fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
 
 fn split_map(plan: &PartitionedPlan, m: &EpochManifest) -> BTreeMap<(usize, u32), Vec<Split>> {
     let src = vertex_of(plan, "src");
-    let splits = restored_splits(plan, src, m).unwrap().expect("the manifest has a registry");
+    let splits = restored_splits(plan, src, m)
+        .unwrap()
+        .expect("the manifest has a registry");
     let (per, _) = assign_splits("src", splits, plan.vertices[src].parallelism);
-    per.into_iter().enumerate().map(|(i, s)| ((src, i as u32), s)).collect()
+    per.into_iter()
+        .enumerate()
+        .map(|(i, s)| ((src, i as u32), s))
+        .collect()
 }
 
 #[test]
 fn a_fresh_start_restores_nothing() {
     let plan = common::plan(2, 8);
     let r = plan_restore(&plan, None, false, &BTreeMap::new()).unwrap();
-    assert_eq!(r.len(), plan.vertices.iter().map(|v| v.subtasks.len()).sum::<usize>());
-    assert!(r.values().all(|t| t.epoch.is_none() && t.segments.is_empty() && t.pending.is_empty()));
+    assert_eq!(
+        r.len(),
+        plan.vertices
+            .iter()
+            .map(|v| v.subtasks.len())
+            .sum::<usize>()
+    );
+    assert!(
+        r.values()
+            .all(|t| t.epoch.is_none() && t.segments.is_empty() && t.pending.is_empty())
+    );
 }
 
 #[test]
@@ -150,7 +172,10 @@ fn same_plan_gives_each_task_its_own_snapshot_and_owned_segments() {
     let src = vertex_of(&plan, "src");
     for st in &plan.vertices[src].subtasks {
         let got: BTreeSet<&str> = r[&st.task].splits.keys().map(String::as_str).collect();
-        let want: BTreeSet<String> = (0..5u32).filter(|j| j % 2 == st.index.0).map(|j| format!("s{j}")).collect();
+        let want: BTreeSet<String> = (0..5u32)
+            .filter(|j| j % 2 == st.index.0)
+            .map(|j| format!("s{j}"))
+            .collect();
         assert_eq!(got, want.iter().map(String::as_str).collect());
         let s0 = r[&st.task].splits.get("s0");
         if let Some(c) = s0 {
@@ -178,7 +203,11 @@ fn rescale_restores_conservatively_and_settles_sinks() {
     }
     let settle = sink_settlements(&new, &m);
     assert_eq!(settle.len(), 2, "both old sink subtasks settle");
-    assert!(settle.iter().all(|s| s.parallelism == 2 && s.commit.len() == 1));
+    assert!(
+        settle
+            .iter()
+            .all(|s| s.parallelism == 2 && s.commit.len() == 1)
+    );
 }
 
 #[test]
@@ -186,9 +215,15 @@ fn a_changed_plan_without_a_rescale_action_is_refused() {
     let old = common::plan(2, 8);
     let m = manifest(&old, 1);
     let err = check_restore(&m, &common::plan(3, 8), None).unwrap_err();
-    assert!(matches!(&err, CoordinatorError::Restore { epoch: 7, message } if message.contains("plan fingerprint differs")), "{err}");
+    assert!(
+        matches!(&err, CoordinatorError::Restore { epoch: 7, message } if message.contains("plan fingerprint differs")),
+        "{err}"
+    );
     let err = check_restore(&m, &common::plan(2, 16), Some(&old.fingerprint)).unwrap_err();
-    assert!(err.to_string().contains("state shard count differs"), "{err}");
+    assert!(
+        err.to_string().contains("state shard count differs"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -201,15 +236,29 @@ fn a_malformed_cursor_is_refused_naming_the_split() {
         }
     }
     let err = plan_restore(&plan, Some(&m), false, &split_map(&plan, &m)).unwrap_err();
-    assert!(err.to_string().contains("split `s0`: cursor is not hex"), "{err}");
+    assert!(
+        err.to_string().contains("split `s0`: cursor is not hex"),
+        "{err}"
+    );
 }
 
 #[test]
 fn splits_go_round_robin_in_registry_order() {
-    let splits: Vec<Split> = (0..7).map(|j| Split { id: format!("s{j}"), descriptor: vec![j] }).collect();
+    let splits: Vec<Split> = (0..7)
+        .map(|j| Split {
+            id: format!("s{j}"),
+            descriptor: vec![j],
+        })
+        .collect();
     let (per, reg) = assign_splits("src", splits, 3);
-    let ids: Vec<Vec<&str>> = per.iter().map(|s| s.iter().map(|s| s.id.as_str()).collect()).collect();
-    assert_eq!(ids, [vec!["s0", "s3", "s6"], vec!["s1", "s4"], vec!["s2", "s5"]]);
+    let ids: Vec<Vec<&str>> = per
+        .iter()
+        .map(|s| s.iter().map(|s| s.id.as_str()).collect())
+        .collect();
+    assert_eq!(
+        ids,
+        [vec!["s0", "s3", "s6"], vec!["s1", "s4"], vec!["s2", "s5"]]
+    );
     assert_eq!(reg.splits[4], ("s4".to_owned(), 1));
 }
 

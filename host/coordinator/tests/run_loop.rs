@@ -89,12 +89,17 @@ impl Scripted {
     }
 
     fn tasks(&self) -> Vec<TaskId> {
-        self.plan.vertices.iter().flat_map(|v| v.subtasks.iter().map(|s| s.task.clone())).collect()
+        self.plan
+            .vertices
+            .iter()
+            .flat_map(|v| v.subtasks.iter().map(|s| s.task.clone()))
+            .collect()
     }
 
     fn is_sink(&self, t: &TaskId) -> bool {
         self.plan.vertices.iter().any(|v| {
-            v.id == t.vertex && v.operators.last().map(|o| o.kind) == Some(nop_stream_api::PluginKind::Sink)
+            v.id == t.vertex
+                && v.operators.last().map(|o| o.kind) == Some(nop_stream_api::PluginKind::Sink)
         })
     }
 
@@ -108,7 +113,11 @@ impl Scripted {
             watermarks: Vec::new(),
             ended_inputs: Vec::new(),
             pending_transactions: if self.is_sink(task) {
-                vec![PendingTransaction { epoch, txn: format!("{task}@{epoch}"), committable: String::new() }]
+                vec![PendingTransaction {
+                    epoch,
+                    txn: format!("{task}@{epoch}"),
+                    committable: String::new(),
+                }]
             } else {
                 Vec::new()
             },
@@ -123,9 +132,16 @@ impl Scripted {
 impl Workers for Scripted {
     type Error = FakeError;
 
-    fn discover_splits(&mut self, _vertex: usize, _attempt: AttemptId) -> Result<Vec<Split>, FakeError> {
+    fn discover_splits(
+        &mut self,
+        _vertex: usize,
+        _attempt: AttemptId,
+    ) -> Result<Vec<Split>, FakeError> {
         self.log.push(Did::Discover);
-        Ok(vec![Split { id: "only".into(), descriptor: Vec::new() }])
+        Ok(vec![Split {
+            id: "only".into(),
+            descriptor: Vec::new(),
+        }])
     }
 
     fn settle_sinks(&mut self, _s: &[SinkSettlement], _a: AttemptId) -> Result<(), FakeError> {
@@ -133,7 +149,10 @@ impl Workers for Scripted {
     }
 
     fn deploy(&mut self, d: Deployment) -> Result<(), FakeError> {
-        assert!(!self.live, "deployed while the previous generation was live");
+        assert!(
+            !self.live,
+            "deployed while the previous generation was live"
+        );
         self.live = true;
         self.log.push(Did::Deploy(d.generation));
         self.attempt = d.attempt;
@@ -141,7 +160,10 @@ impl Workers for Scripted {
         if self.stale_ack {
             self.stale_ack = false;
             let old = AttemptId(d.attempt.0 - 1);
-            self.events.push_back(TaskEvent::Ack { attempt: old, snapshot: Box::new(self.snapshot(&tasks[0], EpochId(1))) });
+            self.events.push_back(TaskEvent::Ack {
+                attempt: old,
+                snapshot: Box::new(self.snapshot(&tasks[0], EpochId(1))),
+            });
         }
         if self.fail_deploys > 0 {
             self.fail_deploys -= 1;
@@ -151,12 +173,19 @@ impl Workers for Scripted {
                 } else {
                     FakeError::Task(FailureClass::Secondary, "cancelled".into())
                 };
-                self.events.push_back(TaskEvent::Failed { attempt: d.attempt, task: t.clone(), error });
+                self.events.push_back(TaskEvent::Failed {
+                    attempt: d.attempt,
+                    task: t.clone(),
+                    error,
+                });
             }
             return Ok(());
         }
         for t in tasks {
-            self.events.push_back(TaskEvent::EndOfData { attempt: d.attempt, task: t });
+            self.events.push_back(TaskEvent::EndOfData {
+                attempt: d.attempt,
+                task: t,
+            });
         }
         Ok(())
     }
@@ -174,12 +203,19 @@ impl Workers for Scripted {
                 }
             }
             TaskCommand::Commit(epoch) => {
-                self.events.push_back(TaskEvent::Committed { attempt, task: task.clone(), epoch });
+                self.events.push_back(TaskEvent::Committed {
+                    attempt,
+                    task: task.clone(),
+                    epoch,
+                });
             }
             TaskCommand::Finish => {
                 self.events.push_back(TaskEvent::Finished {
                     attempt,
-                    report: TaskReport { task: task.to_string(), ..TaskReport::default() },
+                    report: TaskReport {
+                        task: task.to_string(),
+                        ..TaskReport::default()
+                    },
                 });
             }
         }
@@ -218,7 +254,10 @@ impl CheckpointStorage for FailingPublish {
         self.0.read_range(rel, offset, len)
     }
     fn publish_manifest(&self, _m: &EpochManifest) -> Result<(), StorageError> {
-        Err(StorageError::Io { path: "manifests".into(), message: "disk on fire".into() })
+        Err(StorageError::Io {
+            path: "manifests".into(),
+            message: "disk on fire".into(),
+        })
     }
     fn manifest_epochs(&self) -> Result<Vec<EpochId>, StorageError> {
         self.0.manifest_epochs()
@@ -241,7 +280,11 @@ impl CheckpointStorage for FailingPublish {
 }
 
 fn opts() -> CoordinatorOptions {
-    CoordinatorOptions { restart_delay: Duration::ZERO, poll: Duration::from_millis(1), ..CoordinatorOptions::default() }
+    CoordinatorOptions {
+        restart_delay: Duration::ZERO,
+        poll: Duration::from_millis(1),
+        ..CoordinatorOptions::default()
+    }
 }
 
 #[test]
@@ -258,8 +301,14 @@ fn a_job_runs_to_its_final_epoch_and_commits_it() {
     assert_eq!(m.epoch.0, final_epoch);
     assert_eq!(m.tasks.len(), plan.ack_set.len());
     let log = storage.read_log().unwrap();
-    assert!(log.iter().any(|r| r.epoch.0 == final_epoch && r.state == EpochState::Durable));
-    assert!(log.iter().any(|r| r.epoch.0 == final_epoch && r.state == EpochState::Committed));
+    assert!(
+        log.iter()
+            .any(|r| r.epoch.0 == final_epoch && r.state == EpochState::Durable)
+    );
+    assert!(
+        log.iter()
+            .any(|r| r.epoch.0 == final_epoch && r.state == EpochState::Committed)
+    );
     // Both sink subtasks' transactions of the final epoch are reported committed, once.
     assert_eq!(report.committed.len(), 2);
     assert_eq!(report.tasks.len(), plan.ack_set.len());
@@ -282,7 +331,15 @@ fn a_failed_attempt_is_fenced_and_joined_before_the_next_deployment() {
     assert_eq!(report.attempt, 2);
     assert_eq!(
         w.log,
-        [Did::Discover, Did::Deploy(1), Did::Fence(1), Did::Join, Did::Discover, Did::Deploy(2), Did::Join]
+        [
+            Did::Discover,
+            Did::Deploy(1),
+            Did::Fence(1),
+            Did::Join,
+            Did::Discover,
+            Did::Deploy(2),
+            Did::Join
+        ]
     );
 }
 
@@ -296,7 +353,12 @@ fn the_root_cause_is_reported_not_the_cancellations_and_fatal_is_not_retried() {
     w.fail_class = FailureClass::Fatal;
     let err = run_job(&plan, &mut w, storage, &opts()).unwrap_err();
     assert_eq!(err.to_string(), "trap in task 0");
-    assert_eq!(w.log.iter().filter(|d| matches!(d, Did::Deploy(_))).count(), 1, "{:?}", w.log);
+    assert_eq!(
+        w.log.iter().filter(|d| matches!(d, Did::Deploy(_))).count(),
+        1,
+        "{:?}",
+        w.log
+    );
 }
 
 #[test]
@@ -306,10 +368,23 @@ fn the_restart_budget_bounds_recoveries() {
     let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
     let mut w = Scripted::new(plan.clone());
     w.fail_deploys = 10;
-    let o = CoordinatorOptions { max_restarts: Some(2), ..opts() };
+    let o = CoordinatorOptions {
+        max_restarts: Some(2),
+        ..opts()
+    };
     let err = run_job(&plan, &mut w, storage, &o).unwrap_err();
     assert_eq!(err.class(), FailureClass::Recoverable);
-    let deploys: Vec<_> = w.log.iter().filter_map(|d| if let Did::Deploy(g) = d { Some(*g) } else { None }).collect();
+    let deploys: Vec<_> = w
+        .log
+        .iter()
+        .filter_map(|d| {
+            if let Did::Deploy(g) = d {
+                Some(*g)
+            } else {
+                None
+            }
+        })
+        .collect();
     assert_eq!(deploys, [1, 2, 3], "generations grow with every recovery");
 }
 
@@ -321,11 +396,20 @@ fn events_of_a_stale_attempt_are_refused_and_counted() {
     let mut w = Scripted::new(plan.clone());
     // The first attempt fails; the second one receives an ACK of attempt 1 first.
     w.fail_deploys = 1;
-    let report = run_job(&plan, &mut StaleOnSecond(&mut w), Arc::clone(&storage), &opts()).unwrap();
+    let report = run_job(
+        &plan,
+        &mut StaleOnSecond(&mut w),
+        Arc::clone(&storage),
+        &opts(),
+    )
+    .unwrap();
     assert_eq!(report.refused_stale_events, 1);
     assert_eq!(report.recoveries, 1);
     let m = storage.latest_manifest().unwrap().unwrap();
-    assert!(m.tasks.iter().all(|t| t.epoch == m.epoch), "the stale ACK never entered a manifest");
+    assert!(
+        m.tasks.iter().all(|t| t.epoch == m.epoch),
+        "the stale ACK never entered a manifest"
+    );
 }
 
 /// Arms the stale ACK for the second deployment.
@@ -366,9 +450,13 @@ impl Workers for StaleOnSecond<'_> {
 fn a_storage_failure_mid_attempt_still_fences_and_joins() {
     let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(2, 8);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(FailingPublish(LocalStorage::open(dir.path()).unwrap()));
+    let storage: Arc<dyn CheckpointStorage> =
+        Arc::new(FailingPublish(LocalStorage::open(dir.path()).unwrap()));
     let mut w = Scripted::new(plan.clone());
     let err = run_job(&plan, &mut w, storage, &opts()).unwrap_err();
     assert!(err.to_string().contains("disk on fire"), "{err}");
-    assert_eq!(w.log, [Did::Discover, Did::Deploy(1), Did::Fence(1), Did::Join]);
+    assert_eq!(
+        w.log,
+        [Did::Discover, Did::Deploy(1), Did::Fence(1), Did::Join]
+    );
 }

@@ -103,7 +103,11 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8], cap: usize) -> Result<T, CodecE
 ///
 /// # Errors
 /// As [`encode`].
-pub fn write_frame<T: Serialize>(out: &mut Vec<u8>, value: &T, cap: usize) -> Result<(), CodecError> {
+pub fn write_frame<T: Serialize>(
+    out: &mut Vec<u8>,
+    value: &T,
+    cap: usize,
+) -> Result<(), CodecError> {
     let bytes = encode(value, cap)?;
     let len = u32::try_from(bytes.len()).map_err(|_| CodecError::TooLarge {
         size: bytes.len(),
@@ -212,7 +216,10 @@ mod tests {
             ..Batch::default()
         });
         let err = encode(&m, 50).unwrap_err();
-        assert!(matches!(err, CodecError::TooLarge { cap: 50, size } if size > 100), "{err}");
+        assert!(
+            matches!(err, CodecError::TooLarge { cap: 50, size } if size > 100),
+            "{err}"
+        );
         let bytes = encode(&m, 1000).unwrap();
         assert!(matches!(
             decode::<Message>(&bytes, 50),

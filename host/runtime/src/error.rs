@@ -202,7 +202,9 @@ impl From<nop_stream_coordinator::CoordinatorError> for RuntimeError {
     fn from(e: nop_stream_coordinator::CoordinatorError) -> Self {
         use nop_stream_coordinator::CoordinatorError;
         match e {
-            CoordinatorError::Restore { epoch, message } => RuntimeError::Restore { epoch, message },
+            CoordinatorError::Restore { epoch, message } => {
+                RuntimeError::Restore { epoch, message }
+            }
             CoordinatorError::Storage { path, message } => RuntimeError::Io { path, message },
             CoordinatorError::Internal(m) => RuntimeError::Internal(m),
         }

@@ -3,7 +3,7 @@
 //! `impl`).
 
 use crate::bindings::op::nop::stream::{log, metrics, output, state, timers, types};
-use crate::bindings::{KeyPage, WitBatch, LogLevel, TimeDomain, ValueBatch};
+use crate::bindings::{KeyPage, LogLevel, TimeDomain, ValueBatch, WitBatch};
 use nop_stream_state::{KeyedState, StateError};
 use std::collections::{BTreeMap, HashMap};
 use wasmtime::StoreLimits;

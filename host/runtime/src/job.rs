@@ -6,7 +6,6 @@
 use crate::error::{Result, RuntimeError};
 use crate::limits::Limits;
 use crate::plugin::{DirGrant, LoadedPlugin};
-use crate::transport::LocalTransport;
 use crate::workers::InProcessWorkers;
 use nop_stream_api::OperatorId;
 use nop_stream_coordinator::CoordinatorOptions;
@@ -35,7 +34,7 @@ pub struct RunOptions {
     pub work_dir: PathBuf,
     /// Sandbox limits of every instance.
     pub limits: Limits,
-    /// Capacity of each channel in batches (0: [`LocalTransport::DEFAULT_CAPACITY`]).
+    /// Capacity of each channel in batches (0: [`crate::transport::LocalTransport::DEFAULT_CAPACITY`]).
     pub channel_capacity: usize,
     /// Resume from the latest durable manifest of the job's checkpoint namespace if there
     /// is one (otherwise its checkpoints are deleted and the job starts fresh).

@@ -2,9 +2,9 @@
 //! routing each batch by the edge's partition policy (seed §4.1) from the
 //! PartitionedPlan — the runtime never invents topology.
 
-use nop_stream_api::Batch;
 use crate::error::{Result, RuntimeError, Site};
 use crate::transport::{ChannelSender, Message};
+use nop_stream_api::Batch;
 use nop_stream_api::{EdgeId, PartitionPolicy};
 use nop_stream_core::shard_of;
 

@@ -7,13 +7,15 @@ use crate::bindings::sink::{Sink, SinkPre};
 use crate::bindings::src::{Source, SourcePre};
 use crate::bindings::{
     CommitOutcome, ErrorCode, GuestError, ReadResult, TimerGroup, WitBatch, WitPluginInfo,
-    host_batch, wit_batch, wit_split, wit_task_info, WitPluginKind, WitSinkCapability, WitSourceCapability, WitStateKind,
+    WitPluginKind, WitSinkCapability, WitSourceCapability, WitStateKind, host_batch, wit_batch,
+    wit_split, wit_task_info,
 };
 use crate::error::{Result, RuntimeError, Site};
 use crate::host::{HostTrap, StoreData};
 use crate::limits::{Limits, TICK_MS};
 use nop_stream_api::{
-    Batch, PluginInfo, Split, TaskInfo, PluginKind, SinkCapability, SourceCapability, StateDescriptor, StateKind,
+    Batch, PluginInfo, PluginKind, SinkCapability, SourceCapability, Split, StateDescriptor,
+    StateKind, TaskInfo,
 };
 use nop_stream_state::{KeyedState, StateConfig};
 use sha2::{Digest, Sha256};
@@ -856,9 +858,11 @@ impl SourceInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
-        guest_call!(self, "open", |i, s| i
-            .nop_stream_source_plugin()
-            .call_open(s, &wit_task_info(task), config))
+        guest_call!(self, "open", |i, s| i.nop_stream_source_plugin().call_open(
+            s,
+            &wit_task_info(task),
+            config
+        ))
     }
 
     /// Calls `discover-splits`; split ids must be unique.
@@ -953,9 +957,11 @@ impl SinkInstance {
     /// # Errors
     /// A trap or a guest error.
     pub fn open(&mut self, task: &TaskInfo, config: &str) -> Result<()> {
-        guest_call!(self, "open", |i, s| i
-            .nop_stream_sink_plugin()
-            .call_open(s, &wit_task_info(task), config))
+        guest_call!(self, "open", |i, s| i.nop_stream_sink_plugin().call_open(
+            s,
+            &wit_task_info(task),
+            config
+        ))
     }
 
     /// Calls `begin`.

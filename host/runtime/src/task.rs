@@ -6,7 +6,6 @@
 //! delivered the current barrier; sinks pre-commit at the barrier, begin the next
 //! transaction at once, and commit only when told that an epoch is durable.
 
-use nop_stream_api::{Batch, Split, TaskInfo};
 use crate::error::{Result, RuntimeError, Site};
 use crate::job::JobProgress;
 use crate::partition::OutputEdge;
@@ -15,8 +14,8 @@ use crate::plugin::{
 };
 use crate::transport::{ChannelReceiver, Message};
 use crossbeam_channel::{Receiver, Select, Sender};
-use nop_stream_proto::TaskRestorePlan;
 use nop_stream_api::{AttemptId, ChannelId, EpochId, TaskId};
+use nop_stream_api::{Batch, Split, TaskInfo};
 use nop_stream_checkpoint::alignment::{Aligner, Alignment as AlignOutcome};
 use nop_stream_checkpoint::failpoint;
 use nop_stream_checkpoint::{
@@ -24,8 +23,8 @@ use nop_stream_checkpoint::{
     payload_checksum,
 };
 use nop_stream_core::WatermarkSpec;
+use nop_stream_proto::TaskRestorePlan;
 use nop_stream_state::ShardSnapshot;
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -407,7 +406,10 @@ fn read_shards(
             .read_range(&seg.file, seg.offset, seg.len)
             .map_err(|e| refuse(e.to_string()))?;
         if payload_checksum(&bytes) != seg.checksum {
-            return Err(refuse(format!("segment {} failed its checksum", seg.state_path)));
+            return Err(refuse(format!(
+                "segment {} failed its checksum",
+                seg.state_path
+            )));
         }
         out.push(ShardSnapshot {
             shard: nop_stream_api::StateShardId(seg.shard),

@@ -14,7 +14,7 @@
 
 use crate::error::{Result, RuntimeError};
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender};
-use nop_stream_api::{ChannelId, EpochId, FencingToken};
+use nop_stream_api::{ChannelId, FencingToken};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -268,7 +268,7 @@ impl ChannelSender for LocalSender {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nop_stream_api::{EdgeId, SubtaskIndex};
+    use nop_stream_api::{EdgeId, EpochId, SubtaskIndex};
 
     fn ch() -> ChannelId {
         ChannelId {

@@ -127,25 +127,31 @@ impl<'a> InProcessWorkers<'a> {
             RuntimeError::Internal(format!("assignment of {} names vertex {vi}", a.task))
         })?;
         let st = v.subtasks.get(a.subtask as usize).ok_or_else(|| {
-            RuntimeError::Internal(format!("assignment of {} names subtask {}", a.task, a.subtask))
+            RuntimeError::Internal(format!(
+                "assignment of {} names subtask {}",
+                a.task, a.subtask
+            ))
         })?;
         let sub = st.index.0;
         let owned = v.owned_shards(st, job.state_shard_count);
         let mut stages = Vec::new();
         for op in &v.operators {
             let plugin = self.plugin_of(op)?;
-            let state = (op.kind == PluginKind::Operator && !plugin.info.states.is_empty()).then(|| {
-                StateConfig {
-                    path: self
-                        .state_root()
-                        .join(nop_stream_coordinator::restore::path_component(op.operator_id.as_str()))
-                        .join(format!("{sub}.redb")),
-                    shard_count: job.state_shard_count,
-                    owned: owned.clone(),
-                    states: plugin.info.states.clone(),
-                    max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
-                }
-            });
+            let state =
+                (op.kind == PluginKind::Operator && !plugin.info.states.is_empty()).then(|| {
+                    StateConfig {
+                        path: self
+                            .state_root()
+                            .join(nop_stream_coordinator::restore::path_component(
+                                op.operator_id.as_str(),
+                            ))
+                            .join(format!("{sub}.redb")),
+                        shard_count: job.state_shard_count,
+                        owned: owned.clone(),
+                        states: plugin.info.states.clone(),
+                        max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
+                    }
+                });
             stages.push(StageSpec {
                 options: self.instance_options(&plugin, op, Some(sub), state)?,
                 task_info: self.task_info(op, sub, v.parallelism, d.attempt),
@@ -171,7 +177,11 @@ impl<'a> InProcessWorkers<'a> {
         }
         let mut outputs = Vec::new();
         for edge in plan.edges.iter().filter(|e| e.from == v.id) {
-            let mut chans: Vec<_> = edge.channels.iter().filter(|c| c.upstream == st.index).collect();
+            let mut chans: Vec<_> = edge
+                .channels
+                .iter()
+                .filter(|c| c.upstream == st.index)
+                .collect();
             chans.sort_by_key(|c| c.downstream);
             let senders = chans
                 .iter()
@@ -220,9 +230,14 @@ impl Workers for InProcessWorkers<'_> {
         let plugin = self.plugin_of(head)?;
         let opts = self.instance_options(&plugin, head, None, None)?;
         let Instance::Source(mut src) = plugin.instantiate(&opts)? else {
-            return Err(RuntimeError::Internal("source plugin is not a source".into()));
+            return Err(RuntimeError::Internal(
+                "source plugin is not a source".into(),
+            ));
         };
-        src.open(&self.task_info(head, 0, v.parallelism, attempt), &head.config.to_string())?;
+        src.open(
+            &self.task_info(head, 0, v.parallelism, attempt),
+            &head.config.to_string(),
+        )?;
         let splits = src.discover_splits(v.parallelism)?;
         src.close()?;
         Ok(splits)
@@ -232,16 +247,23 @@ impl Workers for InProcessWorkers<'_> {
         for s in settlements {
             let v = &self.plan.vertices[s.vertex as usize];
             let Some(op) = v.operators.last().filter(|o| o.kind == PluginKind::Sink) else {
-                return Err(RuntimeError::Internal(format!("vertex {} has no sink at its tail", v.id)));
+                return Err(RuntimeError::Internal(format!(
+                    "vertex {} has no sink at its tail",
+                    v.id
+                )));
             };
             let plugin = self.plugin_of(op)?;
             let opts = self.instance_options(&plugin, op, Some(s.subtask), None)?;
             let Instance::Sink(mut sink) = plugin.instantiate(&opts)? else {
                 return Err(RuntimeError::Internal("sink plugin is not a sink".into()));
             };
-            sink.open(&self.task_info(op, s.subtask, s.parallelism, attempt), &op.config.to_string())?;
+            sink.open(
+                &self.task_info(op, s.subtask, s.parallelism, attempt),
+                &op.config.to_string(),
+            )?;
             for p in &s.commit {
-                let committable = hex::decode(&p.committable).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+                let committable = hex::decode(&p.committable)
+                    .map_err(|e| RuntimeError::Internal(e.to_string()))?;
                 task::commit_with_recovery(&mut sink, &p.txn, &committable)?;
             }
             for stale in sink.pending_transactions()? {
@@ -283,16 +305,31 @@ impl Workers for InProcessWorkers<'_> {
             .enumerate()
             .filter(|(_, v)| {
                 v.operators[0].kind == PluginKind::Source
-                    && v.operators[0].watermarks.is_some_and(|w| w.max_drift_ms.is_some())
+                    && v.operators[0]
+                        .watermarks
+                        .is_some_and(|w| w.max_drift_ms.is_some())
             })
-            .map(|(vi, v)| (vi, Arc::new(WatermarkAlignment::new(v.parallelism as usize))))
+            .map(|(vi, v)| {
+                (
+                    vi,
+                    Arc::new(WatermarkAlignment::new(v.parallelism as usize)),
+                )
+            })
             .collect();
         let mut commands = BTreeMap::new();
         let mut specs = Vec::with_capacity(d.tasks.len());
         for a in std::mem::take(&mut d.tasks) {
             let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
             commands.insert(a.task.clone(), cmd_tx);
-            specs.push(self.task_spec(&d, a, &transport, &alignments, &events_tx, cmd_rx, &cancel)?);
+            specs.push(self.task_spec(
+                &d,
+                a,
+                &transport,
+                &alignments,
+                &events_tx,
+                cmd_rx,
+                &cancel,
+            )?);
         }
         drop(events_tx);
         let mut live = Live {
@@ -306,10 +343,15 @@ impl Workers for InProcessWorkers<'_> {
         let mut spawn_error = None;
         for spec in specs {
             let name = format!("task-{}", spec.task);
-            match std::thread::Builder::new().name(name).spawn(move || task::run(spec)) {
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || task::run(spec))
+            {
                 Ok(h) => live.threads.push(h),
                 Err(e) => {
-                    spawn_error = Some(RuntimeError::Internal(format!("cannot spawn task thread: {e}")));
+                    spawn_error = Some(RuntimeError::Internal(format!(
+                        "cannot spawn task thread: {e}"
+                    )));
                     break;
                 }
             }
@@ -357,7 +399,10 @@ impl Workers for InProcessWorkers<'_> {
     }
 
     fn records(&self) -> (u64, u64) {
-        (self.progress.records_read(), self.progress.records_written())
+        (
+            self.progress.records_read(),
+            self.progress.records_written(),
+        )
     }
 }
 
