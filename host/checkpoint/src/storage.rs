@@ -1,4 +1,4 @@
-//! Checkpoint storage (design §6 "Storage", seed §14): the SPI needs only
+//! Checkpoint storage (design §14): the SPI needs only
 //! read-after-write and an atomic publish, so an object store or a database can back it;
 //! [`LocalStorage`] keeps a namespace in one directory:
 //!

@@ -1,4 +1,4 @@
-//! The embedded job runner: the coordinator role of one process (design §8 "the embedded
+//! The embedded job runner: the coordinator role of one process (design §2.5 "the embedded
 //! mode keeps all roles in one process"). It enumerates (or restores) source splits,
 //! wires every subtask's channels from the PartitionedPlan through a [`Transport`], runs
 //! one thread per subtask, drives the epoch protocol through the pure

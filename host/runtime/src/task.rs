@@ -1,4 +1,4 @@
-//! The task driver: one thread per subtask runs its operator chain (design §5): a source
+//! The task driver: one thread per subtask runs its operator chain (design §19): a source
 //! reader or an input gate at the head, operators in chain order, and either a sink or
 //! the output edges at the tail. It takes part in the epoch protocol (seed §5): sources
 //! inject barriers at a safe point between reads after snapshotting their exclusive
@@ -418,7 +418,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
 }
 
 /// Commits; if the commit call fails, asks `recover` whether it happened anyway (a lost
-/// reply), and never reports an unknown outcome as committed (seed §5.7, design §6).
+/// reply), and never reports an unknown outcome as committed (design §5.7).
 pub(crate) fn commit_with_recovery(
     sink: &mut SinkInstance,
     txn: &str,

@@ -1,10 +1,10 @@
-//! Channels and transports (design §5, seed §4.2–§4.4).
+//! Channels and transports (design §4.2–§4.4, §19).
 //!
 //! A channel carries [`Message`]s — record batches, watermarks, barriers and the end
 //! marker — in order; order across channels is not defined. Every channel is a bounded
 //! queue on the receiving side, so a full channel blocks its producer (backpressure). A
 //! [`Transport`] opens the two ends of a channel for a task attempt and checks the
-//! attempt's fencing token on open and on every send, even in-process (seed §10.2): after
+//! attempt's fencing token on open and on every send, even in-process (design §10.2): after
 //! [`Transport::fence`], writes of older attempts are refused.
 //!
 //! Backends: [`LocalTransport`] (in-process queues) now; QUIC will deliver into the same
@@ -27,9 +27,9 @@ pub enum Message {
     Records(Batch),
     /// The sender's event-time watermark advanced (ms).
     Watermark(i64),
-    /// A checkpoint barrier (seed §5.3).
+    /// A checkpoint barrier (design §5.3).
     Barrier(EpochId),
-    /// The sender's inputs are all idle (seed §8.5): leave this channel out of the
+    /// The sender's inputs are all idle (design §8.5): leave this channel out of the
     /// watermark minimum until records or a watermark arrive on it again.
     Idle,
     /// The sender will send nothing more on this channel.
