@@ -1,4 +1,4 @@
-//! Checkpoint figures read back from a run's work directory (design §6): per-epoch
+//! Checkpoint figures read back from a run's work directory (design §5): per-epoch
 //! duration from the epoch log (`created` → `durable`), snapshot size from the retained
 //! manifests, and recovery time after a SIGKILL (restart → first epoch committed by the
 //! new attempt).

@@ -1,4 +1,4 @@
-//! `nopstream-bench`: the benchmark harness of issue 5 (design §9).
+//! `nopstream-bench`: the benchmark harness of issue 5 (design §20).
 //!
 //! - `gen`: the deterministic Nexmark-style bids CSV ([`bids`]).
 //! - `run`: every workload ([`workload::WORKLOADS`]) on nop-stream (the release

@@ -1,5 +1,5 @@
 //! [`Batch`]: records laid out as flat buffers with end offsets, the shape of the WIT
-//! `batch` record (design §3, "batch at the boundary").
+//! `batch` record (design §16, "batch at the boundary").
 
 /// A batch of records, laid out exactly like the WIT `batch` record.
 ///

@@ -116,7 +116,7 @@ impl KeyPage {
 /// (a panic in [`crate::MockContext`] with shards configured), never silent corruption.
 ///
 /// Batched calls (`value_get_many`, `value_put_many`) cost one host call for the whole
-/// batch; prefer them on the per-record path (design §3).
+/// batch; prefer them on the per-record path (design §16).
 pub trait Context {
     /// Opens a state declared in `describe()`.
     ///

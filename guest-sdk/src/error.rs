@@ -2,7 +2,7 @@
 //!
 //! Errors are data: the host applies the job's error policy (fail the task, or route the
 //! record to a dead-letter output). A panic is different: it is a trap and always fails
-//! the task (design §3, "errors vs traps").
+//! the task (design §16, "errors vs traps").
 
 use std::fmt;
 

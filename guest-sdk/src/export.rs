@@ -407,8 +407,8 @@ macro_rules! export_sink {
 ///
 /// ```ignore
 /// impl Operator for MyWindow {
-///     fn describe() -> PluginInfo { … }
-///     fn open(ctx: &mut dyn Context, task: &TaskInfo, config: &str) -> Result<Self> { … }
+///     fn describe() -> PluginInfo { unimplemented!() }
+///     fn open(ctx: &mut dyn Context, task: &TaskInfo, config: &str) -> Result<Self> { unimplemented!() }
 ///     nop_stream_sdk::window_operator_hooks!(op);
 /// }
 /// ```

@@ -136,7 +136,7 @@ pub struct PluginInfo {
     /// none by default. Emitting to an undeclared tag traps in the host.
     pub side_outputs: Vec<String>,
     /// Semantic model of the operator (a window spec, a CEP pattern) as JSON; it enters
-    /// the plan fingerprint (seed §9.2). `None` by default.
+    /// the plan fingerprint (design §9.2). `None` by default.
     pub model: Option<String>,
 }
 

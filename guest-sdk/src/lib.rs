@@ -1,13 +1,4 @@
-//! Guest SDK for nop-stream plugins (WebAssembly components for `wasm32-wasip2`).
-//!
-//! Implement [`Operator`], [`Source`] or [`Sink`] and export the type with
-//! [`export_operator!`], [`export_source!`] or [`export_sink!`]. Records cross the
-//! boundary as a [`Batch`] (flat buffers + end offsets, no per-record allocation);
-//! operators reach keyed state and timers through a [`Context`], preferably via the typed
-//! [`ValueState`], [`ListState`] and [`MapState`]. Unit-test plugin logic natively with
-//! [`MockContext`].
-//!
-//! See design §3 for the contract these types mirror (`wit/` in the repository).
+#![doc = include_str!("../README.md")]
 
 extern crate self as nop_stream_sdk;
 
@@ -25,6 +16,11 @@ mod state;
 pub mod window;
 #[doc(hidden)]
 pub mod wit;
+
+/// The WIT package this SDK binds to and every component built with it imports and
+/// exports: `nop:stream@0.1.0` (the files in the crate's `wit/`, a copy of the
+/// repository's `wit/`). Hosts 0.1.x load it.
+pub const WIT_PACKAGE: &str = "nop:stream@0.1.0";
 
 pub use batch::{Batch, RecordRef};
 pub use context::{Context, KeyPage, StateHandle, ValueBatch};

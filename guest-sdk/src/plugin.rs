@@ -2,7 +2,7 @@
 //!
 //! Implement one of them and export it with [`crate::export_operator!`],
 //! [`crate::export_source!`] or [`crate::export_sink!`]. Instances hold no durable state:
-//! the host may drop and re-create an instance at any time (design §3); everything that
+//! the host may drop and re-create an instance at any time (design §16); everything that
 //! must survive goes to host state through the [`Context`] or, for connectors, to the
 //! external system and the cursor / committable returned to the host.
 

@@ -6,7 +6,7 @@
 /// interfaces the other worlds reuse.
 pub mod operator {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "operator",
         pub_export_macro: true,
         default_bindings_module: "::nop_stream_sdk::wit::operator",
@@ -17,7 +17,7 @@ pub mod operator {
 /// Bindings of the `source` world.
 pub mod source {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "source",
         pub_export_macro: true,
         default_bindings_module: "::nop_stream_sdk::wit::source",
@@ -33,7 +33,7 @@ pub mod source {
 /// Bindings of the `sink` world.
 pub mod sink {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "sink",
         pub_export_macro: true,
         default_bindings_module: "::nop_stream_sdk::wit::sink",

@@ -1,5 +1,5 @@
 //! Components that are not what the job needs are refused when they are loaded or
-//! planned, with a message naming the fault (design §3): the wrong world, a core wasm
+//! planned, with a message naming the fault (design §16): the wrong world, a core wasm
 //! module, a file that is not wasm at all. Compiled components are cached on disk.
 
 mod common;
@@ -214,4 +214,101 @@ fn second_host_takes_the_compiled_component_from_the_disk_cache() {
     assert_eq!(b.sha256, a.sha256);
     assert_eq!(b.info, a.info);
     assert_eq!(b.info.name, "fault-error");
+}
+
+fn named(name: &str, version: &str) -> PluginRef {
+    PluginRef::Named {
+        name: name.to_owned(),
+        version: version.to_owned(),
+    }
+}
+
+fn copy_plugin(package: &str, to: &std::path::Path) {
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    std::fs::copy(wasm(package), to).unwrap();
+}
+
+#[test]
+fn versions_side_by_side_each_resolve_to_their_own_file() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_plugin("probe-v1", &dir.path().join("probe@0.1.0.wasm"));
+    copy_plugin("probe-v2", &dir.path().join("probe@0.2.0.wasm"));
+    let reg = PluginRegistry::new(host(), vec![dir.path().to_owned()], dir.path().to_owned());
+    for version in ["0.1.0", "0.2.0"] {
+        let p = reg
+            .load(&named("probe", version), PluginKind::Operator)
+            .unwrap();
+        assert_eq!(p.info.version, version);
+        assert_eq!(p.path, dir.path().join(format!("probe@{version}.wasm")));
+    }
+    let err = reg
+        .load(&named("probe", "0.3.0"), PluginKind::Operator)
+        .expect_err("no 0.3.0 on the path");
+    assert!(
+        matches!(err, RuntimeError::PluginNotFound { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().starts_with(&format!(
+            "plugin `probe@0.3.0` not found in the plugin path [{}] (looked for \
+             probe@0.3.0.wasm, probe-0.3.0.wasm, probe.wasm)",
+            dir.path().display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unversioned_file_of_another_version_is_skipped_not_taken() {
+    // Regression: `name@version` used to take the first `name.wasm` on the path whatever
+    // version it described, and only planning then failed.
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+    copy_plugin("probe-v1", &first.join("probe.wasm"));
+    copy_plugin("probe-v2", &second.join("probe.wasm"));
+    let reg = PluginRegistry::new(
+        host(),
+        vec![first.clone(), second.clone()],
+        dir.path().to_owned(),
+    );
+    let v2 = reg
+        .load(&named("probe", "0.2.0"), PluginKind::Operator)
+        .unwrap();
+    assert_eq!(v2.info.version, "0.2.0");
+    assert_eq!(v2.path, second.join("probe.wasm"));
+    let v1 = reg
+        .load(&named("probe", "0.1.0"), PluginKind::Operator)
+        .unwrap();
+    assert_eq!(v1.path, first.join("probe.wasm"));
+    let err = reg
+        .load(&named("probe", "9.9.9"), PluginKind::Operator)
+        .expect_err("no 9.9.9");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!(
+            "; found only probe@0.1.0 ({}), probe@0.2.0 ({});",
+            first.join("probe.wasm").display(),
+            second.join("probe.wasm").display()
+        )),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_bundled_plugin_at_an_unknown_version_is_not_found() {
+    let err = registry(std::env::temp_dir())
+        .load(&named("keyed-aggregate", "9.9.9"), PluginKind::Operator)
+        .expect_err("only 0.1.0 is bundled");
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("plugin `keyed-aggregate@9.9.9` not found in the plugin path"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!(
+            "found only keyed-aggregate@0.1.0 ({})",
+            wasm("keyed-aggregate")
+        )),
+        "{msg}"
+    );
 }

@@ -1,5 +1,5 @@
-//! Every edge partition policy of the PartitionedPlan moves records as the seed defines
-//! it (seed §4.1): FORWARD and REBALANCE keep every record once, BROADCAST copies each to
+//! Every edge partition policy of the PartitionedPlan moves records as the design defines
+//! it (design §4.1): FORWARD and REBALANCE keep every record once, BROADCAST copies each to
 //! every downstream subtask, SINGLETON gathers everything on subtask 0, UNION merges
 //! several upstreams, and HASH sends all records of a key to one subtask.
 
@@ -147,9 +147,8 @@ fn hash_sends_all_records_of_a_key_to_one_subtask() {
         + r#"
 [[operator]]
 name = "keyer"
-plugin = "fault-foreign-key@0.1.0"
+plugin = "keyer@0.1.0"
 inputs = ["input"]
-config = { role = "key" }
 "# + &identity("byk", 2, "keyer", "hash")
         + &SINK
             .replace("{sink_p}", "2")

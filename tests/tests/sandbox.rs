@@ -1,5 +1,5 @@
 //! Every sandbox limit of a plugin instance fires with an error naming the plugin, the
-//! operator, the subtask and the limit with its value (design §3); the failed job
+//! operator, the subtask and the limit with its value (design §16); the failed job
 //! publishes nothing; and the host survives: a healthy job run right after, in the same
 //! process on the same [`PluginHost`](nop_stream_runtime::PluginHost), commits exactly the
 //! right output.
@@ -83,7 +83,7 @@ fn trap_behind_a_hash_edge_mid_stream_stops_every_task() {
         2,
         &records(5000),
         &[
-            Op::new("keyer", "fault-foreign-key@0.1.0", r#"{ role = "key" }"#),
+            Op::new("keyer", "keyer@0.1.0", "{}"),
             Op::new("boom", "fault-trap@0.1.0", "{ after = 300 }").partition("hash"),
         ],
     );
@@ -329,7 +329,7 @@ fn state_of_a_key_outside_the_subtask_shards_is_refused() {
         2,
         &records(40),
         &[
-            Op::new("keyer", "fault-foreign-key@0.1.0", r#"{ role = "key" }"#),
+            Op::new("keyer", "keyer@0.1.0", "{}"),
             Op::new(
                 "foreign",
                 "fault-foreign-key@0.1.0",

@@ -1,5 +1,5 @@
 //! Complex event processing: a Flink-CEP-style [`Pattern`] API and [`CepOperator`], an NFA
-//! running on the host's unified keyed state and event-time timers (seed §9.2, §8.4).
+//! running on the host's unified keyed state and event-time timers (design §9.2, §8.4).
 //!
 //! # Model
 //! A [`Pattern`] is a sequence of named stages with contiguity (`next` strict,
@@ -10,7 +10,7 @@
 //! an [`AfterMatchSkip`] strategy. Its model ([`Pattern::to_model_json`]) goes into
 //! `describe()` via [`crate::PluginInfo::model`] and so into the plan fingerprint.
 //!
-//! # Runtime (seed §9.2)
+//! # Runtime (design §9.2)
 //! [`CepOperator`] is embedded in a plugin's [`crate::Operator`]. Per record key (the
 //! runtime routes by it) it keeps, in namespace [`CEP_NAMESPACE`]:
 //!
@@ -24,7 +24,7 @@
 //! [`CEP_NAMESPACE`]) is registered at their timestamp; only when the watermark passes
 //! them are they fed to the NFA, in timestamp order (arrival order for equal
 //! timestamps), so out-of-order arrival within the watermark gives the same matches as
-//! sorted input. A further timer at `start + within` prunes partial matches (seed §8.4:
+//! sorted input. A further timer at `start + within` prunes partial matches (design §8.4:
 //! timers are state). When a key has no partial match and no queued event, all its CEP
 //! state and timers are deleted. Nothing durable lives in the instance, so an instance
 //! may be dropped after any call and re-opened on the restored state.

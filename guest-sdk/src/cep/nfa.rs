@@ -1,6 +1,6 @@
 //! The NFA core: partial matches ("runs") over one key's events, with no I/O. The operator
 //! loads a key's [`KeyNfa`] from keyed state, feeds it events in event-time order and
-//! time advances, and writes it back (seed §9.2).
+//! time advances, and writes it back (design §9.2).
 
 use std::collections::{BTreeMap, BTreeSet};
 

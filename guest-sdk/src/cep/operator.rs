@@ -1,5 +1,5 @@
 //! [`CepOperator`]: runs a [`Pattern`] per record key on host keyed state and event-time
-//! timers (seed §9.2, §8.4).
+//! timers (design §9.2, §8.4).
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,5 +1,5 @@
 //! The Pattern API: stages, contiguity, quantifiers, named conditions, `within` and the
-//! after-match skip strategy, plus the serializable model (seed §9.2: the pattern model is
+//! after-match skip strategy, plus the serializable model (design §9.2: the pattern model is
 //! operator metadata and enters the plan fingerprint).
 
 use crate::{PluginError, Result};
@@ -438,7 +438,7 @@ impl<E> Pattern<E> {
     ///
     /// where `<cond>` is `true`, a condition name as a string, `{"and":[c,c]}` or
     /// `{"or":[c,c]}`. Return it from `describe()` with [`crate::PluginInfo::model`]
-    /// (seed §9.2: the pattern model enters the plan fingerprint).
+    /// (design §9.2: the pattern model enters the plan fingerprint).
     pub fn to_model_json(&self) -> String {
         let mut o = String::from(r#"{"type":"cep","version":1,"stages":["#);
         for (i, s) in self.stages.iter().enumerate() {

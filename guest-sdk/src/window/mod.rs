@@ -1,4 +1,4 @@
-//! The window operator family: the one window implementation of nop-stream (seed §9.1,
+//! The window operator family: the one window implementation of nop-stream (design §9.1,
 //! "only one set of window semantics"), following Apache Flink's `WindowOperator`.
 //!
 //! A [`WindowOperator`] assigns each record to windows ([`Assigner`]: tumbling, sliding or
@@ -41,11 +41,11 @@
 //!   lateness (the default) firing and cleanup are the same timer.
 //! - Processing time: no record is late; a window fires and is cleared at its max
 //!   timestamp. Processing-time windows still open when bounded input ends are not fired
-//!   (as in Flink); use event time for deterministic results (seed §8.4).
+//!   (as in Flink); use event time for deterministic results (design §8.4).
 //!
 //! # State layout
 //!
-//! Everything durable is in host state and timers (seed §8.4, §9.1); the instance caches
+//! Everything durable is in host state and timers (design §8.4, §9.1); the instance caches
 //! nothing between calls, so it may be dropped after any call and a fresh one opened on
 //! the restored state. See [`state_descriptors`]:
 //!
@@ -250,7 +250,7 @@ impl FunctionKind {
 
 /// A complete, validated window definition. It is the semantic model of the operator:
 /// [`WindowSpec::to_model_json`] goes into [`crate::PluginInfo::model`] and so into the
-/// plan fingerprint (seed §9.2).
+/// plan fingerprint (design §9.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WindowSpec {
     /// Window assignment.

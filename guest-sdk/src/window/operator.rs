@@ -21,7 +21,7 @@ pub struct MergeEntry {
     pub state: Window,
 }
 
-/// A keyed window operator (seed §9.1): see the [module docs](super) for semantics and
+/// A keyed window operator (design §9.1): see the [module docs](super) for semantics and
 /// state layout. Plugins hold one and forward `process` and `on_timers` to it; it keeps
 /// nothing but scratch buffers between calls.
 pub struct WindowOperator<F: WindowFunction> {

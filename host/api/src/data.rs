@@ -43,10 +43,10 @@ impl Batch {
     }
 }
 
-/// One split of a source (seed §6.2): a unit of input one reader owns at a time.
+/// One split of a source (design §6.2): a unit of input one reader owns at a time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Split {
-    /// Stable split id, unique within the source (part of the state path, seed §3.5).
+    /// Stable split id, unique within the source (part of the state path, design §3.5).
     pub id: String,
     /// Opaque description the source needs to read the split.
     pub descriptor: Vec<u8>,
@@ -55,11 +55,11 @@ pub struct Split {
 /// What a plugin instance is told about the subtask it runs in (`open(task-info, ..)`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskInfo {
-    /// Logical job id, stable across restarts (seed §3.1).
+    /// Logical job id, stable across restarts (design §3.1).
     pub job_id: String,
     /// Stable pipeline lineage id.
     pub pipeline_id: String,
-    /// Stable operator id (seed §3.2).
+    /// Stable operator id (design §3.2).
     pub operator_id: String,
     /// Operator name from the job file, for logs and errors.
     pub operator_name: String,

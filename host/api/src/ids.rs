@@ -1,6 +1,6 @@
-//! Newtyped identities (seed §3). Persistent ones (job, pipeline, operator, vertex, edge,
+//! Newtyped identities (design §3). Persistent ones (job, pipeline, operator, vertex, edge,
 //! subtask, shard, epoch) may appear in state paths; run-scoped ones (attempt, fencing
-//! token) never do (seed §3.1).
+//! token) never do (design §3.1).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -54,16 +54,16 @@ macro_rules! int_id {
 }
 
 string_id!(
-    /// Logical job id, stable across restarts (seed §3.1).
+    /// Logical job id, stable across restarts (design §3.1).
     JobId
 );
 string_id!(
-    /// Stable pipeline lineage id (seed §3.1).
+    /// Stable pipeline lineage id (design §3.1).
     PipelineId
 );
 string_id!(
     /// Stable operator id: explicit `uid`, else canonical model path, else structural hash
-    /// (seed §3.2). The routing key of all persistent state.
+    /// (design §3.2). The routing key of all persistent state.
     OperatorId
 );
 string_id!(
@@ -80,24 +80,24 @@ int_id!(
     SubtaskIndex(u32)
 );
 int_id!(
-    /// Logical state shard, `0 <= id < stateShardCount` (seed §3.4).
+    /// Logical state shard, `0 <= id < stateShardCount` (design §3.4).
     StateShardId(u32)
 );
 int_id!(
-    /// Checkpoint epoch (seed §5.1). Epoch 0 means "before the first checkpoint".
+    /// Checkpoint epoch (design §5.1). Epoch 0 means "before the first checkpoint".
     EpochId(u64)
 );
 int_id!(
-    /// Execution attempt of a job run; grows on every global recovery (seed §3.3).
+    /// Execution attempt of a job run; grows on every global recovery (design §3.3).
     AttemptId(u32)
 );
 int_id!(
     /// Write token issued by the coordinator per attempt; channels and commits of any
-    /// other token are refused (seed §10.2).
+    /// other token are refused (design §10.2).
     FencingToken(u64)
 );
 
-/// Stable task identity `jobId/pipelineId/vertexId/subtaskIndex` (seed §3.3); used by
+/// Stable task identity `jobId/pipelineId/vertexId/subtaskIndex` (design §3.3); used by
 /// checkpoint ACKs. It never contains an attempt.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TaskId {
@@ -121,7 +121,7 @@ impl fmt::Display for TaskId {
     }
 }
 
-/// A task attempt: the stable task plus the attempt and its fencing token (seed §3.3).
+/// A task attempt: the stable task plus the attempt and its fencing token (design §3.3).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TaskAttemptId {
     /// The stable task.
@@ -138,7 +138,7 @@ impl fmt::Display for TaskAttemptId {
     }
 }
 
-/// Channel identity `edgeId/upstreamSubtask/downstreamSubtask/channelIndex` (seed §4.2).
+/// Channel identity `edgeId/upstreamSubtask/downstreamSubtask/channelIndex` (design §4.2).
 /// Order is guaranteed within a channel, never across channels.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ChannelId {

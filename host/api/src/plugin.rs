@@ -1,4 +1,4 @@
-//! Plugin metadata as reported by a component's `describe()` (design §3), mirrored as
+//! Plugin metadata as reported by a component's `describe()` (design §16), mirrored as
 //! plain serde data so the pure planner can validate jobs against it.
 
 use serde::{Deserialize, Serialize};
@@ -45,7 +45,7 @@ pub enum StateKind {
     Map,
 }
 
-/// A keyed state a plugin declares (seed §13: name, kind and schema version required).
+/// A keyed state a plugin declares (design §13: name, kind and schema version required).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct StateDescriptor {
     /// Unique within the plugin; part of the state path.
@@ -58,7 +58,7 @@ pub struct StateDescriptor {
     pub codec: String,
 }
 
-/// Source consistency level (seed §6.1).
+/// Source consistency level (design §6.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SourceCapability {
@@ -73,13 +73,13 @@ pub enum SourceCapability {
 }
 
 impl SourceCapability {
-    /// Whether the source can take part in exactly-once (seed §6.1).
+    /// Whether the source can take part in exactly-once (design §6.1).
     pub fn supports_exactly_once(self) -> bool {
         matches!(self, Self::Replayable | Self::TransactionalRead)
     }
 }
 
-/// Sink consistency level (seed §7.1).
+/// Sink consistency level (design §7.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SinkCapability {
@@ -100,7 +100,7 @@ pub enum SinkCapability {
 }
 
 impl SinkCapability {
-    /// Whether the sink commits strictly (seed §7.1: 2PC, staged atomic, outbox).
+    /// Whether the sink commits strictly (design §7.1: 2PC, staged atomic, outbox).
     pub fn is_strict(self) -> bool {
         matches!(
             self,
@@ -138,7 +138,7 @@ pub struct PluginInfo {
     #[serde(default)]
     pub side_outputs: Vec<String>,
     /// Semantic model (window spec, CEP pattern) as JSON; part of the plan fingerprint
-    /// (seed §9.2).
+    /// (design §9.2).
     #[serde(default)]
     pub model: Option<String>,
 }

@@ -1,9 +1,9 @@
-//! Semantic modes (seed §13) and edge partition policies (seed §4.1).
+//! Semantic modes (design §13) and edge partition policies (design §4.1).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// The delivery guarantee a job declares and the planner validates (seed §5.1, §13).
+/// The delivery guarantee a job declares and the planner validates (design §5.1, §13).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum SemanticMode {
@@ -31,7 +31,7 @@ impl fmt::Display for SemanticMode {
     }
 }
 
-/// How records move across a JobGraph edge (seed §4.1).
+/// How records move across a JobGraph edge (design §4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum PartitionPolicy {

@@ -1,4 +1,4 @@
-//! Barrier alignment of a multi-input task (seed §5.4), pure: the task asks which input
+//! Barrier alignment of a multi-input task (design §5.4), pure: the task asks which input
 //! channels it may read and reports each barrier; the aligner says when to snapshot.
 //!
 //! - A barrier N on channel C marks C aligned: records behind it on C are held (the task

@@ -1,23 +1,23 @@
-//! The epoch protocol as a pure state machine (seed §5, §10.1–§10.2): no I/O, no clock,
+//! The epoch protocol as a pure state machine (design §5, §10.1–§10.2): no I/O, no clock,
 //! no threads. The runner feeds [`Event`]s (with the current time) and carries out the
 //! [`Command`]s; storage and transport stay behind it.
 //!
 //! Rules enforced here:
-//! - only this coordinator creates epochs; one epoch is in flight at a time (seed §5.8);
+//! - only this coordinator creates epochs; one epoch is in flight at a time (design §5.8);
 //! - an epoch completes only when every task of the ACK set acknowledged it **in the
 //!   current attempt**; acknowledgements of other attempts, unknown tasks, other epochs,
-//!   and duplicates are ignored (seed §10.2);
-//! - the manifest is published before any commit (seed §5.6, invariant 5); commits of
+//!   and duplicates are ignored (design §10.2);
+//! - the manifest is published before any commit (design §5.6, invariant 5); commits of
 //!   `<= N` follow DURABLE(N);
-//! - an epoch exceeding the timeout is ABORTED and the job continues (seed §4.4);
+//! - an epoch exceeding the timeout is ABORTED and the job continues (design §4.4);
 //! - when every task reported the end of its data, a final epoch is taken; the job ends
-//!   once that epoch is committed (seed §5.9).
+//!   once that epoch is committed (design §5.9).
 
 use crate::manifest::TaskSnapshot;
 use nop_stream_api::{AttemptId, EpochId, TaskId};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Lifecycle of an epoch (seed §5.2). INJECTING covers barrier injection; ALIGNING and
+/// Lifecycle of an epoch (design §5.2). INJECTING covers barrier injection; ALIGNING and
 /// SNAPSHOTTING happen inside tasks, so the coordinator sees SNAPSHOTTING once the first
 /// acknowledgement arrives; PRECOMMITTED once all arrived (sinks pre-commit before they
 /// acknowledge).
@@ -121,7 +121,7 @@ pub enum Command {
         epoch: EpochId,
     },
     /// The epoch is given up; the job continues (pre-committed transactions stay pending
-    /// for a later subsuming commit, seed §7.3).
+    /// for a later subsuming commit, design §7.3).
     Abort {
         /// Epoch.
         epoch: EpochId,
@@ -141,7 +141,7 @@ struct InFlight {
     acks: BTreeMap<TaskId, TaskSnapshot>,
 }
 
-/// Counters for observability (seed §15).
+/// Counters for observability (design §15).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CoordinatorStats {
     /// Acknowledgements refused because they came from another attempt.

@@ -1,4 +1,4 @@
-//! Named fault points for crash tests (design §10). A test arms a point through the
+//! Named fault points for crash tests (design §21). A test arms a point through the
 //! environment of a child process, `NOPSTREAM_FAILPOINTS="name[=N][:action],..."`, or in
 //! process with [`arm`]. The N-th time an armed point is reached (default the first),
 //! `abort` kills the process on the spot (`std::process::abort`, no clean-up, like

@@ -1,13 +1,13 @@
-//! Epoch checkpoints (design §6, seed §5–§7, §14).
+//! Epoch checkpoints (design §5–§7, §14).
 //!
 //! - [`coordinator`]: the epoch protocol as a pure state machine — events in, commands
 //!   out, time passed in — so the same decisions serve the embedded runner and a cluster.
 //! - [`manifest`]: task snapshots, segment descriptors and the epoch manifest, the only
-//!   entry point of recovery (seed §5.6).
+//!   entry point of recovery (design §5.6).
 //! - [`storage`]: the checkpoint storage SPI (read-after-write plus atomic publish) and
-//!   its local-file backend, the epoch log and retention (seed §14).
+//!   its local-file backend, the epoch log and retention (design §14).
 //!
-//! This crate never depends on a transport (seed §11.2).
+//! This crate never depends on a transport (design §11.2).
 
 pub mod alignment;
 pub mod coordinator;

@@ -1,4 +1,4 @@
-//! Task snapshots, segment descriptors and epoch manifests (seed §5.5, §5.6, §8.2). All
+//! Task snapshots, segment descriptors and epoch manifests (design §5.5, §5.6, §8.2). All
 //! metadata is JSON; payloads live in segment files named by the descriptors.
 
 use nop_stream_api::{AttemptId, EpochId, FencingToken, TaskId};
@@ -7,11 +7,11 @@ use serde::{Deserialize, Serialize};
 /// Version of the manifest and segment formats; restore refuses another.
 pub const STATE_FORMAT_VERSION: u32 = 2;
 
-/// Where one keyed-state shard of one state lives (seed §8.2: operatorId + subtask +
+/// Where one keyed-state shard of one state lives (design §8.2: operatorId + subtask +
 /// shard + state name). Several descriptors may point into one packed segment file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentDescriptor {
-    /// Logical StatePath (seed §3.5):
+    /// Logical StatePath (design §3.5):
     /// `checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/{shard}/{stateName}`.
     pub state_path: String,
     /// Operator id.
@@ -36,7 +36,7 @@ pub struct SegmentDescriptor {
     pub entries: u64,
 }
 
-/// Cursor state of one source split (seed §6.2–§6.4).
+/// Cursor state of one source split (design §6.2–§6.4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SplitState {
     /// Split id.
@@ -48,24 +48,24 @@ pub struct SplitState {
     /// Whether the split was read to its end.
     pub finished: bool,
     /// Largest event timestamp read from the split so far (ms), when the source derives
-    /// watermarks (seed §8.5); restores the split's watermark.
+    /// watermarks (design §8.5); restores the split's watermark.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_timestamp: Option<i64>,
 }
 
-/// A pre-committed sink transaction waiting for its epoch to become durable (seed §7.3).
+/// A pre-committed sink transaction waiting for its epoch to become durable (design §7.3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingTransaction {
     /// Epoch whose barrier sealed the transaction; it commits once an epoch `>=` this one
     /// is durable.
     pub epoch: EpochId,
-    /// Transaction id `{jobId}:{pipelineId}:{operatorId}:{subtask}:{epoch}` (seed §7.2).
+    /// Transaction id `{jobId}:{pipelineId}:{operatorId}:{subtask}:{epoch}` (design §7.2).
     pub txn: String,
     /// Committable bytes, hex.
     pub committable: String,
 }
 
-/// What one task reports for an epoch (seed §5.5).
+/// What one task reports for an epoch (design §5.5).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskSnapshot {
     /// Stable task identity (no attempt).
@@ -95,7 +95,7 @@ pub struct TaskSnapshot {
     pub duration_ms: u64,
 }
 
-/// Global source enumerator state (seed §6.3): every discovered split and its owner.
+/// Global source enumerator state (design §6.3): every discovered split and its owner.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnumeratorState {
     /// Source operator id.
@@ -107,7 +107,7 @@ pub struct EnumeratorState {
 }
 
 /// The epoch manifest: published atomically once every task of the ACK set reported; the
-/// only entry point of recovery (seed §5.6).
+/// only entry point of recovery (design §5.6).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochManifest {
     /// Epoch.
@@ -126,7 +126,7 @@ pub struct EpochManifest {
     pub attempt: AttemptId,
     /// Fencing token of that attempt.
     pub fencing_token: FencingToken,
-    /// Whether this is the final epoch of a bounded job (seed §5.9).
+    /// Whether this is the final epoch of a bounded job (design §5.9).
     pub final_epoch: bool,
     /// Every task's snapshot.
     pub tasks: Vec<TaskSnapshot>,

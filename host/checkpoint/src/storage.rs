@@ -1,4 +1,4 @@
-//! Checkpoint storage (design §6 "Storage", seed §14): the SPI needs only
+//! Checkpoint storage (design §14): the SPI needs only
 //! read-after-write and an atomic publish, so an object store or a database can back it;
 //! [`LocalStorage`] keeps a namespace in one directory:
 //!
@@ -112,7 +112,7 @@ pub trait CheckpointStorage: Send + Sync {
     /// `at_least_after` and every attempt allocated before, so attempts (and the
     /// generations and fencing tokens derived from them) grow across in-process
     /// recoveries and process restarts alike, even when an attempt failed before creating
-    /// any epoch (seed §3.3).
+    /// any epoch (design §3.3).
     ///
     /// # Errors
     /// I/O failure; no attempt may start then.
@@ -205,9 +205,28 @@ impl CheckpointStorage for LocalStorage {
         use std::io::{Read, Seek, SeekFrom};
         let path = self.root.join(rel);
         let mut f = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        let size = f.metadata().map_err(|e| io(&path, e))?.len();
+        let end = offset.saturating_add(len);
+        let truncated = |size: u64| StorageError::Corrupt {
+            path: path.clone(),
+            message: format!(
+                "segment truncated: the file has {size} bytes but the manifest needs bytes \
+                 {offset}..{end}; it was cut short (a full disk, an interrupted copy) after \
+                 the epoch was published"
+            ),
+        };
+        if end > size {
+            return Err(truncated(size));
+        }
         f.seek(SeekFrom::Start(offset)).map_err(|e| io(&path, e))?;
         let mut buf = vec![0; len as usize];
-        f.read_exact(&mut buf).map_err(|e| io(&path, e))?;
+        f.read_exact(&mut buf).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                truncated(f.metadata().map_or(0, |m| m.len()))
+            } else {
+                io(&path, e)
+            }
+        })?;
         Ok(buf)
     }
 
@@ -336,6 +355,37 @@ mod tests {
         };
         m.seal();
         m
+    }
+
+    #[test]
+    fn a_truncated_segment_says_it_is_truncated() {
+        // Regression: this used to surface as "failed to fill whole buffer".
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalStorage::open(dir.path()).unwrap();
+        s.write_segment("segments/1/op/0.seg", &[7; 100]).unwrap();
+        assert_eq!(
+            s.read_range("segments/1/op/0.seg", 90, 10).unwrap(),
+            [7; 10]
+        );
+        let path = dir.path().join("segments/1/op/0.seg");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(60)
+            .unwrap();
+        let err = s.read_range("segments/1/op/0.seg", 40, 50).unwrap_err();
+        assert!(matches!(err, StorageError::Corrupt { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "checkpoint storage {}: corrupt: segment truncated: the file has 60 bytes but \
+                 the manifest needs bytes 40..90; it was cut short (a full disk, an \
+                 interrupted copy) after the epoch was published",
+                path.display()
+            )
+        );
+        assert_eq!(s.read_range("segments/1/op/0.seg", 0, 60).unwrap(), [7; 60]);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod output;
 mod prepare;
+mod scaffold;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -69,7 +70,7 @@ enum Command {
         /// checkpoints, else 0].
         #[arg(long)]
         max_restarts: Option<u32>,
-        /// Explicit rescale action (seed §10.5): restore the latest durable epoch, taken
+        /// Explicit rescale action (design §10.5): restore the latest durable epoch, taken
         /// by this same job at another parallelism, into the plan at the parallelism
         /// given with -p (or the job file's). Keyed state, timers and watermarks move
         /// with their state shards; the shard count stays. Without it a changed plan is
@@ -158,6 +159,11 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         slots: u32,
     },
+    /// Write plugins: `nopstream plugin new NAME --kind operator|source|sink`.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -186,6 +192,39 @@ enum ClusterCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Write a ready-to-build plugin crate: Cargo.toml with the SDK dependency, src/lib.rs
+    /// with the plugin and its native tests, and job.toml, a job that runs it.
+    New {
+        /// Plugin name (lowercase letters, digits, `-`): the crate name and the `name` of
+        /// `name@0.1.0`.
+        name: String,
+        /// Which plugin to write.
+        #[arg(long, value_enum)]
+        kind: scaffold::Kind,
+        /// Directory to create the crate in [default: ./NAME]; must be new or empty.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Depend on the SDK at this path (the `guest-sdk` directory of a nop-stream
+        /// checkout, or a copy of that directory alone) [default: the checkout this
+        /// nopstream was built from].
+        #[arg(long, value_name = "DIR", conflicts_with = "sdk_git")]
+        sdk_path: Option<PathBuf>,
+        /// Depend on the SDK through git: the URL of a nop-stream repository (there is no
+        /// public one; any clone you can reach, e.g. `file:///src/nop-stream`).
+        #[arg(long, value_name = "URL")]
+        sdk_git: Option<String>,
+        /// With --sdk-git: the commit, tag or branch to use.
+        #[arg(long, value_name = "REV", requires = "sdk_git")]
+        sdk_rev: Option<String>,
+        /// The zipped flights CSV the operator and sink job stubs read [default: the
+        /// checkout's examples/flights/data/flights.csv.zip].
+        #[arg(long, value_name = "ZIP")]
+        flights: Option<PathBuf>,
     },
 }
 
@@ -249,7 +288,7 @@ fn read_model(job: &Path, parallelism: Option<u32>) -> Result<StreamModel> {
 
 /// The fingerprint this job's plan has at the parallelism the latest durable checkpoint
 /// in `ckpt` was taken with (subtasks per vertex in its manifest): what the manifest must
-/// carry for `--rescale` to restore it. Only parallelism may differ (seed §10.5).
+/// carry for `--rescale` to restore it. Only parallelism may differ (design §10.5).
 fn rescale_source_fingerprint(
     model: &StreamModel,
     registry: &PluginRegistry,
@@ -470,6 +509,13 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 None
             };
             prepare::run_steps(&model, &dir)?;
+            let dirs = output::RunDirs {
+                output: output.clone(),
+                work_dir: work_dir.clone(),
+                namespace: nop_stream_runtime::job::checkpoint_namespace(&plan),
+                checkpoints: ckpt.clone(),
+            };
+            dirs.print_start(&model.job.id);
             if resume {
                 eprintln!(
                     "checkpoints found in {}: resuming (use --fresh to start over)",
@@ -503,7 +549,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                output::print_summary(&report, &output);
+                output::print_summary(&report, &dirs);
                 if !no_echo {
                     output::echo_output(&output)?;
                 }
@@ -612,9 +658,14 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     });
                     if !host_dir.is_dir() && !prepared {
                         missing.push(format!(
-                            "{name}: {}.grants[{g}].host: directory {} does not exist",
+                            "{name}: {}.grants[{g}].host: directory {} granted to `{}` as \
+                             `{}` does not exist; create it, point `host` at an existing \
+                             directory (relative paths start at the job file's directory), \
+                             or set `writable = true` to have the run create it",
                             model.node_field(i),
-                            host_dir.display()
+                            host_dir.display(),
+                            node.name,
+                            grant.guest
                         ));
                     }
                 }
@@ -671,6 +722,51 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 work_dir.join("checkpoints").join(ns)
             };
             output::print_checkpoints(&dir, verbose)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Plugin {
+            command:
+                PluginCommand::New {
+                    name,
+                    kind,
+                    dir,
+                    sdk_path,
+                    sdk_git,
+                    sdk_rev,
+                    flights,
+                },
+        } => {
+            let sdk = match (sdk_path, sdk_git) {
+                (Some(p), _) => {
+                    anyhow::ensure!(
+                        p.join("Cargo.toml").is_file(),
+                        "--sdk-path {}: no Cargo.toml there; pass the `guest-sdk` directory of \
+                         a nop-stream checkout",
+                        p.display()
+                    );
+                    scaffold::SdkDep::Path(std::path::absolute(&p)?)
+                }
+                (None, Some(url)) => scaffold::SdkDep::Git { url, rev: sdk_rev },
+                (None, None) => scaffold::SdkDep::Path(scaffold::checkout_sdk().context(
+                    "this nopstream was not built from a checkout that still has guest-sdk/; \
+                     pass --sdk-path DIR or --sdk-git URL",
+                )?),
+            };
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let files = scaffold::new_plugin(&name, kind, &dir, &sdk, flights)?;
+            println!(
+                "created {} plugin `{name}` in {}:",
+                format!("{kind:?}").to_lowercase(),
+                dir.display()
+            );
+            for f in &files {
+                println!("  {}", f.display());
+            }
+            println!(
+                "next:\n  cd {}\n  cargo test\n  cargo build --target wasm32-wasip2 --release\n  \
+                 nopstream run job.toml --plugins target/wasm32-wasip2/release",
+                dir.display()
+            );
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Plugins => {

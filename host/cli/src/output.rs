@@ -1,4 +1,5 @@
-//! Output directory handling, the run summary and the echo of committed output.
+//! Output directory handling, the run directories, the run summary and the echo of
+//! committed output.
 
 use anyhow::{Result, bail};
 use nop_stream_runtime::JobReport;
@@ -53,7 +54,42 @@ pub fn thousands(n: u64) -> String {
 }
 
 /// Prints the end-of-run summary.
-pub fn print_summary(report: &JobReport, output: &Path) {
+/// Where a run keeps its files: printed when it starts and in its summary.
+#[derive(Debug, Clone)]
+pub struct RunDirs {
+    /// Output directory granted to sinks as `$OUTPUT`.
+    pub output: PathBuf,
+    /// Work directory: `state/` (redb, per subtask) and `checkpoints/<namespace>/`.
+    pub work_dir: PathBuf,
+    /// Checkpoint namespace (`<job id>.<pipeline id>`), the directory under
+    /// `<work dir>/checkpoints` holding this job's manifests, segments and epoch log.
+    pub namespace: String,
+    /// `<work dir>/checkpoints/<namespace>`.
+    pub checkpoints: PathBuf,
+}
+
+impl RunDirs {
+    /// Prints the directories on stderr as the run starts (stdout stays for the summary
+    /// and `--json`).
+    pub fn print_start(&self, job_id: &str) {
+        eprintln!("job `{job_id}`");
+        self.print(&mut std::io::stderr());
+    }
+
+    fn print(&self, w: &mut dyn std::io::Write) {
+        let _ = writeln!(w, "  work directory   {}", self.work_dir.display());
+        let _ = writeln!(
+            w,
+            "  checkpoints      namespace `{}` in {}",
+            self.namespace,
+            self.checkpoints.display()
+        );
+        let _ = writeln!(w, "  output           {}", self.output.display());
+    }
+}
+
+/// Prints the human-readable summary of a finished run, ending with its directories.
+pub fn print_summary(report: &JobReport, dirs: &RunDirs) {
     let secs = report.wall.as_secs_f64().max(1e-9);
     if report.already_finished {
         println!(
@@ -62,7 +98,7 @@ pub fn print_summary(report: &JobReport, output: &Path) {
             report.final_epoch.unwrap_or(0),
             report.semantic
         );
-        println!("  output           {}", output.display());
+        dirs.print(&mut std::io::stdout());
         return;
     }
     println!(
@@ -88,7 +124,7 @@ pub fn print_summary(report: &JobReport, output: &Path) {
     );
     println!("  records written  {}", thousands(report.records_written));
     println!("  transactions     {} committed", report.committed.len());
-    println!("  output           {}", output.display());
+    dirs.print(&mut std::io::stdout());
 }
 
 /// Prints the committed output files' lines (sorted) when there are at most 200 lines,
@@ -137,7 +173,7 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// Prints the checkpoints of a namespace directory (seed §15).
+/// Prints the checkpoints of a namespace directory (design §15).
 ///
 /// # Errors
 /// An unreadable namespace.

@@ -1,4 +1,4 @@
-//! Exactly-once under crashes (seed §17–§18, design §10): the flights jobs at parallelism
+//! Exactly-once under crashes (design §17–§18, §21): the flights jobs at parallelism
 //! 2 with short checkpoint intervals, killed at every named failpoint and with SIGKILL
 //! at random moments, restarted each time until they finish. The committed output must
 //! equal the uninterrupted run: every line once, none missing.
@@ -387,7 +387,7 @@ config = { dir = "/output", prefix = "lines" }
     assert_eq!(lines, expected, "every line exactly once after recovery");
 }
 
-/// Restore refuses a changed plan and says what differs (seed §10.4).
+/// Restore refuses a changed plan and says what differs (design §10.4).
 #[test]
 fn resume_with_a_changed_plan_is_refused() {
     let tmp = tempfile::tempdir().unwrap();

@@ -247,3 +247,219 @@ fn plugins_lists_the_bundled_plugins_with_their_kind() {
         "{out}"
     );
 }
+
+/// `nopstream validate job.toml` in `dir`: (exit success, stderr).
+fn validate(dir: &Path) -> (bool, String) {
+    let o = nopstream(dir, &["validate", "job.toml"]);
+    let (out, err) = text(&o);
+    assert!(
+        o.status.success() || o.status.code() == Some(1),
+        "a refusal, not a crash:\n{out}\n{err}"
+    );
+    (o.status.success(), err)
+}
+
+/// The one line of `err` starting with `prefix`.
+fn line_starting<'a>(err: &'a str, prefix: &str) -> &'a str {
+    err.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}...` line in:\n{err}"))
+}
+
+#[test]
+fn validate_refuses_keyed_state_behind_a_non_hash_input_at_parallelism_2() {
+    // Before: planned fine, then failed at run time with "outside the shards 0..0 this
+    // subtask owns".
+    let job = pipeline(
+        "keyed-aggregate@0.1.0",
+        r#"{ key_field = "v", aggregates = [{ name = "n", fn = "count" }] }"#,
+    )
+    .replace("batch_records = 4", "batch_records = 4\nparallelism = 2");
+    let (dir, _) = job_dir(&job, 3);
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert_eq!(
+        line_starting(&err, "job.toml: operator[0].inputs[0].partition: "),
+        "job.toml: operator[0].inputs[0].partition: `mid` (keyed-aggregate@0.1.0) declares \
+         keyed state (`acc`) and runs at parallelism 2, but its input from `input` is \
+         FORWARD, so records would reach a subtask that does not own their key's state \
+         shard; set `partition = \"hash\"` on this input (records keyed by the upstream), or \
+         run `mid` at parallelism 1"
+    );
+    assert!(err.contains("job.toml: 1 problem(s)"), "{err}");
+    // The fix the message names is accepted.
+    let fixed = job.replace(
+        r#"inputs = ["input"]"#,
+        r#"inputs = [{ from = "input", partition = "hash" }]"#,
+    );
+    std::fs::write(dir.path().join("job.toml"), fixed).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn validate_checks_plugin_config_against_its_config_schema() {
+    let job = pipeline("fault-error@0.1.0", "{}").replace(
+        r#"config = { path = "/input/input.jsonl" }"#,
+        r#"config = { path = "/input/input.jsonl", format = "xml", splits = 0, colour = "blue" }"#,
+    );
+    let (dir, _) = job_dir(&job, 3);
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    let tail = "(the config schema of `file-source@0.1.0`; `nopstream plugins` lists the plugins)";
+    for (field, what) in [
+        (
+            "source[0].config.colour",
+            "unknown field; known fields: event_time, format, header, path, splits",
+        ),
+        (
+            "source[0].config.format",
+            "must be one of \"csv\", \"jsonl\", found \"xml\"",
+        ),
+        ("source[0].config.splits", "must be >= 1, found 0"),
+    ] {
+        assert_eq!(
+            line_starting(&err, &format!("job.toml: {field}: ")),
+            format!("job.toml: {field}: {what} {tail}")
+        );
+    }
+    assert!(err.contains("job.toml: 3 problem(s)"), "{err}");
+    // A missing required field is named too, on the config itself.
+    let job = pipeline("fault-error@0.1.0", "{}")
+        .replace(r#"config = { path = "/input/input.jsonl" }"#, "config = {}");
+    std::fs::write(dir.path().join("job.toml"), job).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert_eq!(
+        line_starting(&err, "job.toml: source[0].config: "),
+        format!("job.toml: source[0].config: missing required field `path` {tail}")
+    );
+}
+
+#[test]
+fn validate_refuses_a_grant_of_a_directory_that_does_not_exist() {
+    let job = pipeline("fault-error@0.1.0", "{}").replace(
+        r#"grants = [{ guest = "/input", host = "data" }]"#,
+        r#"grants = [{ guest = "/input", host = "no-such-dir" }]"#,
+    );
+    let (dir, _) = job_dir(&job, 3);
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert_eq!(
+        line_starting(&err, "job.toml: source[0].grants[0].host: "),
+        "job.toml: source[0].grants[0].host: directory ./no-such-dir granted to `input` as \
+         `/input` does not exist; create it, point `host` at an existing directory (relative \
+         paths start at the job file's directory), or set `writable = true` to have the run \
+         create it"
+    );
+    std::fs::create_dir(dir.path().join("no-such-dir")).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn validate_refuses_a_sink_that_no_one_feeds() {
+    let job = pipeline("fault-error@0.1.0", "{}").replace("inputs = [\"mid\"]\n", "");
+    let (dir, _) = job_dir(&job, 3);
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    let hit = line_starting(&err, "job.toml:");
+    assert!(
+        hit.ends_with(
+            "sink[0].inputs: sink `out` has no input, so no one feeds it and it would receive \
+             no record; add `inputs = [\"<node>\"]` naming one of `input`, `mid`"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_prints_its_work_directory_and_checkpoint_namespace_at_start_and_in_its_summary() {
+    let (dir, _) = job_dir(&pipeline("fault-error@0.1.0", "{}"), 5);
+    let o = nopstream(dir.path(), &["run", "--no-progress", "job.toml"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let lines = [
+        "  work directory   nopstream-out/cli-faults/work",
+        "  checkpoints      namespace `cli-faults.main` in \
+         nopstream-out/cli-faults/work/checkpoints/cli-faults.main",
+        "  output           nopstream-out/cli-faults/output",
+    ];
+    let start = err
+        .lines()
+        .skip_while(|l| *l != "job `cli-faults`")
+        .skip(1)
+        .take(3)
+        .collect::<Vec<_>>();
+    assert_eq!(start, lines, "at start, on stderr:\n{err}");
+    let summary = out
+        .lines()
+        .skip_while(|l| !l.starts_with("  transactions"))
+        .skip(1)
+        .take(3)
+        .collect::<Vec<_>>();
+    assert_eq!(summary, lines, "in the summary:\n{out}");
+    // The directories are real: the namespace holds the epoch manifests.
+    assert!(
+        dir.path()
+            .join("nopstream-out/cli-faults/work/checkpoints/cli-faults.main/manifests")
+            .read_dir()
+            .unwrap()
+            .next()
+            .is_some()
+    );
+    // Running it again resumes from the same namespace and says so in its summary too.
+    let o = nopstream(dir.path(), &["run", "--no-progress", "job.toml"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("already finished"), "{out}");
+    assert!(out.contains(lines[1]), "{out}");
+}
+
+#[test]
+fn a_sink_writing_to_a_full_disk_says_no_space_left_on_device() {
+    // Before: the sink failed with "I/O error (os error 29)". The output directory is a
+    // 64 KiB tmpfs, mounted in a private mount namespace (`unshare`), so the test needs no
+    // privileges and leaves no mount behind.
+    let (dir, _) = job_dir(&pipeline("fault-error@0.1.0", "{}"), 30_000);
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    let script = format!(
+        "mount -t tmpfs -o size=64k tmpfs '{full}' && exec '{bin}' run --no-progress \
+         --output '{full}' --work-dir work job.toml",
+        full = full.display(),
+        bin = env!("CARGO_BIN_EXE_nopstream"),
+    );
+    let o = Command::new("unshare")
+        .args(["--mount", "--map-root-user", "sh", "-c", &script])
+        .current_dir(dir.path())
+        .env(
+            "NOPSTREAM_CACHE",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-cli-cache"),
+        )
+        .output()
+        .expect("run unshare (util-linux)");
+    let (out, err) = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the job fails, cleanly:\n{out}\n{err}"
+    );
+    assert!(
+        !err.contains("mount:"),
+        "could not mount the small tmpfs:\n{err}"
+    );
+    let line = err
+        .lines()
+        .find(|l| l.contains("no space left on device"))
+        .unwrap_or_else(|| panic!("the cause is not named:\n{err}"));
+    assert!(
+        line.contains(&format!(
+            "no space left on device: the file system of the directory granted as `/output` \
+             ({}) is full",
+            full.display()
+        )),
+        "{line}"
+    );
+    assert!(line.contains("`out`"), "names the sink: {line}");
+}

@@ -328,7 +328,7 @@ fn three_ways(job: &Path, prefix: &str) -> Vec<String> {
         "the crash came mid-run ({partial} of {} lines committed)",
         straight.len()
     );
-    // Automatic recovery keeps refusing a changed plan (seed §10.4)...
+    // Automatic recovery keeps refusing a changed plan (design §10.4)...
     let refused = rescaled.run(job, &["-p", "3", "--checkpoint-interval-ms", "50"], None);
     assert!(!refused.status.success());
     assert!(text(&refused).contains("--rescale"), "{}", text(&refused));
@@ -550,7 +550,7 @@ config = { dir = "/output", prefix = "late" }
 /// Processing-time windows (wall clock, 200 ms): which flights share a window depends on
 /// timing, but every flight is counted exactly once, also when the run crashes after an
 /// epoch and resumes: the restored processing-time timers are overdue by then and fire
-/// once (seed §8.4), and at the end of the bounded input the pending ones fire too.
+/// once (design §8.4), and at the end of the bounded input the pending ones fire too.
 #[test]
 fn processing_time_windows_count_every_flight_once_across_a_crash() {
     let job_file = TempJob::new(

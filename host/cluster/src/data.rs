@@ -1,4 +1,4 @@
-//! The QUIC data plane: channels between subtasks on different nodes (design §5, §8).
+//! The QUIC data plane: channels between subtasks on different nodes (design §2.5, §19).
 //!
 //! One unidirectional QUIC stream carries one channel, opened by the producer. Its first
 //! frame is a [`StreamHeader`]; then one frame per [`Message`], in the channel's order
@@ -56,7 +56,7 @@
 //!
 //! # Fencing
 //!
-//! Fencing is checked on the receiving side (design §8), twice: a stream whose header does
+//! Fencing is checked on the receiving side (design §2.5), twice: a stream whose header does
 //! not match what is registered is refused (stopped with a [`Refusal`] code, and counted
 //! per job, [`FenceTable::refused`]); and after [`FenceTable::fence`] a receiver of an older
 //! generation returns [`DataError::Fenced`] for queued and arriving messages alike.
@@ -377,7 +377,7 @@ struct FenceState {
 /// What is in force on this node, per job: the generation (raised by
 /// [`FenceTable::fence`]) and the channels registered to receive, each with the generation
 /// and fencing token its producer must present. Fencing tokens are per producing attempt
-/// (seed §10.2), so they are kept per channel.
+/// (design §10.2), so they are kept per channel.
 ///
 /// Shared by a [`DataPlane`]'s reader tasks and receivers.
 #[derive(Debug, Default)]
@@ -633,7 +633,7 @@ impl DataPlane {
     /// [`DataPlaneConfig::max_frame_len`] bytes encoded). Register before the producer
     /// opens its stream: a header for an unregistered channel is refused
     /// ([`Refusal::UnknownChannel`]). A registration admits one stream: channels are not
-    /// resumed, a broken one fails the attempt (design §8), so a second stream is refused
+    /// resumed, a broken one fails the attempt (design §2.5), so a second stream is refused
     /// ([`Refusal::DuplicateStream`]). Dropping the receiver unregisters the channel.
     ///
     /// # Errors
@@ -685,7 +685,7 @@ impl QuicSender {
 
     /// Sends `msg` after the messages sent before it. Blocks while the channel's send queue
     /// is full, i.e. while QUIC flow control stalls the stream because the receiver does
-    /// not consume (backpressure, design §5).
+    /// not consume (backpressure, design §4.4).
     ///
     /// # Errors
     ///

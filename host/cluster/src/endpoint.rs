@@ -1,4 +1,4 @@
-//! One quinn endpoint per process: one UDP socket that serves and dials (design §8,
+//! One quinn endpoint per process: one UDP socket that serves and dials (design §2.5,
 //! "Transport").
 //!
 //! [`ClusterEndpoint::bind`] serves the given protocols (the coordinator: node + CLI; a
@@ -42,7 +42,7 @@ const MAX_CLOSE_REASON: usize = 512;
 /// `send_window`. So a process with `C` connections may buffer up to
 /// `C × (receive_window + send_window)` bytes: 48 MiB per connection with the defaults.
 ///
-/// # Window rule for data channels (design §8, notes §1.5 and P9)
+/// # Window rule for data channels (design §2.5, notes §1.5 and P9)
 ///
 /// A stalled data channel (its consumer not reading) holds up to `stream_receive_window`
 /// bytes of the connection's credit until it is read. So that stalled channels never

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 pub const PREFIX_LEN: usize = codec::LENGTH_PREFIX;
 
 /// Default payload cap: 16 MiB, irpc's choice. Control frames carry descriptors, never
-/// state payloads (design §8), so real frames stay far below it.
+/// state payloads (design §2.5), so real frames stay far below it.
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
 
 /// QUIC application error code a reader sends (`stop`/`close`) after a frame over the cap.

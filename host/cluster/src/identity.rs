@@ -29,7 +29,7 @@ pub const NAME_SUFFIX: &str = ".nopstream";
 /// Longest CLI client name, in characters.
 pub const MAX_CLI_NAME_LEN: usize = 32;
 
-/// A runtime node's id, unique within a cluster (design §8, `RuntimeNode`).
+/// A runtime node's id, unique within a cluster (design §2.5, `RuntimeNode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeId(pub u32);
 
@@ -89,7 +89,7 @@ impl FromStr for CliName {
 /// The role a certificate grants, without the id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// The job coordinator (design §8, `JobCoordinator`).
+    /// The job coordinator (design §2.5, `JobCoordinator`).
     Coordinator,
     /// A runtime node that runs task attempts.
     Node,

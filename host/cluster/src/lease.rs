@@ -1,5 +1,5 @@
 //! Node leases, pure: no I/O, no clock. Time is passed in as a [`Duration`] since an
-//! arbitrary origin of the caller's monotonic clock (design §8, "Leases, generations,
+//! arbitrary origin of the caller's monotonic clock (design §2.5, "Leases, generations,
 //! fencing").
 //!
 //! - [`LeaseTable`] is the coordinator's view: grant with a TTL, renew on each heartbeat,

@@ -1,4 +1,4 @@
-//! The foundation of nop-stream's cluster mode (design §5, §8): who a peer is, how it
+//! The foundation of nop-stream's cluster mode (design §2.5, §19): who a peer is, how it
 //! proves it, how bytes move, and when a node must stop.
 //!
 //! - [`identity`]: roles ([`Role`]), [`NodeId`], [`CliName`], [`Identity`] and the

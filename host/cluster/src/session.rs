@@ -1,4 +1,4 @@
-//! Node sessions (design §8, "Control plane" and "Leases"): the coordinator's registry of
+//! Node sessions (design §2.5, "Control plane" and "Leases"): the coordinator's registry of
 //! nodes with their leases, the coordinator's accept loop, and the node's side of the
 //! session that keeps its lease renewed and stops its tasks when it cannot.
 //!

@@ -1,4 +1,4 @@
-//! Mutual-TLS configs and the identity check run after every handshake (design §8,
+//! Mutual-TLS configs and the identity check run after every handshake (design §2.5,
 //! "Transport").
 //!
 //! Every config: the ring provider chosen explicitly (`builder_with_provider`; never the

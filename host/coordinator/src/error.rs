@@ -4,7 +4,7 @@
 /// A failure of the coordinator role.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CoordinatorError {
-    /// The latest durable checkpoint cannot restore this plan (seed §10.4).
+    /// The latest durable checkpoint cannot restore this plan (design §10.4).
     #[error("cannot restore from epoch {epoch}: {message}")]
     Restore {
         /// Epoch of the manifest.

@@ -1,4 +1,4 @@
-//! The coordinator role of nop-stream, written once (design §8, "One coordinator, two ways
+//! The coordinator role of nop-stream, written once (design §2.5, "One coordinator, two ways
 //! to reach tasks"): the recovery loop, attempt and generation allocation, restore
 //! planning, split assignment, the epoch loop, manifest assembly, the epoch log and
 //! retention.

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub struct CommittedTransaction {
     /// Epoch.
     pub epoch: u64,
-    /// Transaction id (seed §7.2).
+    /// Transaction id (design §7.2).
     pub txn: String,
 }
 
@@ -42,7 +42,7 @@ pub struct JobReport {
     /// Transactions committed in this run's durable epochs.
     pub committed: Vec<CommittedTransaction>,
     /// Events of an attempt other than the current one that the coordinator refused
-    /// (ACKs, ends of data, commits; design §8 "fencing").
+    /// (ACKs, ends of data, commits; design §2.5 "fencing").
     pub refused_stale_events: u64,
     /// Per-task figures of the finishing attempt.
     pub tasks: Vec<TaskReport>,

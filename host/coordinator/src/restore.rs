@@ -1,4 +1,4 @@
-//! Restore planning, pure (design §8): which segments, cursors, watermarks and pending
+//! Restore planning, pure (design §2.5): which segments, cursors, watermarks and pending
 //! transactions each task of a new attempt gets from the latest durable manifest, how
 //! splits are assigned to readers, and which old sink subtasks settle before a rescale.
 //! Nothing here reads storage: a task reads the segments it is given itself.
@@ -25,7 +25,7 @@ pub fn path_component(id: &str) -> String {
         .collect()
 }
 
-/// The checkpoint namespace of a plan (seed §3.1: jobId + pipelineId).
+/// The checkpoint namespace of a plan (design §3.1: jobId + pipelineId).
 pub fn checkpoint_namespace(plan: &PartitionedPlan) -> String {
     path_component(&format!("{}.{}", plan.job.job_id, plan.job.pipeline_id))
 }
@@ -38,7 +38,7 @@ pub fn checkpoint_dir(work_dir: &Path, plan: &PartitionedPlan) -> PathBuf {
         .join(checkpoint_namespace(plan))
 }
 
-/// Checks that a manifest can restore `plan` (seed §10.4); the message says what differs.
+/// Checks that a manifest can restore `plan` (design §10.4); the message says what differs.
 ///
 /// # Errors
 /// [`CoordinatorError::Restore`] naming the first difference.
@@ -50,7 +50,7 @@ pub fn check_restore_compatible(
 }
 
 /// Like [`check_restore_compatible`], but accepts a manifest whose fingerprint equals
-/// `rescale_from` (an explicit rescale action, seed §10.5); returns whether the restore
+/// `rescale_from` (an explicit rescale action, design §10.5); returns whether the restore
 /// rescales.
 ///
 /// # Errors
@@ -155,7 +155,7 @@ pub fn restored_splits(
 }
 
 /// Assigns splits to the `parallelism` readers of a source: split `j` (in registry order)
-/// belongs to reader `j mod parallelism` (seed §6.3). Returns the splits of each reader
+/// belongs to reader `j mod parallelism` (design §6.3). Returns the splits of each reader
 /// and the registry `(split id, owner)` the manifest records.
 pub fn assign_splits(
     operator_id: &str,
@@ -181,7 +181,7 @@ pub fn assign_splits(
 }
 
 /// Before a rescale restore: every sink subtask of the checkpointed plan with its old
-/// parallelism and the durable transactions it must commit (seed §10.5).
+/// parallelism and the durable transactions it must commit (design §10.5).
 pub fn sink_settlements(plan: &PartitionedPlan, m: &EpochManifest) -> Vec<SinkSettlement> {
     let mut out = Vec::new();
     for (vi, v) in plan.vertices.iter().enumerate() {
@@ -210,13 +210,13 @@ pub fn sink_settlements(plan: &PartitionedPlan, m: &EpochManifest) -> Vec<SinkSe
 /// - Without rescale, a task gets its own snapshot: end of data, watermarks, ended
 ///   inputs and the sink's durable pending transactions.
 /// - With rescale, channels changed, so it restores conservatively from every old subtask
-///   of its vertex (seed §8.5): per input edge the minimum watermark of the channels that
+///   of its vertex (design §8.5): per input edge the minimum watermark of the channels that
 ///   had not ended, ended only if every old channel of the edge had ended, end of data
 ///   only if every old subtask had reached it. Sink transactions were settled before
 ///   ([`sink_settlements`]), so none is pending.
 /// - Either way, a task gets the cursors of the splits it now reads, wherever they were
 ///   read before, and for each operator of its chain the segments of exactly the shards it
-///   now owns (so a rescale moves shards, not keys, design §7).
+///   now owns (so a rescale moves shards, not keys, design §10.5).
 pub fn plan_restore(
     plan: &PartitionedPlan,
     m: Option<&EpochManifest>,

@@ -1,4 +1,4 @@
-//! The recovery loop and the epoch loop of one attempt (seed §5, §10.1).
+//! The recovery loop and the epoch loop of one attempt (design §5, §10.1).
 //!
 //! [`run_job`] is a short sequence of named steps per attempt: read the latest durable
 //! manifest and check it ([`crate::check_restore`]), allocate the attempt, assign splits,
@@ -37,9 +37,9 @@ pub struct CoordinatorOptions {
     pub checkpoint_timeout_ms: u64,
     /// Durable epochs kept per namespace. Default 3.
     pub retain_epochs: usize,
-    /// An explicit rescale action (seed §10.5): the fingerprint of this same job compiled
+    /// An explicit rescale action (design §10.5): the fingerprint of this same job compiled
     /// at the parallelism the checkpoint was taken with. `None` (default): a changed plan
-    /// is refused (seed §10.4).
+    /// is refused (design §10.4).
     pub rescale_from: Option<String>,
     /// Pause before a recovery attempt starts. Default 100 ms.
     pub restart_delay: Duration,
@@ -113,7 +113,7 @@ struct RunTally {
 
 /// Runs `plan` to completion on `workers`: epoch checkpoints, resuming from the latest
 /// durable manifest in `storage`, and global recovery from task failures up to the
-/// restart budget (seed §10.1).
+/// restart budget (design §10.1).
 ///
 /// # Errors
 /// The root-cause failure once the restart budget is spent or when it is not
@@ -274,7 +274,7 @@ fn prepare_attempt<W: Workers>(
             .map_err(storage_err("attempt"))?,
     );
 
-    // Source enumerators (seed §6.3): the split registry of the manifest, or discovery.
+    // Source enumerators (design §6.3): the split registry of the manifest, or discovery.
     let mut splits: BTreeMap<(usize, u32), Vec<Split>> = BTreeMap::new();
     let mut enumerators = Vec::new();
     for (vi, v) in plan.vertices.iter().enumerate() {
@@ -496,7 +496,7 @@ impl<E: TaskError> Driver<'_, E> {
         if replace {
             self.failure = Some(error);
         }
-        // Fence the generation: its channels refuse every further frame (seed §10.2); the
+        // Fence the generation: its channels refuse every further frame (design §10.2); the
         // next attempt gets a new generation and token.
         live.fence();
     }
@@ -508,7 +508,7 @@ impl<E: TaskError> Driver<'_, E> {
         live: &mut Attempt<'_, W>,
     ) {
         if event.attempt() != self.attempt {
-            // An event of another generation: refused and counted (design §8).
+            // An event of another generation: refused and counted (design §2.5).
             tally.refused_stale += 1;
             tracing::warn!(attempt = %event.attempt(), current = %self.attempt, "refused an event of a stale attempt");
             return;
@@ -629,7 +629,7 @@ impl<E: TaskError> Driver<'_, E> {
     }
 
     /// Assembles the manifest of `epoch`, publishes it atomically, records DURABLE and
-    /// applies retention (seed §5.6: the manifest is published before any commit).
+    /// applies retention (design §5.6: the manifest is published before any commit).
     fn publish(
         &mut self,
         epoch: EpochId,

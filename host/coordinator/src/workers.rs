@@ -1,4 +1,4 @@
-//! The seam between the coordinator and the tasks it drives (design §8).
+//! The seam between the coordinator and the tasks it drives (design §2.5).
 
 use crate::CoordinatorError;
 use nop_stream_api::{AttemptId, Split, TaskId};
@@ -30,7 +30,7 @@ pub trait Workers {
 
     /// Discovers the splits of the source heading vertex `vertex` (index in the plan's
     /// `vertices`) for its parallelism, with a one-off instance of the source plugin
-    /// opened as subtask 0 of `attempt` (seed §6.3).
+    /// opened as subtask 0 of `attempt` (design §6.3).
     ///
     /// # Errors
     /// The plugin's failure.
@@ -41,10 +41,10 @@ pub trait Workers {
     ) -> Result<Vec<Split>, Self::Error>;
 
     /// Before a rescale restore: each settlement's old sink subtask commits its durable
-    /// transactions and aborts every other pending one (seed §10.5).
+    /// transactions and aborts every other pending one (design §10.5).
     ///
     /// # Errors
-    /// The sink's failure; an unknown commit outcome is fatal (seed §5.7).
+    /// The sink's failure; an unknown commit outcome is fatal (design §5.7).
     fn settle_sinks(
         &mut self,
         settlements: &[SinkSettlement],
@@ -66,7 +66,7 @@ pub trait Workers {
     fn next_event(&mut self, timeout: Duration) -> Next<Self::Error>;
 
     /// Fences generation `generation`: its channels refuse every further frame on both
-    /// ends and its tasks are cancelled (design §8, "fencing"). Idempotent.
+    /// ends and its tasks are cancelled (design §2.5, "fencing"). Idempotent.
     fn fence(&mut self, generation: u64);
 
     /// Waits until every task of the live deployment has ended and releases them.

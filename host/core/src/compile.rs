@@ -1,6 +1,6 @@
-//! Plan compilation (design §4, seed §2): `StreamModel -> StreamGraph -> JobGraph ->
+//! Plan compilation (design §2): `StreamModel -> StreamGraph -> JobGraph ->
 //! PartitionedPlan -> DeploymentPlan`, with validation against what the plugins say about
-//! themselves (kind, states, source/sink capabilities, seed §13).
+//! themselves (kind, states, source/sink capabilities, design §13).
 //!
 //! Every step is a pure function of its input: compiling the same model against the same
 //! plugin metadata twice yields byte-identical plans and the same fingerprint.
@@ -36,7 +36,7 @@ pub trait PluginCatalog {
 /// Builds the logical DAG: validates the model ([`validate_model`]), resolves every
 /// plugin through `catalog` and checks it against its node, decides default partition
 /// policies, checks edge policies against parallelism, and validates the semantic mode
-/// against source and sink capabilities (seed §13).
+/// against source and sink capabilities (design §13).
 ///
 /// Rules:
 /// - The plugin's kind must match the table the node is declared in.
@@ -82,6 +82,7 @@ pub fn stream_graph(
             Ok(info) => {
                 let before = diags.len();
                 check_plugin(node, &info, &field, &mut diags);
+                check_config(node, &info, &prefixes[i], &mut diags);
                 infos.push((diags.len() == before).then_some(info));
             }
         }
@@ -128,6 +129,32 @@ pub fn stream_graph(
                 None if pu == pd => PartitionPolicy::Forward,
                 None => PartitionPolicy::Rebalance,
             };
+            if pd > 1
+                && partition != PartitionPolicy::Hash
+                && let Some(info) = &infos[i]
+                && !info.states.is_empty()
+            {
+                let states: Vec<String> = info
+                    .states
+                    .iter()
+                    .map(|s| format!("`{}`", s.name))
+                    .collect();
+                diags.push(Diagnostic::new(
+                    field.clone(),
+                    format!(
+                        "`{}` ({}) declares keyed state ({}) and runs at parallelism {pd}, \
+                         but its input from `{}` is {partition}, so records would reach a \
+                         subtask that does not own their key's state shard; set \
+                         `partition = \"hash\"` on this input (records keyed by the \
+                         upstream), or run `{}` at parallelism 1",
+                        down.name,
+                        n.plugin,
+                        states.join(", "),
+                        up.name,
+                        down.name
+                    ),
+                ));
+            }
             match partition {
                 PartitionPolicy::Forward if pu != pd => diags.push(Diagnostic::new(
                     field,
@@ -220,6 +247,42 @@ fn article(kind: PluginKind) -> &'static str {
     }
 }
 
+/// The node's `config` checked against the plugin's declared `config_schema` (the subset
+/// of JSON Schema in [`crate::schema`]); fields are `operator[1].config.window.size_ms`.
+fn check_config(node: &NodeSpec, info: &PluginInfo, prefix: &str, diags: &mut Vec<Diagnostic>) {
+    if info.config_schema.trim().is_empty() {
+        return;
+    }
+    let schema: serde_json::Value = match serde_json::from_str(&info.config_schema) {
+        Ok(s) => s,
+        Err(e) => {
+            diags.push(Diagnostic::new(
+                format!("{prefix}.plugin"),
+                format!(
+                    "`{}` declares a config_schema that is not JSON ({e}); fix the plugin's \
+                     describe()",
+                    node.plugin
+                ),
+            ));
+            return;
+        }
+    };
+    for v in crate::schema::check_config(&schema, &node.config) {
+        let field = if v.path.is_empty() {
+            format!("{prefix}.config")
+        } else {
+            format!("{prefix}.config.{}", v.path)
+        };
+        diags.push(Diagnostic::new(
+            field,
+            format!(
+                "{} (the config schema of `{}`; `nopstream plugins` lists the plugins)",
+                v.message, node.plugin
+            ),
+        ));
+    }
+}
+
 fn check_plugin(node: &NodeSpec, info: &PluginInfo, field: &str, diags: &mut Vec<Diagnostic>) {
     let r = &node.plugin;
     if info.kind != node.kind {
@@ -260,7 +323,7 @@ fn check_plugin(node: &NodeSpec, info: &PluginInfo, field: &str, diags: &mut Vec
         if s.name.trim().is_empty() {
             diags.push(Diagnostic::new(
                 field,
-                format!("`{r}` declares state #{k} with an empty name (seed §13)"),
+                format!("`{r}` declares state #{k} with an empty name (design §13)"),
             ));
         } else if s.name.starts_with("__") {
             diags.push(Diagnostic::new(
@@ -322,7 +385,7 @@ fn mode_of_rank(r: u8) -> SemanticMode {
     }
 }
 
-/// Strongest mode a source capability allows (seed §6.1, §13).
+/// Strongest mode a source capability allows (design §6.1, §13).
 pub fn strongest_mode_for_source(c: SourceCapability) -> SemanticMode {
     if c.supports_exactly_once() {
         SemanticMode::StrictExactlyOnce
@@ -333,7 +396,7 @@ pub fn strongest_mode_for_source(c: SourceCapability) -> SemanticMode {
     }
 }
 
-/// Strongest mode a sink capability allows (seed §7.1, §13).
+/// Strongest mode a sink capability allows (design §7.1, §13).
 pub fn strongest_mode_for_sink(c: SinkCapability) -> SemanticMode {
     if c.is_strict() {
         SemanticMode::StrictExactlyOnce
@@ -620,7 +683,7 @@ pub fn channel_pairs(policy: PartitionPolicy, up: u32, down: u32) -> Vec<(u32, u
     pairs
 }
 
-/// Expands every vertex into subtasks and every edge into channels (seed §2.2, §3.3,
+/// Expands every vertex into subtasks and every edge into channels (design §2.2, §3.3,
 /// §3.4, §4.2).
 ///
 /// - Subtask `i` of vertex `v` has task id `job/pipeline/v/i`; keyed vertices own the
@@ -779,7 +842,7 @@ fn canonical(v: serde_json::Value) -> serde_json::Value {
     }
 }
 
-/// Places every task of `p` on `opts.node` (the embedded backend, seed §2.3): one
+/// Places every task of `p` on `opts.node` (the embedded backend, design §2.3): one
 /// entry per task in ACK-set order, resource group `default`, transport
 /// `opts.transport`, state binding `redb:<state_dir>/<vertex>/<subtask>.redb` (the
 /// vertex id is the head operator id, e.g. `operators/parse`).

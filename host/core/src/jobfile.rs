@@ -1,4 +1,4 @@
-//! The declarative job file (design §1, seed §12.1): TOML in, [`StreamModel`] out.
+//! The declarative job file (design §1, §12.1): TOML in, [`StreamModel`] out.
 //!
 //! [`parse_job_file`] reads the file, checks its shape (types, required and unknown keys)
 //! and then the model's semantics ([`validate_model`]), and reports **every** problem it
@@ -33,7 +33,7 @@
 //!
 //! [[source]]
 //! name = "flights"                  # required, unique among all nodes; same charset as id
-//! uid = "flights-source"            # optional explicit operator id (seed §3.2)
+//! uid = "flights-source"            # optional explicit operator id (design §3.2)
 //! plugin = "file-source@0.1.0"      # name@version, or a path ending in .wasm
 //! parallelism = 2                   # optional override of job.parallelism
 //! grants = [{ guest = "/input", host = "data" }]   # read-only unless writable = true
@@ -86,7 +86,7 @@ use toml::de::{DeTable, DeValue};
 
 /// Default of `job.parallelism`.
 pub const DEFAULT_PARALLELISM: u32 = 1;
-/// Default of `job.state_shards` (seed §3.4: fixed for the job's life).
+/// Default of `job.state_shards` (design §3.4: fixed for the job's life).
 pub const DEFAULT_STATE_SHARDS: u32 = 128;
 /// Default of `job.batch_records`.
 pub const DEFAULT_BATCH_RECORDS: u32 = 1024;
@@ -1060,7 +1060,7 @@ fn to_json(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str) -> serde_json
 // ---------------------------------------------------------------------------------------
 // Semantic checks
 
-/// The canonical model path of a node (seed §3.2 priority 2).
+/// The canonical model path of a node (design §3.2 priority 2).
 pub fn model_path(kind: PluginKind, name: &str) -> String {
     format!("{}/{name}", table_dir(kind))
 }
@@ -1235,7 +1235,7 @@ fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
                         format!("{p}.uid"),
                         ns.uid.clone().or(ns.name.clone()),
                         format!(
-                            "operator id `{id}` is also the id of {} (`{}`); operator ids must be unique (seed §3.2)",
+                            "operator id `{id}` is also the id of {} (`{}`); operator ids must be unique (design §3.2)",
                             prefixes[first], model.nodes[first].name
                         ),
                     );
@@ -1303,7 +1303,30 @@ fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
                     push(
                         format!("{p}.inputs"),
                         ns.inputs.clone().or(ns.table.clone()),
-                        format!("{} `{}` needs at least one input", n.kind, n.name),
+                        {
+                            let feeders: Vec<String> = model
+                                .nodes
+                                .iter()
+                                .filter(|u| u.kind != PluginKind::Sink && u.name != n.name)
+                                .map(|u| format!("`{}`", u.name))
+                                .collect();
+                            let what = if n.kind == PluginKind::Sink {
+                                "would receive no record"
+                            } else {
+                                "would never run"
+                            };
+                            format!(
+                                "{} `{}` has no input, so no one feeds it and it {what}; add \
+                                 `inputs = [\"<node>\"]` naming {}",
+                                n.kind,
+                                n.name,
+                                if feeders.is_empty() {
+                                    "a source (the job declares none)".to_owned()
+                                } else {
+                                    format!("one of {}", feeders.join(", "))
+                                }
+                            )
+                        },
                     );
                 }
             }

@@ -1,4 +1,4 @@
-//! nop-stream plans (design §4, seed §2): a declarative job file becomes a
+//! nop-stream plans (design §2): a declarative job file becomes a
 //! [`StreamModel`], then [`StreamGraph`], [`JobGraph`] (operator chaining),
 //! [`PartitionedPlan`] (parallel expansion, StateShard ownership, channel identities,
 //! checkpoint ACK set, fingerprint) and [`DeploymentPlan`]. Pure: no I/O, no runtime.
@@ -19,6 +19,7 @@ pub mod diag;
 pub mod jobfile;
 pub mod model;
 pub mod plan;
+pub mod schema;
 pub mod shard;
 
 pub use compile::*;

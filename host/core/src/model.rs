@@ -1,4 +1,4 @@
-//! The canonical StreamModel (seed §12.1): the user's intent as read from a job file.
+//! The canonical StreamModel (design §12.1): the user's intent as read from a job file.
 //! Everything later (identities, fingerprints, plans) derives from it.
 
 use nop_stream_api::{OperatorId, PartitionPolicy, PluginKind, SemanticMode};
@@ -65,7 +65,7 @@ pub enum PrepareStep {
     },
 }
 
-/// How a source derives watermarks from the event time its records carry (seed §8.5;
+/// How a source derives watermarks from the event time its records carry (design §8.5;
 /// Flink's bounded-out-of-orderness `WatermarkStrategy` with idleness).
 ///
 /// Per split the reader tracks the largest timestamp seen, `max_ts`; the split's
@@ -98,7 +98,7 @@ pub struct NodeSpec {
     pub name: String,
     /// Source, operator or sink: the table it was declared in.
     pub kind: PluginKind,
-    /// Explicit stable id (seed §3.2 priority 1).
+    /// Explicit stable id (design §3.2 priority 1).
     pub uid: Option<String>,
     /// Canonical model path: `sources/<name>`, `operators/<name>` or `sinks/<name>`.
     pub path: String,
@@ -163,7 +163,7 @@ impl fmt::Display for PluginRef {
     }
 }
 
-/// A directory granted to a plugin through a WASI preopen (design §3: no ambient
+/// A directory granted to a plugin through a WASI preopen (design §16: no ambient
 /// authority).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
@@ -177,7 +177,7 @@ pub struct Grant {
 }
 
 impl StreamModel {
-    /// A Delta on the model (seed §12.2): run every node at parallelism `p`. Sets
+    /// A Delta on the model (design §12.2): run every node at parallelism `p`. Sets
     /// `job.parallelism` and clears every node override. The result must be compiled
     /// again, which re-validates it (e.g. a SINGLETON consumer at `p > 1` is refused).
     pub fn with_parallelism(mut self, p: u32) -> Self {
@@ -213,7 +213,7 @@ impl StreamModel {
     }
 }
 
-/// The stable operator id of a node (seed §3.2): the explicit `uid` (priority 1), else
+/// The stable operator id of a node (design §3.2): the explicit `uid` (priority 1), else
 /// the canonical model path such as `operators/per-carrier` (priority 2). Nodes of a job
 /// file always have a name, so priority 3 ([`structural_operator_id`]) is only for
 /// models built by other front ends with anonymous nodes. Never an index or address.
@@ -224,7 +224,7 @@ pub fn operator_id(node: &NodeSpec) -> OperatorId {
     }
 }
 
-/// Structural operator id (seed §3.2 priority 3) for a node with neither `uid` nor a
+/// Structural operator id (design §3.2 priority 3) for a node with neither `uid` nor a
 /// name: `struct-` + the first 20 hex digits of sha256 over the normalized topology:
 /// the node's kind, its plugin *name* (a `.wasm` path contributes its file stem), and
 /// for each input in order the upstream's operator id (`upstream[j]`, itself stable)

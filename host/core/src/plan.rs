@@ -1,4 +1,4 @@
-//! The plan layers after the StreamModel (design §4, seed §2.1):
+//! The plan layers after the StreamModel (design §2.1):
 //! `StreamGraph -> JobGraph -> PartitionedPlan -> DeploymentPlan`. Every layer is plain
 //! serde data that round-trips through JSON.
 
@@ -19,11 +19,11 @@ pub struct JobMeta {
     pub pipeline_id: PipelineId,
     /// Human name of the job.
     pub name: String,
-    /// Declared semantic mode (validated against capabilities, seed §13).
+    /// Declared semantic mode (validated against capabilities, design §13).
     pub semantic: SemanticMode,
     /// Checkpoint interval in milliseconds; `None` disables periodic checkpoints.
     pub checkpoint_interval_ms: Option<u64>,
-    /// Number of state shards of every keyed vertex (seed §3.4); stable for the job's life.
+    /// Number of state shards of every keyed vertex (design §3.4); stable for the job's life.
     pub state_shard_count: u32,
     /// Maximum records per batch a source reads or a task forwards.
     pub batch_records: u32,
@@ -32,7 +32,7 @@ pub struct JobMeta {
 /// One operator (source, transform or sink) as planned: identity, plugin and settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlannedOperator {
-    /// Stable operator id (seed §3.2).
+    /// Stable operator id (design §3.2).
     pub operator_id: OperatorId,
     /// Name from the job file.
     pub name: String,
@@ -129,19 +129,19 @@ pub struct JobEdge {
 }
 
 /// The single source of parallelism, partitioning, shard ownership, channel identities
-/// and the checkpoint ACK set (seed §2.2). The runtime executes it and never invents
+/// and the checkpoint ACK set (design §2.2). The runtime executes it and never invents
 /// topology.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PartitionedPlan {
     /// Job settings.
     pub job: JobMeta,
-    /// Key → shard hash, named and versioned (seed §3.4).
+    /// Key → shard hash, named and versioned (design §3.4).
     pub hash_policy: HashPolicy,
     /// Vertices with their subtasks.
     pub vertices: Vec<PartitionedVertex>,
     /// Edges with their channels.
     pub edges: Vec<PartitionedEdge>,
-    /// Every task that must ACK an epoch (seed §2.2).
+    /// Every task that must ACK an epoch (design §2.2).
     pub ack_set: Vec<TaskId>,
     /// sha256 (hex) of this plan's canonical JSON with `fingerprint` set to "".
     pub fingerprint: String,
@@ -201,7 +201,7 @@ pub struct PartitionedEdge {
     pub shard_owners: Vec<SubtaskIndex>,
 }
 
-/// Where each task runs (seed §2.3). The embedded backend places everything on `local`.
+/// Where each task runs (design §2.3). The embedded backend places everything on `local`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentPlan {
     /// Fingerprint of the PartitionedPlan deployed.

@@ -1,4 +1,4 @@
-//! StateShard routing (seed §3.4): `stateShardId = stableHash(normalizedKey) mod
+//! StateShard routing (design §3.4): `stateShardId = stableHash(normalizedKey) mod
 //! stateShardCount`, and contiguous shard ownership per subtask.
 
 use nop_stream_api::{StateShardId, SubtaskIndex};
@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
 /// The hash from normalized key bytes to a shard, named and versioned in the plan so a
-/// restore can refuse a different one (seed §10.6).
+/// restore can refuse a different one (design §10.6).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HashPolicy {
     /// Hash function name.

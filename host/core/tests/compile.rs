@@ -747,3 +747,78 @@ fn sort_prepare_steps_parse_and_are_checked() {
     .expect_err("refused");
     assert!(d.to_string().contains("at least one column"), "{d}");
 }
+
+#[test]
+fn keyed_state_behind_a_non_hash_input_is_refused_at_parallelism_above_1() {
+    // `per-carrier` declares keyed state; at parallelism 2 its input must be HASH.
+    for (partition, policy) in [
+        ("forward", "FORWARD"),
+        ("rebalance", "REBALANCE"),
+        ("broadcast", "BROADCAST"),
+    ] {
+        let t = EXAMPLE.replace(
+            "partition = \"hash\"",
+            &format!("partition = \"{partition}\""),
+        );
+        let msg = first(
+            &refused(&model(&t), &Fake::new()),
+            "operator[1].inputs[0].partition",
+        );
+        assert_eq!(
+            msg,
+            format!(
+                "`per-carrier` (keyed-aggregate@0.1.0) declares keyed state (`counts`) and runs at \
+                 parallelism 2, but its input from `parse` is {policy}, so records would reach a \
+                 subtask that does not own their key's state shard; set `partition = \"hash\"` on \
+                 this input (records keyed by the upstream), or run `per-carrier` at parallelism 1"
+            )
+        );
+    }
+    // At parallelism 1 the one subtask owns every shard: any input is fine.
+    let t = EXAMPLE
+        .replace("parallelism = 2", "parallelism = 1")
+        .replace("partition = \"hash\"", "partition = \"rebalance\"");
+    plan_of(&model(&t), &Fake::new());
+    // HASH at parallelism 2 is the fix.
+    plan_of(&model(EXAMPLE), &Fake::new());
+    // A stateless operator may follow any edge.
+    let t = EXAMPLE.replace("partition = \"hash\"", "partition = \"rebalance\"");
+    let cat = Fake::new().with("keyed-aggregate@0.1.0", |i| i.states.clear());
+    plan_of(&model(&t), &cat);
+}
+
+#[test]
+fn a_config_is_checked_against_the_plugin_config_schema() {
+    let cat = Fake::new().with("file-source@0.1.0", |i| {
+        i.config_schema = r#"{"type":"object","additionalProperties":false,"required":["path"],
+            "properties":{"path":{"type":"string"},"header":{"type":"boolean"}}}"#
+            .into();
+    });
+    plan_of(&model(EXAMPLE), &cat);
+    let t = EXAMPLE.replace(
+        "config = { path = \"/input/flights.csv\", header = true }",
+        "config = { header = \"yes\", colour = 1 }",
+    );
+    let d = refused(&model(&t), &cat);
+    let tail = "(the config schema of `file-source@0.1.0`; `nopstream plugins` lists the plugins)";
+    assert_eq!(
+        first(&d, "source[0].config"),
+        format!("missing required field `path` {tail}")
+    );
+    assert_eq!(
+        first(&d, "source[0].config.header"),
+        format!("must be boolean, found string \"yes\" {tail}")
+    );
+    assert_eq!(
+        first(&d, "source[0].config.colour"),
+        format!("unknown field; known fields: header, path {tail}")
+    );
+    // A schema that is not JSON is the plugin's fault, reported on its reference.
+    let cat = Fake::new().with("file-source@0.1.0", |i| {
+        i.config_schema = "{not json".into()
+    });
+    assert!(
+        first(&refused(&model(EXAMPLE), &cat), "source[0].plugin")
+            .starts_with("`file-source@0.1.0` declares a config_schema that is not JSON"),
+    );
+}

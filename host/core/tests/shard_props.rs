@@ -1,4 +1,4 @@
-//! Property tests of StateShard routing (seed §3.4): ownership ranges partition the
+//! Property tests of StateShard routing (design §3.4): ownership ranges partition the
 //! shard space exactly, `owner_of` inverts `shards_of`, and keys land in range.
 
 use nop_stream_api::{StateShardId, SubtaskIndex};

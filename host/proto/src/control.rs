@@ -13,15 +13,15 @@ use std::fmt;
 pub struct Deployment {
     /// The job.
     pub job: JobId,
-    /// Generation of this deployment: grows with every deployment or recovery (design §8,
+    /// Generation of this deployment: grows with every deployment or recovery (design §2.5,
     /// "Leases, generations, fencing"). Streams, ACKs and commits of another generation
     /// are refused.
     pub generation: u64,
-    /// The attempt (seed §3.3); today equal to the generation.
+    /// The attempt (design §3.3); today equal to the generation.
     pub attempt: AttemptId,
     /// The fencing token every channel and commit of this attempt carries.
     pub token: FencingToken,
-    /// Checkpoint namespace the tasks write their segments into (seed §3.1).
+    /// Checkpoint namespace the tasks write their segments into (design §3.1).
     pub namespace: String,
     /// First epoch this attempt can create (names each sink's first transaction).
     pub first_epoch: EpochId,
@@ -64,14 +64,14 @@ pub struct TaskRestorePlan {
     /// Whether the task had processed the end of all its input.
     pub end_of_data: bool,
     /// Durable pre-committed transactions the sink at the tail commits before anything
-    /// else (seed §7.3, "on recovery").
+    /// else (design §7.3, "on recovery").
     pub pending: Vec<PendingTransaction>,
 }
 
 /// A restored split position.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SplitCursor {
-    /// Exclusive next cursor (seed §6.4).
+    /// Exclusive next cursor (design §6.4).
     pub cursor: Vec<u8>,
     /// The split was read to its end.
     pub finished: bool,
@@ -81,7 +81,7 @@ pub struct SplitCursor {
 
 /// Before a rescale restore, one sink subtask of the checkpointed plan, opened under its
 /// old index and parallelism, commits `commit` and aborts every other pending transaction
-/// (seed §10.5: sink transactions never migrate silently between subtasks).
+/// (design §10.5: sink transactions never migrate silently between subtasks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SinkSettlement {
     /// Index of the sink's vertex in the plan's `vertices`.
@@ -172,7 +172,7 @@ pub enum FailureClass {
     /// Recovery from the latest durable epoch may succeed (a trap, an I/O fault).
     Recoverable,
     /// Restarting cannot help: a setup error, a refused restore, an unknown commit outcome
-    /// (seed §5.7: it fails loudly).
+    /// (design §5.7: it fails loudly).
     Fatal,
 }
 

@@ -1,4 +1,4 @@
-//! The node session (design §8, "Control plane"): the first stream a node opens to the
+//! The node session (design §2.5, "Control plane"): the first stream a node opens to the
 //! coordinator carries a [`Hello`], answered by a [`Welcome`] granting a lease; after that
 //! the node renews the lease with [`Heartbeat`]s on the same stream and the coordinator
 //! answers each with a [`HeartbeatAck`] or ends the session with a [`SessionEnd`].

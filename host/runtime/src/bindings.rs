@@ -100,7 +100,7 @@ pub(crate) fn wit_split(s: &Split) -> WitSplit {
 pub struct ReadResult {
     /// Records read, in split order.
     pub records: Batch,
-    /// Exclusive cursor: the position of the first record not yet returned (seed §6.4).
+    /// Exclusive cursor: the position of the first record not yet returned (design §6.4).
     pub next_cursor: Vec<u8>,
     /// The split holds no record after `next_cursor`.
     pub finished: bool,

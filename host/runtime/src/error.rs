@@ -120,7 +120,7 @@ pub enum RuntimeError {
         /// Edge id.
         edge: String,
     },
-    /// A channel write or open was refused because its fencing token is stale (seed §10.2).
+    /// A channel write or open was refused because its fencing token is stale (design §10.2).
     #[error("channel {channel}: fencing token {token} refused, current token is {current}")]
     Fenced {
         /// Channel.
@@ -138,7 +138,7 @@ pub enum RuntimeError {
         /// Why.
         message: String,
     },
-    /// A sink commit could not be established (seed §5.7, §7.4): never reported as committed.
+    /// A sink commit could not be established (design §5.7, §7.4): never reported as committed.
     #[error("{site}: commit of transaction `{txn}` {message}")]
     CommitUncertain {
         /// Sink.
@@ -156,7 +156,7 @@ pub enum RuntimeError {
         /// OS message.
         message: String,
     },
-    /// A checkpoint cannot restore this job (seed §10.4); the message says what differs.
+    /// A checkpoint cannot restore this job (design §10.4); the message says what differs.
     #[error("cannot restore from epoch {epoch}: {message}")]
     Restore {
         /// Epoch of the manifest.
@@ -176,7 +176,7 @@ pub enum RuntimeError {
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
 
 impl nop_stream_proto::TaskError for RuntimeError {
-    /// Setup errors, a refused restore and commit uncertainty are final (seed §5.7: an
+    /// Setup errors, a refused restore and commit uncertainty are final (design §5.7: an
     /// unknown outcome fails loudly); cancellation, closed channels and fencing follow
     /// from another failure; everything else may be recovered from the latest durable
     /// epoch.

@@ -1,5 +1,5 @@
 //! Store data of one plugin instance and the host side of the WIT imports: `state`
-//! (backed by [`KeyedState`]), `timers`, `log`, `metrics` (design §3; one capability, one
+//! (backed by [`KeyedState`]), `timers`, `log`, `metrics` (design §16; one capability, one
 //! `impl`).
 
 use crate::bindings::op::nop::stream::{log, metrics, output, state, timers, types};
@@ -214,7 +214,7 @@ impl WasiView for StoreData {
     }
 }
 
-/// Name of the internal state holding timers (seed §8.4: timer state is keyed state,
+/// Name of the internal state holding timers (design §8.4: timer state is keyed state,
 /// routed by StateShard and snapshotted with the epoch). Plugins may not declare or open
 /// names starting with `__`.
 pub const TIMER_STATE: &str = "__timers";

@@ -1,4 +1,4 @@
-//! The embedded mode (design §8): the coordinator role of `nop-stream-coordinator` driving
+//! The embedded mode (design §2.5): the coordinator role of `nop-stream-coordinator` driving
 //! [`InProcessWorkers`], one thread per subtask in this process with in-process channels.
 //! The recovery loop, restore planning and the epoch loop live in the coordinator crate
 //! and exist once for both modes.
@@ -46,13 +46,13 @@ pub struct RunOptions {
     pub checkpoint_timeout_ms: u64,
     /// Durable epochs kept per namespace. Default 3.
     pub retain_epochs: usize,
-    /// An explicit rescale action (seed §10.5): the fingerprint of this same job compiled
+    /// An explicit rescale action (design §10.5): the fingerprint of this same job compiled
     /// at the parallelism the checkpoint was taken with. When the latest manifest carries
     /// exactly that fingerprint, it is restored into the plan at the new parallelism:
     /// keyed state, timers and watermarks move with their StateShard (the shard count
     /// stays), split cursors go to their new owners, and every sink subtask of the old
     /// plan first commits its durable transactions and aborts the rest. `None` (default):
-    /// a changed plan is refused (seed §10.4).
+    /// a changed plan is refused (design §10.4).
     pub rescale_from: Option<String>,
 }
 
@@ -196,7 +196,7 @@ pub(crate) fn grants_of(op: &PlannedOperator, opts: &RunOptions) -> Result<Vec<D
 
 /// Runs `plan` to completion with the embedded backend, taking epoch checkpoints,
 /// resuming from the latest durable manifest when `opts.resume`, and recovering globally
-/// from task failures up to the restart budget (seed §10.1).
+/// from task failures up to the restart budget (design §10.1).
 ///
 /// # Errors
 /// The root-cause failure once the restart budget is spent or when it is not

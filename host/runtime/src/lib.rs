@@ -1,4 +1,4 @@
-//! nop-stream runtime (design §3, §5): the wasmtime plugin host with sandbox limits, the
+//! nop-stream runtime (design §16, §5): the wasmtime plugin host with sandbox limits, the
 //! host side of the WIT imports, channels and transports, the task driver and the
 //! embedded job runner.
 

@@ -1,4 +1,4 @@
-//! Sandbox limits of a plugin instance (design §3: "sandbox limits are part of the
+//! Sandbox limits of a plugin instance (design §16: "sandbox limits are part of the
 //! contract"). A plugin that exceeds one fails its task with
 //! [`crate::RuntimeError::LimitExceeded`] or a trap naming the limit; the host survives.
 

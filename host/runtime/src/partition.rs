@@ -1,5 +1,5 @@
 //! Output side of a task: one [`OutputEdge`] per JobGraph edge leaving the task's vertex,
-//! routing each batch by the edge's partition policy (seed §4.1) from the
+//! routing each batch by the edge's partition policy (design §4.1) from the
 //! PartitionedPlan — the runtime never invents topology.
 
 use crate::error::{Result, RuntimeError, Site};

@@ -1,4 +1,4 @@
-//! The plugin host (design §3): one wasmtime [`Engine`] with epoch interruption, one
+//! The plugin host (design §16): one wasmtime [`Engine`] with epoch interruption, one
 //! [`Linker`] serving the three worlds plus WASI p2, compiled components cached on disk
 //! by content hash, pre-linking once per component and one `Store` per instance.
 
@@ -375,7 +375,7 @@ impl LoadedPlugin {
                     message: format!("cannot grant directory to {}: {e:#}", opts.site),
                 })?;
         }
-        // Timers are keyed state too (seed §8.4): an internal `__timers` state after the
+        // Timers are keyed state too (design §8.4): an internal `__timers` state after the
         // declared ones, so they are routed, flushed to redb and snapshotted per shard.
         let mut timer_state = None;
         let state = match &opts.state {
@@ -426,6 +426,7 @@ impl LoadedPlugin {
         let ctx = CallCtx {
             site: opts.site.clone(),
             limits: opts.limits.clone(),
+            writable: opts.grants.iter().filter(|g| g.writable).cloned().collect(),
         };
         let fail =
             |e: wasmtime::Error, store: &Store<StoreData>| classify(&ctx, "instantiate", e, store);
@@ -467,6 +468,48 @@ impl LoadedPlugin {
 struct CallCtx {
     site: Site,
     limits: Limits,
+    /// The instance's writable grants, to name a full file system behind an I/O error.
+    writable: Vec<DirGrant>,
+}
+
+/// A writable grant with fewer free bytes than this is taken as the cause of a guest's I/O
+/// error: one buffered write of a sink (64 KiB) no longer fits.
+const FULL_BELOW_BYTES: u64 = 64 * 1024;
+
+/// Bytes an unprivileged writer can still allocate on the file system of `dir`.
+#[cfg(unix)]
+fn available_bytes(dir: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+#[cfg(not(unix))]
+fn available_bytes(_dir: &Path) -> Option<u64> {
+    None
+}
+
+/// Why an I/O error of a guest happened, when the host can tell: a writable grant whose
+/// file system has no space left. The guest itself often cannot say so: WASI streams
+/// report a failed write as a generic I/O error (`os error 29`, EIO in WASI numbering),
+/// whatever the host's errno was.
+fn io_cause(ctx: &CallCtx, message: &str) -> Option<String> {
+    if !["os error", "I/O error", "space"]
+        .iter()
+        .any(|w| message.contains(w))
+    {
+        return None;
+    }
+    ctx.writable.iter().find_map(|g| {
+        let free = available_bytes(&g.host)?;
+        (free < FULL_BELOW_BYTES).then(|| {
+            format!(
+                "no space left on device: the file system of the directory granted as `{}` \
+                 ({}) is full ({free} bytes free)",
+                g.guest,
+                g.host.display()
+            )
+        })
+    })
 }
 
 /// Turns a wasmtime error from a call into a [`RuntimeError`] naming the limit that fired.
@@ -512,6 +555,10 @@ fn classify(
         }
         reason
     };
+    let reason = match io_cause(ctx, &reason) {
+        Some(cause) => format!("{cause} ({reason})"),
+        None => reason,
+    };
     RuntimeError::Trap {
         site: ctx.site.clone(),
         call,
@@ -532,11 +579,15 @@ fn error_code_name(code: ErrorCode) -> &'static str {
 }
 
 fn guest_error(ctx: &CallCtx, call: &'static str, e: GuestError) -> RuntimeError {
+    let message = match io_cause(ctx, &e.message) {
+        Some(cause) => format!("{cause} ({})", e.message),
+        None => e.message,
+    };
     RuntimeError::Guest {
         site: ctx.site.clone(),
         call,
         code: error_code_name(e.code).to_owned(),
-        message: e.message,
+        message,
     }
 }
 
@@ -769,7 +820,7 @@ impl OperatorInstance {
 
     /// Removes and returns processing-time timers due at `now` (ms since the Unix epoch),
     /// grouped as [`Self::take_due_event_timers`]. Timers restored overdue fire on the
-    /// first call (seed §8.4).
+    /// first call (design §8.4).
     pub fn take_due_processing_timers(&mut self, now: i64) -> Result<Vec<TimerGroup>> {
         Ok(take_due(self.store.data_mut(), 1, now))
     }

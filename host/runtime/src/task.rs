@@ -1,6 +1,6 @@
-//! The task driver: one thread per subtask runs its operator chain (design §5): a source
+//! The task driver: one thread per subtask runs its operator chain (design §19): a source
 //! reader or an input gate at the head, operators in chain order, and either a sink or
-//! the output edges at the tail. It takes part in the epoch protocol (seed §5): sources
+//! the output edges at the tail. It takes part in the epoch protocol (design §5): sources
 //! inject barriers at a safe point between reads after snapshotting their exclusive
 //! cursors; multi-input tasks align barriers, holding back channels that already
 //! delivered the current barrier; sinks pre-commit at the barrier, begin the next
@@ -49,7 +49,7 @@ pub(crate) struct InputChannel {
     pub rx: ChannelReceiver,
     pub input_index: u32,
     pub watermark: i64,
-    /// The sender said all its inputs are idle (seed §8.5); cleared by records or a
+    /// The sender said all its inputs are idle (design §8.5); cleared by records or a
     /// watermark.
     pub idle: bool,
     /// End of data received.
@@ -240,7 +240,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         operator_ids.push(s.operator_id.clone());
     }
     // Restore keyed state and timers (the `__timers` state) of each stateful operator from
-    // the segments the restore plan names; the task reads them itself (design §8).
+    // the segments the restore plan names; the task reads them itself (design §2.5).
     for (i, stage) in stages.iter_mut().enumerate() {
         if let Stage::Operator(op) = stage
             && let Some(segments) = restore.segments.get(&operator_ids[i])
@@ -330,7 +330,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         }
     }
     t.aligner = Aligner::new(t.inputs.len());
-    // Sink recovery (seed §7.3 "on recovery"): commit the durable pre-committed
+    // Sink recovery (design §7.3 "on recovery"): commit the durable pre-committed
     // transactions, abort every other pending one of this subtask, then begin anew.
     if let (Some(prefix), Some(Stage::Sink(sink))) = (sink_txn_prefix, t.stages.last_mut()) {
         for p in &restore.pending {
@@ -422,7 +422,7 @@ fn read_shards(
 }
 
 /// Commits; if the commit call fails, asks `recover` whether it happened anyway (a lost
-/// reply), and never reports an unknown outcome as committed (seed §5.7, design §6).
+/// reply), and never reports an unknown outcome as committed (design §5.7).
 pub(crate) fn commit_with_recovery(
     sink: &mut SinkInstance,
     txn: &str,
@@ -638,7 +638,7 @@ impl Task {
         Ok(())
     }
 
-    /// Per-split bounded-out-of-orderness watermarks (seed §8.5, [`WatermarkSpec`]): the
+    /// Per-split bounded-out-of-orderness watermarks (design §8.5, [`WatermarkSpec`]): the
     /// subtask's watermark is the minimum over unfinished, non-idle splits; when every
     /// unfinished split is idle the outputs are marked idle.
     fn source_watermark(&mut self) -> Result<()> {
@@ -690,7 +690,7 @@ impl Task {
         }
     }
 
-    /// Fires every processing-time timer due now, in timestamp order (seed §8.4: timers
+    /// Fires every processing-time timer due now, in timestamp order (design §8.4: timers
     /// restored overdue fire once, at the first check).
     fn fire_processing_timers(&mut self) -> Result<()> {
         let now = std::time::SystemTime::now()
@@ -787,7 +787,7 @@ impl Task {
         Ok(false)
     }
 
-    /// Barrier alignment (seed §5.4, [`Aligner`]): hold channels that delivered barrier
+    /// Barrier alignment (design §5.4, [`Aligner`]): hold channels that delivered barrier
     /// N, keep reading the others, snapshot once every input delivered it.
     fn on_barrier(&mut self, idx: usize, epoch: EpochId) -> Result<()> {
         if self.aligner.aligning() != Some(epoch) {
@@ -856,7 +856,7 @@ impl Task {
         Ok(())
     }
 
-    /// Takes the snapshot of `epoch` and forwards its barrier (seed §5.3–§5.5).
+    /// Takes the snapshot of `epoch` and forwards its barrier (design §5.3–§5.5).
     fn checkpoint(&mut self, epoch: EpochId, alignment_ms: u64) -> Result<()> {
         let started = Instant::now();
         // Operators flush what they cache and emit what must precede the barrier.
@@ -988,7 +988,7 @@ impl Task {
     /// End of all input: the final watermark (+inf) fires every event-time timer, then
     /// every pending processing-time timer fires (bounded jobs drain them), each
     /// operator's `finish` output flows down the rest of the chain, the end marker goes
-    /// downstream, and the coordinator hears of it (seed §5.9).
+    /// downstream, and the coordinator hears of it (design §5.9).
     fn end_of_data(&mut self) -> Result<()> {
         if self.watermark < i64::MAX {
             self.advance_watermark(i64::MAX)?;
@@ -1091,7 +1091,7 @@ impl Task {
     }
 
     /// Task watermark = minimum over inputs that have neither ended nor gone idle
-    /// (seed §8.5); never decreasing. When every open input is idle, the outputs are
+    /// (design §8.5); never decreasing. When every open input is idle, the outputs are
     /// marked idle too; the next watermark clears the mark downstream.
     fn maybe_advance(&mut self) -> Result<()> {
         let open = self.inputs.iter().filter(|c| !c.ended);

@@ -1,10 +1,10 @@
-//! Channels and transports (design §5, seed §4.2–§4.4).
+//! Channels and transports (design §19, §4.2–§4.4).
 //!
 //! A channel carries [`Message`]s — record batches, watermarks, barriers and the end
 //! marker — in order; order across channels is not defined. Every channel is a bounded
 //! queue on the receiving side, so a full channel blocks its producer (backpressure). A
 //! [`Transport`] opens the two ends of a channel for a task attempt and checks the
-//! attempt's fencing token on open and on every send, even in-process (seed §10.2): after
+//! attempt's fencing token on open and on every send, even in-process (design §10.2): after
 //! [`Transport::fence`], writes of older attempts are refused.
 //!
 //! Backends: [`LocalTransport`] (in-process queues) now; QUIC will deliver into the same
@@ -23,7 +23,7 @@ use std::time::Duration;
 pub use nop_stream_proto::Message;
 
 /// The receiving end of one channel, bound to an attempt's fencing token. Fencing is
-/// checked here, where the channel is received, and not only by the sender (design §8):
+/// checked here, where the channel is received, and not only by the sender (design §2.5):
 /// once the transport is fenced, [`ChannelReceiver::admit`] refuses every message still
 /// queued or arriving.
 #[derive(Debug)]

@@ -1,4 +1,4 @@
-//! The embedded implementation of the coordinator's [`Workers`] seam (design §8): every
+//! The embedded implementation of the coordinator's [`Workers`] seam (design §2.5): every
 //! task of a deployment runs on its own thread in this process, channels are in-process
 //! queues of a [`LocalTransport`], commands and events are crossbeam queues.
 
@@ -383,7 +383,7 @@ impl Workers for InProcessWorkers<'_> {
         {
             live.cancel.store(true, Ordering::SeqCst);
             // No token is valid any more, so both ends of every channel of the generation
-            // refuse further frames (seed §10.2); the next deployment gets a new transport.
+            // refuse further frames (design §10.2); the next deployment gets a new transport.
             live.transport.fence(FencingToken(u64::MAX));
         }
     }

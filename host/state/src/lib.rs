@@ -1,10 +1,10 @@
-//! Keyed state of one operator subtask (design §7, seed §3.4, §8).
+//! Keyed state of one operator subtask (design §3.4, §8).
 //!
 //! [`KeyedState`] keeps the epoch's working set in memory and writes it to a redb
 //! database in one transaction on [`KeyedState::flush`] (at a barrier, at the end of
 //! input, or when the working set exceeds its budget), reading through to redb on a
 //! miss. A redb read-modify-write per record would cap throughput near 1.2 M records/s
-//! (design §7), so the hot path never touches redb per record.
+//! (design §8), so the hot path never touches redb per record.
 //!
 //! Every key is routed to its StateShard (`xxh3-64(key) mod stateShardCount`); a key whose
 //! shard this subtask does not own is refused with [`StateError::KeyOutsideShards`], which
@@ -12,7 +12,7 @@
 //!
 //! Storage layout: one redb table per declared state, named after it. A table key is
 //! `shard (u32 BE) | namespace length (u32 BE) | namespace | key`, so the entries of one
-//! shard are contiguous (snapshot and restore move shards, not keys, seed §10.5). Value
+//! shard are contiguous (snapshot and restore move shards, not keys, design §10.5). Value
 //! states store the value bytes; list and map states store their whole collection per key
 //! in a length-prefixed encoding ([`codec`]).
 
@@ -213,7 +213,7 @@ struct Slot {
 }
 
 /// Keyed state of one operator subtask. Not thread-safe by design: a subtask owns it on
-/// its own thread (redb allows one writer per database, design §7).
+/// its own thread (redb allows one writer per database, design §8).
 pub struct KeyedState {
     db: Database,
     path: PathBuf,
@@ -905,7 +905,7 @@ impl KeyedState {
         Ok(())
     }
 
-    /// Snapshot of every owned shard (design §7, seed §8.2): flushes the working set,
+    /// Snapshot of every owned shard (design §8.1, §8.2): flushes the working set,
     /// then returns one payload per (shard, state) that holds entries, each a sequence of
     /// length-prefixed (`namespace length | namespace | key`, value) pairs in key order
     /// (codec `kv-lp/1`, see [`codec`]).
@@ -954,7 +954,7 @@ impl KeyedState {
     }
 
     /// Loads shard payloads produced by [`Self::snapshot`] (possibly by another subtask
-    /// when shards moved, seed §10.5) into the database, durably. Entries of shards this
+    /// when shards moved, design §10.5) into the database, durably. Entries of shards this
     /// subtask does not own are refused.
     ///
     /// # Errors

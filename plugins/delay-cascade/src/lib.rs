@@ -1,6 +1,6 @@
 //! `delay-cascade`: a CEP alert over the NYC flights 2013 data — the same aircraft
 //! (`tailnum`) has three consecutive departures, each delayed more than 60 minutes, within
-//! 24 hours (seed §9.2; the pattern runs on [`nop_stream_sdk::cep`]).
+//! 24 hours (design §9.2; the pattern runs on [`nop_stream_sdk::cep`]).
 //!
 //! # Input
 //! Records of `flights-mapper` keyed by tailnum, with event time = scheduled departure

@@ -1,4 +1,4 @@
-//! Event time of CSV records: the `event_time` config (seed §8.5; Flink's
+//! Event time of CSV records: the `event_time` config (design §8.5; Flink's
 //! `TimestampAssigner`).
 //!
 //! ```json

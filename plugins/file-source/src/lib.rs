@@ -1,4 +1,4 @@
-//! `file-source`: reads a text file line by line as byte-range splits (design §3, seed §6.4;
+//! `file-source`: reads a text file line by line as byte-range splits (design §16, §6.4;
 //! capability replayable).
 //!
 //! Config: `{ "path": "/input/flights.csv", "format": "csv"|"jsonl", "header": bool,

@@ -20,7 +20,7 @@
 //!   (CRLF files read like LF files).
 //! - **Empty lines** (after stripping) are owned and consumed but produce no record.
 //! - With `header`, the line at offset 0 is skipped; the split holding offset 0 owns it.
-//! - A cursor is the exclusive next position (seed §6.4): the start offset of the first
+//! - A cursor is the exclusive next position (design §6.4): the start offset of the first
 //!   owned line not yet returned. An absent cursor means the split's `start`, aligned as
 //!   above; aligning a line start is a no-op, so any returned cursor resumes exactly.
 //! - The split is finished when the cursor is `>= end`.

@@ -1,5 +1,5 @@
 //! `jsonl-sink`: writes record payloads as JSON lines into one file per subtask and epoch,
-//! staged and published by atomic rename after the epoch is durable (seed §7.3, §7.5;
+//! staged and published by atomic rename after the epoch is durable (design §7.3, §7.5;
 //! capability staged-atomic-commit). See [`staging`] for the files and their lifecycle.
 //!
 //! Config: `{ "dir": "/output", "prefix": "part" }` — `dir` is the output directory as the

@@ -1,9 +1,9 @@
-//! The file lifecycle of one sink subtask: staged files, atomic publish (seed §7.3, §7.5).
+//! The file lifecycle of one sink subtask: staged files, atomic publish (design §7.3, §7.5).
 //!
 //! # Files
 //!
 //! For a transaction id `txn` (`{jobId}:{pipelineId}:{operatorId}:{subtask}:{epoch}`,
-//! seed §7.2) in the output directory `dir`:
+//! design §7.2) in the output directory `dir`:
 //!
 //! | file | meaning |
 //! |---|---|

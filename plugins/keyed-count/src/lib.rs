@@ -15,7 +15,7 @@
 //!
 //! State: one value state `count` (schema 1, codec [`COUNT_CODEC`]: `u64` LE). Each batch
 //! costs exactly one `value_get_many` and one `value_put_many` over its distinct keys
-//! (design §3, "batch at the boundary"); nothing survives a batch in the instance except
+//! (design §16, "batch at the boundary"); nothing survives a batch in the instance except
 //! reused scratch buffers, and nothing is allocated per record.
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! Fault plugin `fault-foreign-key`: an operator that touches keyed state of keys it was
-//! not routed, so the host's shard check (design §3: "a guest touching a key of another
+//! not routed, so the host's shard check (design §16: "a guest touching a key of another
 //! shard is a trap") must stop it.
 //!
 //! Config: `{"role": "key"|"foreign"}`.

@@ -1,0 +1,53 @@
+//! The guest SDK builds outside the workspace: it carries its own copy of the WIT
+//! contract (`guest-sdk/wit/`), which must equal the repository's `wit/` file for file,
+//! byte for byte, and name the package version the SDK says it targets.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+fn wit_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        out.insert(
+            p.file_name().unwrap().to_string_lossy().into_owned(),
+            std::fs::read(&p).unwrap(),
+        );
+    }
+    out
+}
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+#[test]
+fn the_sdk_copy_of_the_wit_equals_the_repository_wit() {
+    let wit = wit_files(&repo().join("wit"));
+    let copy = wit_files(&repo().join("guest-sdk/wit"));
+    assert!(wit.len() >= 7, "{:?}", wit.keys());
+    assert_eq!(
+        copy.keys().collect::<Vec<_>>(),
+        wit.keys().collect::<Vec<_>>(),
+        "same files; after editing wit/, run: cp wit/*.wit guest-sdk/wit/"
+    );
+    for (name, bytes) in &wit {
+        assert!(
+            copy[name] == *bytes,
+            "guest-sdk/wit/{name} differs from wit/{name}; run: cp wit/*.wit guest-sdk/wit/"
+        );
+    }
+}
+
+#[test]
+fn every_wit_file_declares_the_package_the_sdk_targets() {
+    // `nop:%stream@0.1.0` in WIT is `nop:stream@0.1.0` (`%` escapes a keyword).
+    let (ns, version) = nop_stream_sdk::WIT_PACKAGE
+        .split_once('@')
+        .expect("WIT_PACKAGE is name@version");
+    let declared = format!("package {}@{version};", ns.replace(":stream", ":%stream"));
+    for (name, bytes) in wit_files(&repo().join("guest-sdk/wit")) {
+        let text = String::from_utf8(bytes).unwrap();
+        assert_eq!(text.lines().next(), Some(declared.as_str()), "{name}");
+    }
+}
