@@ -622,9 +622,10 @@ async fn node_session_once(
                 lease: welcome.lease,
                 seq: seq.0,
             };
-            match tokio::time::timeout(check, write_value(&mut send, &hb, &peer)).await {
-                Ok(Err(e)) => tracing::debug!("heartbeat not sent: {e}"),
-                Ok(Ok(())) | Err(_) => {}
+            if let Ok(Err(e)) =
+                tokio::time::timeout(check, write_value(&mut send, &hb, &peer)).await
+            {
+                tracing::debug!("heartbeat not sent: {e}");
             }
         }
         tokio::select! {

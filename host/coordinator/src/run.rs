@@ -152,7 +152,7 @@ pub fn run_job<W: Workers>(
             Prepared::Attempt(p) => p,
         };
         let attempt = prepared.deployment.attempt;
-        let result = drive_attempt(plan, workers, &storage, opts, prepared, &mut tally);
+        let result = drive_attempt(plan, workers, &storage, opts, *prepared, &mut tally);
         match result {
             Ok((tasks, final_epoch)) => {
                 let records = workers.records();
@@ -411,7 +411,7 @@ fn drive_attempt<W: Workers>(
     workers: &mut W,
     storage: &Arc<dyn CheckpointStorage>,
     opts: &CoordinatorOptions,
-    prepared: Box<PreparedAttempt>,
+    prepared: PreparedAttempt,
     tally: &mut RunTally,
 ) -> Result<(Vec<TaskReport>, EpochId), W::Error> {
     let PreparedAttempt {
@@ -420,7 +420,7 @@ fn drive_attempt<W: Workers>(
         enumerators,
         sources,
         sinks,
-    } = *prepared;
+    } = prepared;
     let total = deployment.tasks.len();
     let mut d = Driver::<W::Error> {
         plan,

@@ -22,6 +22,20 @@ use std::time::Duration;
 
 pub use nop_stream_proto::Message;
 
+/// Admits a frame of `channel` sent or received under `token` only while it is the token in
+/// force (`current`).
+fn admit(channel: &ChannelId, token: FencingToken, current: &AtomicU64) -> Result<()> {
+    let current = FencingToken(current.load(Ordering::SeqCst));
+    if current != token {
+        return Err(RuntimeError::Fenced {
+            channel: channel.clone(),
+            token,
+            current,
+        });
+    }
+    Ok(())
+}
+
 /// The receiving end of one channel, bound to an attempt's fencing token. Fencing is
 /// checked here, where the channel is received, and not only by the sender (design §2.5):
 /// once the transport is fenced, [`ChannelReceiver::admit`] refuses every message still
@@ -51,15 +65,7 @@ impl ChannelReceiver {
     /// # Errors
     /// [`RuntimeError::Fenced`] once the transport was fenced.
     pub fn admit(&self) -> Result<()> {
-        let current = FencingToken(self.current.load(Ordering::SeqCst));
-        if current != self.token {
-            return Err(RuntimeError::Fenced {
-                channel: self.channel.clone(),
-                token: self.token,
-                current,
-            });
-        }
-        Ok(())
+        admit(&self.channel, self.token, &self.current)
     }
 
     /// Receives the next message, blocking, and admits it.
@@ -155,15 +161,7 @@ impl LocalTransport {
     }
 
     fn check(&self, channel: &ChannelId, token: FencingToken) -> Result<()> {
-        let current = FencingToken(self.token.load(Ordering::SeqCst));
-        if token != current {
-            return Err(RuntimeError::Fenced {
-                channel: channel.clone(),
-                token,
-                current,
-            });
-        }
-        Ok(())
+        admit(channel, token, &self.token)
     }
 
     fn entry<R>(&self, channel: &ChannelId, f: impl FnOnce(&mut LocalChannel) -> R) -> R {
@@ -240,14 +238,7 @@ impl ChannelSender for LocalSender {
 
     fn send(&mut self, mut msg: Message) -> Result<()> {
         loop {
-            let current = FencingToken(self.current.load(Ordering::SeqCst));
-            if current != self.token {
-                return Err(RuntimeError::Fenced {
-                    channel: self.channel.clone(),
-                    token: self.token,
-                    current,
-                });
-            }
+            admit(&self.channel, self.token, &self.current)?;
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Cancelled);
             }
