@@ -41,10 +41,10 @@ enum Command {
         /// Override the parallelism of every node.
         #[arg(long, short = 'p')]
         parallelism: Option<u32>,
-        /// Output directory granted to sinks as `$OUTPUT` [default: nopstream-out/<job id>/output].
+        /// Output directory granted to sinks as `$OUTPUT` [default: nopstream-out/JOB_ID/output].
         #[arg(long)]
         output: Option<PathBuf>,
-        /// Working directory for state [default: nopstream-out/<job id>/work].
+        /// Working directory for state [default: nopstream-out/JOB_ID/work].
         #[arg(long)]
         work_dir: Option<PathBuf>,
         /// Memory limit per plugin instance, in MiB [default: 256].
@@ -88,7 +88,7 @@ enum Command {
     Checkpoints {
         /// Job file (TOML) or checkpoint namespace directory.
         target: PathBuf,
-        /// Working directory of the job [default: nopstream-out/<job id>/work].
+        /// Working directory of the job [default: nopstream-out/JOB_ID/work].
         #[arg(long)]
         work_dir: Option<PathBuf>,
         /// Show source offsets and sink transactions of every epoch.

@@ -275,7 +275,7 @@ impl PluginHost {
     }
 }
 
-/// The descriptor of the internal timer state ([`crate::host::TIMER_STATE`]).
+/// The descriptor of the internal timer state (`__timers`).
 pub fn timer_descriptor() -> StateDescriptor {
     StateDescriptor {
         name: crate::host::TIMER_STATE.into(),
