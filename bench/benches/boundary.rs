@@ -25,12 +25,7 @@ const RECORDS: usize = 1000;
 fn task() -> TaskInfo {
     TaskInfo {
         job_id: "bench".into(),
-        pipeline_id: "main".into(),
-        operator_id: "op".into(),
-        operator_name: "op".into(),
-        subtask_index: 0,
-        parallelism: 1,
-        attempt: 1,
+        ..TaskInfo::for_tests()
     }
 }
 
