@@ -8,6 +8,10 @@ default:
 demo:
     cargo run -p nop-stream-cli -- run examples/flights/flights.toml
 
+# A coordinator and 3 nodes on loopback: upload the plugins, run the flights job, print its output.
+cluster-demo:
+    scripts/local-cluster.sh
+
 # Run every test of the workspace.
 test:
     cargo test --workspace

@@ -37,7 +37,7 @@ pub struct SegmentDescriptor {
 }
 
 /// Cursor state of one source split (design §6.2–§6.4).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct SplitState {
     /// Split id.
     pub split_id: String,
@@ -49,8 +49,29 @@ pub struct SplitState {
     pub finished: bool,
     /// Largest event timestamp read from the split so far (ms), when the source derives
     /// watermarks (design §8.5); restores the split's watermark.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub max_timestamp: Option<i64>,
+}
+
+/// JSON (manifests) leaves out an absent `max_timestamp`, so manifests written before the
+/// field existed keep their checksums; compact binary encodings (the control plane's
+/// postcard) always carry every field, since they cannot skip one.
+impl Serialize for SplitState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let skip = s.is_human_readable() && self.max_timestamp.is_none();
+        let mut st = s.serialize_struct("SplitState", if skip { 4 } else { 5 })?;
+        st.serialize_field("split_id", &self.split_id)?;
+        st.serialize_field("descriptor", &self.descriptor)?;
+        st.serialize_field("cursor", &self.cursor)?;
+        st.serialize_field("finished", &self.finished)?;
+        if skip {
+            st.skip_field("max_timestamp")?;
+        } else {
+            st.serialize_field("max_timestamp", &self.max_timestamp)?;
+        }
+        st.end()
+    }
 }
 
 /// A pre-committed sink transaction waiting for its epoch to become durable (design §7.3).

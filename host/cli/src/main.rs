@@ -1,5 +1,6 @@
 //! `nopstream`: run, plan and validate nop-stream jobs, and inspect plugins.
 
+mod cluster;
 mod output;
 mod prepare;
 mod scaffold;
@@ -94,6 +95,12 @@ enum Command {
         /// Show source offsets and sink transactions of every epoch.
         #[arg(long, short = 'v')]
         verbose: bool,
+        /// Ask a cluster's coordinator instead (TARGET is then a job id or job file).
+        #[arg(long, env = "NOPSTREAM_CLUSTER", requires = "certs")]
+        cluster: Option<std::net::SocketAddr>,
+        /// With --cluster: the certificates directory.
+        #[arg(long, env = "NOPSTREAM_CERTS")]
+        certs: Option<PathBuf>,
     },
     /// Print a plan layer of a job as JSON.
     Plan {
@@ -105,14 +112,26 @@ enum Command {
         /// Override the parallelism of every node.
         #[arg(long, short = 'p')]
         parallelism: Option<u32>,
+        /// With `--layer deployment`: place the tasks on a cluster of this many nodes
+        /// (`node-1..N`) as the coordinator would, instead of the embedded mode's one node.
+        #[arg(long)]
+        nodes: Option<u32>,
+        /// With `--nodes`: task slots per node.
+        #[arg(long, default_value_t = nop_stream_server::DEFAULT_SLOTS)]
+        slots: u32,
     },
     /// Check a job file and its plugins; report every problem with its location.
     Validate {
         /// Job file (TOML).
         job: PathBuf,
     },
-    /// List the plugins on the plugin path with what their describe() says.
+    /// List the plugins on the plugin path (an alias of `nopstream plugin list`).
     Plugins,
+    /// Cluster jobs: submit, list, status, cancel.
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+    },
     /// Cluster administration.
     Cluster {
         #[command(subcommand)]
@@ -130,12 +149,19 @@ enum Command {
         /// Certificates directory (`nopstream cluster init`).
         #[arg(long)]
         certs: PathBuf,
+        /// Root of checkpoint storage; every node must reach it at this path
+        /// [default: DATA/checkpoints].
+        #[arg(long)]
+        checkpoints: Option<PathBuf>,
         /// Lease time to live, ms.
         #[arg(long, default_value_t = 10_000)]
         lease_ttl_ms: u64,
         /// Interval between node heartbeats, ms.
         #[arg(long, default_value_t = 2_000)]
         heartbeat_ms: u64,
+        /// Global recoveries a job gets unless its submission says otherwise.
+        #[arg(long, default_value_t = 10)]
+        max_restarts: u32,
     },
     /// Run a cluster node: registers with the coordinator and keeps its lease; stops its
     /// tasks when it cannot renew it, then registers again as new capacity.
@@ -155,8 +181,8 @@ enum Command {
         /// UDP address for data connections from other nodes [default: 127.0.0.1:0].
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: std::net::SocketAddr,
-        /// Task slots offered.
-        #[arg(long, default_value_t = 4)]
+        /// Task slots offered: slot groups (one subtask of each vertex) it runs at once.
+        #[arg(long, default_value_t = nop_stream_server::DEFAULT_SLOTS)]
         slots: u32,
     },
     /// Write plugins: `nopstream plugin new NAME --kind operator|source|sink`.
@@ -183,12 +209,8 @@ enum ClusterCommand {
     },
     /// Show the nodes registered with a coordinator and their leases.
     Status {
-        /// The coordinator's address (HOST:PORT, UDP).
-        #[arg(long)]
-        cluster: std::net::SocketAddr,
-        /// Certificates directory holding `cli-admin.crt/.key` and `ca.crt`.
-        #[arg(long)]
-        certs: PathBuf,
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -196,7 +218,98 @@ enum ClusterCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum JobCommand {
+    /// Submit a job file to a cluster: runs its prepare steps here, then the coordinator
+    /// resolves its plugins from the registry, places it on the live nodes and runs it.
+    /// The job file's directory and the output directory must be reachable by every node
+    /// at the same path.
+    Submit {
+        /// Job file (TOML).
+        job: PathBuf,
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
+        /// Override the parallelism of every node.
+        #[arg(long, short = 'p')]
+        parallelism: Option<u32>,
+        /// Output directory granted to sinks as `$OUTPUT` [default:
+        /// nopstream-out/JOB_ID/output, made absolute].
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Discard the job's checkpoints and start over.
+        #[arg(long)]
+        fresh: bool,
+        /// Global recoveries allowed [default: the coordinator's --max-restarts].
+        #[arg(long)]
+        max_restarts: Option<u32>,
+        /// Memory limit per plugin instance, in MiB [default: 256].
+        #[arg(long)]
+        memory_mib: Option<u64>,
+        /// CPU time limit per call into a plugin, in milliseconds [default: 10000].
+        #[arg(long)]
+        cpu_ms_per_call: Option<u64>,
+        /// Wait until the job ends; print its summary and echo its output.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: do not echo the committed output.
+        #[arg(long)]
+        no_echo: bool,
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the cluster's jobs.
+    List {
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a job: state, generation, recoveries, durable epoch, records, stale work
+    /// refused (events, data streams, commands) and its placement.
+    Status {
+        /// Job id.
+        job: String,
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a running job and wait until it has stopped.
+    Cancel {
+        /// Job id.
+        job: String,
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum PluginCommand {
+    /// Upload components to a cluster's plugin registry: each is validated (a component
+    /// exporting a `nop:stream` world this host serves, whose describe() answers) and
+    /// stored by sha256. A name@version is immutable: other bytes under it are refused.
+    Upload {
+        /// Component files (`.wasm`).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
+    },
+    /// List plugins: name@version, kind, sha256, size. The plugin path by default; the
+    /// cluster's registry with --cluster.
+    List {
+        /// A cluster's coordinator to ask instead of the plugin path.
+        #[arg(long, env = "NOPSTREAM_CLUSTER", requires = "certs")]
+        cluster: Option<std::net::SocketAddr>,
+        /// With --cluster: the certificates directory.
+        #[arg(long, env = "NOPSTREAM_CERTS")]
+        certs: Option<PathBuf>,
+        /// Print JSON (with --cluster).
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a ready-to-build plugin crate: Cargo.toml with the SDK dependency, src/lib.rs
     /// with the plugin and its native tests, and job.toml, a job that runs it.
     New {
@@ -246,15 +359,6 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// The tokio runtime of the cluster commands (QUIC I/O).
-fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
 fn plugin_path(extra: &[PathBuf]) -> Vec<PathBuf> {
     let mut path: Vec<PathBuf> = extra.to_vec();
     if let Ok(env) = std::env::var("NOPSTREAM_PLUGIN_PATH") {
@@ -275,7 +379,7 @@ fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("nopstream"))
 }
 
-fn read_model(job: &Path, parallelism: Option<u32>) -> Result<StreamModel> {
+pub(crate) fn read_model(job: &Path, parallelism: Option<u32>) -> Result<StreamModel> {
     let text = std::fs::read_to_string(job)
         .with_context(|| format!("cannot read job file {}", job.display()))?;
     let model =
@@ -345,7 +449,7 @@ fn rescale_source_fingerprint(
     Ok(m.plan_fingerprint)
 }
 
-fn job_dir(job: &Path) -> PathBuf {
+pub(crate) fn job_dir(job: &Path) -> PathBuf {
     job.parent()
         .filter(|p| !p.as_os_str().is_empty())
         .map(Path::to_owned)
@@ -371,73 +475,29 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Cluster {
-            command:
-                ClusterCommand::Status {
-                    cluster,
-                    certs,
-                    json,
-                },
+            command: ClusterCommand::Status { cluster, json },
         } => {
-            use nop_stream_cluster::session::{CliRequest, CliResponse, cli_request};
-            let admin: nop_stream_cluster::Identity = "cli-admin".parse()?;
-            let resp = tokio_runtime()?.block_on(cli_request(
-                cluster,
-                &certs,
-                &admin,
-                &CliRequest::ClusterStatus,
-            ))?;
-            let nodes = match resp {
-                CliResponse::Status(n) => n,
-                CliResponse::Error(e) => bail!("the coordinator refused: {e}"),
-            };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&nodes)?);
-            } else {
-                println!(
-                    "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} data",
-                    "node", "lease", "live", "slots", "renewals", "refused", "expired"
-                );
-                for n in &nodes {
-                    println!(
-                        "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {}",
-                        n.node,
-                        n.lease,
-                        n.live,
-                        n.slots,
-                        n.renewals,
-                        n.refused_renewals,
-                        n.expirations,
-                        n.data_addr
-                    );
-                }
-            }
+            cluster::cluster_status(&cluster, json)?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Coordinator {
             listen,
             data,
             certs,
+            checkpoints,
             lease_ttl_ms,
             heartbeat_ms,
+            max_restarts,
         } => {
-            let lease = nop_stream_cluster::LeaseConfig {
-                ttl: Duration::from_millis(lease_ttl_ms),
-                heartbeat_interval: Duration::from_millis(heartbeat_ms),
-                safety_margin: Duration::from_millis(lease_ttl_ms / 4),
-            };
-            lease.validate().context("lease settings")?;
-            let cfg = nop_stream_cluster::session::CoordinatorConfig {
+            cluster::run_coordinator(cluster::CoordinatorArgs {
                 listen,
-                certs,
                 data,
-                lease,
-            };
-            tokio_runtime()?.block_on(nop_stream_cluster::session::serve_coordinator(
-                cfg,
-                |c| {
-                    println!("coordinator listening on {}", c.addr);
-                },
-            ))?;
+                certs,
+                checkpoints,
+                lease_ttl_ms,
+                heartbeat_ms,
+                max_restarts,
+            })?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Node {
@@ -448,19 +508,85 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             listen,
             slots,
         } => {
-            let cfg = nop_stream_cluster::session::NodeConfig {
+            cluster::run_node(cluster::NodeArgs {
                 join,
-                id: nop_stream_cluster::NodeId(id),
-                certs,
+                id,
                 data,
+                certs,
                 listen,
                 slots,
-            };
-            tokio_runtime()?.block_on(nop_stream_cluster::session::serve_node(cfg, |outcome| {
-                eprintln!("node-{id}: stopping its tasks: {outcome:?}");
-            }))?;
+            })?;
             Ok(std::process::ExitCode::SUCCESS)
         }
+        Command::Job { command } => match command {
+            JobCommand::Submit {
+                job,
+                cluster,
+                parallelism,
+                output,
+                fresh,
+                max_restarts,
+                memory_mib,
+                cpu_ms_per_call,
+                wait,
+                no_echo,
+                json,
+            } => cluster::submit(
+                &cluster::Submit {
+                    job,
+                    parallelism,
+                    output,
+                    fresh,
+                    max_restarts,
+                    memory_mib,
+                    cpu_ms_per_call,
+                    wait,
+                    no_echo,
+                    json,
+                },
+                &cluster,
+            ),
+            JobCommand::List { cluster, json } => {
+                cluster::list_jobs(&cluster, json)?;
+                Ok(std::process::ExitCode::SUCCESS)
+            }
+            JobCommand::Status { job, cluster, json } => {
+                let s = cluster::job_status(&cluster, &job)?;
+                cluster::print_status(&s, json)?;
+                Ok(std::process::ExitCode::SUCCESS)
+            }
+            JobCommand::Cancel { job, cluster } => {
+                cluster::cancel(&cluster, &job)?;
+                Ok(std::process::ExitCode::SUCCESS)
+            }
+        },
+        Command::Plugin {
+            command: PluginCommand::Upload { files, cluster },
+        } => {
+            cluster::upload(&files, &cluster)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Plugin {
+            command:
+                PluginCommand::List {
+                    cluster: Some(addr),
+                    certs: Some(certs),
+                    json,
+                },
+        } => {
+            cluster::list_plugins(
+                &cluster::ClusterArgs {
+                    cluster: addr,
+                    certs,
+                },
+                json,
+            )?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Plugin {
+            command: PluginCommand::List { .. },
+        }
+        | Command::Plugins => list_local_plugins(&search),
         Command::Run {
             job,
             parallelism,
@@ -560,6 +686,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             job,
             layer,
             parallelism,
+            nodes,
+            slots,
         } => {
             let model = read_model(&job, parallelism)?;
             let value = if layer == Layer::Model {
@@ -577,20 +705,23 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     }
                     Layer::Deployment => {
                         let plan = partitioned_plan(&job_graph(&stream));
-                        let base = PathBuf::from("nopstream-out").join(&model.job.id);
-                        serde_json::to_value(deployment_plan(
-                            &plan,
-                            &DeploymentOptions {
-                                node: "local".into(),
-                                transport: "local-queue".into(),
-                                state_dir: base.join("work").join("state").display().to_string(),
-                                checkpoint_storage: base
-                                    .join("work")
-                                    .join("checkpoints")
-                                    .display()
-                                    .to_string(),
-                            },
-                        ))?
+                        let opts = match nodes {
+                            None => {
+                                let work = PathBuf::from("nopstream-out")
+                                    .join(&model.job.id)
+                                    .join("work");
+                                DeploymentOptions::embedded(
+                                    work.join("state").display().to_string(),
+                                    work.join("checkpoints").display().to_string(),
+                                )
+                            }
+                            Some(n) => nop_stream_server::placement_options(
+                                &plan,
+                                (1..=n).map(|i| (format!("node-{i}"), slots)),
+                                "CHECKPOINTS",
+                            ),
+                        };
+                        serde_json::to_value(deployment_plan(&plan, &opts)?)?
                     }
                 }
             };
@@ -706,8 +837,26 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
         }
         Command::Checkpoints {
             target,
+            work_dir: _,
+            verbose,
+            cluster: Some(addr),
+            certs: Some(certs),
+        } => {
+            cluster::checkpoints(
+                &cluster::ClusterArgs {
+                    cluster: addr,
+                    certs,
+                },
+                &target,
+                verbose,
+            )?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Checkpoints {
+            target,
             work_dir,
             verbose,
+            ..
         } => {
             let dir = if target.is_dir() {
                 target
@@ -769,47 +918,51 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             );
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Plugins => {
-            let host = PluginHost::new(cache_dir())?;
-            let mut seen = 0;
-            for dir in &search {
-                let Ok(entries) = std::fs::read_dir(dir) else {
-                    continue;
-                };
-                let mut files: Vec<PathBuf> = entries
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
-                    .collect();
-                files.sort();
-                for f in files {
-                    let label = f.display().to_string();
-                    let found = [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
-                        .into_iter()
-                        .find_map(|k| host.load(&label, &f, k).ok());
-                    match found {
-                        Some(p) => println!(
-                            "{:<28} {:<9} {}  ({})",
-                            p.info.reference(),
-                            p.info.kind.to_string(),
-                            p.info.description,
-                            f.display()
-                        ),
-                        None => println!(
-                            "{:<28} {:<9} not a nop:stream component  ({})",
-                            "?",
-                            "-",
-                            f.display()
-                        ),
-                    }
-                    seen += 1;
-                }
+    }
+}
+
+/// `nopstream plugin list` (and `nopstream plugins`): the plugin path, with sha256 and size.
+fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
+    let host = PluginHost::new(cache_dir())?;
+    let mut seen = 0;
+    for dir in search {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+            .collect();
+        files.sort();
+        for f in files {
+            let label = f.display().to_string();
+            let found = [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
+                .into_iter()
+                .find_map(|k| host.load(&label, &f, k).ok());
+            match found {
+                Some(p) => println!(
+                    "{:<28} {:<9} {}  {:>12} B  {}  ({})",
+                    p.info.reference(),
+                    p.info.kind.to_string(),
+                    p.sha256,
+                    output::thousands(std::fs::metadata(&f).map_or(0, |m| m.len())),
+                    p.info.description,
+                    f.display()
+                ),
+                None => println!(
+                    "{:<28} {:<9} not a nop:stream component  ({})",
+                    "?",
+                    "-",
+                    f.display()
+                ),
             }
-            if seen == 0 {
-                bail!("no plugins found on the plugin path");
-            }
-            Ok(std::process::ExitCode::SUCCESS)
+            seen += 1;
         }
     }
+    if seen == 0 {
+        bail!("no plugins found on the plugin path");
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 fn spawn_progress(

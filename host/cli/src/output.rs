@@ -179,32 +179,49 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 /// An unreadable namespace.
 pub fn print_checkpoints(dir: &Path, verbose: bool) -> Result<()> {
     use nop_stream_checkpoint::{CheckpointStorage, LocalStorage};
-    use std::collections::BTreeMap;
     if !dir.join("manifests").is_dir() {
         bail!("{} holds no checkpoints", dir.display());
     }
     let storage = LocalStorage::open(dir)?;
+    let mut manifests = Vec::new();
+    for e in storage.manifest_epochs()? {
+        manifests.push(storage.read_manifest(e)?);
+    }
+    print_checkpoint_table(
+        &format!("checkpoints in {}", dir.display()),
+        &storage.read_log()?,
+        &manifests,
+        verbose,
+    )
+}
+
+/// Prints an epoch log and the manifests still retained as the `checkpoints` table.
+///
+/// # Errors
+/// A log record whose state does not serialise (never, in practice).
+pub fn print_checkpoint_table(
+    title: &str,
+    log: &[nop_stream_checkpoint::EpochLogRecord],
+    manifests: &[nop_stream_checkpoint::EpochManifest],
+    verbose: bool,
+) -> Result<()> {
+    use std::collections::BTreeMap;
     let mut states: BTreeMap<u64, (String, u32)> = BTreeMap::new();
-    for r in storage.read_log()? {
+    for r in log {
         let s = serde_json::to_value(r.state)?
             .as_str()
             .unwrap_or("?")
             .to_owned();
         states.insert(r.epoch.0, (s, r.attempt.0));
     }
-    let manifests = storage.manifest_epochs()?;
-    println!("checkpoints in {}", dir.display());
+    println!("{title}");
     println!(
         "{:>6}  {:<10} {:>7} {:>10} {:>10} {:>12}  contents",
         "epoch", "state", "attempt", "duration", "alignment", "snapshot"
     );
     for (epoch, (state, attempt)) in &states {
-        let m = if manifests.iter().any(|e| e.0 == *epoch) {
-            Some(storage.read_manifest(nop_stream_api::EpochId(*epoch))?)
-        } else {
-            None
-        };
-        let (duration, alignment, bytes, contents) = match &m {
+        let m = manifests.iter().find(|m| m.epoch.0 == *epoch);
+        let (duration, alignment, bytes, contents) = match m {
             Some(m) => {
                 let splits: usize = m.tasks.iter().map(|t| t.splits.len()).sum();
                 let txns: usize = m.tasks.iter().map(|t| t.pending_transactions.len()).sum();
@@ -235,7 +252,7 @@ pub fn print_checkpoints(dir: &Path, verbose: bool) -> Result<()> {
         println!(
             "{epoch:>6}  {state:<10} {attempt:>7} {duration:>10} {alignment:>10} {bytes:>12}  {contents}"
         );
-        if verbose && let Some(m) = &m {
+        if verbose && let Some(m) = m {
             for t in &m.tasks {
                 for s in &t.splits {
                     let cursor = hex::decode(&s.cursor).unwrap_or_default();

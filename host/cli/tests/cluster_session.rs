@@ -187,7 +187,7 @@ fn nodes_hold_leases_and_a_stopped_node_loses_its_lease_and_rejoins() {
     );
     let log = std::fs::read_to_string(&node_log).unwrap();
     assert!(
-        log.contains("stopping its tasks: LeaseLost"),
+        log.contains("stopping this node's tasks") && log.contains("LeaseLost"),
         "node-2 must stop its tasks itself:\n{log}"
     );
 }

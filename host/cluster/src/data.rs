@@ -330,12 +330,12 @@ impl Default for DataPlaneConfig {
     }
 }
 
-/// What a reader task hands the receiving task.
-#[derive(Debug)]
-enum Delivery {
-    Message(Message),
-    Ended { peer: SocketAddr },
-    Failed { peer: SocketAddr, reason: String },
+/// How a channel's stream ended, other than by the producer's clean finish.
+#[derive(Debug, Clone)]
+struct Terminal {
+    peer: SocketAddr,
+    /// `None`: finished cleanly.
+    failure: Option<String>,
 }
 
 /// One channel registered to receive.
@@ -347,7 +347,12 @@ struct Slot {
     token: FencingToken,
     /// The job's generation in force, shared with [`FenceTable`].
     in_force: Arc<AtomicU64>,
-    tx: cb::Sender<Delivery>,
+    /// The queue's only sender: taken by the reader of the admitted stream and dropped
+    /// when the stream ends, so the receiving side sees the queue disconnect after the
+    /// last message.
+    tx: Mutex<Option<cb::Sender<Message>>>,
+    /// How the stream ended, set before the sender is dropped.
+    terminal: Mutex<Option<Terminal>>,
     /// Poked after every receive, on fence and on drop of the receiver.
     space: Notify,
     /// Whether a stream has been admitted for this channel.
@@ -358,6 +363,19 @@ impl Slot {
     fn fenced(&self) -> Option<u64> {
         let in_force = self.in_force.load(Ordering::Acquire);
         (in_force > self.generation).then_some(in_force)
+    }
+
+    fn terminal(&self) -> Option<Terminal> {
+        self.terminal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records how the stream ended and drops the queue's sender.
+    fn end(&self, terminal: Terminal) {
+        *self.terminal.lock().unwrap_or_else(|e| e.into_inner()) = Some(terminal);
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -449,7 +467,7 @@ impl FenceTable {
         token: FencingToken,
         channel: ChannelId,
         capacity: usize,
-    ) -> Result<(Arc<Slot>, cb::Receiver<Delivery>), DataError> {
+    ) -> Result<(Arc<Slot>, cb::Receiver<Message>), DataError> {
         if capacity == 0 {
             return Err(DataError::ZeroCapacity { channel });
         }
@@ -478,7 +496,8 @@ impl FenceTable {
             generation,
             token,
             in_force: entry.in_force.clone(),
-            tx,
+            tx: Mutex::new(Some(tx)),
+            terminal: Mutex::new(None),
             space: Notify::new(),
             claimed: AtomicBool::new(false),
         });
@@ -652,10 +671,11 @@ impl DataPlane {
             .fences
             .register(job, generation, token, channel, capacity)?;
         Ok(QuicReceiver {
-            slot,
+            guard: ReceiverGuard {
+                slot,
+                fences: self.fences.clone(),
+            },
             rx,
-            fences: self.fences.clone(),
-            terminal: None,
         })
     }
 }
@@ -817,21 +837,19 @@ fn refused(channel: &ChannelId, peer: SocketAddr, code: VarInt) -> DataError {
 /// channel and refuses the rest of its stream ([`Refusal::ReceiverGone`]).
 #[derive(Debug)]
 pub struct QuicReceiver {
-    slot: Arc<Slot>,
-    rx: cb::Receiver<Delivery>,
-    fences: Arc<FenceTable>,
-    terminal: Option<(SocketAddr, Option<String>)>,
+    guard: ReceiverGuard,
+    rx: cb::Receiver<Message>,
 }
 
 impl QuicReceiver {
     /// The channel.
     pub fn channel(&self) -> &ChannelId {
-        &self.slot.channel
+        &self.guard.slot.channel
     }
 
     /// The generation this receiver was registered for.
     pub fn generation(&self) -> u64 {
-        self.slot.generation
+        self.guard.slot.generation
     }
 
     /// Messages waiting in the queue (at most the capacity).
@@ -850,31 +868,54 @@ impl QuicReceiver {
     /// [`DataError::StreamFailed`] after it broke, both once every message before has been
     /// returned, and then on every call.
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Message>, DataError> {
-        self.check_fence()?;
-        if let Some((peer, failure)) = &self.terminal {
-            return Err(self.terminal_error(*peer, failure.clone()));
-        }
-        let delivery = match self.rx.recv_timeout(timeout) {
-            Ok(delivery) => delivery,
+        self.guard.check_fence()?;
+        let msg = match self.rx.recv_timeout(timeout) {
+            Ok(msg) => msg,
             Err(RecvTimeoutError::Timeout) => return Ok(None),
-            // The slot holds a sender as long as the receiver lives.
-            Err(RecvTimeoutError::Disconnected) => unreachable!("slot keeps the queue open"),
+            // The reader dropped the queue's sender: the stream ended.
+            Err(RecvTimeoutError::Disconnected) => {
+                let t = self.guard.slot.terminal().unwrap_or(Terminal {
+                    peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                    failure: Some("the stream's reader ended".into()),
+                });
+                let channel = self.guard.slot.channel.clone();
+                return Err(match t.failure {
+                    None => DataError::Ended {
+                        channel,
+                        peer: t.peer,
+                    },
+                    Some(reason) => DataError::StreamFailed {
+                        channel,
+                        peer: t.peer,
+                        reason,
+                    },
+                });
+            }
         };
-        self.slot.space.notify_one();
-        self.check_fence()?;
-        match delivery {
-            Delivery::Message(msg) => Ok(Some(msg)),
-            Delivery::Ended { peer } => {
-                self.terminal = Some((peer, None));
-                Err(self.terminal_error(peer, None))
-            }
-            Delivery::Failed { peer, reason } => {
-                self.terminal = Some((peer, Some(reason.clone())));
-                Err(self.terminal_error(peer, Some(reason)))
-            }
-        }
+        self.guard.slot.space.notify_one();
+        self.guard.check_fence()?;
+        Ok(Some(msg))
     }
 
+    /// Takes the receiver apart for a task driver that waits on many queues at once: the
+    /// queue (it disconnects after the last message of the stream) and the guard that
+    /// keeps the channel registered. A full queue is noticed by the reader within a
+    /// millisecond of a receive, without [`Self::recv_timeout`]'s wake-up. The caller
+    /// checks fencing itself (the runtime checks its attempt's token on every message).
+    pub fn into_parts(self) -> (cb::Receiver<Message>, ReceiverGuard) {
+        (self.rx, self.guard)
+    }
+}
+
+/// Keeps a receiving channel registered; dropping it unregisters the channel and refuses
+/// the rest of its stream ([`Refusal::ReceiverGone`]).
+#[derive(Debug)]
+pub struct ReceiverGuard {
+    slot: Arc<Slot>,
+    fences: Arc<FenceTable>,
+}
+
+impl ReceiverGuard {
     fn check_fence(&self) -> Result<(), DataError> {
         match self.slot.fenced() {
             Some(in_force) => Err(DataError::Fenced {
@@ -887,24 +928,21 @@ impl QuicReceiver {
         }
     }
 
-    fn terminal_error(&self, peer: SocketAddr, failure: Option<String>) -> DataError {
-        let channel = self.slot.channel.clone();
-        match failure {
-            None => DataError::Ended { channel, peer },
-            Some(reason) => DataError::StreamFailed {
-                channel,
-                peer,
-                reason,
-            },
-        }
+    /// Why the stream ended, once it has: `None` while it runs or after a clean finish;
+    /// the failure (naming the peer) otherwise.
+    pub fn failure(&self) -> Option<String> {
+        self.slot.terminal().and_then(|t| {
+            t.failure
+                .map(|f| format!("stream from {} failed: {f}", t.peer))
+        })
     }
 }
 
-impl Drop for QuicReceiver {
+impl Drop for ReceiverGuard {
     fn drop(&mut self) {
         self.fences.unregister(&self.slot);
-        // Disconnect the queue before waking the reader, so it sees the receiver gone.
-        self.rx = cb::never();
+        // Wake the reader so it sees the receiver gone (its next delivery finds the queue
+        // disconnected once the receiver is dropped too).
         self.slot.space.notify_one();
     }
 }
@@ -987,8 +1025,15 @@ async fn read_stream(
             return;
         }
     };
-    let end = match pump(&mut recv, &slot, config.max_frame_len).await {
-        Ok(()) => Delivery::Ended { peer },
+    let Some(tx) = slot.tx.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        // Admission claims the slot once, so the sender is there.
+        return;
+    };
+    let end = match pump(&mut recv, &slot, &tx, config.max_frame_len).await {
+        Ok(()) => Terminal {
+            peer,
+            failure: None,
+        },
         Err(stop) => {
             if let Some(refusal) = stop.refusal {
                 if matches!(refusal, Refusal::Fenced) {
@@ -997,17 +1042,26 @@ async fn read_stream(
                 tracing::warn!(%peer, channel = %slot.channel, %refusal, "data stream stopped");
                 let _ = recv.stop(VarInt::from_u32(refusal.code()));
             }
-            match stop.failure {
-                Some(reason) => Delivery::Failed { peer, reason },
-                None => return,
+            Terminal {
+                peer,
+                failure: Some(
+                    stop.failure
+                        .unwrap_or_else(|| "the stream was stopped".to_owned()),
+                ),
             }
         }
     };
-    let _ = deliver(&slot, end).await;
+    slot.end(end);
+    drop(tx);
 }
 
 /// Reads frames into the slot's queue until the stream finishes.
-async fn pump(recv: &mut quinn::RecvStream, slot: &Slot, max_frame_len: usize) -> Result<(), Stop> {
+async fn pump(
+    recv: &mut quinn::RecvStream,
+    slot: &Slot,
+    tx: &cb::Sender<Message>,
+    max_frame_len: usize,
+) -> Result<(), Stop> {
     let mut reader = FrameReader::new(max_frame_len);
     loop {
         let chunk = match recv.read_chunk(READ_CHUNK, true).await {
@@ -1046,31 +1100,33 @@ async fn pump(recv: &mut quinn::RecvStream, slot: &Slot, max_frame_len: usize) -
                     refusal: Some(Refusal::Malformed),
                     failure: Some(e.to_string()),
                 })?;
-                deliver(slot, Delivery::Message(msg))
-                    .await
-                    .map_err(|refusal| Stop {
-                        refusal: Some(refusal),
-                        failure: None,
-                    })?;
+                deliver(slot, tx, msg).await.map_err(|refusal| Stop {
+                    refusal: Some(refusal),
+                    failure: None,
+                })?;
             }
         }
     }
 }
 
+/// How long a reader waits for space in a full queue before looking again, when no
+/// receive wakes it (a task driver receives from the queue directly).
+const FULL_QUEUE_POLL: Duration = Duration::from_millis(1);
+
 /// Puts `item` in the slot's queue, waiting (without blocking the runtime, and without
 /// reading the stream) while it is full.
-async fn deliver(slot: &Slot, mut item: Delivery) -> Result<(), Refusal> {
+async fn deliver(slot: &Slot, tx: &cb::Sender<Message>, mut item: Message) -> Result<(), Refusal> {
     loop {
         if slot.fenced().is_some() {
             return Err(Refusal::Fenced);
         }
-        match slot.tx.try_send(item) {
+        match tx.try_send(item) {
             Ok(()) => return Ok(()),
             Err(TrySendError::Full(back)) => {
                 item = back;
                 // A receive between the failed try and this wait leaves a permit, so no
-                // wake-up is lost.
-                slot.space.notified().await;
+                // wake-up is lost; the timeout covers receivers that do not poke.
+                let _ = tokio::time::timeout(FULL_QUEUE_POLL, slot.space.notified()).await;
             }
             Err(TrySendError::Disconnected(_)) => return Err(Refusal::ReceiverGone),
         }

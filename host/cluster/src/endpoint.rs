@@ -299,8 +299,8 @@ pub async fn handshake(incoming: quinn::Incoming) -> Result<PeerConnection, Conn
     })
 }
 
-/// The process's QUIC endpoint.
-#[derive(Debug)]
+/// The process's QUIC endpoint. Cheap to clone (handles to one socket).
+#[derive(Debug, Clone)]
 pub struct ClusterEndpoint {
     endpoint: quinn::Endpoint,
     identity: Identity,

@@ -22,7 +22,8 @@
 //! - [`lease`]: the pure lease table ([`LeaseTable`]) and the node-side stop rule
 //!   ([`NodeLease`]).
 //!
-//! This crate links neither wasmtime nor the runtime crate.
+//! This crate links neither wasmtime nor the runtime crate; the coordinator and node
+//! processes built on it are `nop-stream-server`.
 //!
 //! # Usage
 //!
@@ -67,8 +68,8 @@ pub mod session;
 pub mod tls;
 
 pub use data::{
-    DataError, DataPlane, DataPlaneConfig, FenceTable, QuicReceiver, QuicSender, Refusal,
-    RefusalReason,
+    DataError, DataPlane, DataPlaneConfig, FenceTable, QuicReceiver, QuicSender, ReceiverGuard,
+    Refusal, RefusalReason,
 };
 pub use endpoint::{
     ClusterEndpoint, ConnectError, EndpointError, PeerConnection, TransportSettings, handshake,

@@ -1,36 +1,47 @@
-//! Node sessions (design §2.5, "Control plane" and "Leases"): the coordinator's registry of
-//! nodes with their leases, the coordinator's accept loop, and the node's side of the
-//! session that keeps its lease renewed and stops its tasks when it cannot.
+//! Node sessions and CLI requests (design §2.5, "Control plane" and "Leases"): the
+//! machinery both processes share, with the decisions left to a service.
 //!
-//! A node opens one bidirectional session stream to the coordinator on the node protocol
-//! and sends a [`Hello`]; the coordinator checks the protocol version and that the claimed
-//! identity is the one its certificate names, grants a lease and answers with a
-//! [`Welcome`]. The node then sends a [`Heartbeat`] every `heartbeat_ms`; each accepted
-//! renewal is acknowledged. A node stops its tasks once no renewal was acknowledged for
-//! `ttl − margin` counted from the renewal's send time ([`NodeLease`]), which is before the
-//! coordinator's own view of the lease can expire; it then registers again as new
-//! capacity. CLI clients send one request per stream on the CLI protocol.
+//! A node opens one bidirectional session stream to the coordinator and sends a
+//! [`Hello`]; the coordinator checks the protocol version and that the claimed identity is
+//! the one its certificate names, grants a lease and answers with a [`Welcome`]. From then
+//! on the node sends [`NodeFrame`]s (a [`Heartbeat`] every `heartbeat_ms`, its tasks'
+//! events, replies, counters) and the coordinator pushes [`CoordinatorFrame`]s (renewal
+//! acks, requests, task commands, fences). A node stops its tasks once no renewal was
+//! acknowledged for `ttl − margin` counted from the renewal's send time ([`NodeLease`]),
+//! which is before the coordinator's own view of the lease can expire; it then registers
+//! again as new capacity. Requests a node makes (a component by hash) and CLI requests
+//! travel one per bidirectional stream.
+//!
+//! [`serve_coordinator`] runs the coordinator's endpoint for a [`CoordinatorService`];
+//! [`serve_node`] runs a node's for a [`NodeService`]. Services are called from async
+//! tasks: methods that may block (`node_request`, `cli_request`) run on tokio's blocking
+//! pool; the others must return at once.
 
 use crate::endpoint::{ClusterEndpoint, PeerConnection, TransportSettings, handshake};
 use crate::identity::{Identity, NodeId};
 use crate::lease::{LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus, RenewalSeq};
 use crate::pki::load_credentials;
 use crate::tls::Protocol;
+use nop_stream_proto::cli::{CliRequest, CliResponse, MAX_UPLOAD_FRAME, NodeStatus};
 use nop_stream_proto::codec::MAX_CONTROL_FRAME;
 use nop_stream_proto::session::{
-    CoordinatorFrame, Heartbeat, HeartbeatAck, Hello, PROTOCOL_VERSION, SessionEnd, Welcome,
+    ComponentFrame, CoordinatorFrame, Heartbeat, HeartbeatAck, Hello, HelloReply, NodeFrame,
+    NodeRequestFrame, PROTOCOL_VERSION, SessionEnd, Welcome,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 
 /// How long a peer may take to send its first frame after the handshake.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MAX_FRAME: u32 = MAX_CONTROL_FRAME as u32;
+/// Cap on a component frame a node fetches: the upload cap plus the encoding's overhead.
+const MAX_COMPONENT_FRAME: u32 = (MAX_UPLOAD_FRAME + 1024) as u32;
 
 /// Why a session or a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,43 +72,25 @@ fn protocol_err(peer: impl std::fmt::Display, message: impl Into<String>) -> Ses
     }
 }
 
-/// A request of the CLI protocol, one per stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CliRequest {
-    /// The registered nodes and their leases.
-    ClusterStatus,
+async fn read_value<T: serde::de::DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+    peer: &str,
+    max: u32,
+) -> Result<Option<T>, SessionError> {
+    crate::frame::read_value(recv, max)
+        .await
+        .map_err(|e| protocol_err(peer, e.to_string()))
 }
 
-/// The answer to a [`CliRequest`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CliResponse {
-    /// Every node that ever registered with this coordinator process.
-    Status(Vec<NodeStatus>),
-    /// The request was refused.
-    Error(String),
-}
-
-/// One node as the coordinator sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeStatus {
-    /// `node-<id>`.
-    pub node: String,
-    /// Its current (or last) lease.
-    pub lease: u64,
-    /// Whether the lease is live now.
-    pub live: bool,
-    /// Address it serves data connections on.
-    pub data_addr: String,
-    /// Task slots it offers.
-    pub slots: u32,
-    /// Registrations so far (1 + re-registrations).
-    pub registrations: u32,
-    /// Renewals accepted under the current lease.
-    pub renewals: u64,
-    /// Renewals refused (stale or expired lease) over all sessions.
-    pub refused_renewals: u64,
-    /// Leases of this node that expired.
-    pub expirations: u32,
+async fn write_value<T: Serialize>(
+    send: &mut quinn::SendStream,
+    value: &T,
+    peer: &str,
+    max: u32,
+) -> Result<(), SessionError> {
+    crate::frame::write_value(send, value, max)
+        .await
+        .map_err(|e| protocol_err(peer, e.to_string()))
 }
 
 #[derive(Debug)]
@@ -183,8 +176,14 @@ impl NodeRegistry {
         r.map(|_| ())
     }
 
-    /// Expires every lease past its TTL; returns the nodes whose lease expired now.
-    pub fn expire(&self) -> Vec<NodeId> {
+    /// Ends `node`'s lease `lease` at once (its session closed): it can no longer be
+    /// renewed. `false` if it was not the node's current lease.
+    pub fn release(&self, node: NodeId, lease: LeaseId) -> bool {
+        self.lock().leases.release(node, lease).is_ok()
+    }
+
+    /// Expires every lease past its TTL; returns the nodes and leases that expired now.
+    pub fn expire(&self) -> Vec<(NodeId, LeaseId)> {
         let mut g = self.lock();
         let now = g.started.elapsed();
         let gone = g.leases.expire(now);
@@ -194,9 +193,16 @@ impl NodeRegistry {
                 e.status.expirations += 1;
             }
             tracing::warn!(node = %l.node, lease = %l.id, "lease expired: the node is considered gone");
-            out.push(l.node);
+            out.push((l.node, l.id));
         }
         out
+    }
+
+    /// Whether `lease` is `node`'s current lease and live now.
+    pub fn is_live(&self, node: NodeId, lease: LeaseId) -> bool {
+        let g = self.lock();
+        let now = g.started.elapsed();
+        g.leases.get(node).is_some_and(|l| l.id == lease) && g.leases.is_live(node, now)
     }
 
     /// Every node, with its lease's liveness now.
@@ -215,6 +221,40 @@ impl NodeRegistry {
     }
 }
 
+/// Sends frames on one node's session stream, in order. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SessionPush {
+    tx: mpsc::UnboundedSender<CoordinatorFrame>,
+}
+
+impl SessionPush {
+    /// Queues `frame`; `false` once the session has ended.
+    pub fn send(&self, frame: CoordinatorFrame) -> bool {
+        self.tx.send(frame).is_ok()
+    }
+}
+
+/// What a coordinator does with its node sessions and CLI requests.
+pub trait CoordinatorService: Send + Sync + 'static {
+    /// `node` registered under `lease` (each registration gets a new lease); `push` sends
+    /// frames on its session stream. Must return at once.
+    fn node_up(&self, node: NodeId, lease: LeaseId, hello: &Hello, push: SessionPush);
+
+    /// A frame of `node`'s session under `lease` other than a heartbeat (events, replies,
+    /// counters). Must return at once.
+    fn node_frame(&self, node: NodeId, lease: LeaseId, frame: NodeFrame);
+
+    /// `node`'s lease `lease` is over: it expired, or its session ended. Called once per
+    /// lease. Must return at once.
+    fn node_down(&self, node: NodeId, lease: LeaseId, reason: &str);
+
+    /// A request `node` made on a stream of its own (may block).
+    fn node_request(&self, node: NodeId, request: NodeRequestFrame) -> ComponentFrame;
+
+    /// A CLI request of `client` (may block).
+    fn cli_request(&self, client: &Identity, request: CliRequest) -> CliResponse;
+}
+
 /// Settings of a coordinator process.
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
@@ -222,33 +262,12 @@ pub struct CoordinatorConfig {
     pub listen: SocketAddr,
     /// Certificates directory (`nopstream cluster init`).
     pub certs: PathBuf,
-    /// Data directory (jobs, plugin registry, epoch logs).
-    pub data: PathBuf,
     /// Lease timing given to nodes.
     pub lease: LeaseConfig,
 }
 
-async fn read_value<T: serde::de::DeserializeOwned>(
-    recv: &mut quinn::RecvStream,
-    peer: &str,
-) -> Result<Option<T>, SessionError> {
-    crate::frame::read_value(recv, MAX_FRAME)
-        .await
-        .map_err(|e| protocol_err(peer, e.to_string()))
-}
-
-async fn write_value<T: Serialize>(
-    send: &mut quinn::SendStream,
-    value: &T,
-    peer: &str,
-) -> Result<(), SessionError> {
-    crate::frame::write_value(send, value, MAX_FRAME)
-        .await
-        .map_err(|e| protocol_err(peer, e.to_string()))
-}
-
 /// A running coordinator: its endpoint's address and its node registry.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Coordinator {
     /// The address the endpoint is bound to.
     pub addr: SocketAddr,
@@ -256,20 +275,67 @@ pub struct Coordinator {
     pub registry: NodeRegistry,
 }
 
-/// Binds the coordinator's endpoint and serves node sessions and CLI requests until the
-/// endpoint is closed. Leases are swept every 100 ms.
+/// Live sessions by node, so that an expired lease ends its session.
+type Sessions = Arc<Mutex<BTreeMap<NodeId, (LeaseId, SessionPush)>>>;
+
+/// Tells the service that a lease is over, once per lease.
+struct Downs<S> {
+    service: Arc<S>,
+    registry: NodeRegistry,
+    sessions: Sessions,
+    reported: Arc<Mutex<std::collections::BTreeSet<LeaseId>>>,
+}
+
+impl<S> Clone for Downs<S> {
+    fn clone(&self) -> Self {
+        Downs {
+            service: Arc::clone(&self.service),
+            registry: self.registry.clone(),
+            sessions: Arc::clone(&self.sessions),
+            reported: Arc::clone(&self.reported),
+        }
+    }
+}
+
+impl<S: CoordinatorService> Downs<S> {
+    fn down(&self, node: NodeId, lease: LeaseId, reason: &str) {
+        if !self
+            .reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(lease)
+        {
+            return;
+        }
+        self.registry.release(node, lease);
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((l, push)) = sessions.get(&node)
+            && *l == lease
+        {
+            push.send(CoordinatorFrame::End(SessionEnd {
+                reason: reason.to_owned(),
+            }));
+            sessions.remove(&node);
+        }
+        drop(sessions);
+        self.service.node_down(node, lease, reason);
+    }
+}
+
+/// Binds the coordinator's endpoint and serves node sessions, node requests and CLI
+/// requests for `service` until the endpoint is closed. Leases are swept every 50 ms;
+/// `ready` is called once the endpoint is bound.
 ///
 /// # Errors
-/// Certificates or the endpoint cannot be set up.
-pub async fn serve_coordinator(
+/// Lease settings, certificates or the endpoint cannot be set up.
+pub async fn serve_coordinator<S: CoordinatorService>(
     cfg: CoordinatorConfig,
+    service: Arc<S>,
     ready: impl FnOnce(&Coordinator),
 ) -> Result<(), SessionError> {
     cfg.lease
         .validate()
         .map_err(|e| protocol_err("coordinator", format!("lease settings: {e}")))?;
-    std::fs::create_dir_all(&cfg.data)
-        .map_err(|e| protocol_err(cfg.data.display(), e.to_string()))?;
     let creds = load_credentials(&cfg.certs, &Identity::Coordinator)?;
     let ep = ClusterEndpoint::bind(
         cfg.listen,
@@ -285,15 +351,27 @@ pub async fn serve_coordinator(
         addr,
         registry: registry.clone(),
     });
-    let sweeper = registry.clone();
+    let downs = Downs {
+        service: Arc::clone(&service),
+        registry: registry.clone(),
+        sessions: Arc::default(),
+        reported: Arc::default(),
+    };
+    let sweeper = downs.clone();
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            sweeper.expire();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            for (node, lease) in sweeper.registry.expire() {
+                sweeper.down(
+                    node,
+                    lease,
+                    &format!("{lease} of {} expired", Identity::Node(node).label()),
+                );
+            }
         }
     });
     while let Some(incoming) = ep.accept().await {
-        let registry = registry.clone();
+        let downs = downs.clone();
         let lease = cfg.lease;
         tokio::spawn(async move {
             let peer = incoming.remote_address();
@@ -305,8 +383,8 @@ pub async fn serve_coordinator(
                 }
             };
             let result = match pc.protocol {
-                Protocol::Node => node_session(&pc, &registry, &lease).await,
-                Protocol::Cli => cli_requests(&pc, &registry).await,
+                Protocol::Node => node_session(&pc, &downs, &lease).await,
+                Protocol::Cli => cli_requests(&pc, &downs.service).await,
             };
             if let Err(e) = result {
                 tracing::info!(peer = %pc.certified.label(), "session ended: {e}");
@@ -316,10 +394,11 @@ pub async fn serve_coordinator(
     Ok(())
 }
 
-/// The coordinator's side of one node's session stream.
-async fn node_session(
+/// The coordinator's side of one node's connection: its session stream, and one stream
+/// per request it makes.
+async fn node_session<S: CoordinatorService>(
     pc: &PeerConnection,
-    registry: &NodeRegistry,
+    downs: &Downs<S>,
     lease: &LeaseConfig,
 ) -> Result<(), SessionError> {
     let peer = pc.certified.label();
@@ -327,7 +406,7 @@ async fn node_session(
         .await
         .map_err(|_| protocol_err(&peer, "sent no session stream in time"))?
         .map_err(|e| protocol_err(&peer, e.to_string()))?;
-    let hello: Hello = tokio::time::timeout(HELLO_TIMEOUT, read_value(&mut recv, &peer))
+    let hello: Hello = tokio::time::timeout(HELLO_TIMEOUT, read_value(&mut recv, &peer, MAX_FRAME))
         .await
         .map_err(|_| protocol_err(&peer, "sent no hello in time"))??
         .ok_or_else(|| protocol_err(&peer, "closed its session stream before the hello"))?;
@@ -338,10 +417,11 @@ async fn node_session(
         );
         write_value(
             &mut send,
-            &CoordinatorFrame::End(SessionEnd {
+            &HelloReply::Refused(SessionEnd {
                 reason: reason.clone(),
             }),
             &peer,
+            MAX_FRAME,
         )
         .await?;
         return Err(protocol_err(&peer, reason));
@@ -359,67 +439,135 @@ async fn node_session(
     let Identity::Node(node) = claimed else {
         return Err(protocol_err(&peer, "only nodes open node sessions"));
     };
-    let id = registry.register(node, &hello);
+    let id = downs.registry.register(node, &hello);
     write_value(
         &mut send,
-        &Welcome {
+        &HelloReply::Welcome(Welcome {
             protocol_version: PROTOCOL_VERSION,
             lease: id.0,
             ttl_ms: lease.ttl.as_millis() as u64,
             heartbeat_ms: lease.heartbeat_interval.as_millis() as u64,
-        },
+        }),
         &peer,
+        MAX_FRAME,
     )
     .await?;
-    loop {
-        let Some(hb) = read_value::<Heartbeat>(&mut recv, &peer).await? else {
-            return Err(protocol_err(&peer, "closed its session"));
-        };
-        match registry.renew(node, LeaseId(hb.lease)) {
-            Ok(()) => {
-                write_value(
-                    &mut send,
-                    &CoordinatorFrame::Ack(HeartbeatAck {
-                        lease: hb.lease,
-                        seq: hb.seq,
-                    }),
-                    &peer,
-                )
-                .await?;
+    // One writer per session stream: acks, requests, commands and fences stay in order.
+    let (tx, mut rx) = mpsc::unbounded_channel::<CoordinatorFrame>();
+    let push = SessionPush { tx };
+    let writer_peer = peer.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = rx.recv().await {
+            let end = matches!(frame, CoordinatorFrame::End(_));
+            if let Err(e) = write_value(&mut send, &frame, &writer_peer, MAX_FRAME).await {
+                tracing::debug!("session write failed: {e}");
+                return;
             }
-            Err(e) => {
-                let reason = format!("renewal of lease-{} refused: {e}", hb.lease);
-                tracing::warn!(node = %peer, "{reason}");
-                write_value(
-                    &mut send,
-                    &CoordinatorFrame::End(SessionEnd {
-                        reason: reason.clone(),
-                    }),
-                    &peer,
-                )
-                .await?;
+            if end {
                 let _ = send.finish();
-                return Err(protocol_err(&peer, reason));
+                return;
             }
         }
-    }
+    });
+    // Requests the node makes on streams of their own.
+    let requests = {
+        let conn = pc.connection.clone();
+        let service = Arc::clone(&downs.service);
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                let service = Arc::clone(&service);
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    let Ok(Some(req)) =
+                        read_value::<NodeRequestFrame>(&mut recv, &peer, MAX_FRAME).await
+                    else {
+                        return;
+                    };
+                    let answer =
+                        tokio::task::spawn_blocking(move || service.node_request(node, req))
+                            .await
+                            .unwrap_or_else(|e| ComponentFrame::NotFound(e.to_string()));
+                    if write_value(&mut send, &answer, &peer, MAX_COMPONENT_FRAME)
+                        .await
+                        .is_ok()
+                    {
+                        let _ = send.finish();
+                    }
+                });
+            }
+        })
+    };
+    downs
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(node, (id, push.clone()));
+    downs.service.node_up(node, id, &hello, push.clone());
+    let ended = loop {
+        let frame = match read_value::<NodeFrame>(&mut recv, &peer, MAX_FRAME).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break "closed its session".to_owned(),
+            Err(e) => break e.to_string(),
+        };
+        match frame {
+            NodeFrame::Heartbeat(hb) => match downs.registry.renew(node, LeaseId(hb.lease)) {
+                Ok(()) => {
+                    push.send(CoordinatorFrame::Ack(HeartbeatAck {
+                        lease: hb.lease,
+                        seq: hb.seq,
+                    }));
+                }
+                Err(e) => {
+                    let reason = format!("renewal of lease-{} refused: {e}", hb.lease);
+                    tracing::warn!(node = %peer, "{reason}");
+                    push.send(CoordinatorFrame::End(SessionEnd {
+                        reason: reason.clone(),
+                    }));
+                    break reason;
+                }
+            },
+            other => downs.service.node_frame(node, id, other),
+        }
+    };
+    downs.down(node, id, &format!("{peer}: {ended}"));
+    drop(push);
+    let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
+    requests.abort();
+    Err(protocol_err(&peer, ended))
 }
 
-async fn cli_requests(pc: &PeerConnection, registry: &NodeRegistry) -> Result<(), SessionError> {
+async fn cli_requests<S: CoordinatorService>(
+    pc: &PeerConnection,
+    service: &Arc<S>,
+) -> Result<(), SessionError> {
     let peer = pc.certified.label();
     loop {
         let (mut send, mut recv) = match pc.connection.accept_bi().await {
             Ok(s) => s,
             Err(_) => return Ok(()),
         };
-        let Some(req) = read_value::<CliRequest>(&mut recv, &peer).await? else {
-            continue;
-        };
-        let resp = match req {
-            CliRequest::ClusterStatus => CliResponse::Status(registry.status()),
-        };
-        write_value(&mut send, &resp, &peer).await?;
-        let _ = send.finish();
+        let service = Arc::clone(service);
+        let client = pc.certified.clone();
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            let resp =
+                match read_value::<CliRequest>(&mut recv, &peer, MAX_UPLOAD_FRAME as u32).await {
+                    Ok(Some(req)) => {
+                        tokio::task::spawn_blocking(move || service.cli_request(&client, req))
+                            .await
+                            .unwrap_or_else(|e| CliResponse::Error(format!("request failed: {e}")))
+                    }
+                    Ok(None) => return,
+                    Err(e) => CliResponse::Error(format!("bad request: {e}")),
+                };
+            if write_value(&mut send, &resp, &peer, MAX_FRAME)
+                .await
+                .is_ok()
+            {
+                let _ = send.finish();
+            }
+        });
     }
 }
 
@@ -451,9 +599,9 @@ pub async fn cli_request(
         .open_bi()
         .await
         .map_err(|e| protocol_err(&peer, e.to_string()))?;
-    write_value(&mut send, request, &peer).await?;
+    write_value(&mut send, request, &peer, MAX_UPLOAD_FRAME as u32).await?;
     let _ = send.finish();
-    let resp = read_value::<CliResponse>(&mut recv, &peer)
+    let resp = read_value::<CliResponse>(&mut recv, &peer, MAX_FRAME)
         .await?
         .ok_or_else(|| protocol_err(&peer, "closed the stream without an answer"))?;
     pc.connection.close(0u32.into(), b"done");
@@ -470,8 +618,6 @@ pub struct NodeConfig {
     pub id: NodeId,
     /// Certificates directory.
     pub certs: PathBuf,
-    /// Data directory (component cache, task state).
-    pub data: PathBuf,
     /// UDP address to serve data connections on.
     pub listen: SocketAddr,
     /// Task slots offered.
@@ -486,24 +632,94 @@ pub enum SessionOutcome {
         /// The lease lost.
         lease: u64,
     },
-    /// The coordinator ended the session.
+    /// The coordinator ended the session, or the connection to it broke.
     Ended {
-        /// Its reason.
+        /// The reason.
         reason: String,
     },
 }
 
-/// Runs a node: registers with the coordinator, keeps its lease renewed, and on losing it
-/// calls `stop_tasks` and registers again as new capacity. Returns only on a setup error.
+/// A node's line to the coordinator during one registration. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CoordinatorLink {
+    /// The lease of this registration.
+    pub lease: LeaseId,
+    connection: quinn::Connection,
+    out: mpsc::UnboundedSender<NodeFrame>,
+}
+
+impl CoordinatorLink {
+    /// Queues `frame` on the session stream, after the frames queued before it; `false`
+    /// once the session has ended.
+    pub fn send(&self, frame: NodeFrame) -> bool {
+        self.out.send(frame).is_ok()
+    }
+
+    /// Whether the session has ended.
+    pub fn is_closed(&self) -> bool {
+        self.out.is_closed()
+    }
+
+    /// Fetches the component with `sha256` from the coordinator's registry, on a stream
+    /// of its own. The caller verifies the bytes against the hash.
+    ///
+    /// # Errors
+    /// The exchange failed, or the registry has no such component.
+    pub async fn fetch_component(&self, sha256: &str) -> Result<Vec<u8>, SessionError> {
+        let peer = "coordinator";
+        let (mut send, mut recv) = self
+            .connection
+            .open_bi()
+            .await
+            .map_err(|e| protocol_err(peer, e.to_string()))?;
+        write_value(
+            &mut send,
+            &NodeRequestFrame::Component {
+                sha256: sha256.to_owned(),
+            },
+            peer,
+            MAX_FRAME,
+        )
+        .await?;
+        let _ = send.finish();
+        match read_value::<ComponentFrame>(&mut recv, peer, MAX_COMPONENT_FRAME).await? {
+            Some(ComponentFrame::Bytes(b)) => Ok(b),
+            Some(ComponentFrame::NotFound(m)) => Err(protocol_err(peer, m)),
+            None => Err(protocol_err(peer, "closed the stream without an answer")),
+        }
+    }
+}
+
+/// What a node does with its sessions.
+pub trait NodeService: Send + Sync + 'static {
+    /// The endpoint is bound (called once, before any session).
+    fn endpoint_ready(&self, endpoint: ClusterEndpoint);
+
+    /// Registered under a new lease. Must return at once.
+    fn session_up(&self, link: CoordinatorLink);
+
+    /// A frame the coordinator pushed (requests, commands, fences). Must return at once.
+    fn coordinator_frame(&self, frame: CoordinatorFrame);
+
+    /// The registration is over (lease lost, or the session ended): stop every task. Must
+    /// return at once.
+    fn session_down(&self, outcome: &SessionOutcome);
+
+    /// Another node connected (data channels). Must return at once.
+    fn peer_connection(&self, pc: PeerConnection);
+}
+
+/// Runs a node for `service`: binds the endpoint, accepts data connections from other
+/// nodes, registers with the coordinator and keeps the lease renewed; on losing it, tells
+/// the service to stop its tasks and registers again as new capacity. Returns only on a
+/// setup error.
 ///
 /// # Errors
 /// Certificates or the endpoint cannot be set up.
-pub async fn serve_node(
+pub async fn serve_node<S: NodeService>(
     cfg: NodeConfig,
-    mut stop_tasks: impl FnMut(&SessionOutcome),
+    service: Arc<S>,
 ) -> Result<(), SessionError> {
-    std::fs::create_dir_all(&cfg.data)
-        .map_err(|e| protocol_err(cfg.data.display(), e.to_string()))?;
     let me = Identity::Node(cfg.id);
     let creds = load_credentials(&cfg.certs, &me)?;
     let ep = ClusterEndpoint::bind(
@@ -515,11 +731,35 @@ pub async fn serve_node(
     let data_addr = ep
         .local_addr()
         .map_err(|e| protocol_err(me.label(), e.to_string()))?;
+    service.endpoint_ready(ep.clone());
+    {
+        let ep = ep.clone();
+        let service = Arc::clone(&service);
+        tokio::spawn(async move {
+            while let Some(incoming) = ep.accept().await {
+                let service = Arc::clone(&service);
+                tokio::spawn(async move {
+                    let peer = incoming.remote_address();
+                    match handshake(incoming).await {
+                        Ok(pc) if matches!(pc.certified, Identity::Node(_)) => {
+                            service.peer_connection(pc)
+                        }
+                        Ok(pc) => {
+                            tracing::warn!(%peer, who = %pc.certified.label(), "only nodes connect to a node");
+                            pc.connection
+                                .close(0u32.into(), b"only nodes connect to a node");
+                        }
+                        Err(e) => tracing::warn!(%peer, "connection refused: {e}"),
+                    }
+                });
+            }
+        });
+    }
     loop {
-        match node_session_once(&ep, &cfg, &me, data_addr).await {
+        match node_session_once(&ep, &cfg, &me, data_addr, &service).await {
             Ok(outcome) => {
-                tracing::warn!(node = %me.label(), ?outcome, "stopping this node's tasks");
-                stop_tasks(&outcome);
+                tracing::warn!(node = %me.label(), ?outcome, "registration over: stopping this node's tasks");
+                service.session_down(&outcome);
             }
             Err(e) => {
                 tracing::warn!(node = %me.label(), "cannot register with the coordinator: {e}")
@@ -529,11 +769,12 @@ pub async fn serve_node(
     }
 }
 
-async fn node_session_once(
+async fn node_session_once<S: NodeService>(
     ep: &ClusterEndpoint,
     cfg: &NodeConfig,
     me: &Identity,
     data_addr: SocketAddr,
+    service: &Arc<S>,
 ) -> Result<SessionOutcome, SessionError> {
     let peer = "coordinator".to_owned();
     let started = Instant::now();
@@ -555,12 +796,24 @@ async fn node_session_once(
             slots: cfg.slots,
         },
         &peer,
+        MAX_FRAME,
     )
     .await?;
-    let welcome: Welcome = tokio::time::timeout(HELLO_TIMEOUT, read_value(&mut recv, &peer))
-        .await
-        .map_err(|_| protocol_err(&peer, "sent no welcome in time"))??
-        .ok_or_else(|| protocol_err(&peer, "closed the session before the welcome"))?;
+    let reply: HelloReply =
+        tokio::time::timeout(HELLO_TIMEOUT, read_value(&mut recv, &peer, MAX_FRAME))
+            .await
+            .map_err(|_| protocol_err(&peer, "sent no welcome in time"))??
+            .ok_or_else(|| protocol_err(&peer, "closed the session before the welcome"))?;
+    let welcome = match reply {
+        HelloReply::Welcome(w) => w,
+        HelloReply::Refused(end) => {
+            pc.connection.close(0u32.into(), b"refused");
+            return Err(protocol_err(
+                &peer,
+                format!("refused the hello: {}", end.reason),
+            ));
+        }
+    };
     let ttl = Duration::from_millis(welcome.ttl_ms);
     let heartbeat = Duration::from_millis(welcome.heartbeat_ms);
     let lease_cfg = LeaseConfig {
@@ -573,12 +826,24 @@ async fn node_session_once(
             .map_err(|e| protocol_err(&peer, format!("unusable lease settings: {e}")))?,
     ));
     tracing::info!(node = %me.label(), lease = welcome.lease, ttl_ms = welcome.ttl_ms, "registered");
-    let (ended_tx, mut ended_rx) = tokio::sync::mpsc::channel::<String>(1);
+    // One writer for the session stream: heartbeats, events, replies, counters.
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<NodeFrame>();
+    let writer_peer = peer.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = out_rx.recv().await {
+            if let Err(e) = write_value(&mut send, &frame, &writer_peer, MAX_FRAME).await {
+                tracing::debug!("session write failed: {e}");
+                return;
+            }
+        }
+    });
+    let (ended_tx, mut ended_rx) = mpsc::channel::<String>(1);
     let acks = Arc::clone(&lease);
     let reader_peer = peer.clone();
+    let reader_service = Arc::clone(service);
     let reader = tokio::spawn(async move {
         loop {
-            match read_value::<CoordinatorFrame>(&mut recv, &reader_peer).await {
+            match read_value::<CoordinatorFrame>(&mut recv, &reader_peer, MAX_FRAME).await {
                 Ok(Some(CoordinatorFrame::Ack(a))) => {
                     let mut l = acks.lock().unwrap_or_else(|p| p.into_inner());
                     let _ = l.renewal_acked(LeaseId(a.lease), RenewalSeq(a.seq));
@@ -587,6 +852,7 @@ async fn node_session_once(
                     let _ = ended_tx.send(e.reason).await;
                     return;
                 }
+                Ok(Some(other)) => reader_service.coordinator_frame(other),
                 Ok(None) => {
                     let _ = ended_tx
                         .send("the coordinator closed the session".into())
@@ -599,6 +865,11 @@ async fn node_session_once(
                 }
             }
         }
+    });
+    service.session_up(CoordinatorLink {
+        lease: LeaseId(welcome.lease),
+        connection: pc.connection.clone(),
+        out: out_tx.clone(),
     });
     let check = (heartbeat / 4).clamp(Duration::from_millis(10), Duration::from_millis(100));
     let mut next_beat = Duration::ZERO;
@@ -617,16 +888,12 @@ async fn node_session_once(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .renewal_sent(now);
-            // A stalled write (partition) must not stop the deadline check: bound it.
-            let hb = Heartbeat {
+            // Queued, never awaited: a stalled write (partition) cannot stop the deadline
+            // check.
+            let _ = out_tx.send(NodeFrame::Heartbeat(Heartbeat {
                 lease: welcome.lease,
                 seq: seq.0,
-            };
-            if let Ok(Err(e)) =
-                tokio::time::timeout(check, write_value(&mut send, &hb, &peer)).await
-            {
-                tracing::debug!("heartbeat not sent: {e}");
-            }
+            }));
         }
         tokio::select! {
             reason = ended_rx.recv() => {
@@ -636,6 +903,7 @@ async fn node_session_once(
         }
     };
     reader.abort();
+    writer.abort();
     pc.connection.close(0u32.into(), b"session over");
     Ok(outcome)
 }

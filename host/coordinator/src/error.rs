@@ -24,3 +24,20 @@ pub enum CoordinatorError {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+/// On the wire (the cluster mode), a coordinator failure is a [`nop_stream_proto::TaskFailure`]:
+/// a refused restore and broken invariants are fatal; storage failures may pass (shared
+/// checkpoint storage can come back), so recovery may retry them.
+impl From<CoordinatorError> for nop_stream_proto::TaskFailure {
+    fn from(e: CoordinatorError) -> Self {
+        use nop_stream_proto::FailureClass;
+        let class = match &e {
+            CoordinatorError::Restore { .. } | CoordinatorError::Internal(_) => FailureClass::Fatal,
+            CoordinatorError::Storage { .. } => FailureClass::Recoverable,
+        };
+        nop_stream_proto::TaskFailure {
+            class,
+            message: e.to_string(),
+        }
+    }
+}

@@ -273,6 +273,16 @@ fn prepare_attempt<W: Workers>(
             .next_attempt(log.iter().map(|r| r.attempt.0).max().unwrap_or(0))
             .map_err(storage_err("attempt"))?,
     );
+    // After an earlier attempt, one epoch number is skipped: a sink of a fenced
+    // generation that still runs (a stopped node resumed, a partition) has at most the
+    // epoch after its last barrier open, and that epoch was logged CREATED or is
+    // `max_epoch + 1`; so no transaction of this generation shares its id (design §2.5,
+    // fencing). The first attempt of a namespace has no predecessor and starts at 1.
+    let first_epoch = if attempt.0 == 1 {
+        EpochId(1)
+    } else {
+        EpochId(max_epoch + 2)
+    };
 
     // Source enumerators (design §6.3): the split registry of the manifest, or discovery.
     let mut splits: BTreeMap<(usize, u32), Vec<Split>> = BTreeMap::new();
@@ -336,7 +346,7 @@ fn prepare_attempt<W: Workers>(
             attempt,
             token: FencingToken(u64::from(attempt.0)),
             namespace: checkpoint_namespace(plan),
-            first_epoch: EpochId(max_epoch + 1),
+            first_epoch,
             tasks,
         },
         restore_epoch: restore.as_ref().map(|m| m.epoch),

@@ -9,9 +9,8 @@ use crate::diag::{Diagnostic, Diagnostics};
 use crate::jobfile::validate_model;
 use crate::model::{NodeSpec, PluginRef, StreamModel, operator_id};
 use crate::plan::{
-    DeploymentOptions, DeploymentPlan, JobEdge, JobGraph, JobMeta, JobVertex, PartitionedEdge,
-    PartitionedPlan, PartitionedVertex, PlannedOperator, PlannedSubtask, StreamEdge, StreamGraph,
-    TaskDeployment,
+    JobEdge, JobGraph, JobMeta, JobVertex, PartitionedEdge, PartitionedPlan, PartitionedVertex,
+    PlannedOperator, PlannedSubtask, StreamEdge, StreamGraph,
 };
 use crate::shard::{HashPolicy, owner_of, shards_of};
 use nop_stream_api::{
@@ -839,30 +838,6 @@ fn canonical(v: serde_json::Value) -> serde_json::Value {
         }
         Value::Array(items) => Value::Array(items.into_iter().map(canonical).collect()),
         other => other,
-    }
-}
-
-/// Places every task of `p` on `opts.node` (the embedded backend, design §2.3): one
-/// entry per task in ACK-set order, resource group `default`, transport
-/// `opts.transport`, state binding `redb:<state_dir>/<vertex>/<subtask>.redb` (the
-/// vertex id is the head operator id, e.g. `operators/parse`).
-pub fn deployment_plan(p: &PartitionedPlan, opts: &DeploymentOptions) -> DeploymentPlan {
-    let dir = opts.state_dir.trim_end_matches('/');
-    DeploymentPlan {
-        plan_fingerprint: p.fingerprint.clone(),
-        backend: "embedded".into(),
-        tasks: p
-            .ack_set
-            .iter()
-            .map(|t| TaskDeployment {
-                task: t.clone(),
-                node: opts.node.clone(),
-                resource_group: "default".into(),
-                transport: opts.transport.clone(),
-                state_backend: format!("redb:{dir}/{}/{}.redb", t.vertex, t.subtask),
-            })
-            .collect(),
-        checkpoint_storage: opts.checkpoint_storage.clone(),
     }
 }
 

@@ -8,7 +8,7 @@
 //! stream_graph(&model, &catalog) -> StreamGraph    (plugin metadata, policies, semantic mode)
 //! job_graph(&stream) -> JobGraph                   (chaining, topological order)
 //! partitioned_plan(&job) -> PartitionedPlan        (subtasks, shards, channels, fingerprint)
-//! deployment_plan(&plan, &opts) -> DeploymentPlan  (placement)
+//! deployment_plan(&plan, &opts) -> DeploymentPlan  (placement: slot sharing over nodes)
 //! ```
 //!
 //! Every problem is reported as a [`Diagnostic`]; all of a step's problems come back
@@ -18,6 +18,7 @@ pub mod compile;
 pub mod diag;
 pub mod jobfile;
 pub mod model;
+pub mod placement;
 pub mod plan;
 pub mod schema;
 pub mod shard;
@@ -26,5 +27,6 @@ pub use compile::*;
 pub use diag::*;
 pub use jobfile::*;
 pub use model::*;
+pub use placement::*;
 pub use plan::*;
 pub use shard::*;

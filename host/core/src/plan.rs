@@ -201,7 +201,8 @@ pub struct PartitionedEdge {
     pub shard_owners: Vec<SubtaskIndex>,
 }
 
-/// Where each task runs (design §2.3). The embedded backend places everything on `local`.
+/// Where each task runs (design §2.3), as [`crate::deployment_plan`] places it: the
+/// embedded backend places everything on `local`, a cluster on its live nodes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentPlan {
     /// Fingerprint of the PartitionedPlan deployed.
@@ -227,19 +228,6 @@ pub struct TaskDeployment {
     pub transport: String,
     /// State backend binding, e.g. `redb:<dir>/<operator>/<subtask>.redb`.
     pub state_backend: String,
-}
-
-/// Runtime-independent placement options for [`crate::deployment_plan`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeploymentOptions {
-    /// Node to place every task on (embedded mode: `local`).
-    pub node: String,
-    /// Transport backend name.
-    pub transport: String,
-    /// Directory holding state databases.
-    pub state_dir: String,
-    /// Checkpoint storage location.
-    pub checkpoint_storage: String,
 }
 
 impl PartitionedVertex {

@@ -7,7 +7,7 @@ use nop_stream_api::{
 };
 use nop_stream_core::*;
 use serde::{Serialize, de::DeserializeOwned};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Debug;
 
 const EXAMPLE: &str = r#"[job]
@@ -118,12 +118,7 @@ fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + Debug>(v: &T) {
 }
 
 fn opts() -> DeploymentOptions {
-    DeploymentOptions {
-        node: "local".into(),
-        transport: "local-queue".into(),
-        state_dir: "state/".into(),
-        checkpoint_storage: "file:checkpoints".into(),
-    }
+    DeploymentOptions::embedded("state/", "file:checkpoints")
 }
 
 #[test]
@@ -215,7 +210,7 @@ fn example_compiles_through_every_layer() {
     assert_eq!(p.fingerprint.len(), 64);
     assert_eq!(p.fingerprint, fingerprint_of(&p));
 
-    let d = deployment_plan(&p, &opts());
+    let d = deployment_plan(&p, &opts()).unwrap();
     assert_eq!(d.plan_fingerprint, p.fingerprint);
     assert_eq!(d.tasks.len(), 4);
     assert_eq!(d.checkpoint_storage, "file:checkpoints");
@@ -236,7 +231,7 @@ fn every_layer_round_trips_through_json() {
     let s = stream_graph(&m, &Fake::new()).unwrap();
     let j = job_graph(&s);
     let p = partitioned_plan(&j);
-    let d = deployment_plan(&p, &opts());
+    let d = deployment_plan(&p, &opts()).unwrap();
     roundtrip(&m);
     roundtrip(&s);
     roundtrip(&j);
@@ -821,4 +816,116 @@ fn a_config_is_checked_against_the_plugin_config_schema() {
         first(&refused(&model(EXAMPLE), &cat), "source[0].plugin")
             .starts_with("`file-source@0.1.0` declares a config_schema that is not JSON"),
     );
+}
+
+fn cluster(nodes: &[(&str, u32)]) -> DeploymentOptions {
+    DeploymentOptions {
+        backend: "cluster".into(),
+        nodes: nodes
+            .iter()
+            .map(|(n, s)| NodeSlots {
+                node: (*n).into(),
+                slots: *s,
+            })
+            .collect(),
+        state_dir: "jobs/flights-per-carrier/state".into(),
+        checkpoint_storage: "file:/shared/checkpoints".into(),
+    }
+}
+
+#[test]
+fn cluster_placement_shares_slots_by_subtask_and_marks_crossing_channels_quic() {
+    let m = model(EXAMPLE).with_parallelism(3);
+    let p = partitioned_plan(&job_graph(&stream_graph(&m, &Fake::new()).unwrap()));
+    let d = deployment_plan(&p, &cluster(&[("node-1", 4), ("node-2", 4), ("node-3", 4)])).unwrap();
+    assert_eq!(d.backend, "cluster");
+    assert_eq!(d.tasks.len(), p.ack_set.len());
+    for t in &d.tasks {
+        // Slot group i (subtask i of every vertex) on node i+1.
+        assert_eq!(
+            t.node,
+            format!("node-{}", t.task.subtask.0 + 1),
+            "{}",
+            t.task
+        );
+        assert_eq!(t.resource_group, format!("slot-{}", t.task.subtask.0));
+        // Every task sends or receives on the HASH edge, which crosses nodes.
+        assert_eq!(t.transport, "quic", "{}", t.task);
+    }
+    assert_eq!(d.nodes(), ["node-1", "node-2", "node-3"]);
+
+    // On one node nothing crosses.
+    let one = deployment_plan(&p, &cluster(&[("node-2", 3)])).unwrap();
+    assert!(
+        one.tasks
+            .iter()
+            .all(|t| t.node == "node-2" && t.transport == "local-queue")
+    );
+    // Slots are a cap: two groups on node-1 (2 slots), one on node-2 (1 slot) ...
+    let capped = deployment_plan(&p, &cluster(&[("node-1", 2), ("node-2", 1)])).unwrap();
+    let on = |n: &str| capped.tasks.iter().filter(|t| t.node == n).count();
+    assert_eq!((on("node-1"), on("node-2")), (2 * 2, 2));
+    // ... and too few slots are refused with what is needed and offered.
+    let err = deployment_plan(&p, &cluster(&[("node-1", 1), ("node-2", 1)])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the job needs 3 task slots (its largest parallelism) and the nodes offer 2 \
+         (node-1: 1, node-2: 1); add nodes, give them more --slots, or lower the parallelism"
+    );
+    assert_eq!(
+        deployment_plan(&p, &cluster(&[])).unwrap_err(),
+        PlacementError::NoNodes
+    );
+}
+
+mod placement_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Placement is a deterministic function of plan and nodes; it never exceeds a
+        /// node's slots; subtasks with one index share a node; slot groups spread evenly
+        /// when every node has room; it fails exactly when the slots do not suffice.
+        #[test]
+        fn placement_is_deterministic_capped_and_balanced(
+            parallelism in 1u32..6,
+            slots in proptest::collection::vec(0u32..5, 1..5),
+        ) {
+            let m = model(EXAMPLE).with_parallelism(parallelism);
+            let p = partitioned_plan(&job_graph(&stream_graph(&m, &Fake::new()).unwrap()));
+            let names: Vec<String> = (1..=slots.len()).map(|i| format!("node-{i}")).collect();
+            let nodes: Vec<(&str, u32)> =
+                names.iter().map(String::as_str).zip(slots.iter().copied()).collect();
+            let opts = cluster(&nodes);
+            let offered: u32 = slots.iter().sum();
+            let d = deployment_plan(&p, &opts);
+            if offered < parallelism {
+                let refused = matches!(d, Err(PlacementError::NotEnoughSlots { .. }));
+                prop_assert!(refused);
+                return Ok(());
+            }
+            let d = d.unwrap();
+            prop_assert_eq!(&d, &deployment_plan(&p, &opts).unwrap());
+            let mut group_of_node: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+            let mut node_of_group: BTreeMap<u32, String> = BTreeMap::new();
+            for t in &d.tasks {
+                group_of_node.entry(t.node.clone()).or_default().insert(t.task.subtask.0);
+                let prev = node_of_group.insert(t.task.subtask.0, t.node.clone());
+                prop_assert!(prev.is_none_or(|n| n == t.node), "subtask index split over nodes");
+            }
+            for (i, n) in names.iter().enumerate() {
+                let held = group_of_node.get(n).map_or(0, |g| g.len()) as u32;
+                prop_assert!(held <= slots[i], "{} holds {} groups with {} slots", n, held, slots[i]);
+            }
+            if slots.iter().all(|s| *s >= parallelism) {
+                let counts: Vec<usize> = names
+                    .iter()
+                    .map(|n| group_of_node.get(n).map_or(0, |g| g.len()))
+                    .collect();
+                let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+                prop_assert!(hi - lo <= 1, "unbalanced: {:?}", counts);
+            }
+        }
+    }
 }

@@ -10,6 +10,7 @@
 //!
 //! This crate has no I/O and depends on neither wasmtime nor a transport.
 
+pub mod cli;
 pub mod codec;
 mod control;
 mod data;

@@ -1,9 +1,17 @@
 //! The node session (design §2.5, "Control plane"): the first stream a node opens to the
 //! coordinator carries a [`Hello`], answered by a [`Welcome`] granting a lease; after that
-//! the node renews the lease with [`Heartbeat`]s on the same stream and the coordinator
-//! answers each with a [`HeartbeatAck`] or ends the session with a [`SessionEnd`].
+//! the node sends [`NodeFrame`]s on the same stream (lease renewals, its tasks' events,
+//! replies, counters) and the coordinator pushes [`CoordinatorFrame`]s (renewal acks,
+//! requests, task commands, fences, the end of the session). Both directions are ordered.
+//!
+//! Requests the node makes of the coordinator (a component by hash) travel one per
+//! bidirectional stream ([`NodeRequestFrame`], [`ComponentFrame`]).
 
+use crate::{Deployment, SinkSettlement, TaskCommand, TaskEvent, TaskFailure};
+use nop_stream_api::{AttemptId, JobId, PluginKind, Split, TaskId};
+use nop_stream_core::DeploymentPlan;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Version of the node protocol this build speaks. A hello carrying another version is
 /// refused with both versions named.
@@ -36,6 +44,15 @@ pub struct Welcome {
     pub heartbeat_ms: u64,
 }
 
+/// The coordinator's answer to a [`Hello`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HelloReply {
+    /// Registered: the lease granted.
+    Welcome(Welcome),
+    /// Refused (another protocol version, say); the node should not retry as is.
+    Refused(SessionEnd),
+}
+
 /// A lease renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
@@ -62,10 +79,205 @@ pub struct SessionEnd {
 }
 
 /// What the coordinator sends on a session stream after the welcome.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CoordinatorFrame {
     /// A renewal was accepted.
     Ack(HeartbeatAck),
     /// The session is over (lease expired or refused); the node stops its tasks.
     End(SessionEnd),
+    /// A request; the node answers with a [`NodeFrame::Reply`] carrying the same `id`.
+    Request {
+        /// Request id, unique per session.
+        id: u64,
+        /// What to do.
+        request: Box<NodeRequest>,
+    },
+    /// A command to one task of `generation`. A node refuses (and counts) a command of any
+    /// other generation than the one it runs for the job.
+    Command {
+        /// The job.
+        job: JobId,
+        /// The generation the command belongs to.
+        generation: u64,
+        /// The task.
+        task: TaskId,
+        /// The command.
+        command: TaskCommand,
+    },
+    /// Every generation of `job` below `generation` is fenced: the node cancels their
+    /// tasks, and its receiving channels refuse their streams and queued messages.
+    Fence {
+        /// The job.
+        job: JobId,
+        /// The generation in force from now on.
+        generation: u64,
+    },
+}
+
+/// What a node sends on its session stream after the hello.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum NodeFrame {
+    /// A lease renewal.
+    Heartbeat(Heartbeat),
+    /// An event of one of its tasks.
+    Event(JobEvent),
+    /// The answer to a [`CoordinatorFrame::Request`].
+    Reply(Reply),
+    /// The node's figures for one job, cumulative since the node process started.
+    Counters(NodeCounters),
+}
+
+/// An event of a task, tagged with its job and generation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobEvent {
+    /// The job.
+    pub job: JobId,
+    /// The generation of the task that sent it.
+    pub generation: u64,
+    /// The event; failures carry a [`TaskFailure`].
+    pub event: TaskEvent<TaskFailure>,
+}
+
+/// The answer to a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    /// Id of the request answered.
+    pub id: u64,
+    /// Its outcome.
+    pub result: Result<ReplyBody, TaskFailure>,
+}
+
+/// What a request produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ReplyBody {
+    /// The splits discovered ([`NodeRequest::DiscoverSplits`]).
+    Splits(Vec<Split>),
+    /// The request was carried out.
+    Done,
+}
+
+/// A node's figures for one job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCounters {
+    /// The job.
+    pub job: JobId,
+    /// Records its sources read.
+    pub records_read: u64,
+    /// Records its sinks wrote (staged, not necessarily committed).
+    pub records_written: u64,
+    /// Data streams refused at its receiving end: stale generation or token, unknown
+    /// channel, or stopped on fencing.
+    pub refused_streams: u64,
+    /// Commands of another generation than the one it runs, refused (commits included).
+    pub refused_commands: u64,
+}
+
+/// What the coordinator asks of a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum NodeRequest {
+    /// Discover the splits of the source heading vertex `vertex` (design §6.3).
+    DiscoverSplits {
+        /// The job.
+        job: JobSpec,
+        /// Vertex index in the plan.
+        vertex: u32,
+        /// The attempt the discovery belongs to.
+        attempt: AttemptId,
+    },
+    /// Settle old sink subtasks before a rescale restore (design §10.5).
+    SettleSinks {
+        /// The job.
+        job: JobSpec,
+        /// What to settle.
+        settlements: Vec<SinkSettlement>,
+        /// The attempt.
+        attempt: AttemptId,
+    },
+    /// Fence older generations of the job, build this node's tasks of the deployment and
+    /// register their receiving channels. Nothing runs until [`NodeRequest::Start`]: every
+    /// node registers its receivers before any producer opens a stream.
+    Prepare(NodeDeployment),
+    /// Start the tasks prepared for `generation`.
+    Start {
+        /// The job.
+        job: JobId,
+        /// The generation.
+        generation: u64,
+    },
+}
+
+/// What a node needs to host tasks of a job, besides the deployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The job.
+    pub job: JobId,
+    /// The PartitionedPlan as JSON (it carries JSON configs, which postcard cannot
+    /// encode).
+    pub plan_json: String,
+    /// The component of every operator, by operator id.
+    pub components: BTreeMap<String, ComponentRef>,
+    /// Directory of the job file: relative grants resolve against it. Every node must
+    /// reach it at this path.
+    pub job_dir: String,
+    /// The job's output directory (`$OUTPUT`). Every node must reach it at this path.
+    pub output_dir: String,
+    /// The job's checkpoint namespace directory. Every node must reach it at this path
+    /// (design §2.5: a store every process reaches).
+    pub checkpoint_dir: String,
+    /// Sandbox limits of every instance.
+    pub limits: SandboxLimits,
+}
+
+/// A component in the coordinator's registry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComponentRef {
+    /// sha256 of its bytes (hex): the key nodes fetch and verify it by.
+    pub sha256: String,
+    /// `name@version`.
+    pub label: String,
+    /// The world it exports.
+    pub kind: PluginKind,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// The sandbox limits a job sets (the others keep the runtime's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxLimits {
+    /// Memory per instance, bytes.
+    pub memory_bytes: u64,
+    /// CPU time per call into a plugin, ms.
+    pub cpu_ms_per_call: u64,
+}
+
+/// One node's share of a deployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeDeployment {
+    /// The job.
+    pub spec: JobSpec,
+    /// The deployment, with only this node's tasks in `tasks`.
+    pub deployment: Deployment,
+    /// Where every task of the deployment runs.
+    pub placement: DeploymentPlan,
+    /// UDP address of every node of the placement, by node name (`node-<id>`).
+    pub peers: BTreeMap<String, String>,
+}
+
+/// A request a node opens a stream for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeRequestFrame {
+    /// The bytes of the component with this sha256 (hex).
+    Component {
+        /// Its hash.
+        sha256: String,
+    },
+}
+
+/// The answer to [`NodeRequestFrame::Component`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ComponentFrame {
+    /// The component's bytes.
+    Bytes(Vec<u8>),
+    /// The registry has no such component.
+    NotFound(String),
 }

@@ -51,6 +51,7 @@ fn task(sub: u32) -> TaskId {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
     #[test]
     fn arbitrary_bytes_never_panic_a_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = decode::<Message>(&bytes, MAX_DATA_FRAME);
@@ -61,6 +62,12 @@ proptest! {
         let _ = decode::<SinkSettlement>(&bytes, MAX_CONTROL_FRAME);
         let _ = decode::<nop_stream_proto::session::Hello>(&bytes, MAX_CONTROL_FRAME);
         let _ = decode::<nop_stream_proto::session::CoordinatorFrame>(&bytes, MAX_CONTROL_FRAME);
+        let _ = decode::<nop_stream_proto::session::HelloReply>(&bytes, MAX_CONTROL_FRAME);
+        let _ = decode::<nop_stream_proto::session::NodeFrame>(&bytes, MAX_CONTROL_FRAME);
+        let _ = decode::<nop_stream_proto::session::NodeRequestFrame>(&bytes, MAX_CONTROL_FRAME);
+        let _ = decode::<nop_stream_proto::session::ComponentFrame>(&bytes, MAX_CONTROL_FRAME);
+        let _ = decode::<nop_stream_proto::cli::CliRequest>(&bytes, MAX_CONTROL_FRAME);
+        let _ = decode::<nop_stream_proto::cli::CliResponse>(&bytes, MAX_CONTROL_FRAME);
         let mut r = FrameReader::new(256);
         r.push(&bytes);
         while let Ok(Some(_)) = r.next_frame() {}
@@ -102,4 +109,49 @@ proptest! {
             prop_assert_eq!(format!("{back:?}"), format!("{e:?}"));
         }
     }
+}
+
+/// Regression: a snapshot whose split has no largest timestamp could not cross the control
+/// plane (postcard cannot skip a field the way the manifest's JSON does).
+#[test]
+fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() {
+    use nop_stream_checkpoint::{SplitState, TaskSnapshot};
+    let split = |ts| SplitState {
+        split_id: "s".into(),
+        descriptor: "00".into(),
+        cursor: "".into(),
+        finished: false,
+        max_timestamp: ts,
+    };
+    let snapshot = TaskSnapshot {
+        task: task(0),
+        epoch: EpochId(3),
+        end_of_data: false,
+        segments: Vec::new(),
+        splits: vec![split(None), split(Some(-5))],
+        watermarks: vec![("w".into(), 7)],
+        ended_inputs: Vec::new(),
+        pending_transactions: Vec::new(),
+        sink_operator: None,
+        snapshot_bytes: 0,
+        alignment_ms: 0,
+        duration_ms: 0,
+    };
+    let e: TaskEvent = TaskEvent::Ack {
+        attempt: AttemptId(2),
+        snapshot: Box::new(snapshot.clone()),
+    };
+    let back: TaskEvent =
+        decode(&encode(&e, MAX_CONTROL_FRAME).unwrap(), MAX_CONTROL_FRAME).unwrap();
+    let TaskEvent::Ack { snapshot: got, .. } = back else {
+        panic!("not an ack");
+    };
+    assert_eq!(*got, snapshot);
+    let json = serde_json::to_string(&split(None)).unwrap();
+    assert!(!json.contains("max_timestamp"), "{json}");
+    assert!(
+        serde_json::to_string(&split(Some(1)))
+            .unwrap()
+            .contains("\"max_timestamp\":1")
+    );
 }

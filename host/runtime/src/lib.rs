@@ -6,6 +6,7 @@ pub mod bindings;
 mod error;
 mod host;
 pub mod job;
+pub mod launch;
 mod limits;
 mod partition;
 pub mod plugin;
@@ -15,8 +16,13 @@ pub mod transport;
 mod workers;
 
 pub use error::{Result, RuntimeError, Site};
+
+/// The WIT package (and version) this host serves to components: `nop:stream@0.1.0`
+/// (`wit/`).
+pub const WIT_PACKAGE: &str = "nop:stream@0.1.0";
 pub use host::HostTrap;
 pub use job::{JobProgress, JobReport, PluginSet, RunOptions, run_job};
+pub use launch::{LiveTasks, LocalTaskEvent, PreparedTasks, TaskHost};
 pub use limits::{Limits, TICK_MS};
 pub use plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin, PluginHost};
 pub use task::TaskReport;

@@ -99,9 +99,22 @@ pub(crate) struct WatermarkAlignment {
 }
 
 impl WatermarkAlignment {
-    pub(crate) fn new(subtasks: usize) -> Self {
+    /// A table for a source of `subtasks` subtasks of which `local` run here: their slots
+    /// start at `i64::MIN` (not read yet); the slots of subtasks elsewhere hold
+    /// `i64::MAX` and never hold the local ones back.
+    pub(crate) fn new(subtasks: usize, local: &std::collections::BTreeSet<usize>) -> Self {
         WatermarkAlignment {
-            watermarks: std::sync::Mutex::new(vec![i64::MIN; subtasks]),
+            watermarks: std::sync::Mutex::new(
+                (0..subtasks)
+                    .map(|i| {
+                        if local.contains(&i) {
+                            i64::MIN
+                        } else {
+                            i64::MAX
+                        }
+                    })
+                    .collect(),
+            ),
         }
     }
 
@@ -778,7 +791,9 @@ impl Task {
                 if !self.inputs[idx].ended {
                     return Err(RuntimeError::ChannelClosed {
                         channel: self.inputs[idx].id.clone(),
-                        message: "the sending task ended without an end marker".into(),
+                        message: self.inputs[idx].rx.close_reason().unwrap_or_else(|| {
+                            "the sending task ended without an end marker".into()
+                        }),
                     });
                 }
                 self.inputs[idx].closed = true;
@@ -907,7 +922,16 @@ impl Task {
             if parts.is_empty() {
                 continue;
             }
-            let file = format!("segments/{}/{}/{}.seg", epoch.0, sanitize(&op_id), subtask);
+            // Scoped by epoch and attempt (= generation): a fenced attempt that still writes
+            // (a stopped node resumed) never touches a file a manifest of another
+            // generation references (design §2.5, "Leases, generations, fencing").
+            let file = format!(
+                "segments/{}/{}/{}.a{}.seg",
+                epoch.0,
+                sanitize(&op_id),
+                subtask,
+                self.attempt.0
+            );
             let mut packed = Vec::new();
             for (name, schema, s) in parts {
                 let offset = packed.len() as u64;

@@ -7,9 +7,10 @@
 //! attempt's fencing token on open and on every send, even in-process (design §10.2): after
 //! [`Transport::fence`], writes of older attempts are refused.
 //!
-//! Backends: [`LocalTransport`] (in-process queues) now; QUIC will deliver into the same
-//! bounded per-channel queues from its stream readers, with QUIC flow control as the
-//! backpressure across nodes. The frames themselves ([`Message`]) are the plain wire type
+//! Backends: [`LocalTransport`] (in-process queues), and the cluster's QUIC transport
+//! (`nop-stream-server`), which delivers into the same bounded per-channel queues from its
+//! stream readers, with QUIC flow control as the backpressure across nodes, and keeps
+//! channels between subtasks of one node in-process. The frames themselves ([`Message`]) are the plain wire type
 //! of `nop-stream-proto`.
 
 use crate::error::{Result, RuntimeError};
@@ -40,15 +41,64 @@ fn admit(channel: &ChannelId, token: FencingToken, current: &AtomicU64) -> Resul
 /// checked here, where the channel is received, and not only by the sender (design §2.5):
 /// once the transport is fenced, [`ChannelReceiver::admit`] refuses every message still
 /// queued or arriving.
-#[derive(Debug)]
 pub struct ChannelReceiver {
     channel: ChannelId,
     rx: Receiver<Message>,
     token: FencingToken,
     current: Arc<AtomicU64>,
+    guard: Option<Box<dyn ChannelGuard>>,
+}
+
+impl std::fmt::Debug for ChannelReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelReceiver")
+            .field("channel", &self.channel)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a transport backend keeps alive for as long as a receiving end lives (e.g. the
+/// registration of a QUIC channel), and what it knows about why the channel closed.
+pub trait ChannelGuard: Send {
+    /// Why the producer's side went away, if the backend knows (a broken stream, a lost
+    /// connection).
+    fn close_reason(&self) -> Option<String>;
 }
 
 impl ChannelReceiver {
+    /// The receiving end of `channel` for the attempt holding `token`, over the queue `rx`
+    /// that a transport backend fills in channel order. `current` is the token in force,
+    /// shared with the backend's fence: once it differs from `token`, every message is
+    /// refused here. The queue disconnecting means the producer is gone: after its
+    /// [`Message::End`] that is the normal close, before it a broken channel.
+    pub fn new(
+        channel: ChannelId,
+        rx: Receiver<Message>,
+        token: FencingToken,
+        current: Arc<AtomicU64>,
+    ) -> Self {
+        ChannelReceiver {
+            channel,
+            rx,
+            token,
+            current,
+            guard: None,
+        }
+    }
+
+    /// Keeps `guard` alive with this end; [`Self::close_reason`] asks it why the channel
+    /// closed.
+    pub fn with_guard(mut self, guard: Box<dyn ChannelGuard>) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
+    /// Why the producer's side went away, if the backend knows.
+    pub fn close_reason(&self) -> Option<String> {
+        self.guard.as_ref().and_then(|g| g.close_reason())
+    }
+
     /// The channel.
     pub fn channel(&self) -> &ChannelId {
         &self.channel
@@ -184,12 +234,12 @@ impl Transport for LocalTransport {
         let rx = self.entry(channel, |e| e.1.take()).ok_or_else(|| {
             RuntimeError::Internal(format!("channel {channel} opened twice for receiving"))
         })?;
-        Ok(ChannelReceiver {
-            channel: channel.clone(),
+        Ok(ChannelReceiver::new(
+            channel.clone(),
             rx,
             token,
-            current: Arc::clone(&self.token),
-        })
+            Arc::clone(&self.token),
+        ))
     }
 
     fn open_sender(

@@ -15,7 +15,8 @@ pub enum Format {
 }
 
 /// `{ "path": "/input/flights.csv", "format": "csv"|"jsonl", "header": bool, "splits": u32,
-/// "event_time": { "column": .., "format": .., "add_minutes_column": .. } }`.
+/// "event_time": { "column": .., "format": .., "add_minutes_column": .. },
+/// "max_records_per_second": u64 }`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Raw {
@@ -24,6 +25,7 @@ struct Raw {
     header: Option<bool>,
     splits: Option<u32>,
     event_time: Option<EventTimeConfig>,
+    max_records_per_second: Option<u64>,
 }
 
 /// Validated configuration.
@@ -40,10 +42,14 @@ pub struct Config {
     /// Event time of each record, from CSV columns named by the header (see
     /// [`crate::event_time`]); `None`: records carry no timestamp.
     pub event_time: Option<EventTimeConfig>,
+    /// Throttle: at most this many records per second per source instance, counted from
+    /// its first read (demos and tests that need a job to run for a while). `None`: as
+    /// fast as it reads. At least 1.
+    pub max_records_per_second: Option<u64>,
 }
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["path"],"properties":{"path":{"type":"string","description":"file to read, inside a granted directory"},"format":{"enum":["csv","jsonl"],"description":"default from the extension"},"header":{"type":"boolean","description":"skip the first line; default true for csv, false for jsonl"},"splits":{"type":"integer","minimum":1,"description":"number of byte-range splits; default the source parallelism"},"event_time":{"type":"object","additionalProperties":false,"required":["column","format"],"description":"csv with header only: give every record an event-time timestamp (ms since the Unix epoch) from a column","properties":{"column":{"type":"string","description":"header name of the column holding the time"},"format":{"enum":["rfc3339","epoch-ms","epoch-s","datetime"],"description":"rfc3339: 2013-01-01T10:00:00Z or with +HH:MM offset; epoch-ms: integer ms; epoch-s: seconds, optional fraction; datetime: naive 2013-01-01 10:00:00 taken as UTC"},"add_minutes_column":{"type":"string","description":"header name of an integer column of minutes added to the time (flights: minute)"}}}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["path"],"properties":{"path":{"type":"string","description":"file to read, inside a granted directory"},"format":{"enum":["csv","jsonl"],"description":"default from the extension"},"header":{"type":"boolean","description":"skip the first line; default true for csv, false for jsonl"},"splits":{"type":"integer","minimum":1,"description":"number of byte-range splits; default the source parallelism"},"event_time":{"type":"object","additionalProperties":false,"required":["column","format"],"description":"csv with header only: give every record an event-time timestamp (ms since the Unix epoch) from a column","properties":{"column":{"type":"string","description":"header name of the column holding the time"},"format":{"enum":["rfc3339","epoch-ms","epoch-s","datetime"],"description":"rfc3339: 2013-01-01T10:00:00Z or with +HH:MM offset; epoch-ms: integer ms; epoch-s: seconds, optional fraction; datetime: naive 2013-01-01 10:00:00 taken as UTC"},"add_minutes_column":{"type":"string","description":"header name of an integer column of minutes added to the time (flights: minute)"}}},"max_records_per_second":{"type":"integer","minimum":1,"description":"throttle: at most this many records per second per source instance"}}}"#;
 
 impl Config {
     /// Parses and validates the JSON config.
@@ -76,6 +82,9 @@ impl Config {
         if raw.splits == Some(0) {
             return Err("file-source config: \"splits\" must be at least 1".into());
         }
+        if raw.max_records_per_second == Some(0) {
+            return Err("file-source config: \"max_records_per_second\" must be at least 1".into());
+        }
         let header = raw.header.unwrap_or(format == Format::Csv);
         if raw.event_time.is_some() && (format != Format::Csv || !header) {
             return Err(
@@ -88,6 +97,7 @@ impl Config {
             header,
             splits: raw.splits,
             event_time: raw.event_time,
+            max_records_per_second: raw.max_records_per_second,
         })
     }
 }

@@ -48,6 +48,8 @@ pub struct FileSource {
     config: Config,
     cached: Option<(String, LineReader<File>)>,
     event_time: Option<(String, EventTime)>,
+    /// With `max_records_per_second`: when this instance first read, and records since.
+    throttle: Option<(std::time::Instant, u64)>,
 }
 
 /// Longest header line read to resolve `event_time` columns: 1 MiB.
@@ -159,6 +161,7 @@ impl Source for FileSource {
             config: Config::parse(config).map_err(PluginError::invalid_config)?,
             cached: None,
             event_time: None,
+            throttle: None,
         })
     }
 
@@ -196,6 +199,27 @@ impl Source for FileSource {
         out: &mut Batch,
     ) -> Result<ReadOutcome> {
         let d = SplitDescriptor::decode(&split.descriptor).map_err(PluginError::internal)?;
+        let mut max_records = max_records;
+        if let Some(rate) = self.config.max_records_per_second {
+            let (since, read) = self.throttle.get_or_insert((std::time::Instant::now(), 0));
+            let allowed = (since.elapsed().as_secs_f64() * rate as f64) as u64;
+            let budget = allowed.saturating_sub(*read).max(u64::from(*read == 0));
+            max_records = max_records.min(u32::try_from(budget).unwrap_or(u32::MAX));
+            if max_records == 0 {
+                // Nothing due yet: the same cursor, no records (the host waits a little).
+                return Ok(ReadOutcome {
+                    next_cursor: cursor.to_vec(),
+                    finished: false,
+                    progress: Progress {
+                        consumed: decode_cursor(cursor)?
+                            .unwrap_or(d.start)
+                            .min(d.end)
+                            .saturating_sub(d.start),
+                        total: Some(d.end - d.start),
+                    },
+                });
+            }
+        }
         let cursor = decode_cursor(cursor)?;
         self.resolve_event_time(&d.path)?;
         let reader = Self::reader(&mut self.cached, &d)?;
@@ -232,6 +256,9 @@ impl Source for FileSource {
         if let Some(message) = bad_record {
             return Err(PluginError::invalid_record(message));
         }
+        if let Some((_, read)) = &mut self.throttle {
+            *read += out.len() as u64;
+        }
         Ok(ReadOutcome {
             next_cursor: encode_cursor(step.next),
             finished: step.finished,
@@ -265,6 +292,27 @@ mod tests {
     fn open(path: &std::path::Path, extra: &str) -> FileSource {
         let config = format!(r#"{{"path":{:?}{extra}}}"#, path.display().to_string());
         FileSource::open(&TaskInfo::for_tests(), &config).unwrap()
+    }
+
+    #[test]
+    fn max_records_per_second_throttles_reads() {
+        let lines: String = (0..20_000).map(|i| format!("{i}\n")).collect();
+        let f = file(&format!("n\n{lines}"));
+        let mut src = open(f.path(), r#","max_records_per_second":2000"#);
+        let split = src.discover_splits(1).unwrap().remove(0);
+        let started = std::time::Instant::now();
+        let mut cursor = Vec::new();
+        let mut read = 0u64;
+        while started.elapsed() < std::time::Duration::from_millis(300) {
+            let mut out = Batch::default();
+            let r = src.read(&split, &cursor, 1024, &mut out).unwrap();
+            read += out.len() as u64;
+            cursor = r.next_cursor;
+            assert!(!r.finished);
+        }
+        let bound = (started.elapsed().as_secs_f64() * 2000.0) as u64 + 1;
+        assert!(read > 0 && read <= bound, "read {read}, at most {bound}");
+        assert!(Config::parse(r#"{"path":"/x.csv","max_records_per_second":0}"#).is_err());
     }
 
     /// Reads all splits, `max` records per call, restarting each call from the returned

@@ -1,0 +1,443 @@
+//! The cluster commands: the coordinator and node processes, and the CLI protocol's client
+//! side (plugin upload and list, job submit, list, status, cancel, checkpoints, cluster
+//! status).
+
+use crate::output;
+use anyhow::{Context, Result, bail};
+use nop_stream_cluster::Identity;
+use nop_stream_proto::cli::{
+    CliRequest, CliResponse, JobState, JobStatus, JobSubmission, NodeStatus, PluginEntry,
+};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to reach a cluster's coordinator.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterArgs {
+    /// The coordinator's address (HOST:PORT, UDP).
+    #[arg(long, env = "NOPSTREAM_CLUSTER")]
+    pub cluster: SocketAddr,
+    /// Certificates directory holding `ca.crt` and the CLI client's `cli-admin.crt/.key`
+    /// (`nopstream cluster init`).
+    #[arg(long, env = "NOPSTREAM_CERTS")]
+    pub certs: PathBuf,
+}
+
+/// The tokio runtime of the cluster commands (QUIC I/O).
+pub fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Sends one request as `cli-admin`; a refusal becomes an error carrying its message.
+pub fn request(args: &ClusterArgs, req: CliRequest) -> Result<CliResponse> {
+    let admin: Identity = "cli-admin".parse()?;
+    let resp = tokio_runtime()?
+        .block_on(nop_stream_cluster::session::cli_request(
+            args.cluster,
+            &args.certs,
+            &admin,
+            &req,
+        ))
+        .with_context(|| format!("coordinator at {}", args.cluster))?;
+    match resp {
+        CliResponse::Error(e) => bail!("the coordinator refused: {e}"),
+        other => Ok(other),
+    }
+}
+
+fn unexpected(r: &CliResponse) -> anyhow::Error {
+    anyhow::anyhow!("unexpected answer from the coordinator: {r:?}")
+}
+
+/// `nopstream cluster status`.
+pub fn cluster_status(args: &ClusterArgs, json: bool) -> Result<()> {
+    let nodes: Vec<NodeStatus> = match request(args, CliRequest::ClusterStatus)? {
+        CliResponse::Status(n) => n,
+        r => return Err(unexpected(&r)),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&nodes)?);
+        return Ok(());
+    }
+    println!(
+        "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} data",
+        "node", "lease", "live", "slots", "renewals", "refused", "expired"
+    );
+    for n in &nodes {
+        println!(
+            "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {}",
+            n.node,
+            n.lease,
+            n.live,
+            n.slots,
+            n.renewals,
+            n.refused_renewals,
+            n.expirations,
+            n.data_addr
+        );
+    }
+    Ok(())
+}
+
+/// `nopstream plugin upload FILE...`.
+pub fn upload(files: &[PathBuf], args: &ClusterArgs) -> Result<()> {
+    anyhow::ensure!(
+        !files.is_empty(),
+        "name at least one component file to upload"
+    );
+    for f in files {
+        let bytes = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
+        let sha256 = nop_stream_server::store::sha256_hex(&bytes);
+        let entry = match request(args, CliRequest::UploadPlugin { bytes, sha256 })
+            .with_context(|| format!("upload of {}", f.display()))?
+        {
+            CliResponse::Plugin(e) => e,
+            r => return Err(unexpected(&r)),
+        };
+        println!(
+            "{:<28} {:<9} sha256 {}  {} bytes  ({})",
+            entry.reference(),
+            entry.kind.to_string(),
+            entry.sha256,
+            output::thousands(entry.size),
+            f.display()
+        );
+    }
+    Ok(())
+}
+
+/// `nopstream plugin list --cluster`.
+pub fn list_plugins(args: &ClusterArgs, json: bool) -> Result<()> {
+    let plugins: Vec<PluginEntry> = match request(args, CliRequest::ListPlugins)? {
+        CliResponse::Plugins(p) => p,
+        r => return Err(unexpected(&r)),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&plugins)?);
+        return Ok(());
+    }
+    if plugins.is_empty() {
+        println!("the cluster's registry holds no plugins (`nopstream plugin upload FILE.wasm`)");
+    }
+    for p in &plugins {
+        println!(
+            "{:<28} {:<9} {}  {:>12} B  {}",
+            p.reference(),
+            p.kind.to_string(),
+            p.sha256,
+            output::thousands(p.size),
+            p.description
+        );
+    }
+    Ok(())
+}
+
+/// What `nopstream job submit` was asked.
+#[derive(Debug)]
+pub struct Submit {
+    /// The job file.
+    pub job: PathBuf,
+    /// `-p`.
+    pub parallelism: Option<u32>,
+    /// `--output`.
+    pub output: Option<PathBuf>,
+    /// `--fresh`.
+    pub fresh: bool,
+    /// `--max-restarts`.
+    pub max_restarts: Option<u32>,
+    /// `--memory-mib`.
+    pub memory_mib: Option<u64>,
+    /// `--cpu-ms-per-call`.
+    pub cpu_ms_per_call: Option<u64>,
+    /// `--wait`.
+    pub wait: bool,
+    /// `--no-echo`.
+    pub no_echo: bool,
+    /// `--json`.
+    pub json: bool,
+}
+
+/// `nopstream job submit`: runs the job's prepare steps here, then submits it; with
+/// `--wait`, waits until it ends and prints its summary (exit 1 unless it finished).
+pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> {
+    let model = crate::read_model(&s.job, s.parallelism)?;
+    let dir = std::path::absolute(crate::job_dir(&s.job))?;
+    let text = std::fs::read_to_string(&s.job)
+        .with_context(|| format!("cannot read job file {}", s.job.display()))?;
+    let output = std::path::absolute(s.output.clone().unwrap_or_else(|| {
+        PathBuf::from("nopstream-out")
+            .join(&model.job.id)
+            .join("output")
+    }))?;
+    crate::prepare::run_steps(&model, &dir)?;
+    let sub = JobSubmission {
+        file: s.job.display().to_string(),
+        text,
+        job_dir: dir.display().to_string(),
+        output_dir: output.display().to_string(),
+        parallelism: s.parallelism,
+        max_restarts: s.max_restarts,
+        fresh: s.fresh,
+        memory_bytes: s.memory_mib.map(|m| m << 20),
+        cpu_ms_per_call: s.cpu_ms_per_call,
+    };
+    let status = match request(args, CliRequest::SubmitJob(sub))? {
+        CliResponse::Job(j) => *j,
+        r => return Err(unexpected(&r)),
+    };
+    eprintln!(
+        "submitted job `{}` to {}; output directory {}",
+        status.job, args.cluster, status.output_dir
+    );
+    if !s.wait {
+        print_status(&status, s.json)?;
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    let status = wait_for_end(args, &status.job)?;
+    print_status(&status, s.json)?;
+    if status.state != JobState::Finished {
+        return Ok(std::process::ExitCode::FAILURE);
+    }
+    if !s.no_echo && !s.json {
+        output::echo_output(Path::new(&status.output_dir))?;
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Polls a job's status until it is no longer submitted or running.
+pub fn wait_for_end(args: &ClusterArgs, job: &str) -> Result<JobStatus> {
+    loop {
+        let s = job_status(args, job)?;
+        if !matches!(s.state, JobState::Submitted | JobState::Running) {
+            return Ok(s);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// One job's status.
+pub fn job_status(args: &ClusterArgs, job: &str) -> Result<JobStatus> {
+    match request(
+        args,
+        CliRequest::JobStatus {
+            job: job.to_owned(),
+        },
+    )? {
+        CliResponse::Job(j) => Ok(*j),
+        r => Err(unexpected(&r)),
+    }
+}
+
+/// Prints a job's status, as a summary or JSON.
+pub fn print_status(s: &JobStatus, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(s)?);
+        return Ok(());
+    }
+    println!("job {} ({}): {}", s.job, s.name, s.state);
+    println!(
+        "  semantic {}, generation {}, recoveries {}, durable epoch {}",
+        s.semantic,
+        s.generation,
+        s.recoveries,
+        s.durable_epoch
+            .map_or_else(|| "none".to_owned(), |e| e.to_string())
+    );
+    println!(
+        "  records read {}, written {}",
+        output::thousands(s.records_read),
+        output::thousands(s.records_written)
+    );
+    println!(
+        "  refused stale work: {} events at the coordinator, {} data streams and {} commands at nodes",
+        s.refused.events, s.refused.streams, s.refused.commands
+    );
+    println!("  output {}", s.output_dir);
+    if let Some(e) = &s.error {
+        println!("  error: {e}");
+    }
+    if let Some(d) = &s.deployment_json
+        && let Ok(plan) = serde_json::from_str::<nop_stream_core::DeploymentPlan>(d)
+    {
+        println!("  placement:");
+        for t in &plan.tasks {
+            println!(
+                "    {:<48} {:<8} {}",
+                t.task.to_string(),
+                t.node,
+                t.transport
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `nopstream job list`.
+pub fn list_jobs(args: &ClusterArgs, json: bool) -> Result<()> {
+    let jobs = match request(args, CliRequest::ListJobs)? {
+        CliResponse::Jobs(j) => j,
+        r => return Err(unexpected(&r)),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&jobs)?);
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:<10} {:>10} {:>10} {:>8}  output",
+        "job", "state", "generation", "recoveries", "epoch"
+    );
+    for j in &jobs {
+        println!(
+            "{:<28} {:<10} {:>10} {:>10} {:>8}  {}",
+            j.job,
+            j.state.to_string(),
+            j.generation,
+            j.recoveries,
+            j.durable_epoch
+                .map_or_else(|| "-".to_owned(), |e| e.to_string()),
+            j.output_dir
+        );
+    }
+    Ok(())
+}
+
+/// `nopstream job cancel`.
+pub fn cancel(args: &ClusterArgs, job: &str) -> Result<()> {
+    match request(
+        args,
+        CliRequest::CancelJob {
+            job: job.to_owned(),
+        },
+    )? {
+        CliResponse::Job(_) => {}
+        r => return Err(unexpected(&r)),
+    }
+    let s = wait_for_end(args, job)?;
+    println!("job {}: {}", s.job, s.state);
+    Ok(())
+}
+
+/// `nopstream checkpoints JOB --cluster`: `target` is a job id or a job file.
+pub fn checkpoints(args: &ClusterArgs, target: &Path, verbose: bool) -> Result<()> {
+    let job = if target.is_file() {
+        crate::read_model(target, None)?.job.id
+    } else {
+        target.display().to_string()
+    };
+    let (log, manifests) = match request(args, CliRequest::Checkpoints { job: job.clone() })? {
+        CliResponse::Checkpoints {
+            log_json,
+            manifests_json,
+        } => (
+            serde_json::from_str::<Vec<nop_stream_checkpoint::EpochLogRecord>>(&log_json)?,
+            serde_json::from_str::<Vec<nop_stream_checkpoint::EpochManifest>>(&manifests_json)?,
+        ),
+        r => return Err(unexpected(&r)),
+    };
+    output::print_checkpoint_table(
+        &format!("checkpoints of job {job} on {}", args.cluster),
+        &log,
+        &manifests,
+        verbose,
+    )
+}
+
+/// What `nopstream coordinator` was asked.
+#[derive(Debug)]
+pub struct CoordinatorArgs {
+    /// `--listen`.
+    pub listen: SocketAddr,
+    /// `--data`.
+    pub data: PathBuf,
+    /// `--certs`.
+    pub certs: PathBuf,
+    /// `--checkpoints`.
+    pub checkpoints: Option<PathBuf>,
+    /// `--lease-ttl-ms`.
+    pub lease_ttl_ms: u64,
+    /// `--heartbeat-ms`.
+    pub heartbeat_ms: u64,
+    /// `--max-restarts`.
+    pub max_restarts: u32,
+}
+
+/// `nopstream coordinator`: serves until killed.
+pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
+    let lease = nop_stream_cluster::LeaseConfig {
+        ttl: Duration::from_millis(a.lease_ttl_ms),
+        heartbeat_interval: Duration::from_millis(a.heartbeat_ms),
+        safety_margin: Duration::from_millis(a.lease_ttl_ms / 4),
+    };
+    lease.validate().context("lease settings")?;
+    let data = std::path::absolute(&a.data)?;
+    let mut opts = nop_stream_server::ClusterOptions::new(data.clone(), lease.ttl);
+    if let Some(c) = &a.checkpoints {
+        opts.checkpoints = std::path::absolute(c)?;
+    }
+    opts.max_restarts = a.max_restarts;
+    let rt = tokio_runtime()?;
+    let service = nop_stream_server::ClusterCoordinator::start(opts)
+        .map_err(|e| anyhow::anyhow!("coordinator data {}: {e}", data.display()))?;
+    let cfg = nop_stream_cluster::session::CoordinatorConfig {
+        listen: a.listen,
+        certs: a.certs,
+        lease,
+    };
+    let s2 = Arc::clone(&service);
+    rt.block_on(nop_stream_cluster::session::serve_coordinator(
+        cfg,
+        service,
+        move |c| {
+            s2.set_registry(c.registry.clone());
+            println!("coordinator listening on {}", c.addr);
+        },
+    ))?;
+    Ok(())
+}
+
+/// What `nopstream node` was asked.
+#[derive(Debug)]
+pub struct NodeArgs {
+    /// `--join`.
+    pub join: SocketAddr,
+    /// `--id`.
+    pub id: u32,
+    /// `--data`.
+    pub data: PathBuf,
+    /// `--certs`.
+    pub certs: PathBuf,
+    /// `--listen`.
+    pub listen: SocketAddr,
+    /// `--slots`.
+    pub slots: u32,
+}
+
+/// `nopstream node`: serves until killed.
+pub fn run_node(a: NodeArgs) -> Result<()> {
+    let rt = tokio_runtime()?;
+    let data = std::path::absolute(&a.data)?;
+    let host = nop_stream_server::NodeHost::start(
+        nop_stream_server::NodeOptions {
+            id: nop_stream_cluster::NodeId(a.id),
+            data: data.clone(),
+            channel_capacity: 0,
+        },
+        rt.handle().clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("node data {}: {e}", data.display()))?;
+    let cfg = nop_stream_cluster::session::NodeConfig {
+        join: a.join,
+        id: nop_stream_cluster::NodeId(a.id),
+        certs: a.certs,
+        listen: a.listen,
+        slots: a.slots,
+    };
+    rt.block_on(nop_stream_cluster::session::serve_node(cfg, host))?;
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! The CLI protocol (design §2.5, "Control plane"): one [`CliRequest`] per bidirectional
+//! stream, answered by one [`CliResponse`]. Values that carry JSON documents (plans,
+//! manifests, reports) travel as JSON text, since postcard does not encode free-form JSON.
+
+use nop_stream_api::PluginKind;
+use serde::{Deserialize, Serialize};
+
+/// Cap on a plugin upload's frame, in bytes: 64 MiB. A larger component is refused from its
+/// length prefix, before anything of it is read.
+pub const MAX_UPLOAD_FRAME: usize = 64 << 20;
+
+/// A request of the CLI protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CliRequest {
+    /// The registered nodes and their leases.
+    ClusterStatus,
+    /// Store a component in the plugin registry.
+    UploadPlugin {
+        /// The component's bytes.
+        bytes: Vec<u8>,
+        /// sha256 (hex) the client computed: a mismatch means the upload was damaged.
+        sha256: String,
+    },
+    /// The plugins of the registry.
+    ListPlugins,
+    /// Submit a job.
+    SubmitJob(JobSubmission),
+    /// Every job the coordinator knows.
+    ListJobs,
+    /// One job.
+    JobStatus {
+        /// Job id.
+        job: String,
+    },
+    /// Cancel a running job.
+    CancelJob {
+        /// Job id.
+        job: String,
+    },
+    /// The checkpoints of a job.
+    Checkpoints {
+        /// Job id.
+        job: String,
+    },
+}
+
+/// A job as the CLI submits it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSubmission {
+    /// Path of the job file, for messages.
+    pub file: String,
+    /// The job file's text (TOML).
+    pub text: String,
+    /// Absolute directory of the job file: relative grants resolve against it on every
+    /// node.
+    pub job_dir: String,
+    /// Absolute output directory (`$OUTPUT`), reachable by every node.
+    pub output_dir: String,
+    /// Override of every operator's parallelism.
+    pub parallelism: Option<u32>,
+    /// Global recoveries allowed; `None`: the cluster's default.
+    pub max_restarts: Option<u32>,
+    /// Discard the job's checkpoints and start over.
+    pub fresh: bool,
+    /// Memory per plugin instance, bytes; `None`: the runtime's default.
+    pub memory_bytes: Option<u64>,
+    /// CPU time per call into a plugin, ms; `None`: the runtime's default.
+    pub cpu_ms_per_call: Option<u64>,
+}
+
+/// The answer to a [`CliRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum CliResponse {
+    /// Every node that registered with this coordinator process.
+    Status(Vec<NodeStatus>),
+    /// The plugin stored (or already stored with the same bytes).
+    Plugin(PluginEntry),
+    /// The registry's plugins, by name and version.
+    Plugins(Vec<PluginEntry>),
+    /// One job.
+    Job(Box<JobStatus>),
+    /// Every job.
+    Jobs(Vec<JobStatus>),
+    /// A job's checkpoints: its epoch log and its retained manifests, as JSON arrays.
+    Checkpoints {
+        /// `Vec<EpochLogRecord>` as JSON.
+        log_json: String,
+        /// `Vec<EpochManifest>` as JSON, oldest first.
+        manifests_json: String,
+    },
+    /// The request was refused; the message says why.
+    Error(String),
+}
+
+/// One node as the coordinator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// `node-<id>`.
+    pub node: String,
+    /// Its current (or last) lease.
+    pub lease: u64,
+    /// Whether the lease is live now.
+    pub live: bool,
+    /// Address it serves data connections on.
+    pub data_addr: String,
+    /// Task slots it offers.
+    pub slots: u32,
+    /// Registrations so far (1 + re-registrations).
+    pub registrations: u32,
+    /// Renewals accepted under the current lease.
+    pub renewals: u64,
+    /// Renewals refused (stale or expired lease) over all sessions.
+    pub refused_renewals: u64,
+    /// Leases of this node that expired.
+    pub expirations: u32,
+}
+
+/// A plugin of the registry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginEntry {
+    /// Name from `describe()`.
+    pub name: String,
+    /// Version from `describe()`.
+    pub version: String,
+    /// The world it exports.
+    pub kind: PluginKind,
+    /// sha256 of the component (hex).
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Description from `describe()`.
+    pub description: String,
+    /// WIT package it was validated against, e.g. `nop:stream@0.1.0`.
+    pub wit: String,
+    /// When it was stored, ms since the Unix epoch.
+    pub stored_ms: u64,
+}
+
+impl PluginEntry {
+    /// `name@version`.
+    pub fn reference(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+}
+
+/// Where a cluster job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Accepted, not yet deployed (waiting for nodes).
+    Submitted,
+    /// Deployed; epochs run.
+    Running,
+    /// Ran to completion: the final epoch committed.
+    Finished,
+    /// Failed for good (restart budget spent, or not recoverable).
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JobState::Submitted => "SUBMITTED",
+            JobState::Running => "RUNNING",
+            JobState::Finished => "FINISHED",
+            JobState::Failed => "FAILED",
+            JobState::Cancelled => "CANCELLED",
+        })
+    }
+}
+
+/// Refusals of stale work of a job, by where they were refused (design §2.5: streams,
+/// ACKs and commits of older generations are refused and counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedCounts {
+    /// Task events (ACKs, ends of data, commit confirmations) of another generation, refused
+    /// at the coordinator.
+    pub events: u64,
+    /// Data streams refused at a receiving node.
+    pub streams: u64,
+    /// Commands (barrier injections, commits) of another generation refused at a node.
+    pub commands: u64,
+}
+
+/// A cluster job as `nopstream job status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// Job id.
+    pub job: String,
+    /// Job name.
+    pub name: String,
+    /// Where it is.
+    pub state: JobState,
+    /// Semantic mode.
+    pub semantic: String,
+    /// When it was submitted, ms since the Unix epoch.
+    pub submitted_ms: u64,
+    /// The generation deployed last (0: never deployed).
+    pub generation: u64,
+    /// Global recoveries so far (over coordinator restarts).
+    pub recoveries: u32,
+    /// Latest durable epoch.
+    pub durable_epoch: Option<u64>,
+    /// Records read by its sources and written by its sinks, as the nodes report them.
+    pub records_read: u64,
+    /// See `records_read`.
+    pub records_written: u64,
+    /// Stale work refused.
+    pub refused: RefusedCounts,
+    /// The output directory.
+    pub output_dir: String,
+    /// Why it failed, or what the last recovery recovered from.
+    pub error: Option<String>,
+    /// The DeploymentPlan of the live (or last) generation, as JSON.
+    pub deployment_json: Option<String>,
+    /// The run report once finished, as JSON.
+    pub report_json: Option<String>,
+}

@@ -1,0 +1,331 @@
+//! The coordinator's view of its nodes (design §2.5): which nodes hold a live session, how
+//! to push frames to them, requests waiting for replies, and where each job's task events
+//! go. Called from the session layer's async tasks (it never blocks them) and from the
+//! jobs' coordinator threads.
+
+use crossbeam_channel::{Receiver, Sender};
+use nop_stream_api::JobId;
+use nop_stream_cluster::session::SessionPush;
+use nop_stream_cluster::{Identity, LeaseId, NodeId};
+use nop_stream_core::NodeSlots;
+use nop_stream_proto::session::{
+    CoordinatorFrame, Hello, JobEvent, NodeCounters, NodeRequest, Reply, ReplyBody,
+};
+use nop_stream_proto::{FailureClass, TaskEvent, TaskFailure};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// A node with a live session.
+#[derive(Debug, Clone)]
+pub struct LiveNode {
+    /// The node.
+    pub id: NodeId,
+    /// Its lease.
+    pub lease: LeaseId,
+    /// UDP address it serves data connections on.
+    pub data_addr: String,
+    /// Task slots it offers.
+    pub slots: u32,
+    push: SessionPush,
+}
+
+impl LiveNode {
+    /// `node-<id>`.
+    pub fn name(&self) -> String {
+        Identity::Node(self.id).label()
+    }
+}
+
+/// What a job's coordinator thread hears from the hub.
+#[derive(Debug)]
+pub enum HubEvent {
+    /// An event of one of the job's tasks.
+    Task {
+        /// The node it came from.
+        node: NodeId,
+        /// The generation of the task that sent it.
+        generation: u64,
+        /// The event.
+        event: TaskEvent<TaskFailure>,
+    },
+    /// A node's lease is over (expired, or its session ended).
+    NodeDown {
+        /// The node.
+        node: NodeId,
+        /// The lease that ended.
+        lease: LeaseId,
+        /// Why.
+        reason: String,
+    },
+}
+
+#[derive(Default)]
+struct Counts {
+    /// Latest counters per node, and what earlier node processes counted (a restarted
+    /// node counts from zero again).
+    per_node: BTreeMap<NodeId, (NodeCounters, NodeCounters)>,
+}
+
+#[derive(Default)]
+struct Inner {
+    nodes: BTreeMap<NodeId, LiveNode>,
+    jobs: HashMap<JobId, Sender<HubEvent>>,
+    next_request: u64,
+    pending: HashMap<u64, (NodeId, Sender<Result<ReplyBody, TaskFailure>>)>,
+    counts: HashMap<JobId, Counts>,
+    /// Events for jobs with no coordinator thread (a job ended or was never known here).
+    orphan_events: u64,
+}
+
+/// The hub. One per coordinator process.
+#[derive(Default)]
+pub struct NodeHub {
+    inner: Mutex<Inner>,
+    changed: Condvar,
+}
+
+impl std::fmt::Debug for NodeHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHub").finish_non_exhaustive()
+    }
+}
+
+fn add(a: &NodeCounters, b: &NodeCounters) -> NodeCounters {
+    NodeCounters {
+        job: a.job.clone(),
+        records_read: a.records_read + b.records_read,
+        records_written: a.records_written + b.records_written,
+        refused_streams: a.refused_streams + b.refused_streams,
+        refused_commands: a.refused_commands + b.refused_commands,
+    }
+}
+
+impl NodeHub {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A node registered under `lease`.
+    pub fn node_up(&self, node: NodeId, lease: LeaseId, hello: &Hello, push: SessionPush) {
+        let mut g = self.lock();
+        g.nodes.insert(
+            node,
+            LiveNode {
+                id: node,
+                lease,
+                data_addr: hello.data_addr.clone(),
+                slots: hello.slots,
+                push,
+            },
+        );
+        drop(g);
+        self.changed.notify_all();
+    }
+
+    /// `node`'s lease `lease` is over: the node leaves the live set, its pending requests
+    /// fail, and every job hears of it.
+    pub fn node_down(&self, node: NodeId, lease: LeaseId, reason: &str) {
+        let mut g = self.lock();
+        if g.nodes.get(&node).is_some_and(|n| n.lease == lease) {
+            g.nodes.remove(&node);
+        }
+        let failed: Vec<u64> = g
+            .pending
+            .iter()
+            .filter(|(_, (n, _))| *n == node)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in failed {
+            if let Some((_, tx)) = g.pending.remove(&id) {
+                let _ = tx.send(Err(TaskFailure {
+                    class: FailureClass::Recoverable,
+                    message: format!(
+                        "{} left before answering: {reason}",
+                        Identity::Node(node).label()
+                    ),
+                }));
+            }
+        }
+        for tx in g.jobs.values() {
+            let _ = tx.send(HubEvent::NodeDown {
+                node,
+                lease,
+                reason: reason.to_owned(),
+            });
+        }
+        drop(g);
+        self.changed.notify_all();
+    }
+
+    /// Routes a task event to its job's coordinator thread.
+    pub fn event(&self, node: NodeId, e: JobEvent) {
+        let mut g = self.lock();
+        match g.jobs.get(&e.job) {
+            Some(tx) => {
+                let _ = tx.send(HubEvent::Task {
+                    node,
+                    generation: e.generation,
+                    event: e.event,
+                });
+            }
+            None => {
+                g.orphan_events += 1;
+                tracing::debug!(job = %e.job, "event of a job with no coordinator thread dropped");
+            }
+        }
+    }
+
+    /// Delivers a reply to the request waiting for it.
+    pub fn reply(&self, r: Reply) {
+        if let Some((_, tx)) = self.lock().pending.remove(&r.id) {
+            let _ = tx.send(r.result);
+        }
+    }
+
+    /// Records a node's counters for a job.
+    pub fn counters(&self, node: NodeId, c: NodeCounters) {
+        let mut g = self.lock();
+        let counts = g.counts.entry(c.job.clone()).or_default();
+        let zero = NodeCounters {
+            job: c.job.clone(),
+            records_read: 0,
+            records_written: 0,
+            refused_streams: 0,
+            refused_commands: 0,
+        };
+        let (base, last) = counts
+            .per_node
+            .entry(node)
+            .or_insert_with(|| (zero.clone(), zero));
+        if c.records_read < last.records_read
+            || c.refused_streams < last.refused_streams
+            || c.refused_commands < last.refused_commands
+        {
+            // A new node process: bank what the old one counted.
+            *base = add(base, last);
+        }
+        *last = c;
+    }
+
+    /// The job's counters summed over its nodes.
+    pub fn job_counters(&self, job: &JobId) -> NodeCounters {
+        let g = self.lock();
+        let mut total = NodeCounters {
+            job: job.clone(),
+            records_read: 0,
+            records_written: 0,
+            refused_streams: 0,
+            refused_commands: 0,
+        };
+        if let Some(c) = g.counts.get(job) {
+            for (base, last) in c.per_node.values() {
+                total = add(&total, &add(base, last));
+            }
+        }
+        total
+    }
+
+    /// Registers a job's coordinator thread; its events arrive on the returned queue until
+    /// [`Self::unroute`].
+    pub fn route(&self, job: &JobId) -> Receiver<HubEvent> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.lock().jobs.insert(job.clone(), tx);
+        rx
+    }
+
+    /// Stops routing `job`'s events.
+    pub fn unroute(&self, job: &JobId) {
+        self.lock().jobs.remove(job);
+    }
+
+    /// The nodes with a live session, by id.
+    pub fn live(&self) -> Vec<LiveNode> {
+        self.lock().nodes.values().cloned().collect()
+    }
+
+    /// Whether `node` holds lease `lease` in a live session.
+    pub fn is_up(&self, node: NodeId, lease: LeaseId) -> bool {
+        self.lock()
+            .nodes
+            .get(&node)
+            .is_some_and(|n| n.lease == lease)
+    }
+
+    /// Placement's view of the live nodes, by id.
+    pub fn slots(&self) -> Vec<NodeSlots> {
+        self.live()
+            .iter()
+            .map(|n| NodeSlots {
+                node: n.name(),
+                slots: n.slots,
+            })
+            .collect()
+    }
+
+    /// Waits until `ready` holds for the live nodes, or `timeout` passes; returns the live
+    /// nodes then.
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        mut ready: impl FnMut(&[LiveNode]) -> bool,
+    ) -> Vec<LiveNode> {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.lock();
+        loop {
+            let live: Vec<LiveNode> = g.nodes.values().cloned().collect();
+            let now = Instant::now();
+            if ready(&live) || now >= deadline {
+                return live;
+            }
+            let wait = (deadline - now).min(Duration::from_millis(100));
+            g = self
+                .changed
+                .wait_timeout(g, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Pushes `frame` to `node` if it still holds `lease`; `false` otherwise.
+    pub fn push(&self, node: NodeId, lease: LeaseId, frame: CoordinatorFrame) -> bool {
+        let g = self.lock();
+        match g.nodes.get(&node) {
+            Some(n) if n.lease == lease => n.push.send(frame),
+            _ => false,
+        }
+    }
+
+    /// Sends `request` to `node` under `lease` and returns where its reply will arrive.
+    /// A node that leaves first answers with a recoverable failure.
+    pub fn request(
+        &self,
+        node: NodeId,
+        lease: LeaseId,
+        request: NodeRequest,
+    ) -> Receiver<Result<ReplyBody, TaskFailure>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut g = self.lock();
+        g.next_request += 1;
+        let id = g.next_request;
+        let sent = match g.nodes.get(&node) {
+            Some(n) if n.lease == lease => n.push.send(CoordinatorFrame::Request {
+                id,
+                request: Box::new(request),
+            }),
+            _ => false,
+        };
+        if sent {
+            g.pending.insert(id, (node, tx));
+        } else {
+            let _ = tx.send(Err(TaskFailure {
+                class: FailureClass::Recoverable,
+                message: format!(
+                    "{} is not in the cluster (its lease is over)",
+                    Identity::Node(node).label()
+                ),
+            }));
+        }
+        rx
+    }
+}

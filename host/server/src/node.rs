@@ -1,0 +1,677 @@
+//! The node process (design §2.5, "RuntimeNode"): registers with the coordinator, keeps its
+//! lease, and hosts task attempts on the coordinator's orders.
+//!
+//! Frames the coordinator pushes are handled where they arrive when they cannot block
+//! (commands, fences); requests (prepare, start, split discovery, settling sinks) run one at
+//! a time on the node's control thread, since they load components and may wait for other
+//! nodes' connections. One forwarder thread per running generation sends its tasks' events
+//! to the coordinator; a ticker sends the node's counters every 500 ms.
+//!
+//! Components are fetched from the coordinator by sha256, verified against it, kept under
+//! `<data>/components/<sha256>.wasm`, and compiled once (`<data>/cache`). Task state lives
+//! under `<data>/jobs/<job>/state`; keyed state is restored from checkpoint storage, never
+//! from a previous generation's databases.
+
+use crate::store::{sha256_hex, write_atomically};
+use crate::transport::ClusterTransport;
+use crossbeam_channel::{Receiver, Sender};
+use nop_stream_api::{JobId, OperatorId, PluginKind};
+use nop_stream_checkpoint::{CheckpointStorage, LocalStorage};
+use nop_stream_cluster::endpoint::PeerConnection;
+use nop_stream_cluster::session::{CoordinatorLink, NodeService, SessionOutcome};
+use nop_stream_cluster::{ClusterEndpoint, DataPlane, DataPlaneConfig, Identity, NodeId, Protocol};
+use nop_stream_core::PartitionedPlan;
+use nop_stream_proto::session::{
+    CoordinatorFrame, JobEvent, JobSpec, NodeCounters, NodeDeployment, NodeFrame, NodeRequest,
+    Reply, ReplyBody,
+};
+use nop_stream_proto::{FailureClass, TaskError, TaskEvent, TaskFailure};
+use nop_stream_runtime::{
+    JobProgress, Limits, LiveTasks, LoadedPlugin, LocalTaskEvent, PluginHost, PluginSet,
+    PreparedTasks, RunOptions, RuntimeError, TaskHost,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long a node waits for another node's data connection while preparing.
+const PEER_WAIT: Duration = Duration::from_secs(15);
+
+/// Settings of a node's task host.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// This node.
+    pub id: NodeId,
+    /// Its data directory (components, compiled cache, task state).
+    pub data: PathBuf,
+    /// Capacity of each receiving channel queue, in messages (batches). Default 16.
+    pub channel_capacity: usize,
+}
+
+enum Control {
+    Request(u64, Box<NodeRequest>),
+    Reap(LiveTasks),
+}
+
+struct NodeJob {
+    /// Generation of the tasks held (prepared or live).
+    generation: u64,
+    prepared: Option<PreparedTasks>,
+    live: Option<LiveTasks>,
+    progress: Arc<JobProgress>,
+    refused_commands: u64,
+}
+
+/// The node's task host: a [`NodeService`] for [`nop_stream_cluster::session::serve_node`].
+pub struct NodeHost {
+    opts: NodeOptions,
+    me: String,
+    rt: tokio::runtime::Handle,
+    plane: DataPlane,
+    endpoint: OnceLock<ClusterEndpoint>,
+    link: Mutex<Option<CoordinatorLink>>,
+    control: Sender<Control>,
+    jobs: Mutex<HashMap<JobId, NodeJob>>,
+    peers: Mutex<HashMap<String, quinn::Connection>>,
+    peers_changed: Condvar,
+}
+
+impl std::fmt::Debug for NodeHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHost")
+            .field("node", &self.me)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn runtime_failure(e: &RuntimeError) -> TaskFailure {
+    TaskFailure {
+        class: e.class(),
+        message: e.to_string(),
+    }
+}
+
+fn to_wire(e: LocalTaskEvent) -> TaskEvent<TaskFailure> {
+    match e {
+        TaskEvent::Ack { attempt, snapshot } => TaskEvent::Ack { attempt, snapshot },
+        TaskEvent::EndOfData { attempt, task } => TaskEvent::EndOfData { attempt, task },
+        TaskEvent::Committed {
+            attempt,
+            task,
+            epoch,
+        } => TaskEvent::Committed {
+            attempt,
+            task,
+            epoch,
+        },
+        TaskEvent::Finished { attempt, report } => TaskEvent::Finished { attempt, report },
+        TaskEvent::Failed {
+            attempt,
+            task,
+            error,
+        } => TaskEvent::Failed {
+            attempt,
+            task,
+            error: runtime_failure(&error),
+        },
+    }
+}
+
+impl NodeHost {
+    /// A node host running on `rt` (the process's tokio runtime). Starts its control
+    /// thread and its counters ticker.
+    ///
+    /// # Errors
+    /// The data directory cannot be created, the wasmtime engine cannot start, or a thread
+    /// cannot be spawned.
+    pub fn start(opts: NodeOptions, rt: tokio::runtime::Handle) -> Result<Arc<Self>, String> {
+        std::fs::create_dir_all(opts.data.join("components"))
+            .map_err(|e| format!("{}: {e}", opts.data.display()))?;
+        let plugins = PluginHost::new(Some(opts.data.join("cache"))).map_err(|e| e.to_string())?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let host = Arc::new(NodeHost {
+            me: Identity::Node(opts.id).label(),
+            plane: DataPlane::new(rt.clone(), DataPlaneConfig::default()),
+            rt,
+            opts,
+            endpoint: OnceLock::new(),
+            link: Mutex::new(None),
+            control: tx,
+            jobs: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+            peers_changed: Condvar::new(),
+        });
+        let weak = Arc::downgrade(&host);
+        std::thread::Builder::new()
+            .name("node-control".into())
+            .spawn(move || control_loop(weak, rx, plugins))
+            .map_err(|e| e.to_string())?;
+        let weak = Arc::downgrade(&host);
+        std::thread::Builder::new()
+            .name("node-counters".into())
+            .spawn(move || {
+                while let Some(h) = weak.upgrade() {
+                    h.send_counters();
+                    drop(h);
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(host)
+    }
+
+    fn link(&self) -> Option<CoordinatorLink> {
+        lock(&self.link).clone()
+    }
+
+    fn send_counters(&self) {
+        let Some(link) = self.link() else {
+            return;
+        };
+        let jobs = lock(&self.jobs);
+        for (job, j) in jobs.iter() {
+            link.send(NodeFrame::Counters(NodeCounters {
+                job: job.clone(),
+                records_read: j.progress.records_read(),
+                records_written: j.progress.records_written(),
+                refused_streams: self.plane.fences().refused(job),
+                refused_commands: j.refused_commands,
+            }));
+        }
+    }
+
+    /// Fences every generation of `job` below `generation`: the data plane refuses their
+    /// streams, their tasks are cancelled and joined on the control thread.
+    fn fence(&self, job: &JobId, generation: u64) {
+        self.plane.fences().fence(job, generation);
+        let mut jobs = lock(&self.jobs);
+        if let Some(j) = jobs.get_mut(job)
+            && j.generation < generation
+        {
+            j.prepared = None;
+            if let Some(mut live) = j.live.take() {
+                live.fence();
+                let _ = self.control.send(Control::Reap(live));
+            }
+        }
+    }
+
+    /// Stops every task of every job: the lease is lost or about to be.
+    fn stop_all(&self, why: &str) {
+        let jobs: Vec<(JobId, u64)> = lock(&self.jobs)
+            .iter()
+            .filter(|(_, j)| j.live.is_some() || j.prepared.is_some())
+            .map(|(k, j)| (k.clone(), j.generation))
+            .collect();
+        for (job, generation) in jobs {
+            tracing::warn!(node = %self.me, %job, generation, "stopping tasks: {why}");
+            self.fence(&job, generation + 1);
+        }
+    }
+
+    fn on_command(
+        &self,
+        job: &JobId,
+        generation: u64,
+        task: &nop_stream_api::TaskId,
+        cmd: nop_stream_proto::TaskCommand,
+    ) {
+        let mut jobs = lock(&self.jobs);
+        let Some(j) = jobs.get_mut(job) else {
+            tracing::warn!(node = %self.me, %job, generation, "command for a job with no tasks here refused");
+            return;
+        };
+        let delivered = j.generation == generation
+            && j.live
+                .as_ref()
+                .is_some_and(|l| !l.is_fenced() && l.send(task, cmd));
+        if !delivered {
+            // A command (a barrier or a commit) of a generation this node does not run:
+            // refused and counted (design §2.5).
+            j.refused_commands += 1;
+            tracing::warn!(node = %self.me, %job, generation, held = j.generation, %task, ?cmd, "command refused");
+        }
+    }
+
+    fn reply(&self, id: u64, result: Result<ReplyBody, TaskFailure>) {
+        if let Some(link) = self.link() {
+            link.send(NodeFrame::Reply(Reply { id, result }));
+        }
+    }
+
+    /// The path of the component `sha256`, fetched from the coordinator and verified if
+    /// it is not here yet.
+    fn component(&self, sha256: &str, label: &str) -> Result<PathBuf, TaskFailure> {
+        let fail = |class, m: String| TaskFailure {
+            class,
+            message: format!("component {label} ({sha256}): {m}"),
+        };
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(fail(FailureClass::Fatal, "not a sha256".into()));
+        }
+        let path = self
+            .opts
+            .data
+            .join("components")
+            .join(format!("{sha256}.wasm"));
+        if let Ok(bytes) = std::fs::read(&path)
+            && sha256_hex(&bytes) == sha256
+        {
+            return Ok(path);
+        }
+        let link = self.link().ok_or_else(|| {
+            fail(
+                FailureClass::Recoverable,
+                "not registered with a coordinator".into(),
+            )
+        })?;
+        let bytes = self
+            .rt
+            .block_on(link.fetch_component(sha256))
+            .map_err(|e| fail(FailureClass::Recoverable, e.to_string()))?;
+        let got = sha256_hex(&bytes);
+        if got != sha256 {
+            return Err(fail(
+                FailureClass::Recoverable,
+                format!("the bytes fetched hash to {got}; refused"),
+            ));
+        }
+        write_atomically(&path, &bytes)
+            .map_err(|e| fail(FailureClass::Recoverable, e.to_string()))?;
+        Ok(path)
+    }
+
+    /// Loads the component of every operator of `plan` (compiled once per hash).
+    fn plugin_set(
+        &self,
+        plugins: &PluginHost,
+        loaded: &mut HashMap<(String, PluginKind), Arc<LoadedPlugin>>,
+        spec: &JobSpec,
+        plan: &PartitionedPlan,
+    ) -> Result<PluginSet, TaskFailure> {
+        let mut set = PluginSet::new();
+        for v in &plan.vertices {
+            for op in &v.operators {
+                let c = spec
+                    .components
+                    .get(op.operator_id.as_str())
+                    .ok_or_else(|| TaskFailure {
+                        class: FailureClass::Fatal,
+                        message: format!("no component named for operator `{}`", op.name),
+                    })?;
+                let key = (c.sha256.clone(), op.kind);
+                let p = match loaded.get(&key) {
+                    Some(p) => Arc::clone(p),
+                    None => {
+                        let path = self.component(&c.sha256, &c.label)?;
+                        let p = Arc::new(
+                            plugins
+                                .load(&c.label, &path, op.kind)
+                                .map_err(|e| runtime_failure(&e))?,
+                        );
+                        loaded.insert(key, Arc::clone(&p));
+                        p
+                    }
+                };
+                set.insert(OperatorId::new(op.operator_id.as_str()), p);
+            }
+        }
+        Ok(set)
+    }
+
+    /// A connection to every other node in `peers` (name → address): the node with the
+    /// lower id dials, the other waits for it, so two nodes share one connection.
+    fn connect_peers(
+        &self,
+        peers: &BTreeMap<String, String>,
+    ) -> Result<HashMap<String, quinn::Connection>, TaskFailure> {
+        let fail = |m: String| TaskFailure {
+            class: FailureClass::Recoverable,
+            message: m,
+        };
+        let mut out = HashMap::new();
+        for (name, addr) in peers {
+            if *name == self.me {
+                continue;
+            }
+            let addr: SocketAddr = addr
+                .parse()
+                .map_err(|e| fail(format!("{name} has a bad address `{addr}`: {e}")))?;
+            let id = match name.parse::<Identity>() {
+                Ok(Identity::Node(id)) => id,
+                _ => return Err(fail(format!("`{name}` is not a node name"))),
+            };
+            let usable =
+                |c: &quinn::Connection| c.close_reason().is_none() && c.remote_address() == addr;
+            if let Some(c) = lock(&self.peers).get(name).filter(|c| usable(c)) {
+                out.insert(name.clone(), c.clone());
+                continue;
+            }
+            let conn = if self.opts.id < id {
+                let ep = self
+                    .endpoint
+                    .get()
+                    .ok_or_else(|| fail("the endpoint is not bound yet".into()))?;
+                let pc = self
+                    .rt
+                    .block_on(ep.connect(addr, &Identity::Node(id), Protocol::Node))
+                    .map_err(|e| fail(format!("cannot connect to {name} at {addr}: {e}")))?;
+                self.plane.serve(pc.connection.clone());
+                lock(&self.peers).insert(name.clone(), pc.connection.clone());
+                pc.connection
+            } else {
+                let deadline = Instant::now() + PEER_WAIT;
+                let mut g = lock(&self.peers);
+                loop {
+                    if let Some(c) = g.get(name).filter(|c| usable(c)) {
+                        break c.clone();
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(fail(format!("{name} did not connect within {PEER_WAIT:?}")));
+                    }
+                    g = self
+                        .peers_changed
+                        .wait_timeout(g, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            };
+            out.insert(name.clone(), conn);
+        }
+        Ok(out)
+    }
+
+    fn run_options(&self, spec: &JobSpec) -> RunOptions {
+        let mut opts = RunOptions::new(
+            PathBuf::from(&spec.job_dir),
+            PathBuf::from(&spec.output_dir),
+            self.opts
+                .data
+                .join("jobs")
+                .join(nop_stream_coordinator::restore::path_component(
+                    spec.job.as_str(),
+                )),
+        );
+        opts.limits = Limits {
+            memory_bytes: spec.limits.memory_bytes,
+            cpu_ms_per_call: spec.limits.cpu_ms_per_call,
+            ..Limits::default()
+        };
+        opts.channel_capacity = self.opts.channel_capacity;
+        opts
+    }
+
+    fn storage(spec: &JobSpec) -> Result<Arc<dyn CheckpointStorage>, TaskFailure> {
+        LocalStorage::open(Path::new(&spec.checkpoint_dir))
+            .map(|s| Arc::new(s) as Arc<dyn CheckpointStorage>)
+            .map_err(|e| TaskFailure {
+                class: FailureClass::Recoverable,
+                message: format!(
+                    "checkpoint storage {} is not reachable from this node: {e}",
+                    spec.checkpoint_dir
+                ),
+            })
+    }
+
+    fn progress(&self, job: &JobId) -> Arc<JobProgress> {
+        let mut jobs = lock(&self.jobs);
+        let j = jobs.entry(job.clone()).or_insert_with(|| NodeJob {
+            generation: 0,
+            prepared: None,
+            live: None,
+            progress: Arc::new(JobProgress::default()),
+            refused_commands: 0,
+        });
+        Arc::clone(&j.progress)
+    }
+
+    fn prepare(
+        &self,
+        plugins: &PluginHost,
+        loaded: &mut HashMap<(String, PluginKind), Arc<LoadedPlugin>>,
+        nd: NodeDeployment,
+    ) -> Result<ReplyBody, TaskFailure> {
+        let job = nd.deployment.job.clone();
+        let generation = nd.deployment.generation;
+        // Older generations of the job end here, before this one opens anything.
+        let old = {
+            self.plane.fences().fence(&job, generation);
+            let mut jobs = lock(&self.jobs);
+            jobs.get_mut(&job).and_then(|j| {
+                j.prepared = None;
+                j.live.take()
+            })
+        };
+        if let Some(mut live) = old {
+            live.fence();
+            live.join();
+        }
+        let plan: PartitionedPlan =
+            serde_json::from_str(&nd.spec.plan_json).map_err(|e| TaskFailure {
+                class: FailureClass::Fatal,
+                message: format!("the deployment's plan does not parse: {e}"),
+            })?;
+        let set = self.plugin_set(plugins, loaded, &nd.spec, &plan)?;
+        let peers = self.connect_peers(&nd.peers)?;
+        let opts = self.run_options(&nd.spec);
+        let storage = Self::storage(&nd.spec)?;
+        let progress = self.progress(&job);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let transport = Arc::new(ClusterTransport::new(
+            job.clone(),
+            generation,
+            nd.deployment.token,
+            self.me.clone(),
+            &plan,
+            &nd.placement,
+            self.plane.clone(),
+            peers,
+            if self.opts.channel_capacity == 0 {
+                16
+            } else {
+                self.opts.channel_capacity
+            },
+            Arc::clone(&cancel),
+        ));
+        let host = TaskHost::new(&plan, &set, &opts, storage, progress);
+        let prepared = host
+            .prepare(
+                &nd.deployment,
+                nd.deployment.tasks.clone(),
+                transport,
+                cancel,
+            )
+            .map_err(|e| runtime_failure(&e))?;
+        tracing::info!(node = %self.me, %job, generation, tasks = prepared.tasks().len(), "prepared");
+        let mut jobs = lock(&self.jobs);
+        let j = jobs.get_mut(&job).expect("created by progress()");
+        j.generation = generation;
+        j.prepared = Some(prepared);
+        Ok(ReplyBody::Done)
+    }
+
+    fn start_tasks(
+        self: &Arc<Self>,
+        job: &JobId,
+        generation: u64,
+    ) -> Result<ReplyBody, TaskFailure> {
+        let mut jobs = lock(&self.jobs);
+        let j = jobs.get_mut(job).filter(|j| j.generation == generation);
+        let Some(prepared) = j.and_then(|j| j.prepared.take()) else {
+            return Err(TaskFailure {
+                class: FailureClass::Recoverable,
+                message: format!(
+                    "{}: no tasks of generation {generation} of job {job} are prepared here (fenced?)",
+                    self.me
+                ),
+            });
+        };
+        let (live, spawn_error) = prepared.start();
+        let events = live.events().clone();
+        jobs.get_mut(job).expect("checked").live = Some(live);
+        drop(jobs);
+        let weak = Arc::downgrade(self);
+        let job2 = job.clone();
+        let _ = std::thread::Builder::new()
+            .name(format!("events-{job}-{generation}"))
+            .spawn(move || forward_events(weak, job2, generation, events));
+        tracing::info!(node = %self.me, %job, generation, "started");
+        match spawn_error {
+            Some(e) => Err(runtime_failure(&e)),
+            None => Ok(ReplyBody::Done),
+        }
+    }
+
+    fn one_off_host<'a>(
+        &self,
+        plan: &'a PartitionedPlan,
+        set: &'a PluginSet,
+        opts: &'a RunOptions,
+        spec: &JobSpec,
+    ) -> Result<TaskHost<'a>, TaskFailure> {
+        Ok(TaskHost::new(
+            plan,
+            set,
+            opts,
+            Self::storage(spec)?,
+            Arc::new(JobProgress::default()),
+        ))
+    }
+
+    fn handle(
+        self: &Arc<Self>,
+        plugins: &PluginHost,
+        loaded: &mut HashMap<(String, PluginKind), Arc<LoadedPlugin>>,
+        request: NodeRequest,
+    ) -> Result<ReplyBody, TaskFailure> {
+        let parse = |spec: &JobSpec| -> Result<PartitionedPlan, TaskFailure> {
+            serde_json::from_str(&spec.plan_json).map_err(|e| TaskFailure {
+                class: FailureClass::Fatal,
+                message: format!("the job's plan does not parse: {e}"),
+            })
+        };
+        match request {
+            NodeRequest::Prepare(nd) => self.prepare(plugins, loaded, nd),
+            NodeRequest::Start { job, generation } => self.start_tasks(&job, generation),
+            NodeRequest::DiscoverSplits {
+                job,
+                vertex,
+                attempt,
+            } => {
+                let plan = parse(&job)?;
+                let set = self.plugin_set(plugins, loaded, &job, &plan)?;
+                let opts = self.run_options(&job);
+                let host = self.one_off_host(&plan, &set, &opts, &job)?;
+                host.discover_splits(vertex as usize, attempt)
+                    .map(ReplyBody::Splits)
+                    .map_err(|e| runtime_failure(&e))
+            }
+            NodeRequest::SettleSinks {
+                job,
+                settlements,
+                attempt,
+            } => {
+                let plan = parse(&job)?;
+                let set = self.plugin_set(plugins, loaded, &job, &plan)?;
+                let opts = self.run_options(&job);
+                let host = self.one_off_host(&plan, &set, &opts, &job)?;
+                host.settle_sinks(&settlements, attempt)
+                    .map(|()| ReplyBody::Done)
+                    .map_err(|e| runtime_failure(&e))
+            }
+        }
+    }
+}
+
+fn control_loop(host: std::sync::Weak<NodeHost>, rx: Receiver<Control>, plugins: PluginHost) {
+    let mut loaded = HashMap::new();
+    while let Ok(c) = rx.recv() {
+        match c {
+            Control::Reap(live) => live.join(),
+            Control::Request(id, request) => {
+                let Some(h) = host.upgrade() else {
+                    return;
+                };
+                let result = h.handle(&plugins, &mut loaded, *request);
+                if let Err(e) = &result {
+                    tracing::warn!(node = %h.me, "request {id} failed: {}", e.message);
+                }
+                h.reply(id, result);
+            }
+        }
+    }
+}
+
+fn forward_events(
+    host: std::sync::Weak<NodeHost>,
+    job: JobId,
+    generation: u64,
+    events: Receiver<LocalTaskEvent>,
+) {
+    while let Ok(e) = events.recv() {
+        let Some(h) = host.upgrade() else {
+            return;
+        };
+        let event = to_wire(e);
+        match h.link() {
+            Some(link) => {
+                link.send(NodeFrame::Event(JobEvent {
+                    job: job.clone(),
+                    generation,
+                    event,
+                }));
+            }
+            None => tracing::debug!(%job, generation, "event dropped: no session"),
+        }
+    }
+}
+
+impl NodeService for NodeHost {
+    fn endpoint_ready(&self, endpoint: ClusterEndpoint) {
+        let _ = self.endpoint.set(endpoint);
+    }
+
+    fn session_up(&self, link: CoordinatorLink) {
+        // Tasks of an earlier registration were stopped when it ended.
+        *lock(&self.link) = Some(link);
+    }
+
+    fn coordinator_frame(&self, frame: CoordinatorFrame) {
+        match frame {
+            CoordinatorFrame::Request { id, request } => {
+                let _ = self.control.send(Control::Request(id, request));
+            }
+            CoordinatorFrame::Command {
+                job,
+                generation,
+                task,
+                command,
+            } => self.on_command(&job, generation, &task, command),
+            CoordinatorFrame::Fence { job, generation } => self.fence(&job, generation),
+            CoordinatorFrame::Ack(_) | CoordinatorFrame::End(_) => {}
+        }
+    }
+
+    fn session_down(&self, outcome: &SessionOutcome) {
+        *lock(&self.link) = None;
+        self.stop_all(&format!("{outcome:?}"));
+    }
+
+    fn peer_connection(&self, pc: PeerConnection) {
+        self.plane.serve(pc.connection.clone());
+        let name = pc.certified.label();
+        tracing::debug!(node = %self.me, peer = %name, "data connection from a peer");
+        if let Some(old) = lock(&self.peers).insert(name, pc.connection) {
+            old.close(0u32.into(), b"replaced");
+        }
+        self.peers_changed.notify_all();
+    }
+}
