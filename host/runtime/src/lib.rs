@@ -4,6 +4,7 @@
 
 pub mod bindings;
 mod error;
+mod error_policy;
 mod host;
 pub mod job;
 mod limits;
@@ -14,10 +15,10 @@ mod task;
 pub mod transport;
 mod workers;
 
-pub use error::{Result, RuntimeError, Site};
+pub use error::{MAX_RECORD_IN_ERROR, Result, RuntimeError, Site, printable_record};
 pub use host::HostTrap;
 pub use job::{JobProgress, JobReport, PluginSet, RunOptions, run_job};
 pub use limits::{Limits, TICK_MS};
-pub use plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin, PluginHost};
+pub use plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin, PluginHost, Rejected};
 pub use task::TaskReport;
 pub use workers::InProcessWorkers;
