@@ -256,7 +256,11 @@ fn check_error_policies(
         let field = format!("{}.on_error", prefixes[i]);
         let Some(info) = &infos[i] else { continue };
         if !info.states.is_empty() {
-            let states: Vec<String> = info.states.iter().map(|s| format!("`{}`", s.name)).collect();
+            let states: Vec<String> = info
+                .states
+                .iter()
+                .map(|s| format!("`{}`", s.name))
+                .collect();
             diags.push(Diagnostic::new(
                 field.clone(),
                 format!(

@@ -2106,7 +2106,13 @@ config = { dir = "/output" }
         )
         .unwrap();
         assert_eq!(m.nodes[1].on_error, ErrorPolicy::DeadLetter);
-        let d = errs(&with_on_error(["", "on_error = \"deadletter\"\n", "", "", ""]));
+        let d = errs(&with_on_error([
+            "",
+            "on_error = \"deadletter\"\n",
+            "",
+            "",
+            "",
+        ]));
         assert_eq!(at(&d, "operator[0].on_error").line, Some(10), "{d}");
     }
 

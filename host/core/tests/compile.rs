@@ -841,7 +841,10 @@ fn on_error_enters_the_plan_and_dead_letter_opens_the_errors_output() {
     // The default stays out of the plan's JSON, so fingerprints of existing jobs hold.
     let json = serde_json::to_string(&fail).unwrap();
     assert!(!json.contains("on_error"), "{json}");
-    assert_ne!(fail.fingerprint, skip.fingerprint, "the policy is in the fingerprint");
+    assert_ne!(
+        fail.fingerprint, skip.fingerprint,
+        "the policy is in the fingerprint"
+    );
     let parse = |p: &PartitionedPlan| {
         p.vertices
             .iter()
@@ -910,7 +913,9 @@ fn skip_and_dead_letter_are_refused_for_operators_with_keyed_state() {
     let d = refused(&model(text), &Fake::new());
     let msg = first(&d, "operator[0].on_error");
     assert!(
-        msg.starts_with("`agg` (keyed-aggregate@0.1.0) declares keyed state (`counts`); on_error = \"skip\""),
+        msg.starts_with(
+            "`agg` (keyed-aggregate@0.1.0) declares keyed state (`counts`); on_error = \"skip\""
+        ),
         "{msg}"
     );
     // `fail` needs no isolation and stays allowed.
