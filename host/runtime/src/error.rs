@@ -97,14 +97,15 @@ pub enum RuntimeError {
         site: Site,
         /// Export being called.
         call: &'static str,
-        /// Error code reported by the guest.
-        code: String,
-        /// Guest message.
-        message: String,
+        /// Error code reported by the guest, as WIT spells it (`invalid-record`).
+        code: &'static str,
+        /// Guest message (boxed, like `record`: errors travel in every `Result` of the
+        /// runtime).
+        message: Box<str>,
         /// The record that failed, printable and truncated to [`MAX_RECORD_IN_ERROR`]
         /// bytes (see [`printable_record`]), when the call was `process` and the host
         /// isolated it.
-        record: Option<String>,
+        record: Option<Box<str>>,
     },
     /// The guest returned a batch whose offsets are inconsistent.
     #[error("{site} returned a malformed batch from `{call}`: {detail}")]
@@ -204,7 +205,7 @@ pub fn printable_record(bytes: &[u8]) -> String {
     out
 }
 
-fn on_record(record: &Option<String>) -> String {
+fn on_record(record: &Option<Box<str>>) -> String {
     match record {
         Some(r) => format!(
             "; record: `{r}` (on_error = \"fail\"; \"skip\" or \"dead-letter\" on the operator would go on without it)"
@@ -236,7 +237,7 @@ impl nop_stream_proto::TaskError for RuntimeError {
             | RuntimeError::DescribeMismatch { .. }
             | RuntimeError::Io { .. }
             | RuntimeError::Restore { .. } => FailureClass::Fatal,
-            RuntimeError::Guest { code, .. } if code != "io" => FailureClass::Fatal,
+            RuntimeError::Guest { code, .. } if *code != "io" => FailureClass::Fatal,
             _ => FailureClass::Recoverable,
         }
     }
@@ -260,7 +261,7 @@ mod tests {
     use super::*;
     use nop_stream_proto::{FailureClass, TaskError};
 
-    fn guest(code: &str, record: Option<String>) -> RuntimeError {
+    fn guest(code: &'static str, record: Option<Box<str>>) -> RuntimeError {
         RuntimeError::Guest {
             site: Site {
                 plugin: "flights-mapper@0.1.0".into(),
@@ -268,7 +269,7 @@ mod tests {
                 subtask: Some(1),
             },
             call: "process",
-            code: code.into(),
+            code,
             message: "column dep_delay: value \"x\" is not a number".into(),
             record,
         }
@@ -284,7 +285,7 @@ mod tests {
 
     #[test]
     fn a_guest_error_names_its_record() {
-        let e = guest("invalid-record", Some(printable_record(b"2013,1,x")));
+        let e = guest("invalid-record", Some(printable_record(b"2013,1,x").into()));
         assert_eq!(
             e.to_string(),
             "plugin `flights-mapper@0.1.0` (operator `parse`, subtask 1) failed in `process` \

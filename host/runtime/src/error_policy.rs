@@ -164,7 +164,10 @@ pub(crate) fn dead_letter(
 mod tests {
     use super::*;
 
-    fn batch(records: &[(&[u8], Option<&[u8]>, Option<i64>)]) -> Batch {
+    /// (payload, key, timestamp) of one test record.
+    type Rec<'a> = (&'a [u8], Option<&'a [u8]>, Option<i64>);
+
+    fn batch(records: &[Rec<'_>]) -> Batch {
         let mut b = Batch::default();
         for (data, key, ts) in records {
             b.data.extend_from_slice(data);

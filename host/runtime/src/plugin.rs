@@ -586,8 +586,8 @@ fn guest_error(ctx: &CallCtx, call: &'static str, e: GuestError) -> RuntimeError
     RuntimeError::Guest {
         site: ctx.site.clone(),
         call,
-        code: error_code_name(e.code).to_owned(),
-        message,
+        code: error_code_name(e.code),
+        message: message.into(),
         record: None,
     }
 }

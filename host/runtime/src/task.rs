@@ -542,13 +542,13 @@ fn emit_to(
 
 /// A guest error with the code `io`: about a capability, not a record.
 fn is_io(error: &RuntimeError) -> bool {
-    matches!(error, RuntimeError::Guest { code, .. } if code == "io")
+    matches!(error, RuntimeError::Guest { code, .. } if *code == "io")
 }
 
 /// A guest error naming the record `data` (printable, truncated).
 fn with_record(mut error: RuntimeError, data: &[u8]) -> RuntimeError {
     if let RuntimeError::Guest { record, .. } = &mut error {
-        *record = Some(printable_record(data));
+        *record = Some(printable_record(data).into());
     }
     error
 }
@@ -1168,7 +1168,7 @@ impl Task {
                     let RuntimeError::Guest { code, message, .. } = &error else {
                         unreachable!("try_process rejects with guest errors only");
                     };
-                    if code == "io" {
+                    if *code == "io" {
                         return Err(with_record(error, &one.data));
                     }
                     if policy == ErrorPolicy::Skip {
@@ -1233,11 +1233,12 @@ impl Task {
         let first = error_policy::one_record(batch, 0);
         let mut error = with_record(error, &first.data);
         if let RuntimeError::Guest { message, .. } = &mut error {
-            message.push_str(&format!(
-                " (a batch of {} records failed, but none of them fails alone; the record \
-                 shown is the batch's first)",
+            *message = format!(
+                "{message} (a batch of {} records failed, but none of them fails alone; the \
+                 record shown is the batch's first)",
                 batch.len()
-            ));
+            )
+            .into();
         }
         error
     }
