@@ -303,15 +303,18 @@ fn guest_error_is_reported_with_its_code_and_message() {
         call,
         code,
         message,
+        record,
     } = &err
     else {
         panic!("expected a guest error, got {err:?}");
     };
     assert_site(site, "fault-error@0.1.0", "check", 1, &msg);
     assert_eq!(*call, "process");
-    assert_eq!(code, "invalid-record", "{msg}");
+    assert_eq!(*code, "invalid-record", "{msg}");
     // batch_records = 4: the bad line is record 0 of the second batch.
-    assert_eq!(message, r#"record 0 contains `bad`: {"k":"bad","v":4}"#);
+    assert_eq!(&**message, r#"record 0 contains `bad`: {"k":"bad","v":4}"#);
+    // on_error = "fail" (the default) names the record that failed.
+    assert_eq!(record.as_deref(), Some(r#"{"k":"bad","v":4}"#));
     assert!(
         msg.contains("failed in `process` (invalid-record)"),
         "{msg}"

@@ -123,8 +123,42 @@ pub fn print_summary(report: &JobReport, dirs: &RunDirs) {
         thousands((report.records_read as f64 / secs) as u64)
     );
     println!("  records written  {}", thousands(report.records_written));
+    for line in error_policy_lines(report) {
+        println!("{line}");
+    }
     println!("  transactions     {} committed", report.committed.len());
     dirs.print(&mut std::io::stdout());
+}
+
+/// Summary lines of the operators' error policies (`on_error`): per operator, records
+/// skipped (a declared loss) and records sent to the dead-letter output `errors`, summed
+/// over subtasks. Counts cover this run's finishing attempt: a recovery or a resumed run
+/// replays from a durable epoch, so records handled before it are not counted again.
+fn error_policy_lines(report: &JobReport) -> Vec<String> {
+    use std::collections::BTreeMap;
+    let mut per_op: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for t in &report.tasks {
+        for (op, counters) in &t.counters {
+            for name in ["records_skipped", "records_dead_lettered"] {
+                if let Some(n) = counters.get(name).filter(|n| **n > 0) {
+                    *per_op.entry((name, op.as_str())).or_default() += n;
+                }
+            }
+        }
+    }
+    per_op
+        .into_iter()
+        .map(|((name, op), n)| match name {
+            "records_skipped" => format!(
+                "  records skipped  {} by `{op}` (on_error = \"skip\": dropped, a declared loss)",
+                thousands(n)
+            ),
+            _ => format!(
+                "  dead-lettered    {} by `{op}` (on_error = \"dead-letter\": to its output `errors`)",
+                thousands(n)
+            ),
+        })
+        .collect()
 }
 
 /// Prints the committed output files' lines (sorted) when there are at most 200 lines,

@@ -463,3 +463,45 @@ fn a_sink_writing_to_a_full_disk_says_no_space_left_on_device() {
     );
     assert!(line.contains("`out`"), "names the sink: {line}");
 }
+
+#[test]
+fn validate_names_a_bad_on_error_and_refuses_skip_on_an_operator_with_keyed_state() {
+    let job = pipeline("fault-error@0.1.0", "{}").replace(
+        "inputs = [\"input\"]\n",
+        "inputs = [\"input\"]\non_error = \"ignore\"\n",
+    );
+    let (dir, _) = job_dir(&job, 3);
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert_eq!(
+        line_starting(&err, "job.toml:15:12: operator[0].on_error: "),
+        "job.toml:15:12: operator[0].on_error: unknown error policy `ignore`; expected one of: \
+         fail, skip, dead-letter"
+    );
+    // Skipping records of a stateful operator would need its state writes taken back.
+    let job = pipeline(
+        "keyed-aggregate@0.1.0",
+        r#"{ key_field = "v", aggregates = [{ name = "n", fn = "count" }] }"#,
+    )
+    .replace(
+        "inputs = [\"input\"]\n",
+        "inputs = [\"input\"]\non_error = \"skip\"\n",
+    );
+    std::fs::write(dir.path().join("job.toml"), &job).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    let line = line_starting(&err, "job.toml: operator[0].on_error: ");
+    assert!(
+        line.contains("declares keyed state (`acc`); on_error = \"skip\" re-runs a failed batch"),
+        "{line}"
+    );
+    assert!(err.contains("job.toml: 1 problem(s)"), "{err}");
+    // The stateless fault-error operator may skip.
+    let job = pipeline("fault-error@0.1.0", "{}").replace(
+        "inputs = [\"input\"]\n",
+        "inputs = [\"input\"]\non_error = \"skip\"\n",
+    );
+    std::fs::write(dir.path().join("job.toml"), &job).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(ok, "{err}");
+}

@@ -41,8 +41,11 @@ pub struct CoordinatorOptions {
     /// at the parallelism the checkpoint was taken with. `None` (default): a changed plan
     /// is refused (design §10.4).
     pub rescale_from: Option<String>,
-    /// Pause before a recovery attempt starts. Default 100 ms.
+    /// Pause before the first recovery attempt of a run; it doubles with every further
+    /// recovery up to [`Self::restart_delay_max`] (see [`restart_backoff`]). Default 100 ms.
     pub restart_delay: Duration,
+    /// Longest pause before a recovery attempt. Default 5 s.
+    pub restart_delay_max: Duration,
     /// How long the epoch loop waits for an event before it ticks the epoch clock.
     /// Default 10 ms.
     pub poll: Duration,
@@ -56,6 +59,7 @@ impl Default for CoordinatorOptions {
             retain_epochs: 3,
             rescale_from: None,
             restart_delay: Duration::from_millis(100),
+            restart_delay_max: Duration::from_secs(5),
             poll: Duration::from_millis(10),
         }
     }
@@ -173,11 +177,24 @@ pub fn run_job<W: Workers>(
                 tracing::warn!(
                     "attempt {attempt} failed, recovering from the latest durable epoch: {e}"
                 );
-                std::thread::sleep(opts.restart_delay);
+                std::thread::sleep(restart_backoff(
+                    opts.restart_delay,
+                    opts.restart_delay_max,
+                    tally.recoveries - 1,
+                ));
             }
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The pause before recovery `n` of a run (0 for the first): `first × 2^n`, capped at
+/// `max` (exponential backoff; with the defaults 100 ms, 200 ms, 400 ms, … 5 s).
+pub fn restart_backoff(first: Duration, max: Duration, n: u32) -> Duration {
+    first
+        .checked_mul(1u32.checked_shl(n).unwrap_or(u32::MAX))
+        .unwrap_or(max)
+        .min(max)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -717,5 +734,24 @@ impl<E: TaskError> Driver<'_, E> {
             self.final_epoch = Some(epoch);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::restart_backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn restart_backoff_doubles_from_the_first_delay_up_to_the_cap() {
+        let (first, max) = (Duration::from_millis(100), Duration::from_secs(5));
+        let delays: Vec<u128> = (0..8)
+            .map(|n| restart_backoff(first, max, n).as_millis())
+            .collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        // Far past the cap, and past any shift or multiplication overflow.
+        assert_eq!(restart_backoff(first, max, 31), max);
+        assert_eq!(restart_backoff(first, max, u32::MAX), max);
+        assert_eq!(restart_backoff(Duration::ZERO, max, 40), Duration::ZERO);
     }
 }

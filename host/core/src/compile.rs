@@ -7,7 +7,9 @@
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::jobfile::validate_model;
-use crate::model::{NodeSpec, PluginRef, StreamModel, operator_id};
+use crate::model::{
+    DEAD_LETTER_OUTPUT, ErrorPolicy, NodeSpec, PluginRef, StreamModel, operator_id,
+};
 use crate::plan::{
     JobEdge, JobGraph, JobMeta, JobVertex, PartitionedEdge, PartitionedPlan, PartitionedVertex,
     PlannedOperator, PlannedSubtask, StreamEdge, StreamGraph,
@@ -103,6 +105,7 @@ pub fn stream_graph(
             parallelism: model.parallelism_of(n),
             watermarks: n.watermarks,
             start_new_chain: n.start_new_chain,
+            on_error: n.on_error,
         })
         .collect();
 
@@ -183,12 +186,19 @@ pub fn stream_graph(
             if let Some(tag) = &input.output
                 && infos[u].is_some()
                 && !up.plugin_info.side_outputs.iter().any(|t| t == tag)
+                && !(up.on_error == ErrorPolicy::DeadLetter && tag == DEAD_LETTER_OUTPUT)
             {
-                let declared = if up.plugin_info.side_outputs.is_empty() {
+                let mut declared = if up.plugin_info.side_outputs.is_empty() {
                     "it declares none".to_string()
                 } else {
                     format!("it declares: {}", up.plugin_info.side_outputs.join(", "))
                 };
+                if tag == DEAD_LETTER_OUTPUT {
+                    declared.push_str(&format!(
+                        "; set on_error = \"dead-letter\" on `{}` to send its failed records there",
+                        up.name
+                    ));
+                }
                 diags.push(Diagnostic::new(
                     format!("{}.inputs[{j}].output", prefixes[i]),
                     format!(
@@ -207,6 +217,7 @@ pub fn stream_graph(
         }
     }
 
+    check_error_policies(model, &infos, &prefixes, &mut diags);
     check_semantic(model, &infos, &prefixes, &mut diags);
     Diagnostics(diags).into_result()?;
     Ok(StreamGraph {
@@ -222,6 +233,80 @@ pub fn stream_graph(
         nodes,
         edges,
     })
+}
+
+/// `on_error = "skip" | "dead-letter"` (README "Error policy"): the host isolates a
+/// failing record by calling `process` again one record at a time, which is exactly-once
+/// only if the failed call left nothing behind. The host discards a failed call's output
+/// and side outputs but cannot take back its keyed-state and timer writes, so both
+/// policies are refused for operators that declare keyed state. `dead-letter` also needs
+/// a reader of the `errors` output (dead letters nobody reads would be a silent loss)
+/// and a plugin that does not declare a side output of that name itself.
+fn check_error_policies(
+    model: &StreamModel,
+    infos: &[Option<PluginInfo>],
+    prefixes: &[String],
+    diags: &mut Vec<Diagnostic>,
+) {
+    for (i, n) in model.nodes.iter().enumerate() {
+        if n.on_error == ErrorPolicy::Fail {
+            continue;
+        }
+        let field = format!("{}.on_error", prefixes[i]);
+        let Some(info) = &infos[i] else { continue };
+        if !info.states.is_empty() {
+            let states: Vec<String> = info
+                .states
+                .iter()
+                .map(|s| format!("`{}`", s.name))
+                .collect();
+            diags.push(Diagnostic::new(
+                field.clone(),
+                format!(
+                    "`{}` ({}) declares keyed state ({}); on_error = \"{}\" re-runs a failed \
+                     batch record by record and the host cannot take back the state writes \
+                     of the failed call, so it is only allowed on operators without keyed \
+                     state: put a stateless operator that validates records before `{}`, or \
+                     use on_error = \"fail\"",
+                    n.name,
+                    n.plugin,
+                    states.join(", "),
+                    n.on_error,
+                    n.name
+                ),
+            ));
+        }
+        if n.on_error != ErrorPolicy::DeadLetter {
+            continue;
+        }
+        if info.side_outputs.iter().any(|t| t == DEAD_LETTER_OUTPUT) {
+            diags.push(Diagnostic::new(
+                field.clone(),
+                format!(
+                    "`{}` ({}) declares a side output named `{DEAD_LETTER_OUTPUT}` itself, \
+                     which on_error = \"dead-letter\" would share; use on_error = \"skip\" \
+                     or \"fail\"",
+                    n.name, n.plugin
+                ),
+            ));
+        }
+        let read = model.nodes.iter().any(|d| {
+            d.inputs
+                .iter()
+                .any(|inp| inp.from == n.name && inp.output.as_deref() == Some(DEAD_LETTER_OUTPUT))
+        });
+        if !read {
+            diags.push(Diagnostic::new(
+                field,
+                format!(
+                    "on_error = \"dead-letter\" sends failed records to the side output \
+                     `{DEAD_LETTER_OUTPUT}` of `{}`, but nothing reads it; add a sink with \
+                     inputs = [{{ from = \"{}\", output = \"{DEAD_LETTER_OUTPUT}\" }}]",
+                    n.name, n.name
+                ),
+            ));
+        }
+    }
 }
 
 fn placeholder_info(n: &NodeSpec) -> PluginInfo {

@@ -48,6 +48,9 @@
 //! inputs = ["flights"]              # names, or tables { from = "x", partition = "hash" }
 //!                                   # and `output = "late"` to read a declared side output
 //! config = {}
+//! on_error = "dead-letter"          # default "fail"; also "skip", "dead-letter" (failed
+//!                                   # records to side output `errors`; operators without
+//!                                   # keyed state only; see ErrorPolicy)
 //!
 //! [[operator]]
 //! name = "per-carrier"
@@ -77,7 +80,9 @@
 //!   model path is `sources/<name>`, `operators/<name>` or `sinks/<name>`.
 
 use crate::diag::{Diagnostic, Diagnostics};
-use crate::model::{Grant, InputSpec, JobSpec, NodeSpec, PluginRef, PrepareStep, StreamModel};
+use crate::model::{
+    ErrorPolicy, Grant, InputSpec, JobSpec, NodeSpec, PluginRef, PrepareStep, StreamModel,
+};
 use nop_stream_api::{PartitionPolicy, PluginKind, SemanticMode};
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -706,6 +711,7 @@ fn read_node(
             "config",
             "watermarks",
             "start_new_chain",
+            "on_error",
         ],
     );
     let mut ns = NodeSpans {
@@ -987,6 +993,47 @@ fn read_node(
         })
         .unwrap_or(false);
 
+    let on_error = find(t, "on_error")
+        .and_then(|v| {
+            let field = f("on_error");
+            let s = get_str(cx, v, &field)?;
+            let Some(policy) = ErrorPolicy::parse(&s) else {
+                cx.err(
+                    Some(v.span()),
+                    field,
+                    format!("unknown error policy `{s}`; expected one of: fail, skip, dead-letter"),
+                );
+                return None;
+            };
+            match kind {
+                PluginKind::Operator => Some(policy),
+                PluginKind::Source => {
+                    cx.err(
+                        Some(v.span()),
+                        field,
+                        "a source processes no records; set on_error on the operator that \
+                         parses them",
+                    );
+                    None
+                }
+                PluginKind::Sink if policy != ErrorPolicy::Fail => {
+                    cx.err(
+                        Some(v.span()),
+                        field,
+                        format!(
+                            "a sink only takes on_error = \"fail\": a failed `write` may have \
+                             written part of its batch into the open transaction, which the \
+                             host cannot take back, so `{policy}` could not be exactly-once; \
+                             set on_error on the operator upstream"
+                        ),
+                    );
+                    None
+                }
+                PluginKind::Sink => Some(policy),
+            }
+        })
+        .unwrap_or_default();
+
     let node = NodeSpec {
         path: model_path(kind, &name),
         name,
@@ -999,6 +1046,7 @@ fn read_node(
         grants,
         watermarks,
         start_new_chain,
+        on_error,
     };
     (node, ns)
 }
@@ -1972,6 +2020,100 @@ config = { dir = "/output" }
         // A file without [job] names the table, without a position.
         let d = errs("");
         assert_eq!(at(&d, "job").line, None);
+    }
+
+    /// source `s` -> operators `a`, `b`, `c` -> sink `k`; `extra[i]` is appended to the
+    /// table of node i (0: source, 1..=3: operators, 4: sink).
+    fn with_on_error(extra: [&str; 5]) -> String {
+        format!(
+            "{MINIMAL_JOB}[[source]]\nname = \"s\"\nplugin = \"s@1\"\n{}\
+             [[operator]]\nname = \"a\"\nplugin = \"o@1\"\ninputs = [\"s\"]\n{}\
+             [[operator]]\nname = \"b\"\nplugin = \"o@1\"\ninputs = [\"a\"]\n{}\
+             [[operator]]\nname = \"c\"\nplugin = \"o@1\"\ninputs = [\"b\"]\n{}\
+             [[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [\"c\"]\n{}",
+            extra[0], extra[1], extra[2], extra[3], extra[4]
+        )
+    }
+
+    #[test]
+    fn on_error_defaults_to_fail_and_takes_three_policies() {
+        let text = with_on_error([
+            "",
+            "on_error = \"skip\"\n",
+            "on_error = \"dead-letter\"\n",
+            "",
+            "on_error = \"fail\"\n",
+        ]);
+        let m = parse_job_file("job.toml", &text).unwrap();
+        let policies: Vec<ErrorPolicy> = m.nodes.iter().map(|n| n.on_error).collect();
+        assert_eq!(
+            policies,
+            vec![
+                ErrorPolicy::Fail,
+                ErrorPolicy::Skip,
+                ErrorPolicy::DeadLetter,
+                ErrorPolicy::Fail,
+                ErrorPolicy::Fail,
+            ]
+        );
+        // The default stays out of the serialized model (and so out of old fingerprints).
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(json.matches("on_error").count(), 2, "{json}");
+        let back: StreamModel = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn on_error_diagnostics_name_the_field_line_and_what_is_allowed() {
+        // Lines: [job] 1-2, source 3-5 (+extra), operators and sink after.
+        let text = with_on_error([
+            "on_error = \"skip\"\n",
+            "",
+            "on_error = 3\n",
+            "on_error = \"drop\"\n",
+            "on_error = \"dead-letter\"\n",
+        ]);
+        let d = errs(&text);
+        assert_eq!(d.len(), 4, "{d}");
+        let src = at(&d, "source[0].on_error");
+        assert_eq!(src.line, Some(6));
+        assert!(src.message.contains("a source processes no records"), "{d}");
+        let ty = at(&d, "operator[1].on_error");
+        assert_eq!(ty.line, Some(15));
+        assert!(ty.message.contains("expected a string"), "{d}");
+        let unknown = at(&d, "operator[2].on_error");
+        assert_eq!(unknown.line, Some(20));
+        assert_eq!(
+            unknown.message,
+            "unknown error policy `drop`; expected one of: fail, skip, dead-letter"
+        );
+        assert_eq!(
+            unknown.to_string(),
+            "job.toml:20:12: operator[2].on_error: unknown error policy `drop`; expected one \
+             of: fail, skip, dead-letter"
+        );
+        let sink = at(&d, "sink[0].on_error");
+        assert_eq!(sink.line, Some(25));
+        assert!(
+            sink.message
+                .starts_with("a sink only takes on_error = \"fail\""),
+            "{d}"
+        );
+        // Like partition and semantic names: case-insensitive, `_` = `-`.
+        let m = parse_job_file(
+            "job.toml",
+            &with_on_error(["", "on_error = \"Dead_Letter\"\n", "", "", ""]),
+        )
+        .unwrap();
+        assert_eq!(m.nodes[1].on_error, ErrorPolicy::DeadLetter);
+        let d = errs(&with_on_error([
+            "",
+            "on_error = \"deadletter\"\n",
+            "",
+            "",
+            "",
+        ]));
+        assert_eq!(at(&d, "operator[0].on_error").line, Some(10), "{d}");
     }
 
     #[test]

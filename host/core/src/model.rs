@@ -121,6 +121,67 @@ pub struct NodeSpec {
     /// Default `false`: a FORWARD input at equal parallelism chains.
     #[serde(default)]
     pub start_new_chain: bool,
+    /// Operators: what a guest-reported error in `process` does to the record
+    /// (job-file `on_error`); default [`ErrorPolicy::Fail`].
+    #[serde(default, skip_serializing_if = "ErrorPolicy::is_fail")]
+    pub on_error: ErrorPolicy,
+}
+
+/// What the host does with a record whose `process` call reports a guest error (a WIT
+/// `error`, not a trap): job-file `on_error` on an `[[operator]]`.
+///
+/// Errors of other calls (`on-watermark`, `on-timers`, `prepare-checkpoint`, `finish`)
+/// belong to no record and always fail the job. `Skip` and `DeadLetter` isolate the
+/// failing records by calling `process` again one record at a time, which is sound only
+/// when a failed call leaves nothing behind: so they are accepted only for operators that
+/// declare no keyed state (the planner refuses them otherwise; see README "Error policy").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorPolicy {
+    /// The job fails at once, naming the record; deterministic errors are not retried.
+    #[default]
+    Fail,
+    /// The record is dropped and counted (`records_skipped`): a declared loss.
+    Skip,
+    /// The record goes, with its error, to the operator's side output `errors`
+    /// (see [`DEAD_LETTER_OUTPUT`]) and is counted (`records_dead_lettered`).
+    DeadLetter,
+}
+
+/// Side output tag of dead-lettered records (`on_error = "dead-letter"`).
+pub const DEAD_LETTER_OUTPUT: &str = "errors";
+
+impl ErrorPolicy {
+    /// The job-file spelling: `fail`, `skip`, `dead-letter`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorPolicy::Fail => "fail",
+            ErrorPolicy::Skip => "skip",
+            ErrorPolicy::DeadLetter => "dead-letter",
+        }
+    }
+
+    /// Parses the job-file spelling (case-insensitive, `_` = `-`, like partition and
+    /// semantic names).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "fail" => Some(ErrorPolicy::Fail),
+            "skip" => Some(ErrorPolicy::Skip),
+            "dead-letter" => Some(ErrorPolicy::DeadLetter),
+            _ => None,
+        }
+    }
+
+    /// Whether this is the default, [`ErrorPolicy::Fail`].
+    pub fn is_fail(&self) -> bool {
+        *self == ErrorPolicy::Fail
+    }
+}
+
+impl fmt::Display for ErrorPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One input of a node.

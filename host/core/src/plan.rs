@@ -2,7 +2,7 @@
 //! `StreamGraph -> JobGraph -> PartitionedPlan -> DeploymentPlan`. Every layer is plain
 //! serde data that round-trips through JSON.
 
-use crate::model::{Grant, PluginRef, WatermarkSpec};
+use crate::model::{ErrorPolicy, Grant, PluginRef, WatermarkSpec};
 use crate::shard::HashPolicy;
 use nop_stream_api::{
     ChannelId, EdgeId, JobId, OperatorId, PartitionPolicy, PipelineId, PluginInfo, PluginKind,
@@ -56,6 +56,10 @@ pub struct PlannedOperator {
     /// Never fused into its upstream chain (job-file `start_new_chain`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub start_new_chain: bool,
+    /// What a guest error in `process` does to the record (job-file `on_error`); enters
+    /// the fingerprint unless it is the default `fail`.
+    #[serde(default, skip_serializing_if = "ErrorPolicy::is_fail")]
+    pub on_error: ErrorPolicy,
 }
 
 /// Logical DAG: one node per operator, edges with their partition policy.

@@ -929,3 +929,105 @@ mod placement_properties {
         }
     }
 }
+
+#[test]
+fn on_error_enters_the_plan_and_dead_letter_opens_the_errors_output() {
+    let base = "[job]\nname = \"j\"\nsemantic = \"best-effort\"\n\
+                [[source]]\nname = \"s\"\nplugin = \"file-source@0.1.0\"\n\
+                [[operator]]\nname = \"parse\"\nplugin = \"map@1.0.0\"\ninputs = [\"s\"]\n\
+                POLICY\
+                [[sink]]\nname = \"good\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"parse\"]\n";
+    let dead_sink = "[[sink]]\nname = \"dead\"\nplugin = \"jsonl-sink@0.1.0\"\n\
+                     inputs = [{ from = \"parse\", output = \"errors\" }]\n";
+    let cat = Fake::new();
+    let fail = plan_of(&model(&base.replace("POLICY", "")), &cat);
+    let skip = plan_of(
+        &model(&base.replace("POLICY", "on_error = \"skip\"\n")),
+        &cat,
+    );
+    // The default stays out of the plan's JSON, so fingerprints of existing jobs hold.
+    let json = serde_json::to_string(&fail).unwrap();
+    assert!(!json.contains("on_error"), "{json}");
+    assert_ne!(
+        fail.fingerprint, skip.fingerprint,
+        "the policy is in the fingerprint"
+    );
+    let parse = |p: &PartitionedPlan| {
+        p.vertices
+            .iter()
+            .flat_map(|v| &v.operators)
+            .find(|o| o.name == "parse")
+            .map(|o| o.on_error)
+            .unwrap()
+    };
+    assert_eq!(parse(&fail), ErrorPolicy::Fail);
+    assert_eq!(parse(&skip), ErrorPolicy::Skip);
+    roundtrip(&skip);
+
+    // `errors` is readable only with on_error = "dead-letter"; the message says so.
+    let read_errors = format!("{}{dead_sink}", base.replace("POLICY", ""));
+    let d = refused(&model(&read_errors), &cat);
+    let msg = first(&d, "sink[1].inputs[0].output");
+    assert!(
+        msg.contains("has no side output `errors`")
+            && msg.contains("set on_error = \"dead-letter\" on `parse`"),
+        "{msg}"
+    );
+    let dl = format!(
+        "{}{dead_sink}",
+        base.replace("POLICY", "on_error = \"dead-letter\"\n")
+    );
+    let s = stream_graph(&model(&dl), &cat).unwrap_or_else(|d| panic!("{d}"));
+    let errors: Vec<_> = s
+        .edges
+        .iter()
+        .filter(|e| e.output.as_deref() == Some(DEAD_LETTER_OUTPUT))
+        .collect();
+    assert_eq!(errors.len(), 1);
+    // `parse` has two consumers, so it ends its chain: dead letters leave from a tail.
+    let chains: Vec<Vec<String>> = job_graph(&s)
+        .vertices
+        .iter()
+        .map(|v| v.operators.iter().map(|o| o.name.clone()).collect())
+        .collect();
+    assert_eq!(chains, [vec!["s", "parse"], vec!["good"], vec!["dead"]]);
+
+    // Dead letters nobody reads would be a silent loss.
+    let unread = base.replace("POLICY", "on_error = \"dead-letter\"\n");
+    let d = refused(&model(&unread), &cat);
+    let msg = first(&d, "operator[0].on_error");
+    assert!(msg.contains("but nothing reads it"), "{msg}");
+    // A plugin with its own `errors` output cannot share it with dead letters.
+    let own = cat
+        .clone()
+        .with("map@1.0.0", |i| i.side_outputs.push("errors".into()));
+    let d = refused(&model(&dl), &own);
+    assert!(
+        first(&d, "operator[0].on_error").contains("declares a side output named `errors`"),
+        "{d}"
+    );
+}
+
+#[test]
+fn skip_and_dead_letter_are_refused_for_operators_with_keyed_state() {
+    // Isolating a failed batch re-runs its records; a stateful operator's failed call
+    // would leave its state writes behind, so good records could count twice.
+    let text = "[job]\nname = \"j\"\nsemantic = \"best-effort\"\nparallelism = 1\n\
+                [[source]]\nname = \"s\"\nplugin = \"file-source@0.1.0\"\n\
+                [[operator]]\nname = \"agg\"\nplugin = \"keyed-aggregate@0.1.0\"\n\
+                inputs = [{ from = \"s\", partition = \"hash\" }]\non_error = \"skip\"\n\
+                [[sink]]\nname = \"k\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"agg\"]\n";
+    let d = refused(&model(text), &Fake::new());
+    let msg = first(&d, "operator[0].on_error");
+    assert!(
+        msg.starts_with(
+            "`agg` (keyed-aggregate@0.1.0) declares keyed state (`counts`); on_error = \"skip\""
+        ),
+        "{msg}"
+    );
+    // `fail` needs no isolation and stays allowed.
+    plan_of(
+        &model(&text.replace("on_error = \"skip\"\n", "on_error = \"fail\"\n")),
+        &Fake::new(),
+    );
+}

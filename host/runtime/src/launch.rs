@@ -325,6 +325,7 @@ impl<'a> TaskHost<'a> {
                 plugin,
                 config: op.config.to_string(),
                 operator_id: op.operator_id.to_string(),
+                on_error: op.on_error,
             });
         }
         let mut inputs = Vec::new();

@@ -4,6 +4,7 @@
 
 pub mod bindings;
 mod error;
+mod error_policy;
 mod host;
 pub mod job;
 pub mod launch;
@@ -15,7 +16,7 @@ mod task;
 pub mod transport;
 mod workers;
 
-pub use error::{Result, RuntimeError, Site};
+pub use error::{MAX_RECORD_IN_ERROR, Result, RuntimeError, Site, printable_record};
 
 /// The WIT package (and version) this host serves to components: `nop:stream@0.1.0`
 /// (`wit/`).
@@ -24,6 +25,6 @@ pub use host::HostTrap;
 pub use job::{JobProgress, JobReport, PluginSet, RunOptions, run_job};
 pub use launch::{LiveTasks, LocalTaskEvent, PreparedTasks, TaskHost};
 pub use limits::{Limits, TICK_MS};
-pub use plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin, PluginHost};
+pub use plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin, PluginHost, Rejected};
 pub use task::TaskReport;
 pub use workers::InProcessWorkers;

@@ -586,8 +586,9 @@ fn guest_error(ctx: &CallCtx, call: &'static str, e: GuestError) -> RuntimeError
     RuntimeError::Guest {
         site: ctx.site.clone(),
         call,
-        code: error_code_name(e.code).to_owned(),
-        message,
+        code: error_code_name(e.code),
+        message: message.into(),
+        record: None,
     }
 }
 
@@ -697,6 +698,15 @@ macro_rules! guest_call_infallible {
     };
 }
 
+/// A `process` call the guest answered with an error (WIT `error`, not a trap).
+#[derive(Debug)]
+pub struct Rejected {
+    /// The [`RuntimeError::Guest`] naming site, code and message.
+    pub error: RuntimeError,
+    /// The batch the call was given, unchanged.
+    pub input: Batch,
+}
+
 /// An operator instance serving one subtask.
 pub struct OperatorInstance {
     store: Store<StoreData>,
@@ -730,12 +740,32 @@ impl OperatorInstance {
     /// # Errors
     /// A trap, a guest error, a malformed batch or an output limit.
     pub fn process(&mut self, input: u32, batch: Batch) -> Result<Batch> {
+        self.try_process(input, batch)?.map_err(|r| r.error)
+    }
+
+    /// Calls `process` like [`Self::process`], but a guest-reported error comes back as
+    /// [`Rejected`] together with the input batch, so the caller can apply the operator's
+    /// error policy to its records. Side outputs of a rejected call are still queued
+    /// ([`Self::take_side_outputs`]); the caller decides what becomes of them.
+    ///
+    /// # Errors
+    /// A trap, a malformed batch or an output limit.
+    pub fn try_process(&mut self, input: u32, batch: Batch) -> Result<Result<Batch, Rejected>> {
         let batch = wit_batch(batch);
         let out = guest_call!(self, "process", |i, s| i
             .nop_stream_operator_plugin()
-            .call_process(s, input, &batch))?;
-        check_output(&self.ctx, "process", &out)?;
-        Ok(host_batch(out))
+            .call_process(s, input, &batch));
+        match out {
+            Ok(out) => {
+                check_output(&self.ctx, "process", &out)?;
+                Ok(Ok(host_batch(out)))
+            }
+            Err(error @ RuntimeError::Guest { .. }) => Ok(Err(Rejected {
+                error,
+                input: host_batch(batch),
+            })),
+            Err(e) => Err(e),
+        }
     }
 
     /// Calls `on-watermark` and checks the output.

@@ -6,11 +6,13 @@
 //! delivered the current barrier; sinks pre-commit at the barrier, begin the next
 //! transaction at once, and commit only when told that an epoch is durable.
 
-use crate::error::{Result, RuntimeError, Site};
+use crate::error::{Result, RuntimeError, Site, printable_record};
+use crate::error_policy;
 use crate::job::JobProgress;
 use crate::partition::OutputEdge;
 use crate::plugin::{
-    Instance, InstanceOptions, LoadedPlugin, OperatorInstance, SinkInstance, SourceInstance,
+    Instance, InstanceOptions, LoadedPlugin, OperatorInstance, Rejected, SinkInstance,
+    SourceInstance,
 };
 use crate::transport::{ChannelReceiver, Message};
 use crossbeam_channel::{Receiver, Select, Sender};
@@ -22,7 +24,7 @@ use nop_stream_checkpoint::{
     CheckpointStorage, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot,
     payload_checksum,
 };
-use nop_stream_core::WatermarkSpec;
+use nop_stream_core::{DEAD_LETTER_OUTPUT, ErrorPolicy, WatermarkSpec};
 use nop_stream_proto::TaskRestorePlan;
 use nop_stream_state::ShardSnapshot;
 use std::sync::Arc;
@@ -42,6 +44,8 @@ pub(crate) struct StageSpec {
     pub task_info: TaskInfo,
     pub config: String,
     pub operator_id: String,
+    /// What a guest error in `process` does to the record (job-file `on_error`).
+    pub on_error: ErrorPolicy,
 }
 
 pub(crate) struct InputChannel {
@@ -157,6 +161,8 @@ struct Task {
     stages: Vec<Stage>,
     sites: Vec<Site>,
     operator_ids: Vec<String>,
+    /// Per stage, its error policy ([`Task::on_rejected`]).
+    policies: Vec<ErrorPolicy>,
     outputs: Vec<OutputEdge>,
     inputs: Vec<InputChannel>,
     splits: Vec<SplitCursor>,
@@ -237,6 +243,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
     let mut stages = Vec::with_capacity(stage_specs.len());
     let mut sites = Vec::with_capacity(stage_specs.len());
     let mut operator_ids = Vec::with_capacity(stage_specs.len());
+    let policies = stage_specs.iter().map(|s| s.on_error).collect();
     for s in &stage_specs {
         let mut inst = s.plugin.instantiate(&s.options)?;
         match &mut inst {
@@ -306,6 +313,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         stages,
         sites,
         operator_ids,
+        policies,
         outputs,
         inputs,
         splits,
@@ -375,9 +383,11 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             Stage::Source(i) => i.close()?,
             Stage::Operator(i) => {
                 if !i.counters().is_empty() {
-                    t.report
-                        .counters
-                        .insert(site.operator.clone(), i.counters().clone());
+                    // Merged: the host's own counters (skipped, dropped) are there too.
+                    let mine = t.report.counters.entry(site.operator.clone()).or_default();
+                    for (name, n) in i.counters() {
+                        *mine.entry(name.clone()).or_default() += n;
+                    }
                 }
                 i.close()?
             }
@@ -541,6 +551,19 @@ fn emit_to(
         out.emit(b, site)?;
     }
     Ok(())
+}
+
+/// A guest error with the code `io`: about a capability, not a record.
+fn is_io(error: &RuntimeError) -> bool {
+    matches!(error, RuntimeError::Guest { code, .. } if *code == "io")
+}
+
+/// A guest error naming the record `data` (printable, truncated).
+fn with_record(mut error: RuntimeError, data: &[u8]) -> RuntimeError {
+    if let RuntimeError::Guest { record, .. } = &mut error {
+        *record = Some(printable_record(data).into());
+    }
+    error
 }
 
 fn sanitize(id: &str) -> String {
@@ -1056,7 +1079,10 @@ impl Task {
         }
         match &mut self.stages[from] {
             Stage::Operator(op) => {
-                let out = op.process(input, batch)?;
+                let out = match op.try_process(input, batch)? {
+                    Ok(out) => out,
+                    Err(rejected) => return self.on_rejected(from, input, rejected),
+                };
                 self.route_side_outputs(from)?;
                 self.push(from + 1, 0, out)
             }
@@ -1090,28 +1116,155 @@ impl Task {
         if side.is_empty() {
             return Ok(());
         }
-        let is_tail = i + 1 == self.stages.len();
-        let site = &self.sites[i];
         for (tag, batch) in side {
-            let read = is_tail
-                && self
-                    .outputs
-                    .iter()
-                    .any(|o| o.output() == Some(tag.as_str()));
-            if read {
-                self.report.records_out += batch.ends.len() as u64;
-                emit_to(&mut self.outputs, Some(&tag), batch, site)?;
-            } else {
-                *self
-                    .report
-                    .counters
-                    .entry(site.operator.clone())
-                    .or_default()
-                    .entry(format!("side_output_dropped.{tag}"))
-                    .or_default() += batch.ends.len() as u64;
-            }
+            self.emit_side(i, &tag, batch)?;
         }
         Ok(())
+    }
+
+    /// Sends `batch` from stage `i` to the edges reading its side output `tag`, or
+    /// counts it as `side_output_dropped.<tag>` ([`Self::route_side_outputs`]).
+    fn emit_side(&mut self, i: usize, tag: &str, batch: Batch) -> Result<()> {
+        let read =
+            i + 1 == self.stages.len() && self.outputs.iter().any(|o| o.output() == Some(tag));
+        if read {
+            self.report.records_out += batch.ends.len() as u64;
+            emit_to(&mut self.outputs, Some(tag), batch, &self.sites[i])
+        } else {
+            self.count(i, &format!("side_output_dropped.{tag}"), batch.len() as u64);
+            Ok(())
+        }
+    }
+
+    /// Adds `n` to the host counter `name` of stage `i`'s operator.
+    fn count(&mut self, i: usize, name: &str, n: u64) {
+        let per_op = self
+            .report
+            .counters
+            .entry(self.sites[i].operator.clone())
+            .or_default();
+        *per_op.entry(name.to_owned()).or_default() += n;
+    }
+
+    fn operator(&mut self, i: usize) -> &mut OperatorInstance {
+        match &mut self.stages[i] {
+            Stage::Operator(op) => op,
+            _ => unreachable!("stage {i} processed records, so it is an operator"),
+        }
+    }
+
+    /// Stage `i`'s `process` reported a guest error for a batch (job-file `on_error`; the
+    /// isolation rule is in [`error_policy`]). The failed call's output and side outputs
+    /// are dropped. With `skip` or `dead-letter` (stateless operators only, so the
+    /// failed call left nothing behind) the batch is processed again one record at a
+    /// time: each good record's output goes on down the chain, exactly once; each record
+    /// that fails alone is counted and dropped (`records_skipped`) or sent with its
+    /// error to the side output `errors` (`records_dead_lettered`). With `fail`, and for
+    /// an `io` error (about the channel to the outside world, not the record; recovery
+    /// retries it), the task fails naming the record.
+    fn on_rejected(&mut self, i: usize, input: u32, rejected: Rejected) -> Result<()> {
+        let Rejected {
+            error,
+            input: batch,
+        } = rejected;
+        drop(self.operator(i).take_side_outputs());
+        if is_io(&error) {
+            return Err(error);
+        }
+        let policy = self.policies[i];
+        if policy == ErrorPolicy::Fail {
+            return Err(self.name_failed_record(i, input, error, &batch));
+        }
+        let mut out = Batch::default();
+        let mut dead = Batch::default();
+        let (mut skipped, mut dead_lettered) = (0u64, 0u64);
+        for r in 0..batch.len() {
+            let one = error_policy::one_record(&batch, r);
+            match self.operator(i).try_process(input, one)? {
+                Ok(o) => {
+                    self.route_side_outputs(i)?;
+                    if let Some(full) = error_policy::append(&mut out, o) {
+                        self.push(i + 1, 0, full)?;
+                    }
+                }
+                Err(Rejected { error, input: one }) => {
+                    drop(self.operator(i).take_side_outputs());
+                    let RuntimeError::Guest { code, message, .. } = &error else {
+                        unreachable!("try_process rejects with guest errors only");
+                    };
+                    if *code == "io" {
+                        return Err(with_record(error, &one.data));
+                    }
+                    if policy == ErrorPolicy::Skip {
+                        skipped += 1;
+                    } else {
+                        let letter =
+                            error_policy::dead_letter(&self.sites[i], input, &one, code, message);
+                        if let Some(full) = error_policy::append(&mut dead, letter) {
+                            self.emit_side(i, DEAD_LETTER_OUTPUT, full)?;
+                        }
+                        dead_lettered += 1;
+                    }
+                }
+            }
+        }
+        if skipped + dead_lettered == 0 {
+            tracing::warn!(
+                site = %self.sites[i],
+                "a batch of {} records failed ({error}) but none of its records fails alone;                  processed them one by one",
+                batch.len()
+            );
+        }
+        if skipped > 0 {
+            self.count(i, "records_skipped", skipped);
+        }
+        if dead_lettered > 0 {
+            self.count(i, "records_dead_lettered", dead_lettered);
+        }
+        self.push(i + 1, 0, out)?;
+        if !dead.is_empty() {
+            self.emit_side(i, DEAD_LETTER_OUTPUT, dead)?;
+        }
+        Ok(())
+    }
+
+    /// `error` (stage `i` rejected `batch`) with the failing record named: the batch's
+    /// only record, or the first record that fails alone when the batch is run again one
+    /// record at a time (only to find it: outputs are dropped and the task fails anyway,
+    /// so state the re-run touches is discarded with the attempt). If none fails alone,
+    /// the error names the batch's first record and says so.
+    fn name_failed_record(
+        &mut self,
+        i: usize,
+        input: u32,
+        error: RuntimeError,
+        batch: &Batch,
+    ) -> RuntimeError {
+        if batch.len() <= 1 {
+            return with_record(error, &batch.data);
+        }
+        for r in 0..batch.len() {
+            let one = error_policy::one_record(batch, r);
+            let result = self.operator(i).try_process(input, one);
+            drop(self.operator(i).take_side_outputs());
+            match result {
+                Ok(Ok(_)) => {}
+                Ok(Err(rejected)) => return with_record(error, &rejected.input.data),
+                // The instance broke while looking: report what was asked in the first place.
+                Err(_) => return error,
+            }
+        }
+        let first = error_policy::one_record(batch, 0);
+        let mut error = with_record(error, &first.data);
+        if let RuntimeError::Guest { message, .. } = &mut error {
+            *message = format!(
+                "{message} (a batch of {} records failed, but none of them fails alone; the \
+                 record shown is the batch's first)",
+                batch.len()
+            )
+            .into();
+        }
+        error
     }
 
     /// Task watermark = minimum over inputs that have neither ended nor gone idle
