@@ -310,7 +310,7 @@ fn validate_checks_plugin_config_against_its_config_schema() {
     for (field, what) in [
         (
             "source[0].config.colour",
-            "unknown field; known fields: event_time, format, header, path, splits",
+            "unknown field; known fields: event_time, format, header, max_records_per_second, path, splits",
         ),
         (
             "source[0].config.format",
