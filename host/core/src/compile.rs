@@ -937,7 +937,7 @@ pub enum Layer {
     Job,
     /// [`PartitionedPlan`].
     Partitioned,
-    /// [`DeploymentPlan`].
+    /// [`crate::DeploymentPlan`].
     Deployment,
 }
 
