@@ -41,7 +41,11 @@ struct Timed(&'static str, Instant);
 
 impl Drop for Timed {
     fn drop(&mut self) {
-        eprintln!(
+        // Written to stderr directly, past the test harness's capture, so the duration
+        // shows in every run.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
             "[cluster suite] {} took {:.1} s",
             self.0,
             self.1.elapsed().as_secs_f64()
