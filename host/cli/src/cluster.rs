@@ -25,6 +25,27 @@ pub struct ClusterArgs {
     pub certs: PathBuf,
 }
 
+/// A cluster to ask instead of local files, for commands that work on both.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MaybeCluster {
+    /// Ask this cluster's coordinator (HOST:PORT, UDP) instead of local files.
+    #[arg(long, env = "NOPSTREAM_CLUSTER", requires = "certs")]
+    pub cluster: Option<SocketAddr>,
+    /// With --cluster: the certificates directory.
+    #[arg(long, env = "NOPSTREAM_CERTS")]
+    pub certs: Option<PathBuf>,
+}
+
+impl MaybeCluster {
+    /// The cluster, if one was named.
+    pub fn get(self) -> Option<ClusterArgs> {
+        match (self.cluster, self.certs) {
+            (Some(cluster), Some(certs)) => Some(ClusterArgs { cluster, certs }),
+            _ => None,
+        }
+    }
+}
+
 /// The tokio runtime of the cluster commands (QUIC I/O).
 pub fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()

@@ -95,12 +95,9 @@ enum Command {
         /// Show source offsets and sink transactions of every epoch.
         #[arg(long, short = 'v')]
         verbose: bool,
-        /// Ask a cluster's coordinator instead (TARGET is then a job id or job file).
-        #[arg(long, env = "NOPSTREAM_CLUSTER", requires = "certs")]
-        cluster: Option<std::net::SocketAddr>,
-        /// With --cluster: the certificates directory.
-        #[arg(long, env = "NOPSTREAM_CERTS")]
-        certs: Option<PathBuf>,
+        /// With --cluster, TARGET is a job id or a job file.
+        #[command(flatten)]
+        on: cluster::MaybeCluster,
     },
     /// Print a plan layer of a job as JSON.
     Plan {
@@ -300,12 +297,8 @@ enum PluginCommand {
     /// List plugins: name@version, kind, sha256, size. The plugin path by default; the
     /// cluster's registry with --cluster.
     List {
-        /// A cluster's coordinator to ask instead of the plugin path.
-        #[arg(long, env = "NOPSTREAM_CLUSTER", requires = "certs")]
-        cluster: Option<std::net::SocketAddr>,
-        /// With --cluster: the certificates directory.
-        #[arg(long, env = "NOPSTREAM_CERTS")]
-        certs: Option<PathBuf>,
+        #[command(flatten)]
+        on: cluster::MaybeCluster,
         /// Print JSON (with --cluster).
         #[arg(long)]
         json: bool,
@@ -567,26 +560,15 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Plugin {
-            command:
-                PluginCommand::List {
-                    cluster: Some(addr),
-                    certs: Some(certs),
-                    json,
-                },
-        } => {
-            cluster::list_plugins(
-                &cluster::ClusterArgs {
-                    cluster: addr,
-                    certs,
-                },
-                json,
-            )?;
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Command::Plugin {
-            command: PluginCommand::List { .. },
-        }
-        | Command::Plugins => list_local_plugins(&search),
+            command: PluginCommand::List { on, json },
+        } => match on.get() {
+            Some(c) => {
+                cluster::list_plugins(&c, json)?;
+                Ok(std::process::ExitCode::SUCCESS)
+            }
+            None => list_local_plugins(&search),
+        },
+        Command::Plugins => list_local_plugins(&search),
         Command::Run {
             job,
             parallelism,
@@ -837,27 +819,14 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
         }
         Command::Checkpoints {
             target,
-            work_dir: _,
-            verbose,
-            cluster: Some(addr),
-            certs: Some(certs),
-        } => {
-            cluster::checkpoints(
-                &cluster::ClusterArgs {
-                    cluster: addr,
-                    certs,
-                },
-                &target,
-                verbose,
-            )?;
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Command::Checkpoints {
-            target,
             work_dir,
             verbose,
-            ..
+            on,
         } => {
+            if let Some(c) = on.get() {
+                cluster::checkpoints(&c, &target, verbose)?;
+                return Ok(std::process::ExitCode::SUCCESS);
+            }
             let dir = if target.is_dir() {
                 target
             } else {

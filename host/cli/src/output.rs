@@ -5,39 +5,12 @@ use anyhow::{Result, bail};
 use nop_stream_runtime::JobReport;
 use std::path::{Path, PathBuf};
 
-/// Marker file that makes a directory a nopstream output directory.
-const MARKER: &str = ".nopstream-output";
-
-/// Prepares `dir` for a fresh run: creates it, or empties it if it holds a previous run's
-/// output (it has the marker). A non-empty directory without the marker is refused, so a
-/// typo never wipes user files.
+/// Prepares `dir` for a fresh run ([`nop_stream_runtime::job::claim_output_dir`]).
 ///
 /// # Errors
 /// A foreign non-empty directory or an I/O failure.
 pub fn claim_output_dir(dir: &Path) -> Result<()> {
-    if dir.exists() {
-        let entries: Vec<PathBuf> = std::fs::read_dir(dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        if !entries.is_empty() {
-            if !dir.join(MARKER).exists() {
-                bail!(
-                    "output directory {} is not empty and was not created by nopstream; choose another with --output",
-                    dir.display()
-                );
-            }
-            for e in entries {
-                if e.is_dir() {
-                    std::fs::remove_dir_all(&e)?;
-                } else {
-                    std::fs::remove_file(&e)?;
-                }
-            }
-        }
-    }
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join(MARKER), b"nopstream output directory\n")?;
-    Ok(())
+    nop_stream_runtime::job::claim_output_dir(dir).map_err(|e| anyhow::anyhow!(e))
 }
 
 /// `1234567` -> `1,234,567`.

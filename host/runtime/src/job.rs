@@ -211,3 +211,41 @@ pub fn run_job(
     let mut workers = InProcessWorkers::new(plan, plugins, opts, Arc::clone(&storage), progress);
     nop_stream_coordinator::run_job(plan, &mut workers, storage, &opts.coordinator_options())
 }
+
+/// Marker file that makes a directory a nopstream output directory.
+const OUTPUT_MARKER: &str = ".nopstream-output";
+
+/// Prepares `dir` for a fresh run: creates it, or empties it if it holds a previous run's
+/// output (it has the marker file `.nopstream-output`). A non-empty directory without the
+/// marker is refused, so a typo never wipes user files.
+///
+/// # Errors
+/// A message naming the directory: a foreign non-empty directory, or an I/O failure.
+pub fn claim_output_dir(dir: &Path) -> std::result::Result<(), String> {
+    let err = |e: std::io::Error| format!("output directory {}: {e}", dir.display());
+    if dir.exists() {
+        let entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(err)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        if !entries.is_empty() {
+            if !dir.join(OUTPUT_MARKER).exists() {
+                return Err(format!(
+                    "output directory {} is not empty and was not created by nopstream; \
+                     choose another with --output",
+                    dir.display()
+                ));
+            }
+            for e in entries {
+                if e.is_dir() {
+                    std::fs::remove_dir_all(&e).map_err(err)?;
+                } else {
+                    std::fs::remove_file(&e).map_err(err)?;
+                }
+            }
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(err)?;
+    std::fs::write(dir.join(OUTPUT_MARKER), b"nopstream output directory\n").map_err(err)?;
+    Ok(())
+}

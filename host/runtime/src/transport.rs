@@ -24,8 +24,11 @@ use std::time::Duration;
 pub use nop_stream_proto::Message;
 
 /// Admits a frame of `channel` sent or received under `token` only while it is the token in
-/// force (`current`).
-fn admit(channel: &ChannelId, token: FencingToken, current: &AtomicU64) -> Result<()> {
+/// force (`current`); every transport backend checks its ends with it.
+///
+/// # Errors
+/// [`RuntimeError::Fenced`] naming both tokens.
+pub fn admit(channel: &ChannelId, token: FencingToken, current: &AtomicU64) -> Result<()> {
     let current = FencingToken(current.load(Ordering::SeqCst));
     if current != token {
         return Err(RuntimeError::Fenced {

@@ -270,7 +270,7 @@ impl ClusterCoordinator {
             .read_dir()
             .is_ok_and(|mut d| d.next().is_some());
         if !resuming {
-            claim_output_dir(Path::new(&sub.output_dir))?;
+            nop_stream_runtime::job::claim_output_dir(Path::new(&sub.output_dir))?;
         }
         let storage: Arc<dyn CheckpointStorage> =
             Arc::new(LocalStorage::open(&dir).map_err(|e| format!("{}: {e}", dir.display()))?);
@@ -503,38 +503,6 @@ impl ClusterCoordinator {
             }
         })
     }
-}
-
-/// Makes `dir` the output directory of a fresh run: it must be new, empty or one nopstream
-/// made (marked); its contents are removed.
-fn claim_output_dir(dir: &Path) -> Result<(), String> {
-    const MARKER: &str = ".nopstream-output";
-    let err = |e: std::io::Error| format!("{}: {e}", dir.display());
-    if dir.exists() {
-        let entries: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(err)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        if !entries.is_empty() {
-            if !dir.join(MARKER).exists() {
-                return Err(format!(
-                    "output directory {} is not empty and was not created by nopstream; \
-                     choose another with --output",
-                    dir.display()
-                ));
-            }
-            for e in entries {
-                if e.is_dir() {
-                    std::fs::remove_dir_all(&e).map_err(err)?;
-                } else {
-                    std::fs::remove_file(&e).map_err(err)?;
-                }
-            }
-        }
-    }
-    std::fs::create_dir_all(dir).map_err(err)?;
-    std::fs::write(dir.join(MARKER), b"nopstream output directory\n").map_err(err)?;
-    Ok(())
 }
 
 impl CoordinatorService for ClusterCoordinator {

@@ -530,20 +530,30 @@ impl NodeHost {
         }
     }
 
-    fn one_off_host<'a>(
+    /// Runs `f` on a one-off task host of `spec`'s job (split discovery, settling sinks):
+    /// the plan parsed, its components loaded, no tasks.
+    fn with_one_off_host<T>(
         &self,
-        plan: &'a PartitionedPlan,
-        set: &'a PluginSet,
-        opts: &'a RunOptions,
+        plugins: &PluginHost,
+        loaded: &mut HashMap<(String, PluginKind), Arc<LoadedPlugin>>,
         spec: &JobSpec,
-    ) -> Result<TaskHost<'a>, TaskFailure> {
-        Ok(TaskHost::new(
-            plan,
-            set,
-            opts,
+        f: impl FnOnce(&TaskHost<'_>) -> nop_stream_runtime::Result<T>,
+    ) -> Result<T, TaskFailure> {
+        let plan: PartitionedPlan =
+            serde_json::from_str(&spec.plan_json).map_err(|e| TaskFailure {
+                class: FailureClass::Fatal,
+                message: format!("the job's plan does not parse: {e}"),
+            })?;
+        let set = self.plugin_set(plugins, loaded, spec, &plan)?;
+        let opts = self.run_options(spec);
+        let host = TaskHost::new(
+            &plan,
+            &set,
+            &opts,
             Self::storage(spec)?,
             Arc::new(JobProgress::default()),
-        ))
+        );
+        f(&host).map_err(|e| runtime_failure(&e))
     }
 
     fn handle(
@@ -552,12 +562,6 @@ impl NodeHost {
         loaded: &mut HashMap<(String, PluginKind), Arc<LoadedPlugin>>,
         request: NodeRequest,
     ) -> Result<ReplyBody, TaskFailure> {
-        let parse = |spec: &JobSpec| -> Result<PartitionedPlan, TaskFailure> {
-            serde_json::from_str(&spec.plan_json).map_err(|e| TaskFailure {
-                class: FailureClass::Fatal,
-                message: format!("the job's plan does not parse: {e}"),
-            })
-        };
         match request {
             NodeRequest::Prepare(nd) => self.prepare(plugins, loaded, nd),
             NodeRequest::Start { job, generation } => self.start_tasks(&job, generation),
@@ -565,28 +569,20 @@ impl NodeHost {
                 job,
                 vertex,
                 attempt,
-            } => {
-                let plan = parse(&job)?;
-                let set = self.plugin_set(plugins, loaded, &job, &plan)?;
-                let opts = self.run_options(&job);
-                let host = self.one_off_host(&plan, &set, &opts, &job)?;
-                host.discover_splits(vertex as usize, attempt)
-                    .map(ReplyBody::Splits)
-                    .map_err(|e| runtime_failure(&e))
-            }
+            } => self
+                .with_one_off_host(plugins, loaded, &job, |h| {
+                    h.discover_splits(vertex as usize, attempt)
+                })
+                .map(ReplyBody::Splits),
             NodeRequest::SettleSinks {
                 job,
                 settlements,
                 attempt,
-            } => {
-                let plan = parse(&job)?;
-                let set = self.plugin_set(plugins, loaded, &job, &plan)?;
-                let opts = self.run_options(&job);
-                let host = self.one_off_host(&plan, &set, &opts, &job)?;
-                host.settle_sinks(&settlements, attempt)
-                    .map(|()| ReplyBody::Done)
-                    .map_err(|e| runtime_failure(&e))
-            }
+            } => self
+                .with_one_off_host(plugins, loaded, &job, |h| {
+                    h.settle_sinks(&settlements, attempt)
+                })
+                .map(|()| ReplyBody::Done),
         }
     }
 }

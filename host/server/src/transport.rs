@@ -16,7 +16,7 @@ use nop_stream_core::{DeploymentPlan, PartitionedPlan};
 use nop_stream_proto::{Message, StreamHeader};
 use nop_stream_runtime::RuntimeError;
 use nop_stream_runtime::transport::{
-    ChannelGuard, ChannelReceiver, ChannelSender, LocalTransport, Transport,
+    ChannelGuard, ChannelReceiver, ChannelSender, LocalTransport, Transport, admit,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -111,15 +111,7 @@ impl ClusterTransport {
     }
 
     fn admit(&self, channel: &ChannelId, token: FencingToken) -> Result<(), RuntimeError> {
-        let current = FencingToken(self.current.load(Ordering::SeqCst));
-        if current != token {
-            return Err(RuntimeError::Fenced {
-                channel: channel.clone(),
-                token,
-                current,
-            });
-        }
-        Ok(())
+        admit(channel, token, &self.current)
     }
 }
 
@@ -236,14 +228,7 @@ impl ChannelSender for RemoteSender {
     }
 
     fn send(&mut self, msg: Message) -> Result<(), RuntimeError> {
-        let current = FencingToken(self.current.load(Ordering::SeqCst));
-        if current != self.header.token {
-            return Err(RuntimeError::Fenced {
-                channel: self.header.channel.clone(),
-                token: self.header.token,
-                current,
-            });
-        }
+        admit(&self.header.channel, self.header.token, &self.current)?;
         if self.cancel.load(Ordering::Relaxed) {
             return Err(RuntimeError::Cancelled);
         }
