@@ -161,6 +161,26 @@ fn a_node_stopped_past_its_lease_is_fenced_and_its_late_work_refused() {
         cluster.log_tail("node-2.log")
     );
     cluster.wait_live(3);
+
+    // The same job again, fresh: its generations go on above the fenced ones, which every
+    // node still refuses (a run counting from generation 1 again had its first
+    // deployments refused on the nodes and recovered until it passed them).
+    let again = tmp.path().join("again");
+    let id2 = cluster.submit(
+        &repo().join("examples/flights/flights.toml"),
+        &again,
+        &["-p", "3", "--fresh"],
+    );
+    assert_eq!(id2, id);
+    let rerun = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(committed(&again), expected, "the fresh run's output");
+    assert!(
+        rerun["recoveries"] == 0
+            && rerun["generation"].as_u64().unwrap() > status["generation"].as_u64().unwrap(),
+        "a fresh run deploys above the generations its nodes fenced, at once: {rerun:#}\n\
+         --- coordinator log tail:\n{}",
+        cluster.log_tail("coordinator.log")
+    );
 }
 
 #[test]
