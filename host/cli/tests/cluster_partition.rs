@@ -1,14 +1,21 @@
 //! A network partition (design §2.5, "Leases"): a coordinator and three node processes,
 //! each node in its own network namespace joined to the coordinator's bridge by a veth
-//! pair. While a job whose HASH edge crosses nodes runs, node-3's link is cut for longer
-//! than its lease (TTL 2 s) but shorter than QUIC's idle timeout (5 s), then restored:
+//! pair. While a job whose HASH edge crosses nodes runs, node-3's link is cut (its
+//! root-side veth set down) for longer than its lease (TTL 2 s) but shorter than QUIC's
+//! idle timeout (5 s), then restored:
 //!
 //! - node-3 stops its own tasks when no renewal was acknowledged in time (`LeaseLost`);
 //! - the coordinator expires its lease and recovers the job on node-1 and node-2 under a
 //!   new generation;
-//! - what node-3 and the others queued for the cut-off peers arrives late when the link
-//!   returns, and is refused and counted;
+//! - what node-3's tasks had queued for the others arrives late once the link is back,
+//!   and is refused and counted;
 //! - node-3 registers again, and the job's output equals the embedded run.
+//!
+//! Whether QUIC delivers what was queued is up to its loss recovery (see [`RESTORE_BY`]):
+//! a connection that meets no probe between the link's return and its idle timeout times
+//! out, and nothing it held arrives. A round in which nothing of node-3's arrived shows
+//! no refusal, so the test cuts again, in up to [`ROUNDS`] rounds (each a fresh run of the
+//! job, every other check made in each).
 //!
 //! Needs root and iproute2, so it is ignored by a plain `cargo test`; `.ci/run` runs it
 //! with `--ignored`. Without them it fails, never passes silently.
@@ -18,6 +25,7 @@ mod common;
 use common::cluster::{Cluster, Timed, committed, embedded, job_copy, repo, serial, wait_for};
 use common::netns::Netns;
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 /// The link comes back as soon as the job has recovered without node-3, and at the latest
@@ -26,13 +34,18 @@ use std::time::{Duration, Instant};
 /// connections.
 ///
 /// Not later: while the link is down QUIC's probe timeouts back off exponentially (RFC
-/// 9002 §6.2.1), and keep-alive PINGs wait behind the congestion window, so the only
-/// packets sent are probes at ≈ (2^k − 1) × PTO after the cut — with a PTO of ≈ 26 ms on
-/// the veth, at ≈ 1.7, 3.3 and 6.7 s. A link restored at 3.5–4 s meets no probe before
-/// the idle timeout: every connection of node-3 times out at 5 s and nothing queued is
-/// ever delivered. Restored by ≈ 3.2 s, the probe at ≈ 3.3 s gets through and the frames
-/// queued on both sides are delivered late.
+/// 9002 §6.2.1) and keep-alive PINGs wait behind the congestion window, so the only
+/// packets sent are probes at ≈ (2^k − 1) × PTO after the cut — with a PTO of ≈ 27 ms on
+/// the veth, at ≈ 1.7, 3.4 and 7 s. A link restored at 3.5–4 s meets no probe before the
+/// idle timeout: node-3's connections time out at 5 s and nothing queued is ever delivered
+/// (so it went in 5 of the 6 runs at 3.75 s whose logs were read). Restored by ≈ 3.2 s,
+/// the probe at ≈ 3.4 s usually gets through.
 const RESTORE_BY: Duration = Duration::from_millis(3_200);
+
+/// Partitions at most, until one shows node-3's late frames refused. In 18 runs of one
+/// round with the link restored after ≈ 2.5 s, both of node-3's peer connections timed
+/// out twice.
+const ROUNDS: u32 = 3;
 
 #[test]
 #[ignore = "needs root and iproute2: .ci/run runs it"]
@@ -52,8 +65,45 @@ fn a_node_cut_off_past_its_lease_stops_its_tasks_and_its_late_frames_are_refused
     // The aggregate job at parallelism 3: its HASH edge crosses all three nodes. About
     // 7 s per run: running when node-3's lease expires and after its link returns.
     let job = job_copy("flights.toml", 100, 15_000);
-    let out = tmp.path().join("out");
-    let id = cluster.submit(&job.0, &out, &["-p", "3", "--fresh"]);
+    for round in 1..=ROUNDS {
+        let late = partition(
+            &cluster,
+            &net,
+            &job.0,
+            &tmp.path().join(format!("out-{round}")),
+            &expected,
+            round,
+        );
+        if late {
+            return;
+        }
+        eprintln!(
+            "[cluster suite] partition: round {round}: nothing node-3 had queued arrived after \
+             its link returned (its connections timed out); cutting again"
+        );
+    }
+    panic!(
+        "in {ROUNDS} partitions no late frame of node-3 arrived to be refused\n\
+         --- node-1.log:\n{}\n--- node-2.log:\n{}",
+        cluster.log_tail("node-1.log"),
+        cluster.log_tail("node-2.log")
+    );
+}
+
+/// One run of `job` with node-3 cut off mid-run; checks everything but the refusal of
+/// node-3's late frames, and returns whether node-1 or node-2 refused some (then it checks
+/// that the job status counted them).
+fn partition(
+    cluster: &Cluster,
+    net: &Netns,
+    job: &std::path::Path,
+    out: &std::path::Path,
+    expected: &[String],
+    round: u32,
+) -> bool {
+    let refused_before: BTreeSet<String> =
+        refused_streams_of_node3(cluster, net).into_iter().collect();
+    let id = cluster.submit(job, out, &["-p", "3", "--fresh"]);
     wait_for(
         "the job running on three nodes with a durable epoch",
         Duration::from_secs(60),
@@ -65,18 +115,39 @@ fn a_node_cut_off_past_its_lease_stops_its_tasks_and_its_late_frames_are_refused
     // Cut node-3 off; restore its link once the coordinator has recovered without it.
     let cut = Instant::now();
     net.set_link(3, false);
-    eprintln!("[cluster suite] partition: node-3 cut off at {}", utc_now());
+    eprintln!(
+        "[cluster suite] partition: round {round}: node-3 cut off at {}",
+        utc_now()
+    );
+    // `NOPSTREAM_PARTITION_CUT_MS` keeps the link down that long instead (3750 shows the
+    // connections timing out).
+    let fixed = std::env::var("NOPSTREAM_PARTITION_CUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis);
     let mut recovered: Option<(Value, Duration)> = None;
-    while recovered.is_none() && cut.elapsed() < RESTORE_BY {
-        let s = cluster.status(&id);
-        if s["generation"].as_u64().unwrap() > generation {
-            recovered = Some((s, cut.elapsed()));
+    loop {
+        let elapsed = cut.elapsed();
+        let done = match fixed {
+            Some(d) => elapsed >= d,
+            None => recovered.is_some() || elapsed >= RESTORE_BY,
+        };
+        if done {
+            break;
+        }
+        if recovered.is_none() {
+            let s = cluster.status(&id);
+            if s["generation"].as_u64().unwrap() > generation {
+                recovered = Some((s, cut.elapsed()));
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
     net.set_link(3, true);
     let down = cut.elapsed();
     eprintln!(
-        "[cluster suite] partition: node-3's link restored at {} after {:.2} s",
+        "[cluster suite] partition: round {round}: node-3's link restored at {} after {:.2} s",
         utc_now(),
         down.as_secs_f64()
     );
@@ -98,8 +169,8 @@ fn a_node_cut_off_past_its_lease_stops_its_tasks_and_its_late_frames_are_refused
     }
     let (after, seen) = recovered.expect("waited for");
     eprintln!(
-        "[cluster suite] partition: generation {generation} -> {} seen {:.2} s after the cut, \
-         on nodes {:?}",
+        "[cluster suite] partition: round {round}: generation {generation} -> {} seen {:.2} s \
+         after the cut, on nodes {:?}",
         after["generation"],
         seen.as_secs_f64(),
         Cluster::nodes_in(&after)
@@ -111,37 +182,74 @@ fn a_node_cut_off_past_its_lease_stops_its_tasks_and_its_late_frames_are_refused
 
     // node-3 comes back as new capacity under a new lease.
     wait_for("node-3 to register again", Duration::from_secs(30), || {
-        cluster
-            .node_status(3)
-            .is_some_and(|s| s["registrations"] == 2 && s["live"] == true)
+        cluster.node_status(3).is_some_and(|s| {
+            s["registrations"].as_u64() == Some(u64::from(round) + 1) && s["live"] == true
+        })
     });
     let status = cluster.wait_finished(&id, Duration::from_secs(300));
-    assert_eq!(committed(&out), expected, "the output after a partition");
+    assert_eq!(committed(out), expected, "the output after a partition");
     assert!(
         status["generation"].as_u64().unwrap() > generation,
         "{status:#}"
     );
-    let refused = &status["refused"];
-    let count = |k: &str| refused[k].as_u64().unwrap();
-    eprintln!(
-        "[cluster suite] partition: refused events {}, streams {}, commands {}; \
-         generation {}, recoveries {}",
-        count("events"),
-        count("streams"),
-        count("commands"),
-        status["generation"],
-        status["recoveries"]
+
+    // node-3 stopped its own tasks when it found its lease lost (the coordinator could
+    // not tell it: the link was down), once per round, and its lease expired once.
+    let log = cluster.log("node-3.log");
+    let lost = log
+        .lines()
+        .filter(|l| l.contains("stopping this node's tasks") && l.contains("LeaseLost"))
+        .count();
+    assert_eq!(
+        lost,
+        round as usize,
+        "node-3 must stop its tasks itself:\n{}",
+        cluster.log_tail("node-3.log")
     );
+    let node3 = cluster.node_status(3).unwrap();
     assert!(
-        count("events") + count("streams") + count("commands") > 0,
-        "the stale generation's work was refused and counted: {status:#}"
+        node3["registrations"].as_u64() == Some(u64::from(round) + 1)
+            && node3["live"] == true
+            && node3["expirations"].as_u64() == Some(u64::from(round)),
+        "node-3 registered again once, after its lease expired: {node3:#}"
     );
 
-    // Its late frames were refused: what node-3's tasks had queued for the others before
-    // it stopped them arrived once the link was back, and a receiver of the fenced
-    // generation stopped the stream.
+    // Its late frames: what node-3's tasks had queued for the others before it stopped
+    // them arrived once the link was back, and a receiver of the fenced generation
+    // stopped the stream. The job status counts stale work per job across its runs.
+    let count = |s: &Value| {
+        let r = &s["refused"];
+        ["events", "streams", "commands"].map(|k| r[k].as_u64().unwrap())
+    };
+    let (was, now) = (count(&before), count(&status));
+    eprintln!(
+        "[cluster suite] partition: round {round}: refused events {}, streams {}, commands {} \
+         (before the cut {was:?}); generation {}, recoveries {}",
+        now[0], now[1], now[2], status["generation"], status["recoveries"]
+    );
+    let late: Vec<String> = refused_streams_of_node3(cluster, net)
+        .into_iter()
+        .filter(|l| !refused_before.contains(l))
+        .collect();
+    if late.is_empty() {
+        return false;
+    }
+    eprintln!(
+        "[cluster suite] partition: round {round}: node-3's late streams refused:\n{}",
+        late.join("\n")
+    );
+    assert!(
+        now.iter().sum::<u64>() > was.iter().sum::<u64>(),
+        "the stale generation's work was refused and counted: {status:#}"
+    );
+    true
+}
+
+/// Lines of node-1's and node-2's logs where a stream from node-3 was refused because its
+/// generation was fenced.
+fn refused_streams_of_node3(cluster: &Cluster, net: &Netns) -> Vec<String> {
     let node3 = format!("peer={}:", net.node_ip(3));
-    let refusals: Vec<String> = [1, 2]
+    [1, 2]
         .iter()
         .flat_map(|n| {
             cluster
@@ -155,35 +263,10 @@ fn a_node_cut_off_past_its_lease_stops_its_tasks_and_its_late_frames_are_refused
                 .map(|l| format!("node-{n}: {l}"))
                 .collect::<Vec<_>>()
         })
-        .collect();
-    eprintln!(
-        "[cluster suite] partition: node-3's late streams refused:\n{}",
-        refusals.join("\n")
-    );
-    assert!(
-        !refusals.is_empty(),
-        "node-1 or node-2 refused a late stream of node-3's fenced generation\n\
-         --- node-1.log:\n{}\n--- node-2.log:\n{}",
-        cluster.log_tail("node-1.log"),
-        cluster.log_tail("node-2.log")
-    );
-
-    // node-3 stopped its own tasks when it found its lease lost (the coordinator could
-    // not tell it: the link was down).
-    let log = cluster.log("node-3.log");
-    assert!(
-        log.contains("stopping this node's tasks") && log.contains("LeaseLost"),
-        "node-3 must stop its tasks itself:\n{}",
-        cluster.log_tail("node-3.log")
-    );
-    let node3 = cluster.node_status(3).unwrap();
-    assert!(
-        node3["registrations"] == 2 && node3["live"] == true && node3["expirations"] == 1,
-        "node-3 registered again once, after its lease expired: {node3:#}"
-    );
+        .collect()
 }
 
-/// Seconds since the epoch, to line up with the processes' logs.
+/// The time of day (UTC), to line up with the processes' logs.
 fn utc_now() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
