@@ -42,9 +42,9 @@ use std::time::{Duration, Instant};
 /// the probe at ≈ 3.4 s usually gets through.
 const RESTORE_BY: Duration = Duration::from_millis(3_200);
 
-/// Partitions at most, until one shows node-3's late frames refused. In 18 runs of one
-/// round with the link restored after ≈ 2.5 s, both of node-3's peer connections timed
-/// out twice.
+/// Partitions at most, until one shows node-3's late frames refused. In 28 first rounds
+/// with the link restored after ≈ 2.3–2.7 s, both of node-3's peer connections timed out
+/// 3 times.
 const ROUNDS: u32 = 3;
 
 #[test]
