@@ -42,10 +42,13 @@ use std::time::{Duration, Instant};
 /// the probe at ≈ 3.4 s usually gets through.
 const RESTORE_BY: Duration = Duration::from_millis(3_200);
 
-/// Partitions at most, until one shows node-3's late frames refused. In 28 first rounds
-/// with the link restored after ≈ 2.3–2.7 s, both of node-3's peer connections timed out
-/// 3 times.
-const ROUNDS: u32 = 3;
+/// Partitions at most, until one shows node-3's late frames refused. Of 33 first rounds
+/// with the link restored after ≈ 2.3–2.7 s, 6 delivered nothing of node-3's. Besides the
+/// probe schedule, quinn 0.11 does not send an ACK-only packet while the congestion
+/// window is full and stream data waits (the gate of quinn issue 2785): a node that
+/// receives its peer's probe answers only with its own next probe, so both sides' backed-off
+/// probes must line up before the 5 s idle timeout.
+const ROUNDS: u32 = 5;
 
 #[test]
 #[ignore = "needs root and iproute2: .ci/run runs it"]
