@@ -769,6 +769,20 @@ pub async fn serve_node<S: NodeService>(
     }
 }
 
+/// The outcome of a registration whose session ended (the coordinator's `End`, or a broken
+/// stream) at `now`: [`SessionOutcome::LeaseLost`] if the node's own deadline has passed
+/// too. A node that was not scheduled past its deadline (stopped, starved) finds both at
+/// once when it runs again, and which of its tasks ran first must not decide what it
+/// reports.
+fn ended(lease: &mut NodeLease, reason: String, now: Duration) -> SessionOutcome {
+    match lease.status(now) {
+        NodeLeaseStatus::MustStop { .. } => SessionOutcome::LeaseLost {
+            lease: lease.id().0,
+        },
+        NodeLeaseStatus::Valid { .. } => SessionOutcome::Ended { reason },
+    }
+}
+
 async fn node_session_once<S: NodeService>(
     ep: &ClusterEndpoint,
     cfg: &NodeConfig,
@@ -897,7 +911,8 @@ async fn node_session_once<S: NodeService>(
         }
         tokio::select! {
             reason = ended_rx.recv() => {
-                break SessionOutcome::Ended { reason: reason.unwrap_or_default() };
+                let mut lease = lease.lock().unwrap_or_else(|p| p.into_inner());
+                break ended(&mut lease, reason.unwrap_or_default(), started.elapsed());
             }
             _ = tokio::time::sleep(check) => {}
         }
@@ -906,4 +921,36 @@ async fn node_session_once<S: NodeService>(
     writer.abort();
     pc.connection.close(0u32.into(), b"session over");
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_ended_past_the_node_deadline_is_a_lost_lease() {
+        let cfg = LeaseConfig {
+            ttl: Duration::from_millis(2000),
+            heartbeat_interval: Duration::from_millis(300),
+            safety_margin: Duration::from_millis(500),
+        };
+        // Granted for a hello sent at 0: the node-side deadline is 1.5 s.
+        let mut lease = NodeLease::new(LeaseId(7), &cfg, Duration::ZERO).unwrap();
+        assert_eq!(
+            ended(&mut lease, "closed".into(), Duration::from_millis(1000)),
+            SessionOutcome::Ended {
+                reason: "closed".into()
+            }
+        );
+        // Resumed after a SIGSTOP past the deadline, with the coordinator's `End` already
+        // read: the node lost its lease whichever it noticed first.
+        assert_eq!(
+            ended(
+                &mut lease,
+                "lease-7 of node-2 expired".into(),
+                Duration::from_millis(2500)
+            ),
+            SessionOutcome::LeaseLost { lease: 7 }
+        );
+    }
 }

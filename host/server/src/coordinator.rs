@@ -275,6 +275,17 @@ impl ClusterCoordinator {
         let storage: Arc<dyn CheckpointStorage> =
             Arc::new(LocalStorage::open(&dir).map_err(|e| format!("{}: {e}", dir.display()))?);
         let previous = lock(&self.records).get(&job).cloned();
+        // A job's generations never repeat: its nodes keep the fence of its last run (up to
+        // the last generation + 1) and refuse the channels of older generations, so a run in
+        // a new checkpoint namespace (`--fresh`, or its checkpoints gone), whose attempts
+        // would count from 1 again, goes on above the last generation deployed.
+        if !resuming && let Some(last) = previous.as_ref().map(|p| p.generation).filter(|g| *g > 0)
+        {
+            let last = u32::try_from(last).unwrap_or(u32::MAX);
+            storage
+                .next_attempt(last - 1)
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
         let record = JobRecord {
             job: job.clone(),
             name: compiled.plan.job.name.clone(),
