@@ -13,8 +13,10 @@ pub mod alignment;
 pub mod coordinator;
 pub mod failpoint;
 pub mod manifest;
+pub mod meta;
 pub mod storage;
 
 pub use coordinator::{Command, EpochCoordinator, EpochState, Event};
 pub use manifest::*;
+pub use meta::{InputMeta, META_FORMAT, OperatorMeta, SnapshotMeta};
 pub use storage::{CheckpointStorage, EpochLogRecord, LocalStorage, StorageError};

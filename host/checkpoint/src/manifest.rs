@@ -159,6 +159,10 @@ pub struct EpochManifest {
     pub created_ms: u64,
     /// When the manifest was written, ms since the Unix epoch.
     pub durable_ms: u64,
+    /// What a compatibility check needs of the job (design §10.4); absent in manifests
+    /// written before it was recorded (those keep their checksums).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<crate::meta::SnapshotMeta>,
     /// xxh3-64 (hex) of the manifest JSON with this field empty.
     pub checksum: String,
 }

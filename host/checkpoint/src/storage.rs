@@ -351,6 +351,7 @@ mod tests {
             state_format_version: STATE_FORMAT_VERSION,
             created_ms: 1,
             durable_ms: 2,
+            meta: None,
             checksum: String::new(),
         };
         m.seal();

@@ -3,6 +3,7 @@
 mod cluster;
 mod output;
 mod prepare;
+mod savepoint;
 mod scaffold;
 
 use anyhow::{Context, Result, bail};
@@ -82,6 +83,28 @@ enum Command {
         /// `job.checkpoint_interval_ms` (part of the plan fingerprint).
         #[arg(long)]
         checkpoint_interval_ms: Option<u64>,
+        /// Restore from a savepoint (`nopstream savepoint promote`): the savepoint check runs
+        /// first and anything but compatible is refused; then the job's checkpoints are
+        /// replaced by the savepoint's epoch and the job resumes from it, at any
+        /// parallelism.
+        #[arg(long, value_name = "SP", conflicts_with_all = ["fresh", "rescale"])]
+        from_savepoint: Option<PathBuf>,
+        /// With --from-savepoint: the actions file that clears the check's findings.
+        #[arg(long, value_name = "A.toml", requires = "from_savepoint")]
+        actions: Option<PathBuf>,
+    },
+    /// Savepoints: promote a checkpoint to one, check a job against one.
+    Savepoint {
+        #[command(subcommand)]
+        command: SavepointCommand,
+    },
+    /// List a job's savepoints (under WORK_DIR/savepoints).
+    Savepoints {
+        /// Job file (TOML).
+        job: PathBuf,
+        /// Working directory of the job [default: nopstream-out/JOB_ID/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
     },
     /// List the checkpoints of a job (job file) or of a checkpoint namespace directory:
     /// epochs with state, duration, alignment, snapshot size, source offsets and sink
@@ -215,6 +238,56 @@ enum ClusterCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum SavepointCommand {
+    /// Copy a durable checkpoint of a job (its latest, or --epoch N) into a self-contained,
+    /// relocatable savepoint directory that retention never deletes.
+    Promote {
+        /// Job file (TOML), or a checkpoint namespace directory.
+        target: PathBuf,
+        /// Working directory of the job [default: nopstream-out/JOB_ID/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// The epoch to promote [default: the latest durable one].
+        #[arg(long)]
+        epoch: Option<u64>,
+        /// Where to write the savepoint [default: WORK_DIR/savepoints/epoch-N].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Check a job against a savepoint: per operator compatible, needs-action or
+    /// incompatible with stable finding codes and the actions that clear them. Exit 0
+    /// compatible, 2 needs action, 3 incompatible, 1 usage error.
+    Check {
+        /// The savepoint directory.
+        savepoint: PathBuf,
+        /// The job file to restore it into.
+        #[arg(long)]
+        job: PathBuf,
+        /// Override the parallelism of every node.
+        #[arg(long, short = 'p')]
+        parallelism: Option<u32>,
+        /// Actions file (`[[action]]` tables) clearing findings.
+        #[arg(long, value_name = "A.toml")]
+        actions: Option<PathBuf>,
+        /// Working directory of the job [default: nopstream-out/JOB_ID/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// `text` (a table) or `json` (`nopstream.compat-report/v1`).
+        #[arg(long, default_value = "text")]
+        format: ReportFormat,
+    },
+}
+
+/// How `savepoint check` prints its report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ReportFormat {
+    /// A table.
+    Text,
+    /// Versioned JSON.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
 enum JobCommand {
     /// Submit a job file to a cluster: runs its prepare steps here, then the coordinator
     /// resolves its plugins from the registry, places it on the live nodes and runs it.
@@ -342,7 +415,15 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // Usage errors exit 1, like every other error: exit codes 2 and 3 belong to
+    // `savepoint check` (needs action, incompatible).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return std::process::ExitCode::from(u8::from(e.use_stderr()));
+        }
+    };
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -583,6 +664,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             max_restarts,
             rescale,
             checkpoint_interval_ms,
+            from_savepoint,
+            actions,
         } => {
             let mut model = read_model(&job, parallelism)?;
             if let Some(ms) = checkpoint_interval_ms {
@@ -599,6 +682,31 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let plan = partitioned_plan(&job_graph(&stream));
             let plugins = registry.plugin_set(&plan)?;
             let ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
+            // A restore from a savepoint: check first, refuse anything but compatible, then
+            // seed the job's namespace with the savepoint's epoch.
+            let mut from_savepoint_fp = None;
+            if let Some(sp_dir) = &from_savepoint {
+                let sp = savepoint::open(sp_dir)?;
+                let actions = savepoint::read_actions(actions.as_deref())?;
+                let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
+                if report.verdict != nop_stream_coordinator::compat::Status::Compatible {
+                    eprint!("{}", report.to_text());
+                    eprintln!(
+                        "error: savepoint {} is not compatible with {} as it stands;                          `nopstream savepoint check` explains each finding and the actions                          that clear it",
+                        sp_dir.display(),
+                        job.display()
+                    );
+                    return Ok(std::process::ExitCode::from(report.verdict.exit_code()));
+                }
+                let fp = savepoint::seed_namespace(&sp, &ckpt, &actions)?;
+                eprintln!(
+                    "restoring savepoint {} (epoch {}) into {}",
+                    sp_dir.display(),
+                    sp.info.epoch,
+                    ckpt.display()
+                );
+                from_savepoint_fp = Some(fp).filter(|fp| *fp != plan.fingerprint);
+            }
             let resume = !fresh
                 && ckpt
                     .join("manifests")
@@ -614,7 +722,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let rescale_from = if rescale {
                 Some(rescale_source_fingerprint(&model, &registry, &plan, &ckpt)?)
             } else {
-                None
+                from_savepoint_fp
             };
             prepare::run_steps(&model, &dir)?;
             let dirs = output::RunDirs {
@@ -663,6 +771,114 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 }
             }
             Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Savepoints { job, work_dir } => {
+            let model = read_model(&job, None)?;
+            let work_dir = work_dir.unwrap_or_else(|| {
+                PathBuf::from("nopstream-out")
+                    .join(&model.job.id)
+                    .join("work")
+            });
+            let dir = work_dir.join("savepoints");
+            let found = savepoint::list(&dir);
+            if found.is_empty() {
+                println!("no savepoints in {}", dir.display());
+            }
+            for (p, i) in found {
+                println!(
+                    "epoch {:>6}  {}  namespace {}{}",
+                    i.epoch,
+                    p.display(),
+                    i.namespace,
+                    if i.final_epoch { "  (final epoch)" } else { "" }
+                );
+            }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Savepoint {
+            command:
+                SavepointCommand::Promote {
+                    target,
+                    work_dir,
+                    epoch,
+                    out,
+                },
+        } => {
+            let (ns, work_dir) = if target.is_dir() {
+                (target.clone(), target.clone())
+            } else {
+                let model = read_model(&target, None)?;
+                let work_dir = work_dir.unwrap_or_else(|| {
+                    PathBuf::from("nopstream-out")
+                        .join(&model.job.id)
+                        .join("work")
+                });
+                let ns = format!("{}.{}", model.job.id, model.job.pipeline);
+                (work_dir.join("checkpoints").join(ns), work_dir)
+            };
+            let out = match out {
+                Some(o) => o,
+                None => {
+                    let src = nop_stream_checkpoint::LocalStorage::open(&ns)?;
+                    let e = match epoch {
+                        Some(e) => e,
+                        None => nop_stream_checkpoint::CheckpointStorage::manifest_epochs(&src)?
+                            .last()
+                            .map(|e| e.0)
+                            .with_context(|| format!("{} holds no durable epoch", ns.display()))?,
+                    };
+                    work_dir.join("savepoints").join(format!("epoch-{e}"))
+                }
+            };
+            let info = savepoint::promote(&ns, epoch, &out)?;
+            println!(
+                "savepoint of job {} epoch {} at {}",
+                info.job,
+                info.epoch,
+                out.display()
+            );
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Savepoint {
+            command:
+                SavepointCommand::Check {
+                    savepoint: sp_dir,
+                    job,
+                    parallelism,
+                    actions,
+                    work_dir,
+                    format,
+                },
+        } => {
+            let model = read_model(&job, parallelism)?;
+            let work_dir = work_dir.unwrap_or_else(|| {
+                PathBuf::from("nopstream-out")
+                    .join(&model.job.id)
+                    .join("work")
+            });
+            let host = PluginHost::new(cache_dir())?;
+            let registry = PluginRegistry::new(&host, search, job_dir(&job));
+            let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+            let plan = partitioned_plan(&job_graph(&stream));
+            let plugins = registry.plugin_set(&plan)?;
+            let sp = savepoint::open(&sp_dir)?;
+            let actions = savepoint::read_actions(actions.as_deref())?;
+            let ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
+            let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
+            match format {
+                ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                ReportFormat::Text => {
+                    println!(
+                        "savepoint {}  job {}  epoch {}  namespace {}",
+                        sp_dir.display(),
+                        sp.info.job,
+                        sp.info.epoch,
+                        sp.info.namespace
+                    );
+                    print!("{}", report.to_text());
+                }
+            }
+            Ok(std::process::ExitCode::from(report.verdict.exit_code()))
         }
         Command::Plan {
             job,

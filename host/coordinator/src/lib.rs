@@ -10,6 +10,7 @@
 //! transport; the decisions that can be pure are pure ([`restore`], and the epoch state
 //! machine of `nop-stream-checkpoint`).
 
+pub mod compat;
 mod error;
 mod report;
 pub mod restore;

@@ -49,6 +49,9 @@ pub struct CoordinatorOptions {
     /// How long the epoch loop waits for an event before it ticks the epoch clock.
     /// Default 10 ms.
     pub poll: Duration,
+    /// sha256 of the component running each operator, by operator id, recorded in every
+    /// manifest for savepoint checks (design §10.4). Missing entries are recorded empty.
+    pub components: BTreeMap<String, String>,
 }
 
 impl Default for CoordinatorOptions {
@@ -61,6 +64,7 @@ impl Default for CoordinatorOptions {
             restart_delay: Duration::from_millis(100),
             restart_delay_max: Duration::from_secs(5),
             poll: Duration::from_millis(10),
+            components: BTreeMap::new(),
         }
     }
 }
@@ -294,8 +298,9 @@ fn prepare_attempt<W: Workers>(
     // generation that still runs (a stopped node resumed, a partition) has at most the
     // epoch after its last barrier open, and that epoch was logged CREATED or is
     // `max_epoch + 1`; so no transaction of this generation shares its id (design §2.5,
-    // fencing). The first attempt of a namespace has no predecessor and starts at 1.
-    let first_epoch = if attempt.0 == 1 {
+    // fencing). The first attempt of a fresh namespace has no predecessor and starts at 1
+    // (a namespace seeded from a savepoint goes on after the savepoint's epoch).
+    let first_epoch = if attempt.0 == 1 && restore.is_none() {
         EpochId(1)
     } else {
         EpochId(max_epoch + 2)
@@ -410,6 +415,7 @@ impl<W: Workers> Drop for Attempt<'_, W> {
 /// The state of the epoch loop of one attempt.
 struct Driver<'p, E> {
     plan: &'p PartitionedPlan,
+    meta: nop_stream_checkpoint::SnapshotMeta,
     storage: &'p Arc<dyn CheckpointStorage>,
     opts: &'p CoordinatorOptions,
     attempt: AttemptId,
@@ -451,6 +457,7 @@ fn drive_attempt<W: Workers>(
     let total = deployment.tasks.len();
     let mut d = Driver::<W::Error> {
         plan,
+        meta: crate::compat::snapshot_meta(plan, &opts.components),
         storage,
         opts,
         attempt: deployment.attempt,
@@ -703,6 +710,7 @@ impl<E: TaskError> Driver<'_, E> {
             state_format_version: STATE_FORMAT_VERSION,
             created_ms: self.created_ms.get(&epoch).copied().unwrap_or(0),
             durable_ms: now_ms(),
+            meta: Some(self.meta.clone()),
             checksum: String::new(),
         };
         manifest.seal();

@@ -112,6 +112,7 @@ fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
         state_format_version: STATE_FORMAT_VERSION,
         created_ms: 0,
         durable_ms: 0,
+        meta: None,
         checksum: String::new(),
     };
     m.seal();

@@ -209,7 +209,12 @@ pub fn run_job(
 ) -> Result<JobReport> {
     let storage = nop_stream_coordinator::open_namespace(&opts.work_dir, plan, opts.resume)?;
     let mut workers = InProcessWorkers::new(plan, plugins, opts, Arc::clone(&storage), progress);
-    nop_stream_coordinator::run_job(plan, &mut workers, storage, &opts.coordinator_options())
+    let mut copts = opts.coordinator_options();
+    copts.components = plugins
+        .iter()
+        .map(|(id, p)| (id.to_string(), p.sha256.clone()))
+        .collect();
+    nop_stream_coordinator::run_job(plan, &mut workers, storage, &copts)
 }
 
 /// Marker file that makes a directory a nopstream output directory.

@@ -351,6 +351,17 @@ impl ClusterCoordinator {
         max_restarts: u32,
     ) {
         let job = compiled.plan.job.job_id.to_string();
+        let copts = nop_stream_coordinator::CoordinatorOptions {
+            max_restarts: Some(max_restarts),
+            restart_delay: self.opts.restart_delay,
+            components: compiled
+                .spec
+                .components
+                .iter()
+                .map(|(id, c)| (id.clone(), c.sha256.clone()))
+                .collect(),
+            ..Default::default()
+        };
         let mut workers = ClusterWorkers::new(
             Arc::clone(&self.hub),
             Arc::clone(&compiled.plan),
@@ -359,11 +370,6 @@ impl ClusterCoordinator {
             Arc::clone(&cancel),
             self.opts.timeouts,
         );
-        let copts = nop_stream_coordinator::CoordinatorOptions {
-            max_restarts: Some(max_restarts),
-            restart_delay: self.opts.restart_delay,
-            ..Default::default()
-        };
         let result = nop_stream_coordinator::run_job(&compiled.plan, &mut workers, storage, &copts);
         drop(workers);
         let counters = self.hub.job_counters(&JobId::new(&job));

@@ -1,0 +1,291 @@
+//! Savepoints (design §10.4–§10.6): a savepoint is a self-contained, relocatable directory
+//! holding one epoch's manifest and exactly the segments it references, laid out as a
+//! checkpoint namespace (`manifests/`, `segments/`) plus `savepoint.json`. Retention of
+//! the job's checkpoints never touches it.
+//!
+//! - `promote` copies a durable checkpoint of a job (its latest, or `--epoch N`) into one.
+//! - `check` compares a savepoint with a job (and named actions) and prints the report.
+//! - `run --from-savepoint` runs the same check, refuses anything but compatible, seeds
+//!   the job's checkpoint namespace from the savepoint (applying the actions to the
+//!   manifest) and restores it, at any parallelism.
+
+use anyhow::{Context, Result, bail};
+use nop_stream_checkpoint::{CheckpointStorage, EpochManifest, LocalStorage};
+use nop_stream_coordinator::compat::{Action, Actions, CheckContext, Report, check, snapshot_meta};
+use nop_stream_core::PartitionedPlan;
+use nop_stream_runtime::PluginSet;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// `savepoint.json`: what a savepoint directory is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SavepointInfo {
+    /// `nopstream.savepoint/v1`.
+    pub format: String,
+    /// Job id.
+    pub job: String,
+    /// Checkpoint namespace it was taken from.
+    pub namespace: String,
+    /// Its epoch.
+    pub epoch: u64,
+    /// When it was made, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// Where it was copied from.
+    pub source: String,
+    /// Whether the epoch was the job's final one (a finished job).
+    pub final_epoch: bool,
+}
+
+const FORMAT: &str = "nopstream.savepoint/v1";
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Copies the manifest of `epoch` (default: the latest durable one) of the namespace in
+/// `from` and every segment file it references into `out`, which must not exist yet.
+/// The copy is written under a temporary name and renamed into place, so a crash leaves no
+/// partial savepoint that could be restored.
+///
+/// # Errors
+/// No durable epoch, an unreadable manifest or segment, or `out` exists.
+pub fn promote(from: &Path, epoch: Option<u64>, out: &Path) -> Result<SavepointInfo> {
+    anyhow::ensure!(
+        !out.exists(),
+        "{} exists; savepoints are never overwritten, name another with --out",
+        out.display()
+    );
+    let src =
+        LocalStorage::open(from).with_context(|| format!("checkpoints in {}", from.display()))?;
+    let m = match epoch {
+        Some(e) => src
+            .read_manifest(nop_stream_api::EpochId(e))
+            .with_context(|| format!("epoch {e} in {}", from.display()))?,
+        None => src
+            .latest_manifest()?
+            .with_context(|| format!("{} holds no durable epoch", from.display()))?,
+    };
+    let parent = out.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)?;
+    let tmp = parent.join(format!(
+        ".{}.partial-{}",
+        out.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("savepoint"),
+        std::process::id()
+    ));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    let dst = LocalStorage::open(&tmp)?;
+    let mut files: Vec<&str> = m
+        .tasks
+        .iter()
+        .flat_map(|t| t.segments.iter().map(|s| s.file.as_str()))
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    for f in files {
+        let to = tmp.join(f);
+        std::fs::create_dir_all(to.parent().unwrap_or(&tmp))?;
+        std::fs::copy(from.join(f), &to)
+            .with_context(|| format!("copying segment {}", from.join(f).display()))?;
+    }
+    dst.publish_manifest(&m)?;
+    let info = SavepointInfo {
+        format: FORMAT.into(),
+        job: m.job_id.clone(),
+        namespace: m.namespace.clone(),
+        epoch: m.epoch.0,
+        created_ms: now_ms(),
+        source: from.display().to_string(),
+        final_epoch: m.final_epoch,
+    };
+    std::fs::write(
+        tmp.join("savepoint.json"),
+        serde_json::to_vec_pretty(&info)?,
+    )?;
+    std::fs::rename(&tmp, out)?;
+    Ok(info)
+}
+
+/// A savepoint directory, opened.
+pub struct Savepoint {
+    /// Where it is.
+    pub dir: PathBuf,
+    /// `savepoint.json`.
+    pub info: SavepointInfo,
+    /// Its manifest.
+    pub manifest: EpochManifest,
+}
+
+/// Opens and verifies the savepoint in `dir`.
+///
+/// # Errors
+/// Not a savepoint, an unknown format, or a manifest that fails its checksum.
+pub fn open(dir: &Path) -> Result<Savepoint> {
+    let info_path = dir.join("savepoint.json");
+    let info: SavepointInfo =
+        serde_json::from_slice(&std::fs::read(&info_path).with_context(|| {
+            format!("{} is not a savepoint (no savepoint.json)", dir.display())
+        })?)
+        .with_context(|| format!("{}", info_path.display()))?;
+    if info.format != FORMAT {
+        bail!(
+            "{}: savepoint format `{}` is not `{FORMAT}`, the one this host reads",
+            info_path.display(),
+            info.format
+        );
+    }
+    let storage = LocalStorage::open(dir)?;
+    let manifest = storage
+        .read_manifest(nop_stream_api::EpochId(info.epoch))
+        .with_context(|| format!("savepoint {}", dir.display()))?;
+    Ok(Savepoint {
+        dir: dir.to_owned(),
+        info,
+        manifest,
+    })
+}
+
+/// Reads an actions file (`[[action]]` tables, e.g. `kind = "drop-state"`).
+///
+/// # Errors
+/// Unreadable or malformed, naming the file.
+pub fn read_actions(path: Option<&Path>) -> Result<Actions> {
+    let Some(path) = path else {
+        return Ok(Actions::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read actions file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("actions file {}", path.display()))
+}
+
+/// Checks `sp` against `plan` (with its components) and `actions`; `namespace` is the
+/// job's own checkpoint namespace, to see whether it has advanced past the savepoint.
+///
+/// # Errors
+/// A savepoint without compatibility metadata, or actions that clear nothing or are not
+/// supported.
+pub fn check_against(
+    sp: &Savepoint,
+    plan: &PartitionedPlan,
+    plugins: &PluginSet,
+    namespace: &Path,
+    actions: &Actions,
+) -> Result<Report> {
+    let Some(old) = &sp.manifest.meta else {
+        bail!(
+            "savepoint {} (epoch {}) records no compatibility metadata: it was written by an \
+             older host and can only be resumed by the same job",
+            sp.dir.display(),
+            sp.info.epoch
+        );
+    };
+    let components: BTreeMap<String, String> = plugins
+        .iter()
+        .map(|(id, p)| (id.to_string(), p.sha256.clone()))
+        .collect();
+    let new = snapshot_meta(plan, &components);
+    let mut pending: BTreeMap<String, usize> = BTreeMap::new();
+    for t in &sp.manifest.tasks {
+        if let Some(s) = &t.sink_operator {
+            *pending.entry(s.clone()).or_default() += t.pending_transactions.len();
+        }
+    }
+    let latest = if namespace.join("manifests").is_dir() {
+        LocalStorage::open(namespace)?
+            .manifest_epochs()?
+            .last()
+            .map(|e| e.0)
+    } else {
+        None
+    };
+    let ctx = CheckContext {
+        pending_committables: pending,
+        namespace_epochs: latest.map(|l| (l, sp.info.epoch)),
+    };
+    check(old, &new, &ctx, actions).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Seeds the checkpoint namespace `namespace` (emptied first) with the savepoint's epoch:
+/// its segments, and its manifest with the actions applied (renamed operators carry their
+/// new ids; dropped states and operators lose their segments). Returns the plan
+/// fingerprint the manifest carries, which the restore accepts as an explicit action.
+///
+/// # Errors
+/// I/O failures.
+pub fn seed_namespace(sp: &Savepoint, namespace: &Path, actions: &Actions) -> Result<String> {
+    if namespace.exists() {
+        std::fs::remove_dir_all(namespace)?;
+    }
+    let dst = LocalStorage::open(namespace)?;
+    let mut m = sp.manifest.clone();
+    let rename = |id: &str| -> String {
+        actions
+            .actions
+            .iter()
+            .find_map(|a| match a {
+                Action::RenameOperator { from, to } if from == id => Some(to.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| id.to_owned())
+    };
+    for t in &mut m.tasks {
+        t.task.vertex = nop_stream_api::VertexId::new(rename(t.task.vertex.as_str()));
+        t.segments.retain(|s| {
+            !actions.actions.iter().any(|a| match a {
+                Action::DropState { operator, state } => {
+                    *operator == s.operator_id && state.as_ref().is_none_or(|st| *st == s.state)
+                }
+                _ => false,
+            })
+        });
+        for s in &mut t.segments {
+            s.operator_id = rename(&s.operator_id);
+        }
+        if let Some(op) = &mut t.sink_operator {
+            *op = rename(op);
+        }
+    }
+    for e in &mut m.enumerators {
+        e.operator_id = rename(&e.operator_id);
+    }
+    let mut files: Vec<&str> = m
+        .tasks
+        .iter()
+        .flat_map(|t| t.segments.iter().map(|s| s.file.as_str()))
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    for f in files {
+        let to = namespace.join(f);
+        std::fs::create_dir_all(to.parent().unwrap_or(namespace))?;
+        std::fs::copy(sp.dir.join(f), &to)
+            .with_context(|| format!("copying segment {}", sp.dir.join(f).display()))?;
+    }
+    m.seal();
+    dst.publish_manifest(&m)?;
+    Ok(m.plan_fingerprint)
+}
+
+/// The savepoints under `dir` (each a directory with `savepoint.json`), by epoch.
+pub fn list(dir: &Path) -> Vec<(PathBuf, SavepointInfo)> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if let Ok(bytes) = std::fs::read(p.join("savepoint.json"))
+                && let Ok(info) = serde_json::from_slice::<SavepointInfo>(&bytes)
+            {
+                out.push((p, info));
+            }
+        }
+    }
+    out.sort_by_key(|(p, i)| (i.epoch, p.clone()));
+    out
+}

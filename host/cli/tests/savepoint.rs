@@ -1,0 +1,300 @@
+//! Savepoints end to end on the flights data (design §10.4–§10.6): a mid-run checkpoint
+//! promoted to a savepoint, checked against jobs, and restored at other parallelisms with
+//! output equal to the uninterrupted run; a key-spec change refused without touching
+//! anything; a removed stateful operator needing `drop-state`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_nopstream");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A copy of the flights job next to its data, with `edit` applied to its text.
+struct JobFile(PathBuf);
+
+impl Drop for JobFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn job(tag: &str, edit: impl Fn(String) -> String) -> JobFile {
+    let text = std::fs::read_to_string(repo().join("examples/flights/flights.toml")).unwrap();
+    let path = repo().join(format!(
+        "examples/flights/.savepoint-{}-{tag}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&path, edit(text)).unwrap();
+    JobFile(path)
+}
+
+fn nopstream(args: &[&str], env: Option<(&str, &str)>) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args).env_remove("NOPSTREAM_FAILPOINTS");
+    if let Some((k, v)) = env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn committed(out: &Path) -> Vec<String> {
+    let mut lines = Vec::new();
+    for e in std::fs::read_dir(out).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "jsonl") {
+            lines.extend(
+                std::fs::read_to_string(&p)
+                    .unwrap()
+                    .lines()
+                    .map(str::to_owned),
+            );
+        }
+    }
+    lines.sort();
+    lines
+}
+
+/// Every file under `dir` with its bytes, to show a directory is untouched.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    out: PathBuf,
+    work: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let tmp = tempfile::tempdir().unwrap();
+    Dirs {
+        out: tmp.path().join("out"),
+        work: tmp.path().join("work"),
+        _tmp: tmp,
+    }
+}
+
+fn run(job: &Path, d: &Dirs, extra: &[&str], failpoint: Option<&str>) -> Output {
+    let mut args = vec!["run", "--no-progress", "--no-echo"];
+    args.extend_from_slice(extra);
+    let out = d.out.display().to_string();
+    let work = d.work.display().to_string();
+    args.extend_from_slice(&["--output", &out, "--work-dir", &work]);
+    let j = job.display().to_string();
+    args.push(&j);
+    nopstream(&args, failpoint.map(|f| ("NOPSTREAM_FAILPOINTS", f)))
+}
+
+/// Runs the job at `p` with 50 ms epochs, crashes it after the second durable epoch, and
+/// promotes that epoch to a savepoint; returns the directories and the savepoint.
+fn savepoint_mid_run(job: &Path, p: u32) -> (Dirs, PathBuf) {
+    let d = dirs();
+    let ps = p.to_string();
+    let o = run(
+        job,
+        &d,
+        &["-p", &ps, "--checkpoint-interval-ms", "50"],
+        Some("after-manifest-publish=2"),
+    );
+    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
+    let sp = d.work.join("sp");
+    let o = nopstream(
+        &[
+            "savepoint",
+            "promote",
+            &job.display().to_string(),
+            "--work-dir",
+            &d.work.display().to_string(),
+            "--out",
+            &sp.display().to_string(),
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("epoch 2"), "{}", text(&o));
+    (d, sp)
+}
+
+fn check(sp: &Path, job: &Path, d: &Dirs, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "savepoint".to_owned(),
+        "check".to_owned(),
+        sp.display().to_string(),
+        "--job".to_owned(),
+        job.display().to_string(),
+        "--work-dir".to_owned(),
+        d.work.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    nopstream(&args, None)
+}
+
+#[test]
+fn a_mid_run_savepoint_restores_at_other_parallelisms_with_the_uninterrupted_output() {
+    let j = job("rescale", |t| t);
+    let reference = {
+        let d = dirs();
+        let o = run(&j.0, &d, &["-p", "2"], None);
+        assert!(o.status.success(), "{}", text(&o));
+        committed(&d.out)
+    };
+    assert_eq!(reference.len(), 16, "one line per carrier");
+    for (from, to) in [(2, 3), (4, 2), (1, 4)] {
+        let (d, sp) = savepoint_mid_run(&j.0, from);
+        let tp = to.to_string();
+        let o = check(&sp, &j.0, &d, &["-p", &tp]);
+        let report = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{from}->{to}: {report}");
+        assert!(report.contains("PARALLELISM_CHANGED"), "{report}");
+        assert!(report.contains("verdict COMPATIBLE (exit 0)"), "{report}");
+        let json = check(&sp, &j.0, &d, &["-p", &tp, "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        assert_eq!(v["format"], "nopstream.compat-report/v1");
+        assert_eq!(v["verdict"], "compatible");
+        let sp_dir = sp.display().to_string();
+        let o = run(&j.0, &d, &["-p", &tp, "--from-savepoint", &sp_dir], None);
+        assert!(o.status.success(), "{from}->{to}: {}", text(&o));
+        assert!(text(&o).contains("restoring savepoint"), "{}", text(&o));
+        assert_eq!(committed(&d.out), reference, "restored {from}->{to}");
+    }
+}
+
+#[test]
+fn a_key_spec_change_is_refused_and_nothing_is_touched() {
+    let j = job("base", |t| t);
+    let (d, sp) = savepoint_mid_run(&j.0, 2);
+    let by_origin = job("origin", |t| {
+        t.replace(
+            r#"config = { key = "carrier", fields = ["carrier", "dep_delay"] }"#,
+            r#"config = { key = "origin", fields = ["carrier", "dep_delay"] }"#,
+        )
+    });
+    let before_sp = snapshot(&sp);
+    let before_out = snapshot(&d.out);
+    let o = check(&sp, &by_origin.0, &d, &[]);
+    let report = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{report}");
+    assert!(report.contains("KEY_SPEC_CHANGED"), "{report}");
+    assert!(report.contains("verdict INCOMPATIBLE (exit 3)"), "{report}");
+    let sp_dir = sp.display().to_string();
+    let o = run(&by_origin.0, &d, &["--from-savepoint", &sp_dir], None);
+    assert_eq!(o.status.code(), Some(3), "run refuses: {}", text(&o));
+    assert!(!text(&o).contains("restoring savepoint"), "{}", text(&o));
+    assert_eq!(snapshot(&sp), before_sp, "the savepoint is byte-unchanged");
+    assert_eq!(snapshot(&d.out), before_out, "no task ran");
+}
+
+#[test]
+fn a_removed_stateful_operator_needs_drop_state_and_its_state_is_gone_after() {
+    let j = job("full", |t| t);
+    let (d, sp) = savepoint_mid_run(&j.0, 2);
+    // The same job without the aggregate: parse feeds the sink directly.
+    let without = job("without", |t| {
+        let start = t.find("[[operator]]\nname = \"per-carrier\"").unwrap();
+        let end = t.find("[[sink]]").unwrap();
+        format!("{}{}", &t[..start], &t[end..])
+            .replace("inputs = [\"per-carrier\"]", "inputs = [\"parse\"]")
+    });
+    let o = check(&sp, &without.0, &d, &[]);
+    let report = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{report}");
+    assert!(report.contains("STATEFUL_OPERATOR_REMOVED"), "{report}");
+    assert!(report.contains("drop-state | rename-operator"), "{report}");
+    // An action that clears nothing is an error (exit 1), not a pass.
+    let typo = d.work.join("typo.toml");
+    std::fs::write(
+        &typo,
+        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/per-carier\"\n",
+    )
+    .unwrap();
+    let o = check(
+        &sp,
+        &without.0,
+        &d,
+        &["--actions", &typo.display().to_string()],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("clears no finding"), "{}", text(&o));
+    // The right action clears it; the job runs from the savepoint.
+    let actions = d.work.join("actions.toml");
+    std::fs::write(
+        &actions,
+        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/per-carrier\"\n",
+    )
+    .unwrap();
+    let a = actions.display().to_string();
+    let o = check(&sp, &without.0, &d, &["--actions", &a]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let fresh_out = dirs();
+    let sp_dir = sp.display().to_string();
+    let o = Command::new(BIN)
+        .args([
+            "run",
+            "--no-progress",
+            "--no-echo",
+            "--from-savepoint",
+            &sp_dir,
+        ])
+        .args(["--actions", &a, "--checkpoint-interval-ms", "50"])
+        .arg("--output")
+        .arg(&fresh_out.out)
+        .arg("--work-dir")
+        .arg(&d.work)
+        .arg(&without.0)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // The next savepoint of the job holds no state of the dropped operator.
+    let sp2 = d.work.join("sp2");
+    let o = nopstream(
+        &[
+            "savepoint",
+            "promote",
+            &without.0.display().to_string(),
+            "--work-dir",
+            &d.work.display().to_string(),
+            "--out",
+            &sp2.display().to_string(),
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let manifests: Vec<_> = std::fs::read_dir(sp2.join("manifests"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(manifests.len(), 1);
+    assert!(
+        !manifests[0].contains("\"operator_id\": \"operators/per-carrier\""),
+        "the dropped operator's state is gone"
+    );
+    assert!(
+        manifests[0].contains("\"meta\""),
+        "the new savepoint records its job"
+    );
+}
