@@ -298,3 +298,109 @@ fn a_removed_stateful_operator_needs_drop_state_and_its_state_is_gone_after() {
         "the new savepoint records its job"
     );
 }
+
+/// source -> probe (appends its version to each line) -> sink, one line per departure.
+fn probe_job(tag: &str, version: &str) -> JobFile {
+    job(tag, |t| {
+        let start = t.find("[[operator]]").unwrap();
+        let end = t.find("[[sink]]").unwrap();
+        format!(
+            "{}[[operator]]\nname = \"stamp\"\nplugin = \"probe@{version}\"\ninputs = [\"flights\"]\n\n{}",
+            &t[..start],
+            &t[end..]
+        )
+        .replace("inputs = [\"per-carrier\"]", "inputs = [\"stamp\"]")
+        .replace("name = \"flights-per-carrier\"", "name = \"flights-stamped\"")
+    })
+}
+
+#[test]
+fn a_logic_only_swap_restores_and_output_after_the_savepoint_follows_the_new_version() {
+    // Both versions of `probe` side by side on a plugin path.
+    let plugins = tempfile::tempdir().unwrap();
+    for (file, version) in [("probe_v1", "0.1.0"), ("probe_v2", "0.2.0")] {
+        std::fs::copy(
+            Path::new(nop_stream_artifacts::PLUGIN_DIR).join(format!("{file}.wasm")),
+            plugins.path().join(format!("probe@{version}.wasm")),
+        )
+        .unwrap();
+    }
+    let pdir = plugins.path().display().to_string();
+    let v1 = probe_job("probe1", "0.1.0");
+    let v2 = probe_job("probe2", "0.2.0");
+    let d = dirs();
+    let out = d.out.display().to_string();
+    let work = d.work.display().to_string();
+    let base = [
+        "--plugins",
+        &pdir,
+        "run",
+        "--no-progress",
+        "--no-echo",
+        "--output",
+        &out,
+    ];
+    let mut args: Vec<&str> = base.to_vec();
+    let v1s = v1.0.display().to_string();
+    args.extend(["--work-dir", &work, "--checkpoint-interval-ms", "50", &v1s]);
+    let o = nopstream(
+        &args,
+        Some(("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")),
+    );
+    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
+    let sp = d.work.join("sp");
+    let sps = sp.display().to_string();
+    let o = nopstream(
+        &[
+            "savepoint",
+            "promote",
+            &v1s,
+            "--work-dir",
+            &work,
+            "--out",
+            &sps,
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v2s = v2.0.display().to_string();
+    let o = nopstream(
+        &[
+            "--plugins",
+            &pdir,
+            "savepoint",
+            "check",
+            &sps,
+            "--job",
+            &v2s,
+            "--work-dir",
+            &work,
+        ],
+        None,
+    );
+    let report = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{report}");
+    assert!(
+        report.contains("PLUGIN_LOGIC_CHANGED probe@0.1.0 sha256")
+            && report.contains("-> probe@0.2.0 sha256"),
+        "{report}"
+    );
+    let mut args: Vec<&str> = base.to_vec();
+    args.extend(["--work-dir", &work, "--from-savepoint", &sps, &v2s]);
+    let o = nopstream(&args, None);
+    assert!(o.status.success(), "{}", text(&o));
+    let lines = committed(&d.out);
+    assert_eq!(lines.len(), 336_776, "every departure once");
+    let stems: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .map(|l| l.rsplit_once(' ').unwrap().0)
+        .collect();
+    assert_eq!(stems.len(), lines.len(), "no line twice");
+    let old = lines.iter().filter(|l| l.ends_with(" v0.1.0")).count();
+    let new = lines.iter().filter(|l| l.ends_with(" v0.2.0")).count();
+    assert_eq!(old + new, lines.len());
+    assert!(
+        old > 0 && new > 0,
+        "before the savepoint v1 ({old} lines), after it v2 ({new} lines)"
+    );
+}
