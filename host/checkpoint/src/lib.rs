@@ -14,9 +14,11 @@ pub mod coordinator;
 pub mod failpoint;
 pub mod manifest;
 pub mod meta;
+pub mod savepoint;
 pub mod storage;
 
 pub use coordinator::{Command, EpochCoordinator, EpochState, Event};
 pub use manifest::*;
 pub use meta::{InputMeta, META_FORMAT, OperatorMeta, SnapshotMeta};
+pub use savepoint::{SAVEPOINT_FORMAT, SavepointInfo};
 pub use storage::{CheckpointStorage, EpochLogRecord, LocalStorage, StorageError};

@@ -462,3 +462,26 @@ pub fn run_node(a: NodeArgs) -> Result<()> {
     rt.block_on(nop_stream_cluster::session::serve_node(cfg, host))?;
     Ok(())
 }
+
+/// `nopstream savepoint take JOB --cluster`: `job` is a job id or a job file.
+pub fn take_savepoint(
+    args: &ClusterArgs,
+    job: &Path,
+    out: Option<&Path>,
+) -> Result<nop_stream_checkpoint::SavepointInfo> {
+    let job = if job.is_file() {
+        crate::read_model(job, None)?.job.id
+    } else {
+        job.display().to_string()
+    };
+    match request(
+        args,
+        CliRequest::TakeSavepoint {
+            job,
+            out: out.map(|p| p.display().to_string()),
+        },
+    )? {
+        CliResponse::Savepoint { info_json } => Ok(serde_json::from_str(&info_json)?),
+        r => Err(unexpected(&r)),
+    }
+}

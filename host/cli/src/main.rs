@@ -239,6 +239,21 @@ enum ClusterCommand {
 
 #[derive(Debug, Subcommand)]
 enum SavepointCommand {
+    /// Take a savepoint of a running job: an epoch is triggered at once and the first one
+    /// made durable is copied into a savepoint directory. Embedded runs are reached through
+    /// their control socket (WORK_DIR/control.sock), cluster jobs through the coordinator.
+    Take {
+        /// Job file (TOML), or with --cluster the job id.
+        job: PathBuf,
+        /// Working directory of the job [default: nopstream-out/JOB_ID/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// The savepoint directory to create [default: WORK_DIR/savepoints/epoch-N].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        on: cluster::MaybeCluster,
+    },
     /// Copy a durable checkpoint of a job (its latest, or --epoch N) into a self-contained,
     /// relocatable savepoint directory that retention never deletes.
     Promote {
@@ -747,8 +762,12 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             if let Some(c) = cpu_ms_per_call {
                 limits.cpu_ms_per_call = c;
             }
-            let mut opts = RunOptions::new(dir, output.clone(), work_dir);
+            let mut opts = RunOptions::new(dir, output.clone(), work_dir.clone());
             opts.limits = limits;
+            let (sp_tx, sp_rx) = std::sync::mpsc::channel();
+            opts.savepoints = Some(Arc::new(std::sync::Mutex::new(sp_rx)));
+            let control = savepoint::control_socket(&work_dir);
+            let _control = savepoint::serve_control(&control, sp_tx)?;
             opts.resume = resume;
             opts.max_restarts = max_restarts;
             opts.rescale_from = rescale_from;
@@ -757,6 +776,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let display = (!no_progress && !json)
                 .then(|| spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
             let result = run_job(&plan, &plugins, &opts, Arc::clone(&progress));
+            let _ = std::fs::remove_file(&control);
             done.store(true, Ordering::SeqCst);
             if let Some(h) = display {
                 let _ = h.join();
@@ -793,6 +813,33 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     if i.final_epoch { "  (final epoch)" } else { "" }
                 );
             }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Savepoint {
+            command:
+                SavepointCommand::Take {
+                    job,
+                    work_dir,
+                    out,
+                    on,
+                },
+        } => {
+            let info = match on.get() {
+                Some(c) => cluster::take_savepoint(&c, &job, out.as_deref())?,
+                None => {
+                    let model = read_model(&job, None)?;
+                    let work_dir = work_dir.unwrap_or_else(|| {
+                        PathBuf::from("nopstream-out")
+                            .join(&model.job.id)
+                            .join("work")
+                    });
+                    savepoint::take(&work_dir, out)?
+                }
+            };
+            println!(
+                "savepoint of job {} epoch {} at {}",
+                info.job, info.epoch, info.dir
+            );
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Savepoint {

@@ -10,107 +10,37 @@
 //!   manifest) and restores it, at any parallelism.
 
 use anyhow::{Context, Result, bail};
-use nop_stream_checkpoint::{CheckpointStorage, EpochManifest, LocalStorage};
+use nop_stream_checkpoint::{
+    CheckpointStorage, EpochManifest, LocalStorage, SAVEPOINT_FORMAT, SavepointInfo,
+};
 use nop_stream_coordinator::compat::{Action, Actions, CheckContext, Report, check, snapshot_meta};
 use nop_stream_core::PartitionedPlan;
 use nop_stream_runtime::PluginSet;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// `savepoint.json`: what a savepoint directory is.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SavepointInfo {
-    /// `nopstream.savepoint/v1`.
-    pub format: String,
-    /// Job id.
-    pub job: String,
-    /// Checkpoint namespace it was taken from.
-    pub namespace: String,
-    /// Its epoch.
-    pub epoch: u64,
-    /// When it was made, ms since the Unix epoch.
-    pub created_ms: u64,
-    /// Where it was copied from.
-    pub source: String,
-    /// Whether the epoch was the job's final one (a finished job).
-    pub final_epoch: bool,
-}
-
-const FORMAT: &str = "nopstream.savepoint/v1";
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Copies the manifest of `epoch` (default: the latest durable one) of the namespace in
-/// `from` and every segment file it references into `out`, which must not exist yet.
-/// The copy is written under a temporary name and renamed into place, so a crash leaves no
-/// partial savepoint that could be restored.
+/// `from` and every segment it references into the new savepoint directory `out`
+/// ([`nop_stream_checkpoint::savepoint::export`]).
 ///
 /// # Errors
 /// No durable epoch, an unreadable manifest or segment, or `out` exists.
 pub fn promote(from: &Path, epoch: Option<u64>, out: &Path) -> Result<SavepointInfo> {
-    anyhow::ensure!(
-        !out.exists(),
-        "{} exists; savepoints are never overwritten, name another with --out",
-        out.display()
-    );
     let src =
         LocalStorage::open(from).with_context(|| format!("checkpoints in {}", from.display()))?;
-    let m = match epoch {
-        Some(e) => src
-            .read_manifest(nop_stream_api::EpochId(e))
-            .with_context(|| format!("epoch {e} in {}", from.display()))?,
-        None => src
-            .latest_manifest()?
+    let epoch = match epoch {
+        Some(e) => nop_stream_api::EpochId(e),
+        None => *src
+            .manifest_epochs()?
+            .last()
             .with_context(|| format!("{} holds no durable epoch", from.display()))?,
     };
-    let parent = out.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
-    let tmp = parent.join(format!(
-        ".{}.partial-{}",
-        out.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("savepoint"),
-        std::process::id()
-    ));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
-    }
-    let dst = LocalStorage::open(&tmp)?;
-    let mut files: Vec<&str> = m
-        .tasks
-        .iter()
-        .flat_map(|t| t.segments.iter().map(|s| s.file.as_str()))
-        .collect();
-    files.sort_unstable();
-    files.dedup();
-    for f in files {
-        let to = tmp.join(f);
-        std::fs::create_dir_all(to.parent().unwrap_or(&tmp))?;
-        std::fs::copy(from.join(f), &to)
-            .with_context(|| format!("copying segment {}", from.join(f).display()))?;
-    }
-    dst.publish_manifest(&m)?;
-    let info = SavepointInfo {
-        format: FORMAT.into(),
-        job: m.job_id.clone(),
-        namespace: m.namespace.clone(),
-        epoch: m.epoch.0,
-        created_ms: now_ms(),
-        source: from.display().to_string(),
-        final_epoch: m.final_epoch,
-    };
-    std::fs::write(
-        tmp.join("savepoint.json"),
-        serde_json::to_vec_pretty(&info)?,
-    )?;
-    std::fs::rename(&tmp, out)?;
-    Ok(info)
+    Ok(nop_stream_checkpoint::savepoint::export(
+        &src,
+        &from.display().to_string(),
+        epoch,
+        out,
+    )?)
 }
 
 /// A savepoint directory, opened.
@@ -134,9 +64,9 @@ pub fn open(dir: &Path) -> Result<Savepoint> {
             format!("{} is not a savepoint (no savepoint.json)", dir.display())
         })?)
         .with_context(|| format!("{}", info_path.display()))?;
-    if info.format != FORMAT {
+    if info.format != SAVEPOINT_FORMAT {
         bail!(
-            "{}: savepoint format `{}` is not `{FORMAT}`, the one this host reads",
+            "{}: savepoint format `{}` is not `{SAVEPOINT_FORMAT}`, the one this host reads",
             info_path.display(),
             info.format
         );
@@ -288,4 +218,100 @@ pub fn list(dir: &Path) -> Vec<(PathBuf, SavepointInfo)> {
     }
     out.sort_by_key(|(p, i)| (i.epoch, p.clone()));
     out
+}
+
+/// The control socket of a running embedded job: `<work_dir>/control.sock`.
+pub fn control_socket(work_dir: &Path) -> PathBuf {
+    work_dir.join("control.sock")
+}
+
+/// A request on the control socket (one JSON line).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ControlRequest {
+    /// Take a savepoint into this directory (`None`: `<work_dir>/savepoints/epoch-N`).
+    pub savepoint: Option<PathBuf>,
+}
+
+/// The answer (one JSON line).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub enum ControlResponse {
+    /// The savepoint taken.
+    Savepoint(SavepointInfo),
+    /// Why none was.
+    Error(String),
+}
+
+/// Serves the control socket of a running job until the process ends: each connection
+/// sends one [`ControlRequest`] and gets one [`ControlResponse`]. Requests go to the
+/// coordinator through `requests`.
+///
+/// # Errors
+/// The socket cannot be bound.
+#[cfg(unix)]
+pub fn serve_control(
+    path: &Path,
+    requests: std::sync::mpsc::Sender<nop_stream_coordinator::SavepointRequest>,
+) -> Result<std::thread::JoinHandle<()>> {
+    use std::io::{BufRead, BufReader, Write};
+    let _ = std::fs::remove_file(path);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .with_context(|| format!("cannot bind the control socket {}", path.display()))?;
+    Ok(std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut line = String::new();
+                if BufReader::new(&conn).read_line(&mut line).is_err() {
+                    continue;
+                }
+                let resp = match serde_json::from_str::<ControlRequest>(&line) {
+                    Ok(req) => {
+                        let (tx, rx) = std::sync::mpsc::channel();
+                        let sent = requests.send(nop_stream_coordinator::SavepointRequest {
+                            out: req.savepoint,
+                            reply: tx,
+                        });
+                        match sent.map(|()| rx.recv()) {
+                            Ok(Ok(Ok(info))) => ControlResponse::Savepoint(info),
+                            Ok(Ok(Err(e))) => ControlResponse::Error(e),
+                            _ => ControlResponse::Error("the job is ending".into()),
+                        }
+                    }
+                    Err(e) => ControlResponse::Error(format!("bad request: {e}")),
+                };
+                let _ = serde_json::to_writer(&mut conn, &resp);
+                let _ = conn.write_all(b"\n");
+            }
+        })?)
+}
+
+/// Asks the job running with `work_dir` for a savepoint.
+///
+/// # Errors
+/// No job runs there, or it could not take one.
+#[cfg(unix)]
+pub fn take(work_dir: &Path, out: Option<PathBuf>) -> Result<SavepointInfo> {
+    use std::io::{BufRead, BufReader, Write};
+    let path = control_socket(work_dir);
+    let mut conn = std::os::unix::net::UnixStream::connect(&path).with_context(|| {
+        format!(
+            "no job is running with work directory {} (no control socket at {})",
+            work_dir.display(),
+            path.display()
+        )
+    })?;
+    serde_json::to_writer(&mut conn, &ControlRequest { savepoint: out })?;
+    conn.write_all(b"\n")?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    match serde_json::from_str::<ControlResponse>(&line)
+        .with_context(|| format!("bad answer from the job: {line:?}"))?
+    {
+        ControlResponse::Savepoint(i) => Ok(i),
+        ControlResponse::Error(e) => bail!("the job took no savepoint: {e}"),
+    }
 }

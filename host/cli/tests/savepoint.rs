@@ -404,3 +404,87 @@ fn a_logic_only_swap_restores_and_output_after_the_savepoint_follows_the_new_ver
         "before the savepoint v1 ({old} lines), after it v2 ({new} lines)"
     );
 }
+
+#[test]
+fn a_savepoint_taken_from_a_running_job_restores_with_the_uninterrupted_output() {
+    let reference = {
+        let j = job("take-ref", |t| t);
+        let d = dirs();
+        let o = run(&j.0, &d, &["-p", "2"], None);
+        assert!(o.status.success(), "{}", text(&o));
+        committed(&d.out)
+    };
+    // Throttled to about 4 s, so it is running when the savepoint is asked for.
+    let j = job("take", |t| {
+        t.replace(
+            "config = { path = \"/input/",
+            "config = { max_records_per_second = 40000, path = \"/input/",
+        )
+    });
+    let d = dirs();
+    let mut child = Command::new(BIN)
+        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
+        .args(["--checkpoint-interval-ms", "200", "--output"])
+        .arg(&d.out)
+        .arg("--work-dir")
+        .arg(&d.work)
+        .arg(&j.0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = d.work.join("control.sock");
+    let started = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no control socket"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let sp = d.work.join("taken");
+    let o = nopstream(
+        &[
+            "savepoint",
+            "take",
+            &j.0.display().to_string(),
+            "--work-dir",
+            &d.work.display().to_string(),
+            "--out",
+            &sp.display().to_string(),
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(sp.join("savepoint.json").is_file());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Restored elsewhere at parallelism 3: the savepoint is self-contained.
+    let elsewhere = dirs();
+    let o = run(
+        &j.0,
+        &elsewhere,
+        &["-p", "3", "--from-savepoint", &sp.display().to_string()],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(committed(&elsewhere.out), reference);
+    // A job that is not running has no control socket: a clear refusal.
+    let o = nopstream(
+        &[
+            "savepoint",
+            "take",
+            &j.0.display().to_string(),
+            "--work-dir",
+            &dirs().work.display().to_string(),
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("no job is running with work directory"),
+        "{}",
+        text(&o)
+    );
+}

@@ -16,15 +16,16 @@ use nop_stream_api::{AttemptId, EpochId, FencingToken, PluginKind, Split, TaskId
 use nop_stream_checkpoint::coordinator::{Command, EpochCoordinator, EpochState, Event};
 use nop_stream_checkpoint::{
     CheckpointStorage, EnumeratorState, EpochLogRecord, EpochManifest, LocalStorage,
-    STATE_FORMAT_VERSION, TaskSnapshot, failpoint,
+    STATE_FORMAT_VERSION, SavepointInfo, TaskSnapshot, failpoint,
 };
 use nop_stream_core::PartitionedPlan;
 use nop_stream_proto::{
     Deployment, FailureClass, TaskAssignment, TaskCommand, TaskError, TaskEvent, TaskReport,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How the coordinator runs a job.
@@ -52,6 +53,24 @@ pub struct CoordinatorOptions {
     /// sha256 of the component running each operator, by operator id, recorded in every
     /// manifest for savepoint checks (design §10.4). Missing entries are recorded empty.
     pub components: BTreeMap<String, String>,
+    /// Savepoint requests for the running job (`nopstream savepoint take`); `None`: none
+    /// can be made.
+    pub savepoints: Option<Arc<Mutex<Receiver<SavepointRequest>>>>,
+    /// Where a savepoint requested without a directory goes: `<dir>/epoch-N`. Default
+    /// `savepoints` (relative to the working directory of the process).
+    pub savepoint_dir: PathBuf,
+}
+
+/// A request to take a savepoint of the running job (design §10.4): the coordinator
+/// triggers an epoch at once, and exports the first epoch made durable after the request
+/// into a self-contained savepoint directory, before retention can touch it.
+#[derive(Debug)]
+pub struct SavepointRequest {
+    /// The savepoint directory to create (must not exist); `None`:
+    /// `CoordinatorOptions::savepoint_dir/epoch-N`.
+    pub out: Option<PathBuf>,
+    /// Where the answer goes: the savepoint made, or why none was.
+    pub reply: Sender<Result<SavepointInfo, String>>,
 }
 
 impl Default for CoordinatorOptions {
@@ -65,6 +84,8 @@ impl Default for CoordinatorOptions {
             restart_delay_max: Duration::from_secs(5),
             poll: Duration::from_millis(10),
             components: BTreeMap::new(),
+            savepoints: None,
+            savepoint_dir: PathBuf::from("savepoints"),
         }
     }
 }
@@ -434,6 +455,8 @@ struct Driver<'p, E> {
     final_epoch: Option<EpochId>,
     reports: Vec<TaskReport>,
     ended: usize,
+    /// Savepoint requests waiting for an epoch to become durable.
+    savepoints: Vec<SavepointRequest>,
 }
 
 /// Deploys a prepared attempt and drives it: ticks and task events go into the pure
@@ -483,6 +506,7 @@ fn drive_attempt<W: Workers>(
         final_epoch: None,
         reports: Vec::new(),
         ended: 0,
+        savepoints: Vec::new(),
     };
     let mut live = Attempt {
         generation: deployment.generation,
@@ -497,6 +521,16 @@ fn drive_attempt<W: Workers>(
         if d.failure.is_none() {
             let now = clock.elapsed().as_millis() as u64;
             d.queue.extend(d.coord.handle(Event::Tick { now_ms: now }));
+            if let Some(rx) = &opts.savepoints {
+                let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
+                d.savepoints.extend(rx.try_iter());
+            }
+            if !d.savepoints.is_empty() && d.final_epoch.is_none() {
+                // An epoch now (none starts while one is in flight; this repeats until one
+                // does).
+                d.queue
+                    .extend(d.coord.handle(Event::Trigger { now_ms: now }));
+            }
         }
         match next {
             Next::Event(e) => d.on_event(e, tally, &mut live),
@@ -506,6 +540,14 @@ fn drive_attempt<W: Workers>(
         d.carry_out(&mut live, tally)?;
     }
     live.join();
+    for r in d.savepoints.drain(..) {
+        let _ = r.reply.send(Err(match &d.failure {
+            Some(e) => format!("the attempt failed before an epoch was durable: {e}"),
+            None => "the job finished before a savepoint was taken; promote its final epoch \
+                     with `nopstream savepoint promote`"
+                .to_owned(),
+        }));
+    }
     if let Some(e) = d.failure {
         return Err(e);
     }
@@ -722,6 +764,25 @@ impl<E: TaskError> Driver<'_, E> {
             })?;
         self.log(epoch, EpochState::Durable, None)?;
         failpoint::hit("after-manifest-publish");
+        // Savepoints requested before this epoch became durable, exported before
+        // retention can touch it.
+        for r in self.savepoints.drain(..) {
+            let out = r
+                .out
+                .unwrap_or_else(|| self.opts.savepoint_dir.join(format!("epoch-{}", epoch.0)));
+            let made = nop_stream_checkpoint::savepoint::export(
+                self.storage.as_ref(),
+                &self.namespace,
+                epoch,
+                &out,
+            )
+            .map_err(|e| e.to_string());
+            match &made {
+                Ok(i) => tracing::info!(epoch = %epoch, dir = %i.dir, "savepoint taken"),
+                Err(e) => tracing::warn!(epoch = %epoch, "savepoint failed: {e}"),
+            }
+            let _ = r.reply.send(made);
+        }
         tally.durable_epochs += 1;
         self.pending_txns.insert(
             epoch,

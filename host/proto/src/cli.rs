@@ -42,6 +42,14 @@ pub enum CliRequest {
         /// Job id.
         job: String,
     },
+    /// Take a savepoint of a running job.
+    TakeSavepoint {
+        /// Job id.
+        job: String,
+        /// The savepoint directory to create, reachable by the coordinator; `None`: under
+        /// the coordinator's data directory.
+        out: Option<String>,
+    },
 }
 
 /// A job as the CLI submits it.
@@ -87,6 +95,11 @@ pub enum CliResponse {
         log_json: String,
         /// `Vec<EpochManifest>` as JSON, oldest first.
         manifests_json: String,
+    },
+    /// The savepoint taken.
+    Savepoint {
+        /// `SavepointInfo` as JSON.
+        info_json: String,
     },
     /// The request was refused; the message says why.
     Error(String),

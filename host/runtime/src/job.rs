@@ -54,6 +54,12 @@ pub struct RunOptions {
     /// plan first commits its durable transactions and aborts the rest. `None` (default):
     /// a changed plan is refused (design §10.4).
     pub rescale_from: Option<String>,
+    /// Savepoint requests of the running job (the CLI's control socket); `None`: none.
+    pub savepoints:
+        Option<Arc<Mutex<std::sync::mpsc::Receiver<nop_stream_coordinator::SavepointRequest>>>>,
+    /// Where savepoints requested without a directory go (`<dir>/epoch-N`). Default
+    /// `<work_dir>/savepoints`.
+    pub savepoint_dir: PathBuf,
 }
 
 impl RunOptions {
@@ -64,12 +70,15 @@ impl RunOptions {
             checkpoint_timeout_ms: self.checkpoint_timeout_ms,
             retain_epochs: self.retain_epochs,
             rescale_from: self.rescale_from.clone(),
+            savepoints: self.savepoints.clone(),
+            savepoint_dir: self.savepoint_dir.clone(),
             ..CoordinatorOptions::default()
         }
     }
 
     /// Options with defaults for everything but the directories.
     pub fn new(job_dir: PathBuf, output_dir: PathBuf, work_dir: PathBuf) -> Self {
+        let savepoint_dir = work_dir.join("savepoints");
         RunOptions {
             job_dir,
             output_dir,
@@ -81,6 +90,8 @@ impl RunOptions {
             checkpoint_timeout_ms: 60_000,
             retain_epochs: 3,
             rescale_from: None,
+            savepoints: None,
+            savepoint_dir,
         }
     }
 }

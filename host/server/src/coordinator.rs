@@ -68,6 +68,7 @@ impl ClusterOptions {
 struct Running {
     live: Arc<LiveStatus>,
     cancel: Arc<AtomicBool>,
+    savepoints: std::sync::mpsc::Sender<nop_stream_coordinator::SavepointRequest>,
 }
 
 /// The coordinator: a [`CoordinatorService`] for
@@ -326,18 +327,21 @@ impl ClusterCoordinator {
             }
         }));
         let cancel = Arc::new(AtomicBool::new(false));
+        let (sp_tx, sp_rx) = std::sync::mpsc::channel();
         lock(&self.running).insert(
             job.clone(),
             Running {
                 live: Arc::clone(&live),
                 cancel: Arc::clone(&cancel),
+                savepoints: sp_tx,
             },
         );
+        let savepoints = Arc::new(Mutex::new(sp_rx));
         let me = Arc::clone(self);
         let max_restarts = sub.max_restarts.unwrap_or(self.opts.max_restarts);
         std::thread::Builder::new()
             .name(format!("job-{job}"))
-            .spawn(move || me.run(compiled, storage, live, cancel, max_restarts))
+            .spawn(move || me.run(compiled, storage, live, cancel, max_restarts, savepoints))
             .map_err(|e| e.to_string())?;
         Ok(record)
     }
@@ -349,6 +353,7 @@ impl ClusterCoordinator {
         live: Arc<LiveStatus>,
         cancel: Arc<AtomicBool>,
         max_restarts: u32,
+        savepoints: Arc<Mutex<std::sync::mpsc::Receiver<nop_stream_coordinator::SavepointRequest>>>,
     ) {
         let job = compiled.plan.job.job_id.to_string();
         let copts = nop_stream_coordinator::CoordinatorOptions {
@@ -360,6 +365,12 @@ impl ClusterCoordinator {
                 .iter()
                 .map(|(id, c)| (id.clone(), c.sha256.clone()))
                 .collect(),
+            savepoints: Some(savepoints),
+            savepoint_dir: self
+                .opts
+                .data
+                .join("savepoints")
+                .join(nop_stream_coordinator::restore::path_component(&job)),
             ..Default::default()
         };
         let mut workers = ClusterWorkers::new(
@@ -502,6 +513,24 @@ impl ClusterCoordinator {
                     }
                 }
                 CliResponse::Job(Box::new(self.status(&r)))
+            }
+            CliRequest::TakeSavepoint { job, out } => {
+                let tx = match lock(&self.running).get(&job) {
+                    Some(r) => r.savepoints.clone(),
+                    None => return Err(format!("job `{job}` is not running")),
+                };
+                let (reply, rx) = std::sync::mpsc::channel();
+                tx.send(nop_stream_coordinator::SavepointRequest {
+                    out: out.map(PathBuf::from),
+                    reply,
+                })
+                .map_err(|_| format!("job `{job}` is ending"))?;
+                let info = rx.recv_timeout(Duration::from_secs(600)).map_err(|_| {
+                    format!("job `{job}` made no epoch durable within 10 minutes")
+                })??;
+                CliResponse::Savepoint {
+                    info_json: serde_json::to_string(&info).map_err(|e| e.to_string())?,
+                }
             }
             CliRequest::Checkpoints { job } => {
                 let r = self.record(&job)?;
