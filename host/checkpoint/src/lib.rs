@@ -14,6 +14,7 @@ pub mod coordinator;
 pub mod failpoint;
 pub mod manifest;
 pub mod meta;
+pub mod names;
 pub mod savepoint;
 pub mod storage;
 

@@ -11,23 +11,12 @@ use nop_stream_proto::{SinkSettlement, SplitCursor, TaskRestorePlan};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// An id as one path component: ASCII letters, digits, `-`, `_` and `.` kept, anything
-/// else `_`.
-pub fn path_component(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
+/// An id as one path component ([`nop_stream_checkpoint::names::component`]).
+pub use nop_stream_checkpoint::names::component as path_component;
 
 /// The checkpoint namespace of a plan (design §3.1: jobId + pipelineId).
 pub fn checkpoint_namespace(plan: &PartitionedPlan) -> String {
-    path_component(&format!("{}.{}", plan.job.job_id, plan.job.pipeline_id))
+    nop_stream_checkpoint::names::namespace(plan.job.job_id.as_str(), plan.job.pipeline_id.as_str())
 }
 
 /// The directory of a plan's checkpoint namespace under `work_dir`:

@@ -307,12 +307,11 @@ impl<'a> TaskHost<'a> {
             let state =
                 (op.kind == PluginKind::Operator && !plugin.info.states.is_empty()).then(|| {
                     StateConfig {
-                        path: self
-                            .state_root()
-                            .join(nop_stream_coordinator::restore::path_component(
-                                op.operator_id.as_str(),
-                            ))
-                            .join(format!("{sub}.redb")),
+                        path: nop_stream_checkpoint::names::state_db(
+                            &self.state_root(),
+                            op.operator_id.as_str(),
+                            sub,
+                        ),
                         shard_count: job.state_shard_count,
                         owned: owned.clone(),
                         states: plugin.info.states.clone(),

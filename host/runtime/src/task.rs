@@ -566,18 +566,6 @@ fn with_record(mut error: RuntimeError, data: &[u8]) -> RuntimeError {
     error
 }
 
-fn sanitize(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 impl Task {
     fn send(&self, e: TaskEvent) {
         let _ = self.events.send(e);
@@ -948,21 +936,24 @@ impl Task {
             // Scoped by epoch and attempt (= generation): a fenced attempt that still writes
             // (a stopped node resumed) never touches a file a manifest of another
             // generation references (design §2.5, "Leases, generations, fencing").
-            let file = format!(
-                "segments/{}/{}/{}.a{}.seg",
+            let file = nop_stream_checkpoint::names::segment_file(
                 epoch.0,
-                sanitize(&op_id),
+                &op_id,
                 subtask,
-                self.attempt.0
+                self.attempt.0,
             );
             let mut packed = Vec::new();
             for (name, schema, s) in parts {
                 let offset = packed.len() as u64;
                 packed.extend_from_slice(&s.payload);
                 segments.push(SegmentDescriptor {
-                    state_path: format!(
-                        "checkpoint/{}/{}/{}/{}/{}/{}",
-                        self.namespace, epoch.0, op_id, subtask, s.shard, name
+                    state_path: nop_stream_checkpoint::names::state_path(
+                        &self.namespace,
+                        epoch.0,
+                        &op_id,
+                        subtask,
+                        s.shard.0,
+                        &name,
                     ),
                     operator_id: op_id.clone(),
                     shard: s.shard.0,
