@@ -468,6 +468,7 @@ pub fn take_savepoint(
     args: &ClusterArgs,
     job: &Path,
     out: Option<&Path>,
+    stop: bool,
 ) -> Result<nop_stream_checkpoint::SavepointInfo> {
     let job = if job.is_file() {
         crate::read_model(job, None)?.job.id
@@ -479,6 +480,7 @@ pub fn take_savepoint(
         CliRequest::TakeSavepoint {
             job,
             out: out.map(|p| p.display().to_string()),
+            stop,
         },
     )? {
         CliResponse::Savepoint { info_json } => Ok(serde_json::from_str(&info_json)?),

@@ -98,6 +98,26 @@ enum Command {
         #[command(subcommand)]
         command: SavepointCommand,
     },
+    /// Stop a running job with a savepoint: an epoch is triggered at once, the first one
+    /// made durable is copied into a savepoint, the sinks commit it, and then the job
+    /// stops (no epoch after it starts). Returns once the job has stopped. Resume with
+    /// `run --from-savepoint`, or by running the job again.
+    Stop {
+        /// Job file (TOML), or with --cluster the job id.
+        job: PathBuf,
+        /// Required: a stop always takes a savepoint (to drop a job without one, use
+        /// `job cancel` in a cluster, or interrupt an embedded run).
+        #[arg(long)]
+        savepoint: bool,
+        /// Working directory of the job [default: nopstream-out/JOB_ID/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// The savepoint directory to create [default: WORK_DIR/savepoints/epoch-N].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        on: cluster::MaybeCluster,
+    },
     /// List a job's savepoints (under WORK_DIR/savepoints).
     Savepoints {
         /// Job file (TOML).
@@ -767,7 +787,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let (sp_tx, sp_rx) = std::sync::mpsc::channel();
             opts.savepoints = Some(Arc::new(std::sync::Mutex::new(sp_rx)));
             let control = savepoint::control_socket(&work_dir);
-            let _control = savepoint::serve_control(&control, sp_tx)?;
+            let control_server = savepoint::serve_control(&control, sp_tx)?;
             opts.resume = resume;
             opts.max_restarts = max_restarts;
             opts.rescale_from = rescale_from;
@@ -777,6 +797,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 .then(|| spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
             let result = run_job(&plan, &plugins, &opts, Arc::clone(&progress));
             let _ = std::fs::remove_file(&control);
+            // A stop's answer is written as the job ends: let it reach the client.
+            control_server.drain(std::time::Duration::from_secs(5));
             done.store(true, Ordering::SeqCst);
             if let Some(h) = display {
                 let _ = h.join();
@@ -824,20 +846,30 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     on,
                 },
         } => {
-            let info = match on.get() {
-                Some(c) => cluster::take_savepoint(&c, &job, out.as_deref())?,
-                None => {
-                    let model = read_model(&job, None)?;
-                    let work_dir = work_dir.unwrap_or_else(|| {
-                        PathBuf::from("nopstream-out")
-                            .join(&model.job.id)
-                            .join("work")
-                    });
-                    savepoint::take(&work_dir, out)?
-                }
-            };
+            let info = take_savepoint(&job, work_dir, out, on, false)?;
             println!(
                 "savepoint of job {} epoch {} at {}",
+                info.job, info.epoch, info.dir
+            );
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Stop {
+            job,
+            savepoint,
+            work_dir,
+            out,
+            on,
+        } => {
+            if !savepoint {
+                bail!(
+                    "`nopstream stop` always takes a savepoint: pass --savepoint (to drop a job \
+                     without one, use `nopstream job cancel` in a cluster, or interrupt an \
+                     embedded run)"
+                );
+            }
+            let info = take_savepoint(&job, work_dir, out, on, true)?;
+            println!(
+                "job {} stopped with a savepoint at epoch {}: {}",
                 info.job, info.epoch, info.dir
             );
             Ok(std::process::ExitCode::SUCCESS)
@@ -1224,4 +1256,27 @@ fn spawn_progress(
         }
         bar.finish_and_clear();
     })
+}
+
+/// `savepoint take` and `stop --savepoint`: through the coordinator with --cluster, else
+/// through the control socket of the embedded run in the job's work directory.
+fn take_savepoint(
+    job: &Path,
+    work_dir: Option<PathBuf>,
+    out: Option<PathBuf>,
+    on: cluster::MaybeCluster,
+    stop: bool,
+) -> Result<nop_stream_checkpoint::SavepointInfo> {
+    match on.get() {
+        Some(c) => cluster::take_savepoint(&c, job, out.as_deref(), stop),
+        None => {
+            let model = read_model(job, None)?;
+            let work_dir = work_dir.unwrap_or_else(|| {
+                PathBuf::from("nopstream-out")
+                    .join(&model.job.id)
+                    .join("work")
+            });
+            savepoint::take(&work_dir, out, stop)
+        }
+    }
 }

@@ -75,8 +75,15 @@ pub fn print_summary(report: &JobReport, dirs: &RunDirs) {
         return;
     }
     println!(
-        "job `{}` finished: semantic mode {}, attempt {}",
-        report.job_id, report.semantic, report.attempt
+        "job `{}` {}: semantic mode {}, attempt {}",
+        report.job_id,
+        if report.stopped {
+            "stopped with a savepoint"
+        } else {
+            "finished"
+        },
+        report.semantic,
+        report.attempt
     );
     if let Some(e) = report.resumed_from {
         println!("  resumed from     epoch {e}");
@@ -85,8 +92,9 @@ pub fn print_summary(report: &JobReport, dirs: &RunDirs) {
         println!("  recoveries       {}", report.recoveries);
     }
     println!(
-        "  epochs           {} durable, final epoch {}",
+        "  epochs           {} durable, {} epoch {}",
         report.epochs,
+        if report.stopped { "savepoint" } else { "final" },
         report.final_epoch.map_or("-".to_owned(), |e| e.to_string())
     );
     println!(

@@ -230,6 +230,10 @@ pub fn control_socket(work_dir: &Path) -> PathBuf {
 pub struct ControlRequest {
     /// Take a savepoint into this directory (`None`: `<work_dir>/savepoints/epoch-N`).
     pub savepoint: Option<PathBuf>,
+    /// Stop the job once the savepoint is taken and committed; the answer comes when it
+    /// has stopped.
+    #[serde(default)]
+    pub stop: bool,
 }
 
 /// The answer (one JSON line).
@@ -239,6 +243,25 @@ pub enum ControlResponse {
     Savepoint(SavepointInfo),
     /// Why none was.
     Error(String),
+}
+
+/// The control socket's server thread, and the requests it is answering.
+pub struct ControlServer {
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ControlServer {
+    /// Waits (up to `timeout`) until every request taken so far has its answer written:
+    /// a stop's answer is sent as the job ends, and must reach the client before the
+    /// process exits.
+    pub fn drain(&self, timeout: std::time::Duration) {
+        let started = std::time::Instant::now();
+        while self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && started.elapsed() < timeout
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
 }
 
 /// Serves the control socket of a running job until the process ends: each connection
@@ -251,7 +274,7 @@ pub enum ControlResponse {
 pub fn serve_control(
     path: &Path,
     requests: std::sync::mpsc::Sender<nop_stream_coordinator::SavepointRequest>,
-) -> Result<std::thread::JoinHandle<()>> {
+) -> Result<ControlServer> {
     use std::io::{BufRead, BufReader, Write};
     let _ = std::fs::remove_file(path);
     if let Some(dir) = path.parent() {
@@ -259,20 +282,25 @@ pub fn serve_control(
     }
     let listener = std::os::unix::net::UnixListener::bind(path)
         .with_context(|| format!("cannot bind the control socket {}", path.display()))?;
-    Ok(std::thread::Builder::new()
+    let in_flight = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&in_flight);
+    std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
+            use std::sync::atomic::Ordering::SeqCst;
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
                 let mut line = String::new();
                 if BufReader::new(&conn).read_line(&mut line).is_err() {
                     continue;
                 }
+                counter.fetch_add(1, SeqCst);
                 let resp = match serde_json::from_str::<ControlRequest>(&line) {
                     Ok(req) => {
                         let (tx, rx) = std::sync::mpsc::channel();
                         let sent = requests.send(nop_stream_coordinator::SavepointRequest {
                             out: req.savepoint,
+                            stop: req.stop,
                             reply: tx,
                         });
                         match sent.map(|()| rx.recv()) {
@@ -285,16 +313,20 @@ pub fn serve_control(
                 };
                 let _ = serde_json::to_writer(&mut conn, &resp);
                 let _ = conn.write_all(b"\n");
+                let _ = conn.flush();
+                counter.fetch_sub(1, SeqCst);
             }
-        })?)
+        })?;
+    Ok(ControlServer { in_flight })
 }
 
-/// Asks the job running with `work_dir` for a savepoint.
+/// Asks the job running with `work_dir` for a savepoint; with `stop`, the job then stops
+/// (design §10.4) and the call returns once it has.
 ///
 /// # Errors
-/// No job runs there, or it could not take one.
+/// No job runs there, or it could not take one (or, with `stop`, did not stop).
 #[cfg(unix)]
-pub fn take(work_dir: &Path, out: Option<PathBuf>) -> Result<SavepointInfo> {
+pub fn take(work_dir: &Path, out: Option<PathBuf>, stop: bool) -> Result<SavepointInfo> {
     use std::io::{BufRead, BufReader, Write};
     let path = control_socket(work_dir);
     let mut conn = std::os::unix::net::UnixStream::connect(&path).with_context(|| {
@@ -304,7 +336,13 @@ pub fn take(work_dir: &Path, out: Option<PathBuf>) -> Result<SavepointInfo> {
             path.display()
         )
     })?;
-    serde_json::to_writer(&mut conn, &ControlRequest { savepoint: out })?;
+    serde_json::to_writer(
+        &mut conn,
+        &ControlRequest {
+            savepoint: out,
+            stop,
+        },
+    )?;
     conn.write_all(b"\n")?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;

@@ -30,7 +30,11 @@ impl Drop for JobFile {
 }
 
 fn job(tag: &str, edit: impl Fn(String) -> String) -> JobFile {
-    let text = std::fs::read_to_string(repo().join("examples/flights/flights.toml")).unwrap();
+    job_from("flights.toml", tag, edit)
+}
+
+fn job_from(file: &str, tag: &str, edit: impl Fn(String) -> String) -> JobFile {
+    let text = std::fs::read_to_string(repo().join("examples/flights").join(file)).unwrap();
     let path = repo().join(format!(
         "examples/flights/.savepoint-{}-{tag}.toml",
         std::process::id()
@@ -487,4 +491,122 @@ fn a_savepoint_taken_from_a_running_job_restores_with_the_uninterrupted_output()
         "{}",
         text(&o)
     );
+}
+
+#[test]
+fn stop_with_a_savepoint_commits_it_stops_and_a_restart_completes_the_exact_output() {
+    let reference = {
+        let j = job_from("flights-per-record.toml", "stop-ref", |t| t);
+        let d = dirs();
+        let o = run(&j.0, &d, &["-p", "2"], None);
+        assert!(o.status.success(), "{}", text(&o));
+        committed(&d.out)
+    };
+    let j = job_from("flights-per-record.toml", "stop", |t| {
+        t.replace(
+            "config = { path = \"/input/",
+            "config = { max_records_per_second = 40000, path = \"/input/",
+        )
+    });
+    let d = dirs();
+    let child = Command::new(BIN)
+        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
+        .args(["--checkpoint-interval-ms", "200", "--output"])
+        .arg(&d.out)
+        .arg("--work-dir")
+        .arg(&d.work)
+        .arg(&j.0)
+        .env_remove("NOPSTREAM_FAILPOINTS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = d.work.join("control.sock");
+    let started = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no control socket"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    // Without --savepoint: refused as a usage error, the job runs on.
+    let o = nopstream(
+        &[
+            "stop",
+            &j.0.display().to_string(),
+            "--work-dir",
+            &d.work.display().to_string(),
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("pass --savepoint"), "{}", text(&o));
+    let sp = d.work.join("stopped");
+    let o = nopstream(
+        &[
+            "stop",
+            &j.0.display().to_string(),
+            "--savepoint",
+            "--work-dir",
+            &d.work.display().to_string(),
+            "--out",
+            &sp.display().to_string(),
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("stopped with a savepoint at epoch"),
+        "{}",
+        text(&o)
+    );
+    // The stop returns once the job stopped: the run ends on its own, successfully,
+    // before its input was read through.
+    let run_out = child.wait_with_output().unwrap();
+    assert!(run_out.status.success(), "{}", text(&run_out));
+    assert!(
+        text(&run_out).contains("stopped with a savepoint"),
+        "{}",
+        text(&run_out)
+    );
+    let partial = committed(&d.out);
+    assert!(
+        !partial.is_empty() && partial.len() < reference.len(),
+        "stopped mid-run: {} of {} lines",
+        partial.len(),
+        reference.len()
+    );
+    // Everything committed is in the reference, once: the savepoint's epoch was committed
+    // before the stop, nothing after it.
+    let mut r = reference.iter().peekable();
+    for l in &partial {
+        while r.next_if(|x| *x < l).is_some() {}
+        assert_eq!(r.next(), Some(l), "committed once and in the reference");
+    }
+    // Restored from the savepoint at parallelism 3, with a new work directory, into a
+    // copy of the output the stopped run committed: the whole output, nothing twice.
+    let elsewhere = dirs();
+    std::fs::create_dir_all(&elsewhere.out).unwrap();
+    for e in std::fs::read_dir(&d.out).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, elsewhere.out.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let o = run(
+        &j.0,
+        &elsewhere,
+        &["-p", "3", "--from-savepoint", &sp.display().to_string()],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(committed(&elsewhere.out), reference);
+    // A plain restart in place resumes from the savepoint's epoch: the stopped run's
+    // output plus the rest equals the uninterrupted run, nothing twice.
+    let o = run(&j.0, &d, &["-p", "2"], None);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("resumed from"), "{}", text(&o));
+    assert_eq!(committed(&d.out), reference);
 }

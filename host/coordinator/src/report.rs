@@ -46,4 +46,7 @@ pub struct JobReport {
     pub refused_stale_events: u64,
     /// Per-task figures of the finishing attempt.
     pub tasks: Vec<TaskReport>,
+    /// The job was stopped with a savepoint (`nopstream stop --savepoint`) at
+    /// `final_epoch` rather than run to its end; a later run resumes from there.
+    pub stopped: bool,
 }

@@ -69,6 +69,13 @@ pub struct SavepointRequest {
     /// The savepoint directory to create (must not exist); `None`:
     /// `CoordinatorOptions::savepoint_dir/epoch-N`.
     pub out: Option<PathBuf>,
+    /// Stop the job once the savepoint is taken (`nopstream stop --savepoint`, design
+    /// §10.4): no epoch is triggered after the savepoint's, the sinks commit it, then every
+    /// task is cancelled and the run ends with [`JobReport::stopped`] set. Records read
+    /// after the savepoint's barrier are never committed; a run from the savepoint (or a
+    /// plain restart, which resumes from the same epoch) reads them again. The reply comes
+    /// once the job has stopped.
+    pub stop: bool,
     /// Where the answer goes: the savepoint made, or why none was.
     pub reply: Sender<Result<SavepointInfo, String>>,
 }
@@ -183,18 +190,20 @@ pub fn run_job<W: Workers>(
         let attempt = prepared.deployment.attempt;
         let result = drive_attempt(plan, workers, &storage, opts, *prepared, &mut tally);
         match result {
-            Ok((tasks, final_epoch)) => {
+            Ok(end) => {
                 let records = workers.records();
-                return Ok(report(
+                let mut r = report(
                     plan,
                     &tally,
                     started,
                     attempt,
-                    Some(final_epoch.0),
+                    Some(end.epoch.0),
                     false,
                     records,
-                    tasks,
-                ));
+                    end.tasks,
+                );
+                r.stopped = end.stopped;
+                return Ok(r);
             }
             Err(e) if restarts_left > 0 && e.class() != FailureClass::Fatal => {
                 restarts_left -= 1;
@@ -252,6 +261,7 @@ fn report(
         committed: tally.committed.clone(),
         refused_stale_events: tally.refused_stale,
         tasks,
+        stopped: false,
     }
 }
 
@@ -457,6 +467,24 @@ struct Driver<'p, E> {
     ended: usize,
     /// Savepoint requests waiting for an epoch to become durable.
     savepoints: Vec<SavepointRequest>,
+    /// A stop with savepoint: the savepoint's epoch, once exported, and the replies that
+    /// wait for the job to stop.
+    stop_at: Option<(EpochId, Vec<StopReply>)>,
+    /// The stop's epoch committed and the tasks were cancelled.
+    stopped: bool,
+}
+
+/// A stop's answer, sent once the job has stopped: where it goes, and the savepoint.
+type StopReply = (Sender<Result<SavepointInfo, String>>, SavepointInfo);
+
+/// How an attempt ended well.
+struct AttemptEnd {
+    /// Reports of the tasks that finished (none when stopped: they were cancelled).
+    tasks: Vec<TaskReport>,
+    /// The final epoch, or the stop's savepoint epoch.
+    epoch: EpochId,
+    /// Stopped with a savepoint rather than finished.
+    stopped: bool,
 }
 
 /// Deploys a prepared attempt and drives it: ticks and task events go into the pure
@@ -469,7 +497,7 @@ fn drive_attempt<W: Workers>(
     opts: &CoordinatorOptions,
     prepared: PreparedAttempt,
     tally: &mut RunTally,
-) -> Result<(Vec<TaskReport>, EpochId), W::Error> {
+) -> Result<AttemptEnd, W::Error> {
     let PreparedAttempt {
         deployment,
         restore_epoch,
@@ -507,6 +535,8 @@ fn drive_attempt<W: Workers>(
         reports: Vec::new(),
         ended: 0,
         savepoints: Vec::new(),
+        stop_at: None,
+        stopped: false,
     };
     let mut live = Attempt {
         generation: deployment.generation,
@@ -518,7 +548,8 @@ fn drive_attempt<W: Workers>(
     let clock = Instant::now();
     while d.ended < total {
         let next = live.workers.next_event(opts.poll);
-        if d.failure.is_none() {
+        if d.failure.is_none() && d.stop_at.is_none() {
+            // Once a stop's savepoint is taken no further epoch starts.
             let now = clock.elapsed().as_millis() as u64;
             d.queue.extend(d.coord.handle(Event::Tick { now_ms: now }));
             if let Some(rx) = &opts.savepoints {
@@ -538,8 +569,45 @@ fn drive_attempt<W: Workers>(
             Next::Closed => break,
         }
         d.carry_out(&mut live, tally)?;
+        if let Some((epoch, _)) = &d.stop_at
+            && !d.stopped
+            && d.failure.is_none()
+            && d.coord.latest_committed().is_some_and(|c| c >= *epoch)
+        {
+            // The savepoint's epoch is committed by every sink: stop. Fencing cancels the
+            // tasks; their open transactions (after the savepoint's barrier) are never
+            // committed, and the next run aborts them (design §7.4).
+            tracing::info!(epoch = %epoch, "savepoint committed; stopping the job");
+            d.stopped = true;
+            live.fence();
+        }
     }
     live.join();
+    if let Some((epoch, replies)) = d.stop_at.take() {
+        for (reply, info) in replies {
+            let _ = reply.send(if d.stopped {
+                Ok(info)
+            } else {
+                Err(format!(
+                    "savepoint {} (epoch {epoch}) was taken, but the job did not stop: {}",
+                    info.dir,
+                    match &d.failure {
+                        Some(e) => format!("it failed first: {e}"),
+                        None => "it finished first".to_owned(),
+                    }
+                ))
+            });
+        }
+    }
+    if d.stopped {
+        let epoch = d.coord.latest_committed().unwrap_or(EpochId(0));
+        d.reports.sort_by(|a, b| a.task.cmp(&b.task));
+        return Ok(AttemptEnd {
+            tasks: d.reports,
+            epoch,
+            stopped: true,
+        });
+    }
     for r in d.savepoints.drain(..) {
         let _ = r.reply.send(Err(match &d.failure {
             Some(e) => format!("the attempt failed before an epoch was durable: {e}"),
@@ -553,7 +621,11 @@ fn drive_attempt<W: Workers>(
     }
     d.reports.sort_by(|a, b| a.task.cmp(&b.task));
     match d.final_epoch {
-        Some(f) if d.coord.is_finished() => Ok((d.reports, f)),
+        Some(f) if d.coord.is_finished() => Ok(AttemptEnd {
+            tasks: d.reports,
+            epoch: f,
+            stopped: false,
+        }),
         _ => Err(CoordinatorError::Internal(
             "every task ended before the final epoch committed".into(),
         )
@@ -612,6 +684,10 @@ impl<E: TaskError> Driver<'_, E> {
             TaskEvent::Finished { report, .. } => {
                 self.ended += 1;
                 self.reports.push(report);
+            }
+            TaskEvent::Failed { .. } if self.stopped => {
+                // The stop cancelled it.
+                self.ended += 1;
             }
             TaskEvent::Failed { task, error, .. } => {
                 self.ended += 1;
@@ -781,7 +857,18 @@ impl<E: TaskError> Driver<'_, E> {
                 Ok(i) => tracing::info!(epoch = %epoch, dir = %i.dir, "savepoint taken"),
                 Err(e) => tracing::warn!(epoch = %epoch, "savepoint failed: {e}"),
             }
-            let _ = r.reply.send(made);
+            match made {
+                Ok(info) if r.stop && !final_epoch => {
+                    // Answered once the job has stopped.
+                    self.stop_at
+                        .get_or_insert_with(|| (epoch, Vec::new()))
+                        .1
+                        .push((r.reply, info));
+                }
+                made => {
+                    let _ = r.reply.send(made);
+                }
+            }
         }
         tally.durable_epochs += 1;
         self.pending_txns.insert(

@@ -49,6 +49,9 @@ pub enum CliRequest {
         /// The savepoint directory to create, reachable by the coordinator; `None`: under
         /// the coordinator's data directory.
         out: Option<String>,
+        /// Stop the job once the savepoint is committed (`nopstream stop --savepoint`);
+        /// the answer comes when it has stopped.
+        stop: bool,
     },
 }
 
@@ -169,6 +172,9 @@ pub enum JobState {
     Failed,
     /// Cancelled by a user.
     Cancelled,
+    /// Stopped with a savepoint by a user (`nopstream stop --savepoint`); a new
+    /// submission resumes from its checkpoints.
+    Stopped,
 }
 
 impl std::fmt::Display for JobState {
@@ -179,6 +185,7 @@ impl std::fmt::Display for JobState {
             JobState::Finished => "FINISHED",
             JobState::Failed => "FAILED",
             JobState::Cancelled => "CANCELLED",
+            JobState::Stopped => "STOPPED",
         })
     }
 }

@@ -400,7 +400,11 @@ impl ClusterCoordinator {
             }
             match &result {
                 Ok(report) => {
-                    r.state = JobState::Finished;
+                    r.state = if report.stopped {
+                        JobState::Stopped
+                    } else {
+                        JobState::Finished
+                    };
                     r.report_json = serde_json::to_string(report).ok();
                     r.error = None;
                 }
@@ -514,7 +518,7 @@ impl ClusterCoordinator {
                 }
                 CliResponse::Job(Box::new(self.status(&r)))
             }
-            CliRequest::TakeSavepoint { job, out } => {
+            CliRequest::TakeSavepoint { job, out, stop } => {
                 let tx = match lock(&self.running).get(&job) {
                     Some(r) => r.savepoints.clone(),
                     None => return Err(format!("job `{job}` is not running")),
@@ -522,6 +526,7 @@ impl ClusterCoordinator {
                 let (reply, rx) = std::sync::mpsc::channel();
                 tx.send(nop_stream_coordinator::SavepointRequest {
                     out: out.map(PathBuf::from),
+                    stop,
                     reply,
                 })
                 .map_err(|_| format!("job `{job}` is ending"))?;
