@@ -41,6 +41,20 @@ fn io(path: &Path, e: impl std::fmt::Display) -> StorageError {
     }
 }
 
+/// The default directory of a savepoint of `epoch` under `root`: `epoch-N`, or
+/// `epoch-N-2`, `epoch-N-3`, ... when taken (a fresh run numbers its epochs from 1 again,
+/// and savepoints are never overwritten).
+pub fn default_dir(root: &Path, epoch: u64) -> std::path::PathBuf {
+    let first = root.join(format!("epoch-{epoch}"));
+    if !first.exists() {
+        return first;
+    }
+    (2u32..)
+        .map(|n| root.join(format!("epoch-{epoch}-{n}")))
+        .find(|p| !p.exists())
+        .unwrap_or(first)
+}
+
 /// Copies the manifest of `epoch` of `from` (described as `source`) and every byte range of
 /// segment file it references into a new savepoint directory `out`, which must not exist.
 /// The copy is written under a temporary name next to `out` and renamed into place, so an
@@ -57,7 +71,7 @@ pub fn export(
     if out.exists() {
         return Err(io(
             out,
-            "exists; savepoints are never overwritten, name another directory",
+            "exists; savepoints are never overwritten, name another directory (--out DIR)",
         ));
     }
     let m = from.read_manifest(epoch)?;

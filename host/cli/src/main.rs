@@ -87,7 +87,9 @@ enum Command {
         /// first and anything but compatible is refused; then the job's checkpoints are
         /// replaced by the savepoint's epoch and the job resumes from it, at any
         /// parallelism.
-        #[arg(long, value_name = "SP", conflicts_with_all = ["fresh", "rescale"])]
+        /// With --fresh, the job's checkpoints are discarded first, so a namespace that
+        /// went on past the savepoint can go back to it.
+        #[arg(long, value_name = "SP", conflicts_with_all = ["rescale"])]
         from_savepoint: Option<PathBuf>,
         /// With --from-savepoint: the actions file that clears the check's findings.
         #[arg(long, value_name = "A.toml", requires = "from_savepoint")]
@@ -112,7 +114,7 @@ enum Command {
         /// Working directory of the job [default: nopstream-out/JOB_ID/work].
         #[arg(long)]
         work_dir: Option<PathBuf>,
-        /// The savepoint directory to create [default: WORK_DIR/savepoints/epoch-N].
+        /// The savepoint directory to create [default: WORK_DIR/savepoints/epoch-N, or epoch-N-2, ... if taken].
         #[arg(long)]
         out: Option<PathBuf>,
         #[command(flatten)]
@@ -268,7 +270,7 @@ enum SavepointCommand {
         /// Working directory of the job [default: nopstream-out/JOB_ID/work].
         #[arg(long)]
         work_dir: Option<PathBuf>,
-        /// The savepoint directory to create [default: WORK_DIR/savepoints/epoch-N].
+        /// The savepoint directory to create [default: WORK_DIR/savepoints/epoch-N, or epoch-N-2, ... if taken].
         #[arg(long)]
         out: Option<PathBuf>,
         #[command(flatten)]
@@ -285,7 +287,7 @@ enum SavepointCommand {
         /// The epoch to promote [default: the latest durable one].
         #[arg(long)]
         epoch: Option<u64>,
-        /// Where to write the savepoint [default: WORK_DIR/savepoints/epoch-N].
+        /// Where to write the savepoint [default: WORK_DIR/savepoints/epoch-N, or epoch-N-2, ... if taken].
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -722,14 +724,28 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let mut from_savepoint_fp = None;
             if let Some(sp_dir) = &from_savepoint {
                 let sp = savepoint::open(sp_dir)?;
+                if fresh && ckpt.exists() {
+                    std::fs::remove_dir_all(&ckpt)
+                        .with_context(|| format!("--fresh: cannot remove {}", ckpt.display()))?;
+                }
                 let actions = savepoint::read_actions(actions.as_deref())?;
                 let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
                 if report.verdict != nop_stream_coordinator::compat::Status::Compatible {
                     eprint!("{}", report.to_text());
+                    let text = report.to_text();
                     eprintln!(
-                        "error: savepoint {} is not compatible with {} as it stands;                          `nopstream savepoint check` explains each finding and the actions                          that clear it",
+                        "error: savepoint {} is not compatible with {} as it stands; \
+                         `nopstream savepoint check` explains each finding and the actions \
+                         that clear it{}",
                         sp_dir.display(),
-                        job.display()
+                        job.display(),
+                        if text.contains("NAMESPACE_ADVANCED") {
+                            "; to go back to the savepoint anyway, add --fresh (it discards \
+                             the job's checkpoints; the output directory keeps what was \
+                             committed after the savepoint)"
+                        } else {
+                            ""
+                        }
                     );
                     return Ok(std::process::ExitCode::from(report.verdict.exit_code()));
                 }
@@ -742,7 +758,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 );
                 from_savepoint_fp = Some(fp).filter(|fp| *fp != plan.fingerprint);
             }
-            let resume = !fresh
+            let resume = (!fresh || from_savepoint.is_some())
                 && ckpt
                     .join("manifests")
                     .read_dir()
@@ -767,7 +783,9 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 checkpoints: ckpt.clone(),
             };
             dirs.print_start(&model.job.id);
-            if resume {
+            if from_savepoint.is_some() {
+                // Said above ("restoring savepoint ...").
+            } else if resume {
                 eprintln!(
                     "checkpoints found in {}: resuming (use --fresh to start over)",
                     ckpt.display()
@@ -906,7 +924,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                             .map(|e| e.0)
                             .with_context(|| format!("{} holds no durable epoch", ns.display()))?,
                     };
-                    work_dir.join("savepoints").join(format!("epoch-{e}"))
+                    nop_stream_checkpoint::savepoint::default_dir(&work_dir.join("savepoints"), e)
                 }
             };
             let info = savepoint::promote(&ns, epoch, &out)?;

@@ -210,3 +210,46 @@ fn a_coordinator_killed_mid_run_and_restarted_finishes_the_job_exactly() {
         );
     }
 }
+
+#[test]
+fn a_job_stopped_with_a_savepoint_resumes_on_resubmission_with_exact_output() {
+    let _g = serial();
+    let _t = Timed("stop with savepoint", Instant::now());
+    let cluster = Cluster::start(2);
+    let job = job_copy("flights-per-record.toml", 200, 40_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let id = cluster.submit(&job.0, &out, &["-p", "2", "--fresh"]);
+    wait_for("a deployment", Duration::from_secs(60), || {
+        !cluster.nodes_of(&id).is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let sp = tmp.path().join("sp");
+    let (ok, text) = cluster.cli(
+        &[
+            "stop",
+            &id,
+            "--savepoint",
+            "--out",
+            &sp.display().to_string(),
+        ],
+        &[],
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("stopped with a savepoint at epoch"), "{text}");
+    assert!(sp.join("savepoint.json").is_file());
+    // The answer comes once the job stopped.
+    let status = cluster.status(&id);
+    assert_eq!(status["state"], "Stopped", "{status:#}");
+    let partial = committed(&out);
+    assert!(
+        !partial.is_empty() && partial.len() < 336_776,
+        "stopped mid-run with its savepoint's epoch committed: {} lines",
+        partial.len()
+    );
+    // Submitted again (no --fresh): resumes from the savepoint's epoch, nothing twice.
+    let again = cluster.submit(&job.0, &out, &["-p", "2"]);
+    assert_eq!(again, id);
+    cluster.wait_finished(&id, Duration::from_secs(300));
+    check_per_record(&committed(&out));
+}

@@ -610,3 +610,49 @@ fn stop_with_a_savepoint_commits_it_stops_and_a_restart_completes_the_exact_outp
     assert!(text(&o).contains("resumed from"), "{}", text(&o));
     assert_eq!(committed(&d.out), reference);
 }
+
+#[test]
+fn a_namespace_that_went_on_goes_back_to_a_savepoint_only_with_fresh() {
+    let j = job("advanced", |t| t);
+    let (d, sp) = savepoint_mid_run(&j.0, 2);
+    // The job goes on to its end in place: its namespace is past the savepoint.
+    let o = run(
+        &j.0,
+        &d,
+        &["-p", "2", "--checkpoint-interval-ms", "50"],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&j.0, &d, &["--from-savepoint", &sp.display().to_string()], None);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(text(&o).contains("NAMESPACE_ADVANCED"), "{}", text(&o));
+    assert!(text(&o).contains("add --fresh"), "{}", text(&o));
+    let o = run(
+        &j.0,
+        &d,
+        &["--fresh", "--from-savepoint", &sp.display().to_string()],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("resumed from     epoch 2"), "{}", text(&o));
+    // Default savepoint names never collide: the second promotion of the same epoch
+    // number gets its own directory.
+    let promote = || {
+        let o = nopstream(
+            &[
+                "savepoint",
+                "promote",
+                &j.0.display().to_string(),
+                "--work-dir",
+                &d.work.display().to_string(),
+            ],
+            None,
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let first = promote();
+    let second = promote();
+    assert_ne!(first, second);
+    assert!(second.contains("-2"), "{second}");
+}

@@ -843,9 +843,9 @@ impl<E: TaskError> Driver<'_, E> {
         // Savepoints requested before this epoch became durable, exported before
         // retention can touch it.
         for r in self.savepoints.drain(..) {
-            let out = r
-                .out
-                .unwrap_or_else(|| self.opts.savepoint_dir.join(format!("epoch-{}", epoch.0)));
+            let out = r.out.unwrap_or_else(|| {
+                nop_stream_checkpoint::savepoint::default_dir(&self.opts.savepoint_dir, epoch.0)
+            });
             let made = nop_stream_checkpoint::savepoint::export(
                 self.storage.as_ref(),
                 &self.namespace,

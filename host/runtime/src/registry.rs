@@ -150,8 +150,10 @@ impl<'h> PluginRegistry<'h> {
         Err(RuntimeError::PluginNotFound {
             plugin: label.to_owned(),
             message: format!(
-                "not found in the plugin path [{}] (looked for {}){found}; build the plugin, \
-                 name the file `{name}@{version}.wasm`, or pass --plugins DIR",
+                "not found in the plugin path [{}] (looked for {}){found}; build the plugin \
+                 (`cargo build --target wasm32-wasip2 --release`: components are in \
+                 target/wasm32-wasip2/release), name the file `{name}@{version}.wasm`, or \
+                 pass --plugins DIR",
                 self.search_path
                     .iter()
                     .map(|p| p.display().to_string())
