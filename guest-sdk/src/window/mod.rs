@@ -26,6 +26,9 @@
 //!
 //! # Firing, lateness, cleanup (Flink semantics)
 //!
+//! Session merging differs from Flink on purpose: see "Sessions merge only when they
+//! overlap" below.
+//!
 //! - Event time: a window fires when the watermark reaches its max timestamp, through an
 //!   event-time timer at that time per (key, window). At the end of bounded input the host
 //!   advances the watermark to `i64::MAX`, so every window fires.
@@ -62,11 +65,35 @@
 //!
 //! The merge set of a key is a list of [`MergeEntry`] (window → state window: the
 //! namespace holding that window's contents), as Flink's `MergingWindowSet`. A new record's
-//! window `[ts, ts + gap)` merges with every window it intersects (touching counts, as in
-//! Flink); the merged window keeps the state window of one of the merged windows, the
-//! other windows' accumulators are merged into it with [`AggregateFunction::merge`] (or
-//! their contents lists concatenated) and cleared, their timers deleted and the merged
-//! window's timers registered.
+//! window `[ts, ts + gap)` merges with every window it *overlaps* ([`Window::overlaps`]);
+//! the merged window keeps the state window of one of the merged windows, the other
+//! windows' accumulators are merged into it with [`AggregateFunction::merge`] (or their
+//! contents lists concatenated) and cleared, their timers deleted and the merged window's
+//! timers registered.
+//!
+//! ## Sessions merge only when they overlap (a deliberate difference from Flink)
+//!
+//! Windows are half-open, `[start, end)`, and two sessions merge only when they share a
+//! millisecond. Windows that merely *touch* (`a.end == b.start`) stay apart: with gap `g`,
+//! records of one key at `t` and `t + g` are two sessions, `[t, t + g)` and
+//! `[t + g, t + 2g)`. A session holds records less than `g` apart; a pause of `g` or more
+//! ends it.
+//!
+//! Flink merges touching windows (`TimeWindow.intersects`), so there `t` and `t + g` are
+//! one session `[t, t + 2g)`. That rule cannot be kept deterministic: the first session
+//! fires when the watermark reaches its max timestamp `t + g - 1`, which allows a record
+//! at `t + g` to arrive afterwards, so whether the two merge depends on whether the
+//! watermark passed `t + g - 1` before that record was processed — on batch boundaries,
+//! on which keys share a subtask, on the parallelism and on where a recovery resumed.
+//!
+//! With the overlap rule, a record that may still arrive, `ts > watermark`, cannot overlap
+//! a session that has fired (its end is at most `watermark + 1 <= ts`), and every session
+//! it does overlap is still open. So as long as no record arrives behind the watermark,
+//! the sessions of a key are exactly the connected components of the overlap graph of its
+//! records' windows `[ts, ts + gap)`: the same for every order of arrival, batch split,
+//! parallelism and restore. Records behind the watermark (`ts <= watermark`, out-of-order
+//! input beyond the source's bound, or within allowed lateness) merge into what is still in
+//! state when they arrive, as in Flink, and so depend on watermark progress.
 
 mod function;
 mod operator;
@@ -143,9 +170,12 @@ impl Window {
         Some(Window::new(read(&ns[..8]), read(&ns[8..])))
     }
 
-    /// Whether the windows overlap or touch (Flink's `TimeWindow.intersects`).
-    pub const fn intersects(&self, other: &Window) -> bool {
-        self.start <= other.end && self.end >= other.start
+    /// Whether the half-open windows share at least one millisecond. Windows that only
+    /// touch (`self.end == other.start`) do not overlap; this is the session merge rule,
+    /// unlike Flink's `TimeWindow.intersects` (see the [module docs](self), "Sessions
+    /// merge only when they overlap").
+    pub const fn overlaps(&self, other: &Window) -> bool {
+        self.start < other.end && other.start < self.end
     }
 
     /// The smallest window covering both.
@@ -175,8 +205,9 @@ pub enum Assigner {
         /// Shift of the window grid (ms, `|offset| < slide`, default 0).
         offset: i64,
     },
-    /// Merging windows: `ts` goes to `[ts, ts + gap)`, merged with every intersecting
-    /// window of the same key.
+    /// Merging windows: `ts` goes to `[ts, ts + gap)`, merged with every overlapping
+    /// window of the same key (touching windows stay apart, unlike Flink: see the
+    /// [module docs](self)).
     Session {
         /// Inactivity gap (ms, > 0).
         gap: i64,
@@ -283,7 +314,9 @@ impl WindowSpec {
         })
     }
 
-    /// Event-time session windows with `gap_ms`, zero lateness, aggregate function.
+    /// Event-time session windows with `gap_ms`, zero lateness, aggregate function. Records
+    /// of a key less than `gap_ms` apart share a session; records exactly `gap_ms` apart do
+    /// not (sessions merge only when they overlap, see the [module docs](self)).
     pub const fn session(gap_ms: i64) -> Self {
         Self::with(Assigner::Session { gap: gap_ms })
     }

@@ -365,7 +365,7 @@ impl<F: WindowFunction> WindowOperator<F> {
                 self.spec.assigner.assign(ts, &mut windows);
                 let w = windows[0];
                 let overlapping: Vec<usize> = (0..set.len())
-                    .filter(|&e| set[e].entry.window.intersects(&w))
+                    .filter(|&e| set[e].entry.window.overlaps(&w))
                     .collect();
                 let state = if overlapping.is_empty() {
                     if self.is_expired(&w, watermark) {

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use proptest::prelude::*;
+
 use super::*;
 use crate::{Batch, Context, ErrorCode, MockContext, PluginInfo, RecordRef, Result};
 
@@ -429,7 +431,7 @@ fn allowed_lateness_fires_again_and_cleans_up() {
 }
 
 #[test]
-fn sessions_merge_including_a_bridging_record() {
+fn sessions_merge_when_they_overlap_not_when_they_touch() {
     let mut h = Harness::new(FunctionKind::Aggregate, session_op);
     h.feed(&[
         ("a", 0, 1),
@@ -440,17 +442,31 @@ fn sessions_merge_including_a_bridging_record() {
     ]);
     // a: [0,15) and [30,40); b: [0,10) and [22,32).
     assert_eq!(h.ctx.registered_timers().len(), 4);
+    let b_timers = |h: &Harness<_>| -> Vec<i64> {
+        h.ctx
+            .registered_timers()
+            .iter()
+            .filter(|t| t.key == b"b")
+            .map(|t| t.timestamp)
+            .collect()
+    };
     h.feed(&[("b", 11, 32)]); // [11,21) bridges nothing: 21 < 22, 11 > 10.
-    h.feed(&[("b", 12, 64)]); // [12,22) touches [22,32) and overlaps [11,21).
-    h.feed(&[("b", 10, 128)]); // [10,20) touches [0,10): everything merges into [0,32).
-    let timers: Vec<i64> = h
-        .ctx
-        .registered_timers()
-        .iter()
-        .filter(|t| t.key == b"b")
-        .map(|t| t.timestamp)
-        .collect();
-    assert_eq!(timers, vec![31], "merged-away windows' timers are deleted");
+    h.feed(&[("b", 12, 64)]); // [12,22) overlaps [11,21), only touches [22,32).
+    h.feed(&[("b", 10, 128)]); // [10,20) overlaps [11,22), only touches [0,10).
+    assert_eq!(
+        b_timers(&h),
+        vec![9, 21, 31],
+        "touching sessions stay apart"
+    );
+    h.feed(&[("a", 15, 256)]); // [15,25) touches [0,15): a third session of a.
+    h.feed(&[("b", 21, 512)]); // [21,31) overlaps [10,22) and [22,32): [10,32).
+    assert_eq!(
+        b_timers(&h),
+        vec![9, 31],
+        "merged-away windows' timers are deleted"
+    );
+    h.feed(&[("b", 9, 1024)]); // [9,19) overlaps [0,10) and [10,32): [0,32).
+    assert_eq!(b_timers(&h), vec![31]);
     h.watermark(i64::MAX);
     let mut out = h.out.clone();
     out.sort();
@@ -458,11 +474,29 @@ fn sessions_merge_including_a_bridging_record() {
         out,
         vec![
             ("a".into(), 14, "0,15,2,3".into()),
+            ("a".into(), 24, "15,25,1,256".into()),
             ("a".into(), 39, "30,40,1,4".into()),
-            ("b".into(), 31, "0,32,5,248".into()),
+            ("b".into(), 31, "0,32,7,1784".into()),
         ]
     );
     h.assert_clean();
+}
+
+#[test]
+fn window_overlap_is_half_open() {
+    let w = Window::new(0, 10);
+    for (other, want) in [
+        (Window::new(10, 20), false), // touches on the right
+        (Window::new(-5, 0), false),  // touches on the left
+        (Window::new(9, 19), true),
+        (Window::new(-5, 1), true),
+        (Window::new(3, 4), true),   // inside
+        (Window::new(-5, 15), true), // around
+        (Window::new(11, 20), false),
+    ] {
+        assert_eq!(w.overlaps(&other), want, "{w:?} {other:?}");
+        assert_eq!(other.overlaps(&w), want, "symmetric: {other:?} {w:?}");
+    }
 }
 
 #[test]
@@ -488,7 +522,8 @@ fn session_with_allowed_lateness_merges_late_records_and_fires_again() {
     h.assert_clean();
 }
 
-/// Connected components of `[ts, ts + gap)` per key (touching intervals merge).
+/// Sessions by a sort: per key, records in time order, a new session whenever a record is
+/// at or past the current session's end (half-open windows; touching ones stay apart).
 fn reference_sessions(
     recs: &[(String, i64, i64)],
     gap: i64,
@@ -503,7 +538,7 @@ fn reference_sessions(
         let mut cur: Option<(Window, u64, i64)> = None;
         for (ts, v) in rs {
             cur = Some(match cur {
-                Some((w, c, s)) if ts <= w.end => {
+                Some((w, c, s)) if ts < w.end => {
                     (Window::new(w.start, w.end.max(ts + gap)), c + 1, s + v)
                 }
                 other => {
@@ -544,12 +579,14 @@ fn sessions_match_a_naive_reference_and_survive_restores() {
                 if restore {
                     h.restore();
                 }
-                // Never makes a later record late nor lets it touch a fired session.
+                // The highest watermark the rest of the input allows: below every later
+                // record. (With touching sessions merging, this let a later record at a
+                // fired session's end start a session of its own.)
                 let rest = recs
                     .get((b + 1) * batch..)
                     .and_then(|r| r.iter().map(|r| r.1).min());
                 if let Some(min) = rest {
-                    h.watermark(min - 2);
+                    h.watermark(min - 1);
                 }
             }
             h.watermark(i64::MAX);
@@ -564,16 +601,112 @@ fn sessions_match_a_naive_reference_and_survive_restores() {
     }
 }
 
+/// Events for the merge-rule properties: three keys, gap 10, timestamps mostly on a grid
+/// of 5 ms so that many pairs of one key are exactly one gap apart (touching windows),
+/// others overlap by a little or a lot.
+fn adjacent_heavy_events() -> impl Strategy<Value = Vec<Rec>> {
+    prop::collection::vec(
+        (
+            prop::sample::select(vec!["a", "b", "c"]),
+            prop_oneof![3 => (0i64..60).prop_map(|k| k * 5), 1 => 0i64..300],
+            -50i64..50,
+        ),
+        0..80,
+    )
+    .prop_map(|v| {
+        v.into_iter()
+            .map(|(k, t, x)| (k.to_string(), t, x))
+            .collect()
+    })
+}
+
+/// Feeds `recs` in order, cut into batches of the given sizes (cycled), optionally
+/// restoring a fresh instance after a batch; after each batch the watermark is set by
+/// `watermark(rest)` from the records still to come (`None`: left as is). Returns the
+/// results once the watermark reaches the end.
+fn sessions_of(
+    recs: &[Rec],
+    batches: &[usize],
+    restores: &[bool],
+    watermark: impl Fn(&[Rec]) -> Option<i64>,
+) -> Results {
+    let mut h = Harness::new(FunctionKind::Aggregate, session_op);
+    let (mut i, mut b) = (0, 0);
+    while i < recs.len() {
+        let n = batches[b % batches.len()].min(recs.len() - i);
+        let refs: Vec<(&str, i64, i64)> = recs[i..i + n]
+            .iter()
+            .map(|(k, t, v)| (k.as_str(), *t, *v))
+            .collect();
+        h.feed(&refs);
+        i += n;
+        if restores[b % restores.len()] {
+            h.restore();
+        }
+        if let Some(wm) = watermark(&recs[i..]) {
+            h.watermark(wm);
+        }
+        b += 1;
+    }
+    h.watermark(i64::MAX);
+    assert!(
+        h.late().is_empty(),
+        "no record arrives behind the watermark"
+    );
+    h.assert_clean();
+    parse_outputs(&h.out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Before any watermark, every arrival order and batch split of the same events (and
+    /// restores in between) gives the same sessions: the overlap components.
+    #[test]
+    fn sessions_do_not_depend_on_arrival_order_or_batches(
+        (recs, shuffled) in adjacent_heavy_events()
+            .prop_flat_map(|v| (Just(v.clone()), Just(v).prop_shuffle())),
+        batches in prop::collection::vec(1usize..12, 1..6),
+        restores in prop::collection::vec(any::<bool>(), 1..6),
+    ) {
+        let want = reference_sessions(&recs, 10);
+        prop_assert_eq!(&sessions_of(&recs, &[usize::MAX], &[false], |_| None), &want);
+        prop_assert_eq!(&sessions_of(&shuffled, &batches, &restores, |_| None), &want);
+    }
+
+    /// With the watermark as high as the input allows after every batch (just below every
+    /// record still to come: nothing is late), firing never races a merge: the sessions
+    /// equal the overlap components whatever the batches and the disorder. Under Flink's
+    /// touching rule a record at a fired session's end would start a session of its own.
+    #[test]
+    fn sessions_do_not_race_the_watermark(
+        (recs, jitter) in adjacent_heavy_events().prop_flat_map(|v| {
+            let n = v.len();
+            (Just(v), prop::collection::vec(0i64..30, n))
+        }),
+        batches in prop::collection::vec(1usize..12, 1..6),
+        restores in prop::collection::vec(any::<bool>(), 1..6),
+    ) {
+        let want = reference_sessions(&recs, 10);
+        // Arrival order: by timestamp plus a per-record jitter (bounded disorder).
+        let mut order: Vec<usize> = (0..recs.len()).collect();
+        order.sort_by_key(|&i| (recs[i].1 + jitter[i], i));
+        let arrival: Vec<Rec> = order.iter().map(|&i| recs[i].clone()).collect();
+        let highest = |rest: &[Rec]| rest.iter().map(|r| r.1 - 1).min();
+        prop_assert_eq!(sessions_of(&arrival, &batches, &restores, highest), want);
+    }
+}
+
 #[test]
 fn process_function_gets_all_records_and_session_lists_concatenate() {
     let make: fn(&mut MockContext) -> _ =
         |ctx| WindowOperator::open(ctx, WindowSpec::session(10), Processing::new(ListAll)).unwrap();
     let mut h = Harness::new(FunctionKind::Process, make);
-    h.feed(&[("a", 0, 1), ("a", 20, 2), ("a", 20, 3)]);
-    h.feed(&[("a", 10, 4)]); // bridges [0,10) and [20,30)
+    h.feed(&[("a", 0, 1), ("a", 15, 2), ("a", 15, 3)]);
+    h.feed(&[("a", 8, 4)]); // [8,18) overlaps [0,10) and [15,25)
     assert_eq!(h.op.spec().function, FunctionKind::Process);
     h.watermark(i64::MAX);
-    assert_eq!(h.out, vec![("a".into(), 29, "0,30,1;2;3;4".into())]);
+    assert_eq!(h.out, vec![("a".into(), 24, "0,25,1;2;3;4".into())]);
     h.assert_clean();
 }
 

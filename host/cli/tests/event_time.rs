@@ -678,3 +678,186 @@ fn sliding_windows_restored_at_every_epoch_emit_what_an_uninterrupted_run_emits(
         assert_eq!(run.committed("hours"), expected, "restored at epoch {n}");
     }
 }
+
+/// Session gap of the carrier-session test: 30 minutes.
+const SESSION_GAP: i64 = 1_800_000;
+
+/// (carrier, session start) -> (session end, flights, sum of delays, delays counted).
+type Sessions = BTreeMap<(String, i64), (i64, u64, i64, u64)>;
+
+/// Sessions per carrier by a plain scan, independent of the window operator: each
+/// carrier's departures in time order; a departure before the current session's end
+/// (`last departure + gap`, exclusive) joins it, one at or after the end starts a new
+/// session. Also returns how many departures came exactly at the end of the session
+/// before them (the cases Flink's touching rule would have merged).
+fn carrier_sessions(flights: &[Flight]) -> (Sessions, usize) {
+    let mut by_carrier: BTreeMap<&str, Vec<(i64, Option<i64>)>> = BTreeMap::new();
+    for f in flights {
+        by_carrier
+            .entry(&f.carrier)
+            .or_default()
+            .push((f.ts, f.dep_delay));
+    }
+    let mut out = Sessions::new();
+    let mut exactly_at_end = 0;
+    for (carrier, mut deps) in by_carrier {
+        deps.sort_by_key(|d| d.0);
+        let mut start = deps[0].0;
+        let mut cur = (start + SESSION_GAP, 0, 0, 0);
+        for (ts, delay) in deps {
+            if ts >= cur.0 {
+                if ts == cur.0 {
+                    exactly_at_end += 1;
+                }
+                out.insert((carrier.to_owned(), start), cur);
+                start = ts;
+                cur = (ts + SESSION_GAP, 0, 0, 0);
+            }
+            cur.0 = cur.0.max(ts + SESSION_GAP);
+            cur.1 += 1;
+            if let Some(d) = delay {
+                cur.2 += d;
+                cur.3 += 1;
+            }
+        }
+        out.insert((carrier.to_owned(), start), cur);
+    }
+    (out, exactly_at_end)
+}
+
+/// Checks session lines against the independent sessions: the same set, field by field.
+fn check_sessions(lines: &[String], expected: &Sessions, what: &str) {
+    let mut got = Sessions::new();
+    let mut avgs = BTreeMap::new();
+    for l in lines {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let key = (
+            v["key"].as_str().unwrap().to_owned(),
+            v["window_start"].as_i64().unwrap(),
+        );
+        let (end, n) = (
+            v["window_end"].as_i64().unwrap(),
+            v["flights"].as_u64().unwrap(),
+        );
+        avgs.insert(key.clone(), v["avg_dep_delay_min"].as_f64());
+        assert!(
+            got.insert(key, (end, n, 0, 0)).is_none(),
+            "{what}: twice: {l}"
+        );
+    }
+    let strip = |s: &Sessions| -> BTreeMap<(String, i64), (i64, u64)> {
+        s.iter().map(|(k, v)| (k.clone(), (v.0, v.1))).collect()
+    };
+    // Compare the windows and counts as whole maps first: a mismatch names the sessions.
+    let (want, have) = (strip(expected), strip(&got));
+    if want != have {
+        let missing: Vec<_> = want
+            .iter()
+            .filter(|(k, v)| have.get(*k) != Some(v))
+            .take(5)
+            .collect();
+        let extra: Vec<_> = have
+            .iter()
+            .filter(|(k, v)| want.get(*k) != Some(v))
+            .take(5)
+            .collect();
+        panic!(
+            "{what}: {} sessions, expected {}; expected but not emitted (first 5): {missing:?}; \
+             emitted but not expected (first 5): {extra:?}",
+            have.len(),
+            want.len()
+        );
+    }
+    for (k, (_, _, sum, cnt)) in expected {
+        let want = (*cnt > 0).then(|| *sum as f64 / *cnt as f64);
+        assert_eq!(avgs[k], want, "{what}: average delay of session {k:?}");
+    }
+}
+
+/// Session windows (per carrier, 30 min gap) over the time-sorted flights, whose
+/// departures fall on whole minutes: thousands of them come exactly one gap after the
+/// previous departure of their carrier, where Flink's touching rule made the result race
+/// the watermark. Under the overlap rule every run — parallelism 1, 2 and 3, restored
+/// from a mid-run epoch at another parallelism, restored at every epoch, SIGKILLed at
+/// random moments — commits exactly the sessions of an independent scan of the CSV.
+#[test]
+fn carrier_sessions_with_exactly_adjacent_flights_are_the_same_in_every_run() {
+    let hourly = std::fs::read_to_string(example("hourly-delay.toml")).unwrap();
+    let replacements = [
+        (
+            r#"name = "flights-hourly-delay""#,
+            r#"name = "flights-carrier-sessions""#,
+        ),
+        (
+            r#"config = { key = "origin", fields = ["origin", "dep_delay"] }"#,
+            r#"config = { key = "carrier", fields = ["carrier", "dep_delay"] }"#,
+        ),
+        (
+            r#"window = { kind = "tumbling", size_ms = 3600000, time = "event" }"#,
+            r#"window = { kind = "session", gap_ms = 1800000, time = "event" }"#,
+        ),
+    ];
+    let mut text = hourly;
+    for (from, to) in replacements {
+        assert!(text.contains(from), "the example still has {from}");
+        text = text.replace(from, to);
+    }
+    let job_file = TempJob::new("sessions", &text);
+    let job = job_file.0.clone();
+
+    let flights = flights();
+    let (expected, exactly_at_end) = carrier_sessions(&flights);
+    assert!(
+        exactly_at_end > 5_000,
+        "the input has many exactly-adjacent departures ({exactly_at_end})"
+    );
+    let merged: u64 = expected.values().filter(|s| s.1 > 1).map(|s| s.1).sum();
+    assert!(merged > 100_000, "and many overlapping ones ({merged})");
+    let counted: u64 = expected.values().map(|s| s.1).sum();
+    assert_eq!(counted, 336_776, "every flight is in one session");
+
+    // Parallelism 1; 2 with checkpoints; 2 crashed mid-run and rescaled to 3.
+    let lines = three_ways(&job, "hours");
+    check_sessions(&lines, &expected, "three ways");
+
+    let args = ["-p", "3", "--checkpoint-interval-ms", "100"];
+    let p3 = Run::new();
+    p3.run_ok(&job, &args);
+    check_sessions(&p3.committed("hours"), &expected, "parallelism 3");
+
+    // Restored at every epoch of a parallelism-2 run.
+    let args = ["-p", "2", "--checkpoint-interval-ms", "100"];
+    let straight = Run::new();
+    let report = straight.run_ok(&job, &args);
+    check_sessions(&straight.committed("hours"), &expected, "parallelism 2");
+    let epochs: u64 = report
+        .lines()
+        .find_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("epochs")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no epoch count in {report}"));
+    assert!(epochs >= 3, "the run took {epochs} epochs");
+    let mut restored = 0;
+    for n in 1..epochs {
+        let run = Run::new();
+        let o = run.run(&job, &args, Some(&format!("after-manifest-publish={n}")));
+        if o.status.success() {
+            continue; // this run took fewer epochs
+        }
+        run.run_ok(&job, &args);
+        check_sessions(
+            &run.committed("hours"),
+            &expected,
+            &format!("restored at epoch {n}"),
+        );
+        restored += 1;
+    }
+    assert!(restored >= 2, "{restored} runs restored of {epochs} epochs");
+
+    // SIGKILLed at random moments and restarted until done.
+    let committed = straight.committed("hours");
+    random_kills(&job, "hours", &committed, 4, 23);
+}

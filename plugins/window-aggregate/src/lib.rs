@@ -8,7 +8,10 @@
 //! "aggregates": [ { "name": "flights", "fn": "count" },
 //! { "name": "avg_delay", "fn": "avg", "field": "dep_delay" } ] }` — see
 //! [`nop_stream_sdk::window::WindowConfig`] for the window fields (ms; `time` defaults to
-//! `event`, lateness and offset to 0). Functions:
+//! `event`, lateness and offset to 0). Session windows are half-open and merge only when
+//! they overlap: records of a key less than `gap_ms` apart share a session, records exactly
+//! `gap_ms` apart do not — unlike Flink, which merges touching sessions (see
+//! [`nop_stream_sdk::window`], "Sessions merge only when they overlap"). Functions:
 //!
 //! | fn | result | null / missing field |
 //! |---|---|---|

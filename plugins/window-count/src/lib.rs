@@ -5,7 +5,8 @@
 //!
 //! Config: `{ "window": { "kind": "tumbling"|"sliding"|"session", "size_ms", "slide_ms",
 //! "gap_ms", "offset_ms", "time", "allowed_lateness_ms" } }` (see
-//! [`nop_stream_sdk::window::WindowConfig`]).
+//! [`nop_stream_sdk::window::WindowConfig`]). Sessions merge only when their half-open
+//! windows overlap, not when they touch (unlike Flink; see [`nop_stream_sdk::window`]).
 //!
 //! Input: any keyed records (HASH edge) with event-time timestamps; the payload is not
 //! read. Output, per window firing, keyed by the key, timestamped with `window_end - 1`:
