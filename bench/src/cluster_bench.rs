@@ -601,38 +601,47 @@ impl RecoveryResult {
         let col = |f: fn(&Trial) -> f64| -> Spread {
             Spread::of(&self.trials.iter().map(f).collect::<Vec<_>>())
         };
+        let expired: Vec<&Trial> = self
+            .trials
+            .iter()
+            .filter(|t| t.lease_expired_ms.is_some())
+            .collect();
+        let of = |f: &dyn Fn(&Trial) -> f64, ts: &[&Trial]| {
+            Spread::of(&ts.iter().map(|t| f(t)).collect::<Vec<_>>())
+        };
+        let all: Vec<&Trial> = self.trials.iter().collect();
         let rows: [(&str, Spread); 7] = [
             (
-                "kill → attempt declared failed (detection)",
-                col(|t| t.detect_ms),
+                "kill → lease expired (detection: the coordinator declares the node lost)",
+                of(&|t| t.lease_expired_ms.unwrap_or(0.0), &expired),
             ),
             (
-                "kill → lease expired (coordinator)",
-                Spread::of(
-                    &self
-                        .trials
-                        .iter()
-                        .filter_map(|t| t.lease_expired_ms)
-                        .collect::<Vec<_>>(),
+                "lease expired → attempt declared failed (fence, cancel, join the surviving tasks)",
+                of(
+                    &|t| t.detect_ms - t.lease_expired_ms.unwrap_or(0.0),
+                    &expired,
                 ),
             ),
             (
-                "declared failed → deploying new generation",
+                "declared failed → deploying the new generation (restart pause)",
                 col(|t| t.to_deploy_ms),
             ),
             (
-                "deploying → every node started (redeploy)",
+                "deploying → every node started (redeploy: prepare, then start)",
                 col(|t| t.deploy_ms),
             ),
             (
-                "started → last task restored (restore)",
+                "started → last task restored its keyed state (restore)",
                 col(|t| t.restore_ms),
             ),
             (
-                "restored → first epoch committed",
+                "restored → first epoch committed by the new attempt",
                 col(|t| t.to_first_commit_ms),
             ),
-            ("kill → first epoch committed (total)", col(|t| t.total_ms)),
+            (
+                "kill → first epoch committed (total)",
+                of(&|t| t.total_ms, &all),
+            ),
         ];
         let mut t = format!(
             "lease TTL {} ms, heartbeat {} ms, {} nodes, {} trials\n\n| phase | median ms | max ms |\n|---|---|---|\n",
