@@ -415,11 +415,11 @@ pub struct RecoveryResult {
     pub trials: Vec<Trial>,
 }
 
-fn first_after<'a>(
-    lines: &'a [(f64, String)],
+fn first_after(
+    lines: &[(f64, String)],
     after: f64,
     pred: impl Fn(&str) -> bool,
-) -> Option<&'a (f64, String)> {
+) -> Option<&(f64, String)> {
     lines.iter().find(|(t, l)| *t >= after && pred(l))
 }
 
