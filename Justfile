@@ -25,6 +25,13 @@ bench *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     cargo run --release -q -p nop-stream-bench -- run {{ARGS}}
 
+# Cluster benchmarks (release build): keyed count on a coordinator + 2 node processes vs embedded, the QUIC channel hop vs in-process, recovery after a node SIGKILL.
+bench-cluster:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    target/release/nopstream-bench cluster --runs 5
+    target/release/nopstream-bench channel
+    target/release/nopstream-bench cluster-recovery --trials 3
+
 # Criterion microbenchmarks: boundary call, state get/put and flush, channel hop, shard snapshot/restore.
 bench-micro:
     cargo bench -p nop-stream-bench

@@ -9,8 +9,18 @@
 //!   merged into the results of the last `run`.
 //! - `report`: re-renders the table from `results.json`.
 //! - `floor`: one floor run, printing its report as JSON (what `run` spawns).
+//! - `cluster`: the keyed count on a coordinator and node processes (QUIC on loopback,
+//!   mTLS) against embedded `nopstream run` at the same parallelism, interleaved
+//!   ([`cluster_bench::throughput`]).
+//! - `cluster-recovery`: node SIGKILL mid-run, the phases of the recovery
+//!   ([`cluster_bench::recovery`]).
+//! - `channel`: one channel hop over the QUIC data plane beside the in-process channel
+//!   ([`channel`]).
 
 mod bids;
+mod channel;
+mod cluster;
+mod cluster_bench;
 mod epochs;
 mod floor;
 mod measure;
@@ -136,6 +146,73 @@ enum Cmd {
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
     },
+    /// The keyed count at parallelism P on a coordinator and P node processes (release
+    /// binaries, QUIC on loopback, mTLS) against embedded `nopstream run -p P`,
+    /// interleaved: records per CPU second and wall time, cluster ÷ embedded; writes
+    /// `<out>/cluster.json`.
+    Cluster {
+        /// Measured pairs (embedded, cluster), after one unmeasured warm-up of each.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Input size: `1m` or `10m` bids.
+        #[arg(long, default_value = "10m", value_parser = ["1m", "10m"])]
+        size: String,
+        /// Parallelism of both runs, and node processes of the cluster.
+        #[arg(long, short = 'p', default_value_t = 2)]
+        parallelism: u32,
+        /// Lease TTL of the cluster (`nopstream coordinator --lease-ttl-ms`).
+        #[arg(long, default_value_t = 10_000)]
+        lease_ttl_ms: u64,
+        /// Heartbeat interval of the cluster (`--heartbeat-ms`).
+        #[arg(long, default_value_t = 2_000)]
+        heartbeat_ms: u64,
+        #[command(flatten)]
+        bins: Bins,
+    },
+    /// Recovery after SIGKILL of a node holding tasks of the checkpointed keyed count:
+    /// detection, redeploy, restore and the first committed epoch, from the processes'
+    /// logs and the epoch log; writes `<out>/cluster-recovery.json`.
+    ClusterRecovery {
+        /// Trials (a fresh cluster each).
+        #[arg(long, default_value_t = 3)]
+        trials: usize,
+        /// Node processes (the job runs on P of them; the survivors take over).
+        #[arg(long, default_value_t = 3)]
+        nodes: u32,
+        /// Input size: `1m` or `10m` bids.
+        #[arg(long, default_value = "10m", value_parser = ["1m", "10m"])]
+        size: String,
+        /// Parallelism of the job.
+        #[arg(long, short = 'p', default_value_t = 2)]
+        parallelism: u32,
+        /// Kill this long after the first durable epoch was seen.
+        #[arg(long, default_value_t = 300)]
+        kill_delay_ms: u64,
+        /// Lease TTL (the cluster tests' 2 s).
+        #[arg(long, default_value_t = 2_000)]
+        lease_ttl_ms: u64,
+        /// Heartbeat interval.
+        #[arg(long, default_value_t = 300)]
+        heartbeat_ms: u64,
+        #[command(flatten)]
+        bins: Bins,
+    },
+    /// One channel hop over the QUIC data plane on loopback beside the in-process channel,
+    /// with the count job's parsed-bid batches: records/s, MB/s, records per CPU second.
+    Channel {
+        /// Records per batch (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [128usize, 1024, 8192])]
+        batch_records: Vec<usize>,
+        /// Records per transfer.
+        #[arg(long, default_value_t = 2_000_000)]
+        records: usize,
+        /// Transfers of each kind per batch size (interleaved).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Output directory (`channel.json`).
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
     /// One floor run of a workload, printed as JSON (spawned by `run`).
     Floor {
         /// Workload name.
@@ -145,6 +222,71 @@ enum Cmd {
         #[arg(long)]
         input: PathBuf,
     },
+}
+
+/// The binaries and plugins the cluster benchmarks run, and their output directory.
+#[derive(Debug, clap::Args)]
+struct Bins {
+    /// The `nopstream` binary [default: next to this binary].
+    #[arg(long)]
+    nopstream: Option<PathBuf>,
+    /// Directory of the plugin components [default: `target/wasm32/wasm32-wasip2/release`
+    /// beside the binary's `target/release`].
+    #[arg(long)]
+    plugins: Option<PathBuf>,
+    /// Output directory.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+impl Bins {
+    fn setup(
+        &self,
+        size: &str,
+        parallelism: u32,
+        lease_ttl_ms: u64,
+        heartbeat_ms: u64,
+    ) -> Result<cluster_bench::Setup> {
+        let nopstream = match &self.nopstream {
+            Some(p) => absolute(p)?,
+            None => std::env::current_exe()?
+                .parent()
+                .context("binary directory")?
+                .join("nopstream"),
+        };
+        ensure!(
+            nopstream.is_file(),
+            "{} not found: build it with `cargo build --release -p nop-stream-cli` or pass --nopstream",
+            nopstream.display()
+        );
+        let plugins = match &self.plugins {
+            Some(p) => absolute(p)?,
+            None => nopstream
+                .parent()
+                .and_then(Path::parent)
+                .context("target directory")?
+                .join("wasm32/wasm32-wasip2/release"),
+        };
+        ensure!(
+            plugins.join("keyed_count.wasm").is_file(),
+            "no plugin components in {}: pass --plugins",
+            plugins.display()
+        );
+        let size = SIZES
+            .iter()
+            .copied()
+            .find(|(l, _)| *l == size)
+            .with_context(|| format!("unknown size {size}"))?;
+        Ok(cluster_bench::Setup {
+            nopstream,
+            out: absolute(&self.out)?,
+            plugins,
+            size,
+            parallelism,
+            lease_ttl_ms,
+            heartbeat_ms,
+        })
+    }
 }
 
 /// The input sizes: label and records.
@@ -290,6 +432,71 @@ fn dispatch(cli: Cli) -> Result<()> {
                 out: absolute(&out)?,
             };
             recovery(&cfg, w, trials.max(1), kill_after_ms, large)
+        }
+        Cmd::Cluster {
+            runs,
+            size,
+            parallelism,
+            lease_ttl_ms,
+            heartbeat_ms,
+            bins,
+        } => {
+            ensure!(
+                parallelism >= 2,
+                "the HASH edge crosses nodes only at -p 2 or more"
+            );
+            let setup = bins.setup(&size, parallelism, lease_ttl_ms, heartbeat_ms)?;
+            let r = cluster_bench::throughput(&setup, runs.max(1))?;
+            println!("\n{}\nplacement: {}", r.table(), r.placement);
+            println!("wrote {}", setup.out.join("cluster.json").display());
+            Ok(())
+        }
+        Cmd::ClusterRecovery {
+            trials,
+            nodes,
+            size,
+            parallelism,
+            kill_delay_ms,
+            lease_ttl_ms,
+            heartbeat_ms,
+            bins,
+        } => {
+            ensure!(
+                nodes >= 2 && parallelism >= 1,
+                "a node must survive the kill: --nodes 2 or more"
+            );
+            let setup = bins.setup(&size, parallelism, lease_ttl_ms, heartbeat_ms)?;
+            let r = cluster_bench::recovery(&setup, nodes, trials.max(1), kill_delay_ms)?;
+            println!("\n{}", r.table());
+            println!(
+                "wrote {}",
+                setup.out.join("cluster-recovery.json").display()
+            );
+            Ok(())
+        }
+        Cmd::Channel {
+            batch_records,
+            records,
+            runs,
+            out,
+        } => {
+            ensure!(
+                !batch_records.is_empty() && batch_records.iter().all(|&b| b > 0),
+                "--batch-records needs positive sizes"
+            );
+            let transfers = channel::run(&batch_records, records, runs.max(1))?;
+            let out = absolute(&out)?;
+            std::fs::create_dir_all(&out)?;
+            std::fs::write(
+                out.join("channel.json"),
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "date": utc_now(),
+                    "machine": machine(),
+                    "transfers": transfers,
+                }))?,
+            )?;
+            println!("wrote {}", out.join("channel.json").display());
+            Ok(())
         }
         Cmd::Report { out } => {
             let results = load(&out)?;
