@@ -623,7 +623,12 @@ fn a_namespace_that_went_on_goes_back_to_a_savepoint_only_with_fresh() {
         None,
     );
     assert!(o.status.success(), "{}", text(&o));
-    let o = run(&j.0, &d, &["--from-savepoint", &sp.display().to_string()], None);
+    let o = run(
+        &j.0,
+        &d,
+        &["--from-savepoint", &sp.display().to_string()],
+        None,
+    );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert!(text(&o).contains("NAMESPACE_ADVANCED"), "{}", text(&o));
     assert!(text(&o).contains("add --fresh"), "{}", text(&o));
@@ -634,7 +639,11 @@ fn a_namespace_that_went_on_goes_back_to_a_savepoint_only_with_fresh() {
         None,
     );
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("resumed from     epoch 2"), "{}", text(&o));
+    assert!(
+        text(&o).contains("resumed from     epoch 2"),
+        "{}",
+        text(&o)
+    );
     // Default savepoint names never collide: the second promotion of the same epoch
     // number gets its own directory.
     let promote = || {

@@ -205,6 +205,14 @@ pub enum DataError {
         /// quinn's reason (boxed: it is large, and errors travel by value).
         source: Box<quinn::ConnectionError>,
     },
+    /// The sending task was cancelled (fenced) while its send was stalled.
+    #[error("channel {channel} to {peer}: cancelled while stalled by backpressure")]
+    Cancelled {
+        /// The channel.
+        channel: ChannelId,
+        /// The receiving node's address.
+        peer: SocketAddr,
+    },
     /// The sender was closed, or its writer ended after an error already returned.
     #[error("channel {channel} to {peer}: the sender is closed")]
     Closed {
@@ -644,6 +652,7 @@ impl DataPlane {
             writer: Some(writer),
             runtime: self.runtime.clone(),
             max_frame_len: self.config.max_frame_len,
+            cancel: None,
         })
     }
 
@@ -690,9 +699,23 @@ pub struct QuicSender {
     writer: Option<JoinHandle<Result<(), DataError>>>,
     runtime: Handle,
     max_frame_len: usize,
+    /// Set when the task is cancelled (fencing); a send stalled by backpressure gives up
+    /// within [`CANCEL_POLL`] once it is. `None`: a stalled send waits for the receiver or
+    /// the connection's end.
+    cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
+/// How often a send stalled by backpressure looks at its cancel flag.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl QuicSender {
+    /// Lets a send stalled by backpressure give up with [`DataError::Cancelled`] once
+    /// `cancel` is set: a fenced task blocked towards a dead or partitioned node ends at
+    /// once instead of waiting for the QUIC idle timeout (design §2.5, "fencing").
+    pub fn cancel_on(&mut self, cancel: Arc<std::sync::atomic::AtomicBool>) {
+        self.cancel = Some(cancel);
+    }
+
     /// The channel.
     pub fn channel(&self) -> &ChannelId {
         &self.channel
@@ -726,7 +749,37 @@ impl QuicSender {
         let Some(frames) = &self.frames else {
             return Err(self.closed());
         };
-        if frames.blocking_send(frame).is_err() {
+        let sent = match &self.cancel {
+            None => frames.blocking_send(frame).is_ok(),
+            Some(cancel) => match frames.try_send(frame) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+                Err(mpsc::error::TrySendError::Full(frame)) => {
+                    // Stalled by backpressure: wait for room, looking at the cancel flag.
+                    loop {
+                        if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Err(DataError::Cancelled {
+                                channel: self.channel.clone(),
+                                peer: self.peer,
+                            });
+                        }
+                        // The timer is made inside `block_on`, in the runtime's context.
+                        let waited = self.runtime.block_on(async {
+                            tokio::time::timeout(CANCEL_POLL, frames.reserve()).await
+                        });
+                        match waited {
+                            Ok(Ok(permit)) => {
+                                permit.send(frame);
+                                break true;
+                            }
+                            Ok(Err(_)) => break false,
+                            Err(_) => {}
+                        }
+                    }
+                }
+            },
+        };
+        if !sent {
             // The writer ended; its result says why.
             self.frames = None;
             return Err(self.join_writer().err().unwrap_or_else(|| self.closed()));

@@ -233,15 +233,17 @@ impl ChannelSender for RemoteSender {
             return Err(RuntimeError::Cancelled);
         }
         if self.inner.is_none() {
-            let s = self
+            let mut s = self
                 .plane
                 .open_sender(&self.conn, self.header.clone())
                 .map_err(|e| self.closed(&e))?;
+            s.cancel_on(Arc::clone(&self.cancel));
             self.inner = Some(s);
         }
         let inner = self.inner.as_mut().expect("opened above");
         match inner.send(msg) {
             Ok(()) => Ok(()),
+            Err(DataError::Cancelled { .. }) => Err(RuntimeError::Cancelled),
             Err(e) => {
                 let err = self.closed(&e);
                 Err(err)
