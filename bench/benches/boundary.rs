@@ -54,6 +54,7 @@ fn operator(
         limits: Limits::default(),
         grants: Vec::new(),
         state,
+        pg: None,
     };
     let Instance::Operator(mut op) = plugin.instantiate(&opts).expect("instantiate") else {
         panic!("{package} is not an operator")

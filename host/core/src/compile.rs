@@ -102,6 +102,11 @@ pub fn stream_graph(
             plugin_info: info.clone().unwrap_or_else(|| placeholder_info(n)),
             config: n.config.clone(),
             grants: n.grants.clone(),
+            connections: n
+                .connections
+                .iter()
+                .filter_map(|c| Some((c.clone(), model.connections.get(c)?.clone())))
+                .collect(),
             parallelism: model.parallelism_of(n),
             watermarks: n.watermarks,
             start_new_chain: n.start_new_chain,

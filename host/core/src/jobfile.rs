@@ -21,6 +21,11 @@
 //! checkpoint_interval_ms = 1000     # optional (no periodic checkpoints); >= 1
 //! batch_records = 1024              # default 1024; 1..=65536
 //!
+//! [connections.pg]                  # a named connection (sinks reach it only if granted)
+//! kind = "postgres"                 # the only kind so far
+//! url = "postgres://nop@127.0.0.1:5432/shop"  # no password: a URL with one is refused
+//! password_env = "PGPASSWORD"       # optional: host variable holding the password
+//!
 //! [[prepare]]                       # host-side steps run before the job, in order
 //! unzip = "data/flights.csv.zip"    # archive, relative to the job file's directory
 //! member = "flights.csv"            # required: member to extract
@@ -63,6 +68,13 @@
 //! inputs = ["per-carrier"]
 //! grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
 //! config = { dir = "/output" }
+//!
+//! [[sink]]
+//! name = "db"
+//! plugin = "postgres-sink@0.1.0"
+//! inputs = ["parse"]
+//! connections = ["pg"]              # sinks only: the connections the plugin may open
+//! config = { connection = "pg", table = "departures", columns = [{ name = "carrier" }] }
 //! ```
 //!
 //! Rules:
@@ -76,12 +88,15 @@
 //!   `[[source]]` it belongs to). TOML datetimes become strings; floats must be finite.
 //! - A grant's `guest` path must be absolute and unique within its node; `host` is
 //!   relative to the job file's directory or starts with `$OUTPUT`.
+//! - `connections` appear on sinks only and name declared `[connections.<name>]`, each
+//!   once; a connection's rules are those of [`check_connection`].
 //! - Nodes keep job-file order in [`StreamModel::nodes`], whatever their kind; a node's
 //!   model path is `sources/<name>`, `operators/<name>` or `sinks/<name>`.
 
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::model::{
-    ErrorPolicy, Grant, InputSpec, JobSpec, NodeSpec, PluginRef, PrepareStep, StreamModel,
+    ConnectionSpec, ErrorPolicy, Grant, InputSpec, JobSpec, NodeSpec, PluginRef, PrepareStep,
+    StreamModel,
 };
 use nop_stream_api::{PartitionPolicy, PluginKind, SemanticMode};
 use std::collections::{HashMap, HashSet};
@@ -133,7 +148,14 @@ pub fn parse_job_file(file: &str, text: &str) -> Result<StreamModel, Diagnostics
         &mut cx,
         doc,
         "",
-        &["job", "prepare", "source", "operator", "sink"],
+        &[
+            "job",
+            "connections",
+            "prepare",
+            "source",
+            "operator",
+            "sink",
+        ],
     );
 
     let job = match find(doc, "job") {
@@ -152,6 +174,11 @@ pub fn parse_job_file(file: &str, text: &str) -> Result<StreamModel, Diagnostics
             cx.err(None, "job", "missing `[job]` table");
             placeholder_job()
         }
+    };
+
+    let connections = match find(doc, "connections") {
+        Some(v) => read_connections(&mut cx, v),
+        None => Default::default(),
     };
 
     let mut prepare = Vec::new();
@@ -184,6 +211,7 @@ pub fn parse_job_file(file: &str, text: &str) -> Result<StreamModel, Diagnostics
         job,
         prepare,
         nodes,
+        connections,
     };
     spans.reported = cx.diags.iter().map(|d| d.field.clone()).collect();
     for (field, span, message) in check_model(&model, Some(&spans)) {
@@ -400,6 +428,8 @@ struct NodeSpans {
     input_items: Vec<(Option<Span>, Option<Span>)>,
     /// Per grant: span of `guest`.
     grants: Vec<Option<Span>>,
+    /// Per connection grant: span of the name.
+    connections: Vec<Option<Span>>,
 }
 
 fn find<'a, 'i>(t: &'a DeTable<'i>, key: &str) -> Option<&'a Spanned<DeValue<'i>>> {
@@ -605,6 +635,173 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
     job
 }
 
+/// `[connections.<name>]` tables: `kind`, `url` and `password_env`, checked here (the
+/// rules are in [`check_connection`]).
+fn read_connections(
+    cx: &mut Cx<'_>,
+    v: &Spanned<DeValue<'_>>,
+) -> std::collections::BTreeMap<String, ConnectionSpec> {
+    let mut out = std::collections::BTreeMap::new();
+    let DeValue::Table(t) = v.get_ref() else {
+        cx.err(
+            Some(v.span()),
+            "connections",
+            format!(
+                "expected tables `[connections.<name>]`, found {}",
+                v.get_ref().type_str()
+            ),
+        );
+        return out;
+    };
+    for (k, item) in t.iter() {
+        let name = k.get_ref().to_string();
+        let prefix = format!("connections.{name}");
+        let DeValue::Table(ct) = item.get_ref() else {
+            cx.err(
+                Some(item.span()),
+                prefix,
+                format!(
+                    "expected a table {{ kind = \"postgres\", url = \"..\" }}, found {}",
+                    item.get_ref().type_str()
+                ),
+            );
+            continue;
+        };
+        check_keys(cx, ct, &prefix, &["kind", "url", "password_env"]);
+        let mut field = |key: &str, required: bool| -> Option<(String, Span)> {
+            match find(ct, key) {
+                Some(x) => get_str(cx, x, &format!("{prefix}.{key}")).map(|s| (s, x.span())),
+                None => {
+                    if required {
+                        cx.err(
+                            Some(item.span()),
+                            format!("{prefix}.{key}"),
+                            format!("missing required key `{key}`"),
+                        );
+                    }
+                    None
+                }
+            }
+        };
+        let kind = field("kind", true);
+        let url = field("url", true);
+        let password_env = field("password_env", false);
+        let (Some((kind, kind_span)), Some((url, url_span))) = (kind, url) else {
+            continue;
+        };
+        let spec = ConnectionSpec {
+            kind,
+            url,
+            password_env: password_env.as_ref().map(|p| p.0.clone()),
+        };
+        let mut bad = false;
+        for (key, message) in check_connection(&name, &spec) {
+            let span = match key {
+                "kind" => kind_span.clone(),
+                "url" => url_span.clone(),
+                "password_env" => password_env.as_ref().map_or(item.span(), |p| p.1.clone()),
+                _ => k.span(),
+            };
+            let field = if key.is_empty() {
+                prefix.clone()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            cx.err(Some(span), field, message);
+            bad = true;
+        }
+        if !bad {
+            out.insert(name, spec);
+        }
+    }
+    out
+}
+
+/// The rules of one connection, as (key, message) per violation (empty key: the name):
+/// - the name uses the id charset (`[A-Za-z0-9][A-Za-z0-9._-]*`);
+/// - `kind` is one of [`crate::model::CONNECTION_KINDS`];
+/// - a `postgres` `url` starts with `postgres://` or `postgresql://` and holds no password
+///   (neither `user:password@` nor a `password=` parameter): passwords come from the
+///   environment variable `password_env` on the host running the job;
+/// - `password_env` is a variable name (`[A-Za-z_][A-Za-z0-9_]*`).
+///
+/// Messages never repeat the URL, so a misplaced password is not echoed.
+pub fn check_connection(name: &str, spec: &ConnectionSpec) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if !is_ident(name) {
+        out.push((
+            "",
+            format!("connection name `{name}` must match [A-Za-z0-9][A-Za-z0-9._-]*"),
+        ));
+    }
+    if !crate::model::CONNECTION_KINDS.contains(&spec.kind.as_str()) {
+        out.push((
+            "kind",
+            format!(
+                "unknown connection kind `{}`; expected one of: {}",
+                spec.kind,
+                crate::model::CONNECTION_KINDS.join(", ")
+            ),
+        ));
+    } else if let Err(e) = check_postgres_url(&spec.url) {
+        out.push(("url", e));
+    }
+    if let Some(var) = &spec.password_env {
+        let mut chars = var.chars();
+        let ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            out.push((
+                "password_env",
+                "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*), not a password"
+                    .into(),
+            ));
+        }
+    }
+    out
+}
+
+/// Checks a PostgreSQL URL for shape and refuses one that carries a password.
+fn check_postgres_url(url: &str) -> Result<(), String> {
+    let Some(rest) = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    else {
+        return Err(
+            "expected a URL `postgres://user@host:port/database` (key-value connection strings are not accepted)"
+                .into(),
+        );
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && userinfo.contains(':')
+    {
+        return Err(
+            "the URL holds a password (`user:password@`); remove it and name an environment variable in `password_env`"
+                .into(),
+        );
+    }
+    if let Some((_, query)) = rest.split_once('?')
+        && query.split('&').any(|kv| {
+            kv.split('=')
+                .next()
+                .is_some_and(|k| k.eq_ignore_ascii_case("password"))
+        })
+    {
+        return Err(
+            "the URL holds a `password` parameter; remove it and name an environment variable in `password_env`"
+                .into(),
+        );
+    }
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.is_empty() {
+        return Err("the URL names no host".into());
+    }
+    Ok(())
+}
+
 fn read_prepare(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, prefix: &str) -> Option<PrepareStep> {
     let kind = if find(t, "unzip").is_some() {
         "unzip"
@@ -708,6 +905,7 @@ fn read_node(
             "parallelism",
             "inputs",
             "grants",
+            "connections",
             "config",
             "watermarks",
             "start_new_chain",
@@ -917,6 +1115,28 @@ fn read_node(
         }
     }
 
+    let mut connections = Vec::new();
+    if let Some(v) = find(t, "connections") {
+        match v.get_ref() {
+            DeValue::Array(items) => {
+                for (j, item) in items.iter().enumerate() {
+                    if let Some(s) = get_str(cx, item, &format!("{prefix}.connections[{j}]")) {
+                        ns.connections.push(Some(item.span()));
+                        connections.push(s);
+                    }
+                }
+            }
+            other => cx.err(
+                Some(v.span()),
+                f("connections"),
+                format!(
+                    "expected an array of connection names, found {}",
+                    other.type_str()
+                ),
+            ),
+        }
+    }
+
     let config = match find(t, "config") {
         Some(v) => match v.get_ref() {
             DeValue::Table(_) => to_json(cx, v, &f("config")),
@@ -1044,6 +1264,7 @@ fn read_node(
         inputs,
         config,
         grants,
+        connections,
         watermarks,
         start_new_chain,
         on_error,
@@ -1150,6 +1371,20 @@ fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
             .cloned()
             .unwrap_or_default()
     };
+
+    // [connections.<name>] (a parsed file already reported these while reading them)
+    if spans.is_none() {
+        for (name, spec) in &model.connections {
+            for (key, message) in check_connection(name, spec) {
+                let field = if key.is_empty() {
+                    format!("connections.{name}")
+                } else {
+                    format!("connections.{name}.{key}")
+                };
+                push(field, None, message);
+            }
+        }
+    }
 
     // [job]
     let job = &model.job;
@@ -1333,6 +1568,43 @@ fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
                     format!("{p}.grants[{j}].host"),
                     gspan,
                     "host directory must not be empty".into(),
+                );
+            }
+        }
+        let mut seen_connections: HashMap<&str, usize> = HashMap::new();
+        for (j, c) in n.connections.iter().enumerate() {
+            let cspan = ns.connections.get(j).cloned().flatten();
+            let field = format!("{p}.connections[{j}]");
+            if n.kind != PluginKind::Sink {
+                push(
+                    field,
+                    cspan,
+                    format!(
+                        "only sinks may be granted connections; `{}` is a {}",
+                        n.name,
+                        n.kind.world()
+                    ),
+                );
+            } else if !model.connections.contains_key(c) {
+                let declared: Vec<String> =
+                    model.connections.keys().map(|k| format!("`{k}`")).collect();
+                push(
+                    field,
+                    cspan,
+                    format!(
+                        "connection `{c}` is not declared; {}",
+                        if declared.is_empty() {
+                            format!("add a `[connections.{c}]` table")
+                        } else {
+                            format!("declared: {}", declared.join(", "))
+                        }
+                    ),
+                );
+            } else if let Some(first) = seen_connections.insert(c, j) {
+                push(
+                    field,
+                    cspan,
+                    format!("connection `{c}` is already granted by {p}.connections[{first}]"),
                 );
             }
         }
@@ -2033,6 +2305,111 @@ config = { dir = "/output" }
              [[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [\"c\"]\n{}",
             extra[0], extra[1], extra[2], extra[3], extra[4]
         )
+    }
+
+    fn with_connections(connections: &str, sink_extra: &str) -> String {
+        format!(
+            "{MINIMAL_JOB}{connections}[[source]]\nname = \"s\"\nplugin = \"s@1\"\n\
+             [[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [\"s\"]\n{sink_extra}"
+        )
+    }
+
+    #[test]
+    fn connections_are_declared_by_name_and_granted_to_sinks() {
+        let pg = "[connections.pg]\nkind = \"postgres\"\nurl = \"postgres://u@127.0.0.1:5432/db\"\npassword_env = \"PGPASSWORD\"\n";
+        let m = parse_job_file(
+            "job.toml",
+            &with_connections(pg, "connections = [\"pg\"]\n"),
+        )
+        .unwrap();
+        assert_eq!(m.connections["pg"].kind, "postgres");
+        assert_eq!(
+            m.connections["pg"].password_env.as_deref(),
+            Some("PGPASSWORD")
+        );
+        assert_eq!(m.node("k").unwrap().connections, ["pg"]);
+        validate_model(&m).unwrap();
+        // Declared but not granted: fine (the sink just cannot open it).
+        assert!(parse_job_file("job.toml", &with_connections(pg, "")).is_ok());
+
+        let d = errs(&with_connections(pg, "connections = [\"pgx\"]\n"));
+        let e = at(&d, "sink[0].connections[0]");
+        assert!(
+            e.message
+                .contains("connection `pgx` is not declared; declared: `pg`"),
+            "{d}"
+        );
+        assert!(e.line.is_some());
+        let d = errs(&with_connections("", "connections = [\"pg\", \"pg\"]\n"));
+        assert!(
+            at(&d, "sink[0].connections[0]")
+                .message
+                .contains("add a `[connections.pg]` table"),
+            "{d}"
+        );
+
+        for (conn, field, needle) in [
+            (
+                "url = \"postgres://u:s3cret@h/db\"",
+                "connections.pg.url",
+                "holds a password",
+            ),
+            (
+                "url = \"postgres://u@h/db?password=s3cret\"",
+                "connections.pg.url",
+                "`password` parameter",
+            ),
+            (
+                "url = \"host=h user=u\"",
+                "connections.pg.url",
+                "expected a URL",
+            ),
+            (
+                "url = \"postgres://u@h/db\"\npassword_env = \"s3cret pw\"",
+                "connections.pg.password_env",
+                "variable name",
+            ),
+            (
+                "url = \"postgres://u@h/db\"\nsecret = 1",
+                "connections.pg.secret",
+                "unknown key",
+            ),
+        ] {
+            let text = with_connections(
+                &format!("[connections.pg]\nkind = \"postgres\"\n{conn}\n"),
+                "",
+            );
+            let d = errs(&text);
+            let e = at(&d, field);
+            assert!(e.message.contains(needle), "{d}");
+            assert!(
+                !d.to_string().contains("s3cret"),
+                "a password is echoed: {d}"
+            );
+        }
+        let d = errs(&with_connections(
+            "[connections.pg]\nkind = \"mysql\"\nurl = \"x\"\n",
+            "",
+        ));
+        assert!(
+            at(&d, "connections.pg.kind")
+                .message
+                .contains("unknown connection kind"),
+            "{d}"
+        );
+
+        // Only sinks take connections.
+        let text = format!(
+            "{MINIMAL_JOB}{pg}[[source]]\nname = \"s\"\nplugin = \"s@1\"\nconnections = [\"pg\"]\n\
+             [[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [\"s\"]\n"
+        );
+        let d = errs(&text);
+        assert!(
+            at(&d, "source[0].connections[0]")
+                .message
+                .contains("only sinks"),
+            "{d}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use nop_stream_api::{OperatorId, PartitionPolicy, PluginKind, SemanticMode};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// The canonical model of a job.
@@ -14,7 +15,29 @@ pub struct StreamModel {
     pub prepare: Vec<PrepareStep>,
     /// Sources, operators and sinks in job-file order.
     pub nodes: Vec<NodeSpec>,
+    /// Named connections to external systems (`[connections.<name>]`), by name. A node
+    /// reaches one only if its `connections` grant names it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub connections: BTreeMap<String, ConnectionSpec>,
 }
+
+/// A named connection to an external system (job file `[connections.<name>]`). It holds
+/// an address and the *name* of an environment variable, never a credential: a URL with
+/// a password is refused, and the host reads the password from `password_env` when it
+/// opens a session. Plugins never see either.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionSpec {
+    /// The protocol: `postgres` is the only kind so far.
+    pub kind: String,
+    /// Where to connect, e.g. `postgres://user@127.0.0.1:5432/db` (no password).
+    pub url: String,
+    /// Environment variable of the host holding the password; none: connect without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_env: Option<String>,
+}
+
+/// Connection kinds the host implements.
+pub const CONNECTION_KINDS: &[&str] = &["postgres"];
 
 /// Job-level settings of the `[job]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,6 +135,9 @@ pub struct NodeSpec {
     pub config: serde_json::Value,
     /// Directories granted to the plugin.
     pub grants: Vec<Grant>,
+    /// Names of the `[connections.<name>]` the plugin may open (sinks only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<String>,
     /// Sources only: watermark generation from record timestamps; none by default (the
     /// only watermark is the final one at the end of bounded input).
     #[serde(default)]

@@ -2,13 +2,14 @@
 //! `StreamGraph -> JobGraph -> PartitionedPlan -> DeploymentPlan`. Every layer is plain
 //! serde data that round-trips through JSON.
 
-use crate::model::{ErrorPolicy, Grant, PluginRef, WatermarkSpec};
+use crate::model::{ConnectionSpec, ErrorPolicy, Grant, PluginRef, WatermarkSpec};
 use crate::shard::HashPolicy;
 use nop_stream_api::{
     ChannelId, EdgeId, JobId, OperatorId, PartitionPolicy, PipelineId, PluginInfo, PluginKind,
     SemanticMode, StateShardId, SubtaskIndex, TaskId, VertexId,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Job-level settings carried by every plan layer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +49,11 @@ pub struct PlannedOperator {
     pub config: serde_json::Value,
     /// Directories granted to the plugin.
     pub grants: Vec<Grant>,
+    /// Connections granted to the plugin (job-file `connections`), by name, with what the
+    /// host needs to open them (an address and the name of a password variable, never a
+    /// credential).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub connections: BTreeMap<String, ConnectionSpec>,
     /// Parallelism of the operator.
     pub parallelism: u32,
     /// Sources: how watermarks derive from record timestamps (none: only the final one).

@@ -38,6 +38,22 @@ pub mod sink {
     });
 }
 
+/// The `postgres-sink` world: only its `nop:postgres/client` import is linked from here
+/// (the shared interfaces come from the operator world, the exports from `sink`).
+pub mod pg {
+    wasmtime::component::bindgen!({
+        world: "postgres-sink",
+        path: "../../wit",
+        imports: { default: trappable },
+        with: {
+            "nop:stream/types": crate::bindings::op::nop::stream::types,
+            "nop:stream/log": crate::bindings::op::nop::stream::log,
+            "nop:stream/metrics": crate::bindings::op::nop::stream::metrics,
+            "nop:postgres/client.session": crate::pg::Session,
+        },
+    });
+}
+
 pub use op::nop::stream::state::{KeyPage, ValueBatch};
 pub use op::nop::stream::timers::{TimeDomain, TimerGroup};
 pub use op::nop::stream::types::{

@@ -203,6 +203,12 @@ pub struct StoreData {
     pub(crate) side_tags: Vec<String>,
     /// Side-output records emitted during the current call, in order.
     pub(crate) side: Vec<(String, nop_stream_api::Batch)>,
+    /// The `nop:postgres/client` capability: granted connections, GID scope, limits.
+    pub(crate) pg: crate::pg::PgState,
+    /// Wall-clock time spent blocked in host calls that wait on the outside world (a
+    /// database) during the current guest call; it does not count against
+    /// `cpu_ms_per_call` (the epoch-deadline callback grants it back).
+    pub(crate) host_wait: std::time::Duration,
 }
 
 impl WasiView for StoreData {

@@ -115,6 +115,23 @@ impl<'a> TaskHost<'a> {
             limits: self.opts.limits.clone(),
             grants: grants_of(op, self.opts)?,
             state,
+            pg: (op.kind == PluginKind::Sink).then(|| {
+                crate::pg::PgAccess::new(
+                    op.connections
+                        .iter()
+                        .map(|(name, c)| crate::pg::ConnectionGrant {
+                            name: name.clone(),
+                            url: c.url.clone(),
+                            password_env: c.password_env.clone(),
+                        })
+                        .collect(),
+                    self.plan.job.job_id.as_str(),
+                    self.plan.job.pipeline_id.as_str(),
+                    op.operator_id.as_str(),
+                    &op.name,
+                    subtask.unwrap_or(0),
+                )
+            }),
         })
     }
 

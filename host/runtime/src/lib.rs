@@ -10,6 +10,7 @@ pub mod job;
 pub mod launch;
 mod limits;
 mod partition;
+pub mod pg;
 pub mod plugin;
 pub mod registry;
 mod task;

@@ -27,6 +27,17 @@ pub struct Limits {
     pub max_output_bytes: u64,
     /// Maximum size of one record or key, in bytes. Default 1 MiB.
     pub max_record_bytes: u32,
+    /// `nop:postgres/client`: open sessions per instance. Default 4.
+    pub pg_sessions: u32,
+    /// `nop:postgres/client`: the server-side `statement_timeout` of every session, in
+    /// milliseconds. Default 30,000 ms.
+    pub pg_statement_timeout_ms: u64,
+    /// `nop:postgres/client`: maximum bytes of values in one `query` result. Default
+    /// 16 MiB.
+    pub pg_result_bytes: u64,
+    /// `nop:postgres/client`: how long opening a session may take, in milliseconds.
+    /// Default 5,000 ms.
+    pub pg_connect_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -38,6 +49,10 @@ impl Default for Limits {
             max_output_records: 1 << 20,
             max_output_bytes: 64 << 20,
             max_record_bytes: 1 << 20,
+            pg_sessions: 4,
+            pg_statement_timeout_ms: 30_000,
+            pg_result_bytes: 16 << 20,
+            pg_connect_timeout_ms: 5_000,
         }
     }
 }

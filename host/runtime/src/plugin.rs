@@ -53,6 +53,9 @@ pub struct InstanceOptions {
     pub grants: Vec<DirGrant>,
     /// Keyed state of the operator subtask, if the operator declares states.
     pub state: Option<StateConfig>,
+    /// Sinks: the connections granted to the node and the subtask's GID scope for
+    /// `nop:postgres/client`; `None` for every other instance (it can open none).
+    pub pg: Option<crate::pg::PgAccess>,
 }
 
 /// The engine, linker and compilation cache shared by every plugin of a process.
@@ -132,6 +135,13 @@ impl PluginHost {
             .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         Operator::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        // Served to every component; only a sink instance with granted connections can
+        // open a session (crate::pg).
+        crate::bindings::pg::nop::postgres::client::add_to_linker::<_, HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         Ok(PluginHost {
             engine,
             linker,
@@ -254,6 +264,7 @@ impl PluginHost {
             limits: Limits::default(),
             grants: Vec::new(),
             state: None,
+            pg: None,
         };
         let info = match loaded.instantiate(&opts)? {
             Instance::Operator(mut i) => i.describe()?,
@@ -409,10 +420,30 @@ impl LoadedPlugin {
             timer_state,
             side_tags: self.info.side_outputs.clone(),
             side: Vec::new(),
+            pg: crate::pg::PgState {
+                access: opts.pg.clone(),
+                open: 0,
+                max_sessions: opts.limits.pg_sessions,
+                statement_timeout_ms: opts.limits.pg_statement_timeout_ms,
+                result_bytes: opts.limits.pg_result_bytes,
+                connect_timeout_ms: opts.limits.pg_connect_timeout_ms,
+            },
+            host_wait: Duration::ZERO,
         };
         let mut store = Store::new(&self.engine, data);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(opts.limits.cpu_ticks());
+        // Time blocked on a database in a host call is not guest CPU: when the deadline
+        // passes, grant back the ticks spent waiting (if any) instead of trapping.
+        store.epoch_deadline_callback(|mut ctx| {
+            let waited = std::mem::take(&mut ctx.data_mut().host_wait);
+            let ticks = (waited.as_millis() as u64).div_ceil(TICK_MS);
+            if ticks > 0 {
+                Ok(wasmtime::UpdateDeadline::Continue(ticks))
+            } else {
+                Err(wasmtime::Error::new(Trap::Interrupt))
+            }
+        });
         Ok(store)
     }
 
@@ -680,6 +711,7 @@ macro_rules! guest_call {
     ($self:ident, $name:literal, |$inst:ident, $store:ident| $body:expr) => {{
         let ticks = $self.ctx.limits.cpu_ticks();
         $self.store.set_epoch_deadline(ticks);
+        $self.store.data_mut().host_wait = Duration::ZERO;
         let $inst = Arc::clone(&$self.inst);
         let $store = &mut $self.store;
         match $body {

@@ -1,0 +1,766 @@
+//! The exactly-once Postgres sink against a real PostgreSQL server (issue 13 §2).
+//!
+//! Every test here needs a server: `.ci/run` starts one with `scripts/pg-test-server.sh`
+//! and runs them with `--ignored` (so a plain `cargo test --workspace` on a machine without
+//! PostgreSQL stays green). Run by hand:
+//!
+//! ```sh
+//! eval "$(scripts/pg-test-server.sh start)"
+//! cargo test -p nop-stream-cli --test postgres -- --ignored --test-threads 1
+//! scripts/pg-test-server.sh stop "$NOP_TEST_PG_DIR"
+//! ```
+//!
+//! Without `NOP_TEST_PG_URL` and `PGPASSWORD` they fail, naming what is missing.
+//!
+//! Each test works in its own database; the flights per-record job (336,776 departures,
+//! primary key = the natural key) is checked against a digest of an uninterrupted run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The test server: admin URL (database `nop`) and password.
+struct Server {
+    url: String,
+    password: String,
+}
+
+fn server() -> Server {
+    let (Ok(url), Ok(password)) = (
+        std::env::var("NOP_TEST_PG_URL"),
+        std::env::var("PGPASSWORD"),
+    ) else {
+        panic!(
+            "the Postgres sink tests need a PostgreSQL server: set NOP_TEST_PG_URL \
+             (postgres://user@host:port/db) and PGPASSWORD, e.g. with \
+             `eval \"$(scripts/pg-test-server.sh start)\"` (see README, \"Postgres sink\")"
+        );
+    };
+    Server { url, password }
+}
+
+fn connect(url: &str, password: &str) -> postgres::Client {
+    let mut c: postgres::Config = url.parse().expect("test URL");
+    c.password(password);
+    c.connect(postgres::NoTls)
+        .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"))
+}
+
+/// A database of its own for one test (dropped at the end, prepared transactions first).
+struct Db {
+    name: String,
+    url: String,
+    server: Server,
+    client: postgres::Client,
+}
+
+impl Db {
+    fn new(tag: &str) -> Db {
+        let server = server();
+        let name = format!("nop_t_{tag}_{}", std::process::id());
+        let mut admin = connect(&server.url, &server.password);
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let base = server.url.rsplit_once('/').expect("URL with a database").0;
+        let url = format!("{base}/{name}");
+        let client = connect(&url, &server.password);
+        Db {
+            name,
+            url,
+            server,
+            client,
+        }
+    }
+
+    fn prepared(&mut self) -> Vec<String> {
+        self.client
+            .query(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() ORDER BY gid",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
+    fn count(&mut self, table: &str) -> i64 {
+        self.client
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .unwrap()
+            .get(0)
+    }
+
+    fn departures_table(&mut self) {
+        self.client
+            .batch_execute(
+                "CREATE TABLE departures (year int NOT NULL, month int NOT NULL, day int NOT NULL, \
+                 carrier text NOT NULL, flight int NOT NULL, origin text NOT NULL, \
+                 sched_dep_time int NOT NULL, dep_delay int, \
+                 PRIMARY KEY (year, month, day, carrier, flight, origin, sched_dep_time))",
+            )
+            .unwrap();
+    }
+
+    /// Row count and an md5 over every row in key order.
+    fn departures_digest(&mut self) -> (i64, String) {
+        let r = self
+            .client
+            .query_one(
+                "SELECT count(*), md5(coalesce(string_agg(concat_ws(',', year, month, day, carrier, \
+                 flight, origin, sched_dep_time, dep_delay), ';' ORDER BY year, month, day, carrier, \
+                 flight, origin, sched_dep_time), ''))::text FROM departures",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        for gid in self.prepared() {
+            let _ = self
+                .client
+                .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"));
+        }
+        if let Ok(mut admin) = connect_quiet(&self.server.url, &self.server.password) {
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+fn connect_quiet(url: &str, password: &str) -> Result<postgres::Client, postgres::Error> {
+    let mut c: postgres::Config = url.parse().expect("test URL");
+    c.password(password);
+    c.connect(postgres::NoTls)
+}
+
+const FIELDS: &str =
+    r#"["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time", "dep_delay"]"#;
+
+/// The flights per-record job writing into `departures` through connection `pg`.
+fn per_record_job(url: &str, parallelism: u32, interval_ms: u64) -> String {
+    format!(
+        r#"
+[job]
+name = "pg-per-record"
+parallelism = {parallelism}
+semantic = "strict-exactly-once"
+checkpoint_interval_ms = {interval_ms}
+
+[connections.pg]
+kind = "postgres"
+url = "{url}"
+password_env = "PGPASSWORD"
+
+[[prepare]]
+unzip = "data/flights.csv.zip"
+member = "flights.csv"
+into = "data"
+
+[[source]]
+name = "flights"
+plugin = "file-source@0.1.0"
+grants = [{{ guest = "/input", host = "data" }}]
+config = {{ path = "/input/flights.csv", format = "csv", header = true }}
+
+[[operator]]
+name = "parse"
+plugin = "flights-mapper@0.1.0"
+inputs = ["flights"]
+config = {{ key = "carrier", fields = {FIELDS} }}
+
+[[sink]]
+name = "departures"
+plugin = "postgres-sink@0.1.0"
+inputs = ["parse"]
+connections = ["pg"]
+config = {{ connection = "pg", table = "departures", columns = [
+    {{ name = "year" }}, {{ name = "month" }}, {{ name = "day" }}, {{ name = "carrier" }},
+    {{ name = "flight" }}, {{ name = "origin" }}, {{ name = "sched_dep_time" }},
+    {{ name = "dep_delay" }},
+] }}
+"#
+    )
+}
+
+/// A job file next to the flights example (relative grants resolve against it), removed
+/// on drop, with its own work directory.
+struct Job {
+    file: PathBuf,
+    work: tempfile::TempDir,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+impl Job {
+    fn new(tag: &str, text: &str) -> Job {
+        let file = repo()
+            .join("examples/flights")
+            .join(format!(".pg-{}-{tag}.toml", std::process::id()));
+        std::fs::write(&file, text).unwrap();
+        Job {
+            file,
+            work: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn command(&self, failpoints: Option<&str>, extra: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nopstream"));
+        c.args(["run", "--no-progress", "--no-echo", "--output"])
+            .arg(self.work.path().join("out"))
+            .arg("--work-dir")
+            .arg(self.work.path().join("work"))
+            .arg(&self.file)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match failpoints {
+            Some(f) => c.env("NOPSTREAM_FAILPOINTS", f),
+            None => c.env_remove("NOPSTREAM_FAILPOINTS"),
+        };
+        c
+    }
+
+    fn run_with(&self, failpoints: Option<&str>, extra: &[&str]) -> (bool, String) {
+        let o = self.command(failpoints, extra).output().unwrap();
+        (o.status.success(), text(&o))
+    }
+
+    fn run(&self, failpoints: Option<&str>) -> (bool, String) {
+        self.run_with(failpoints, &[])
+    }
+
+    fn kill_after(&self, after: Duration) -> bool {
+        let mut child = self.command(None, &[]).spawn().unwrap();
+        let t = Instant::now();
+        while t.elapsed() < after {
+            if child.try_wait().unwrap().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        false
+    }
+
+    fn finish(&self) -> String {
+        for _ in 0..5 {
+            let (ok, text) = self.run(None);
+            if ok {
+                return text;
+            }
+            eprintln!("restart failed, retrying: {text}");
+        }
+        panic!("the job never finished");
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Digest of an uninterrupted run of the per-record job (p = 2).
+fn reference() -> (i64, String) {
+    let mut db = Db::new("ref");
+    db.departures_table();
+    let job = Job::new("ref", &per_record_job(&db.url, 2, 200));
+    let t = Instant::now();
+    let (ok, out) = job.run(None);
+    assert!(ok, "{out}");
+    eprintln!("reference run: {:?}", t.elapsed());
+    let digest = db.departures_digest();
+    assert_eq!(digest.0, 336_776, "every departure once");
+    assert!(db.prepared().is_empty());
+    digest
+}
+
+const FAILPOINTS: &[&str] = &[
+    "before-barrier-injection=2",
+    "after-barrier-injection=3",
+    "after-pre-commit=2",
+    "after-manifest-publish=2",
+    "mid-commit=3",
+    "during-restore=1",
+];
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn per_record_insert_survives_failpoints_and_random_kills() {
+    let expected = reference();
+    for (i, fp) in FAILPOINTS.iter().enumerate() {
+        let mut db = Db::new(&format!("fp{i}"));
+        db.departures_table();
+        let job = Job::new(&format!("fp{i}"), &per_record_job(&db.url, 2, 100));
+        if fp.starts_with("during-restore") {
+            let (ok, _) = job.run(Some("after-manifest-publish=2"));
+            assert!(!ok);
+        }
+        let (ok, out) = job.run(Some(fp));
+        assert!(!ok && out.contains("failpoint"), "{fp} did not fire: {out}");
+        job.finish();
+        assert_eq!(
+            db.departures_digest(),
+            expected,
+            "table after a crash at {fp}"
+        );
+        assert_eq!(
+            db.prepared(),
+            Vec::<String>::new(),
+            "left prepared after {fp}"
+        );
+    }
+    // SIGKILL at pseudo-random moments, restarting each time, 20 kills in all.
+    let mut x = 0x5eed_u64;
+    let mut landed = 0;
+    let mut round = 0;
+    let mut span = 4000u64;
+    while landed < 20 {
+        round += 1;
+        assert!(
+            round <= 20,
+            "kills keep missing the run ({landed}/20 landed)"
+        );
+        let mut db = Db::new(&format!("kill{round}"));
+        db.departures_table();
+        let job = Job::new(&format!("kill{round}"), &per_record_job(&db.url, 2, 100));
+        let mut first = true;
+        loop {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = 50 + (x >> 33) % span;
+            if job.kill_after(Duration::from_millis(at)) {
+                if first {
+                    span = (span * 2 / 3).max(200);
+                }
+                break;
+            }
+            first = false;
+            landed += 1;
+            if landed == 20 {
+                break;
+            }
+        }
+        job.finish();
+        assert_eq!(
+            db.departures_digest(),
+            expected,
+            "table after kills (round {round})"
+        );
+        assert_eq!(
+            db.prepared(),
+            Vec::<String>::new(),
+            "left prepared (round {round})"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn commit_faults_commit_once_or_fail_loudly() {
+    // A lost reply of COMMIT PREPARED: recover finds it committed; nothing repeats.
+    let mut db = Db::new("lost");
+    db.departures_table();
+    let job = Job::new("lost", &per_record_job(&db.url, 2, 100));
+    let (ok, out) = job.run(Some("commit-reply-lost=2:error"));
+    assert!(ok, "{out}");
+    assert_eq!(db.count("departures"), 336_776);
+    assert!(db.prepared().is_empty());
+
+    // The transaction disappears before COMMIT PREPARED (42704) and has no marker: an
+    // error, and recover says unknown: the job fails and never reports it committed.
+    let mut db = Db::new("expire");
+    db.departures_table();
+    let job = Job::new("expire", &per_record_job(&db.url, 2, 100));
+    let (ok, out) = job.run(Some("expire-transaction=1:error"));
+    assert!(!ok, "an unknown commit outcome must fail the job: {out}");
+    assert!(
+        out.contains("no such prepared transaction (42704) and no marker row")
+            && out.contains("outcome is unknown")
+            && out.contains("refusing to report it as committed"),
+        "{out}"
+    );
+
+    // A prepared transaction of a durable epoch rolled back by hand behind the engine's
+    // back: recovery must fail loudly (unknown), not report it committed.
+    let mut db = Db::new("byhand");
+    db.departures_table();
+    let job = Job::new("byhand", &per_record_job(&db.url, 2, 100));
+    let (ok, out) = job.run(Some("after-manifest-publish=2"));
+    assert!(!ok && out.contains("failpoint"), "{out}");
+    let prepared = db.prepared();
+    assert!(
+        !prepared.is_empty(),
+        "the durable epoch's transactions are prepared"
+    );
+    for gid in &prepared {
+        db.client
+            .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
+            .unwrap();
+    }
+    let (ok, out) = job.run(None);
+    assert!(
+        !ok,
+        "a transaction rolled back by hand must fail recovery: {out}"
+    );
+    assert!(
+        out.contains("outcome is unknown") && out.contains("refusing to report it as committed"),
+        "{out}"
+    );
+    assert!(db.count("departures") < 336_776);
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn downscale_from_4_to_2_leaves_nothing_prepared_and_exact_output() {
+    let expected = reference();
+    let mut db = Db::new("down");
+    db.departures_table();
+    let job = Job::new("down", &per_record_job(&db.url, 4, 100));
+    // Crash after six pre-commits at p = 4: epoch 1 durable, epoch 2 partly prepared.
+    let (ok, out) = job.run(Some("after-pre-commit=6"));
+    assert!(!ok && out.contains("failpoint"), "{out}");
+    let before = db.prepared();
+    assert!(!before.is_empty(), "prepared transactions at the crash");
+    eprintln!("prepared at the crash: {before:?}");
+    let (ok, out) = job.run_with(None, &["-p", "2", "--rescale"]);
+    assert!(ok, "{out}");
+    assert_eq!(db.prepared(), Vec::<String>::new(), "nothing left prepared");
+    assert_eq!(db.departures_digest(), expected);
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn upsert_with_consecutive_epochs_on_the_same_keys_finishes() {
+    let mut db = Db::new("upsert");
+    db.client
+        .batch_execute(
+            "CREATE TABLE last_departure (carrier text PRIMARY KEY, year int, month int, \
+             day int, flight int, origin text, sched_dep_time int, dep_delay int, seen jsonb)",
+        )
+        .unwrap();
+    // Every epoch upserts all 16 carriers: epoch N+1 writes keys N holds while prepared.
+    let text = format!(
+        r#"
+[job]
+name = "pg-upsert"
+parallelism = 1
+semantic = "strict-exactly-once"
+checkpoint_interval_ms = 1000
+
+[connections.pg]
+kind = "postgres"
+url = "{url}"
+password_env = "PGPASSWORD"
+
+[[prepare]]
+unzip = "data/flights.csv.zip"
+member = "flights.csv"
+into = "data"
+
+[[source]]
+name = "flights"
+plugin = "file-source@0.1.0"
+grants = [{{ guest = "/input", host = "data" }}]
+config = {{ path = "/input/flights.csv", format = "csv", header = true }}
+
+[[operator]]
+name = "parse"
+plugin = "flights-mapper@0.1.0"
+inputs = ["flights"]
+config = {{ key = "carrier", fields = {FIELDS} }}
+
+[[sink]]
+name = "last"
+plugin = "postgres-sink@0.1.0"
+inputs = ["parse"]
+connections = ["pg"]
+config = {{ connection = "pg", table = "last_departure", mode = "upsert", key = ["carrier"],
+    rows_per_statement = 64, columns = [
+    {{ name = "carrier" }}, {{ name = "year" }}, {{ name = "month" }}, {{ name = "day" }},
+    {{ name = "flight" }}, {{ name = "origin" }}, {{ name = "sched_dep_time" }},
+    {{ name = "dep_delay" }}, {{ name = "seen", field = "flight", type = "jsonb" }},
+] }}
+"#,
+        url = db.url
+    );
+    let job = Job::new("upsert", &text);
+    let t = Instant::now();
+    let (ok, out) = job.run(None);
+    let took = t.elapsed();
+    assert!(ok, "{out}");
+    eprintln!("upsert job: {took:?}");
+    assert!(
+        took < Duration::from_secs(120),
+        "took {took:?}: something waited on a lock"
+    );
+    // Independent computation: the last departure per carrier in file order.
+    let csv = repo().join("examples/flights/data/flights.csv");
+    let mut rdr = csv::Reader::from_path(&csv).unwrap();
+    let headers = rdr.headers().unwrap().clone();
+    let col = |n: &str| headers.iter().position(|h| h == n).unwrap();
+    let (c_carrier, c_flight, c_origin, c_day, c_month) = (
+        col("carrier"),
+        col("flight"),
+        col("origin"),
+        col("day"),
+        col("month"),
+    );
+    let mut last = std::collections::BTreeMap::new();
+    for r in rdr.records() {
+        let r = r.unwrap();
+        last.insert(
+            r[c_carrier].to_owned(),
+            (
+                r[c_month].parse::<i32>().unwrap(),
+                r[c_day].parse::<i32>().unwrap(),
+                r[c_flight].parse::<i32>().unwrap(),
+                r[c_origin].to_owned(),
+            ),
+        );
+    }
+    let rows = db
+        .client
+        .query(
+            "SELECT carrier, month, day, flight, origin, seen::text FROM last_departure ORDER BY carrier",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), last.len());
+    for r in rows {
+        let carrier: String = r.get(0);
+        let got = (r.get(1), r.get(2), r.get(3), r.get::<_, String>(4));
+        assert_eq!(Some(&got), last.get(&carrier), "carrier {carrier}");
+        assert_eq!(r.get::<_, String>(5), got.2.to_string(), "jsonb column");
+    }
+    assert!(db.prepared().is_empty());
+    let epochs: i64 = db
+        .client
+        .query_one("SELECT count(*) FROM nop_sink_epochs", &[])
+        .unwrap()
+        .get(0);
+    assert!(epochs >= 2, "several epochs committed ({epochs})");
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn bad_connections_fail_clearly_and_no_credential_leaks() {
+    let mut db = Db::new("bad");
+    db.departures_table();
+    let password = db.server.password.clone();
+    let good = per_record_job(&db.url, 1, 200);
+    let mut seen = String::new();
+    let mut check = |what: &str, text: &str, expect: &[&str]| {
+        for e in expect {
+            assert!(text.contains(e), "{what}: expected {e:?} in:\n{text}");
+        }
+        seen.push_str(text);
+    };
+
+    // An undeclared connection name.
+    let job = Job::new(
+        "undeclared",
+        &good.replace(r#"connections = ["pg"]"#, r#"connections = ["pgx"]"#),
+    );
+    let (ok, out) = job.run(None);
+    assert!(!ok);
+    check(
+        "undeclared",
+        &out,
+        &[
+            "sink[0].connections[0]",
+            "connection `pgx` is not declared",
+            "`pg`",
+        ],
+    );
+
+    // A sink without the grant.
+    let job = Job::new("nogrant", &good.replace("connections = [\"pg\"]\n", ""));
+    let (ok, out) = job.run_with(None, &["--max-restarts", "0"]);
+    assert!(!ok);
+    check(
+        "no grant",
+        &out,
+        &["connection `pg` is not granted to sink `departures`"],
+    );
+
+    // A password in the URL is refused at parse time, without echoing it.
+    let with_pw = good.replace("postgres://nop@", "postgres://nop:hunter2-in-url@");
+    let job = Job::new("pwurl", &with_pw);
+    let (ok, out) = job.run(None);
+    assert!(!ok);
+    check(
+        "password in url",
+        &out,
+        &["connections.pg.url", "holds a password"],
+    );
+    assert!(!out.contains("hunter2-in-url"), "{out}");
+
+    // A wrong password.
+    let job = Job::new("wrongpw", &good);
+    let o = job
+        .command(None, &["--max-restarts", "0"])
+        .env("PGPASSWORD", "not-the-password")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let out = text(&o);
+    check("wrong password", &out, &["connection `pg`", "28P01"]);
+    assert!(!out.contains("not-the-password"), "{out}");
+
+    // The server down at start (nothing listens on the port).
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let down_url = format!("postgres://nop@127.0.0.1:{port}/{}", db.name);
+    let job = Job::new("down", &good.replace(&db.url, &down_url));
+    let (ok, out) = job.run_with(None, &["--max-restarts", "0"]);
+    assert!(!ok);
+    check("server down", &out, &["connection `pg`", "cannot connect"]);
+    assert!(
+        !out.contains(&port.to_string()),
+        "the address leaked: {out}"
+    );
+
+    // A good run with debug logs, its plan and its manifests: no password anywhere.
+    let job = Job::new("good", &good);
+    let o = job
+        .command(None, &[])
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    seen.push_str(&out);
+    for layer in ["model", "stream", "partitioned", "deployment"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_nopstream"))
+            .args(["plan", "--layer", layer])
+            .arg(&job.file)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let plan = text(&o);
+        if layer != "deployment" {
+            assert!(
+                plan.contains("password_env"),
+                "the plan names the variable: {plan}"
+            );
+        }
+        seen.push_str(&plan);
+    }
+    let mut files = 0;
+    for entry in walk(job.work.path()) {
+        let bytes = std::fs::read(&entry).unwrap();
+        files += 1;
+        assert!(
+            !bytes
+                .windows(password.len())
+                .any(|w| w == password.as_bytes()),
+            "the password is in {}",
+            entry.display()
+        );
+    }
+    assert!(files > 0);
+    assert!(
+        !seen.contains(&password),
+        "the password leaked into output or logs"
+    );
+    assert_eq!(db.count("departures"), 336_776);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn prepared_transactions_disabled_is_a_clear_error() {
+    server(); // fail clearly without a configured server, like the other tests
+    // A second, throwaway server with max_prepared_transactions = 0.
+    let script = repo().join("scripts/pg-test-server.sh");
+    let o = Command::new(&script)
+        .arg("start")
+        .env("NOP_PG_MAX_PREPARED", "0")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let exports = String::from_utf8_lossy(&o.stdout).into_owned();
+    let var = |name: &str| -> String {
+        exports
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("export {name}='")))
+            .and_then(|v| v.strip_suffix('\''))
+            .unwrap_or_else(|| panic!("{name} in {exports}"))
+            .to_owned()
+    };
+    let (url, password, dir) = (
+        var("NOP_TEST_PG_URL"),
+        var("PGPASSWORD"),
+        var("NOP_TEST_PG_DIR"),
+    );
+    struct Stop(PathBuf, String);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = Command::new(&self.0).args(["stop", &self.1]).output();
+        }
+    }
+    let _stop = Stop(script, dir);
+    let mut c = connect(&url, &password);
+    c.batch_execute(
+        "CREATE TABLE departures (year int, month int, day int, carrier text, flight int, \
+         origin text, sched_dep_time int, dep_delay int)",
+    )
+    .unwrap();
+    let job = Job::new("noprep", &per_record_job(&url, 1, 200));
+    let o = job
+        .command(None, &["--max-restarts", "0"])
+        .env("PGPASSWORD", &password)
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        out.contains("prepared transactions disabled (max_prepared_transactions = 0)")
+            && out.contains("55000"),
+        "{out}"
+    );
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM departures", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "nothing written without two-phase commit");
+}
