@@ -143,6 +143,34 @@ fn savepoint_mid_run(job: &Path, p: u32) -> (Dirs, PathBuf) {
     (d, sp)
 }
 
+/// Starts `job` at parallelism 2 with 200 ms epochs (its output piped) and returns once it
+/// serves its control socket and has run for a moment.
+fn running(job: &Path, d: &Dirs) -> std::process::Child {
+    let child = Command::new(BIN)
+        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
+        .args(["--checkpoint-interval-ms", "200", "--output"])
+        .arg(&d.out)
+        .arg("--work-dir")
+        .arg(&d.work)
+        .arg(job)
+        .env_remove("NOPSTREAM_FAILPOINTS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = d.work.join("control.sock");
+    let started = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no control socket"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    child
+}
+
 fn check(sp: &Path, job: &Path, d: &Dirs, extra: &[&str]) -> Output {
     let mut args = vec![
         "savepoint".to_owned(),
@@ -426,27 +454,7 @@ fn a_savepoint_taken_from_a_running_job_restores_with_the_uninterrupted_output()
         )
     });
     let d = dirs();
-    let mut child = Command::new(BIN)
-        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
-        .args(["--checkpoint-interval-ms", "200", "--output"])
-        .arg(&d.out)
-        .arg("--work-dir")
-        .arg(&d.work)
-        .arg(&j.0)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let sock = d.work.join("control.sock");
-    let started = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "no control socket"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    let mut child = running(&j.0, &d);
     let sp = d.work.join("taken");
     let o = nopstream(
         &[
@@ -509,28 +517,7 @@ fn stop_with_a_savepoint_commits_it_stops_and_a_restart_completes_the_exact_outp
         )
     });
     let d = dirs();
-    let child = Command::new(BIN)
-        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
-        .args(["--checkpoint-interval-ms", "200", "--output"])
-        .arg(&d.out)
-        .arg("--work-dir")
-        .arg(&d.work)
-        .arg(&j.0)
-        .env_remove("NOPSTREAM_FAILPOINTS")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sock = d.work.join("control.sock");
-    let started = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "no control socket"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    let child = running(&j.0, &d);
     // Without --savepoint: refused as a usage error, the job runs on.
     let o = nopstream(
         &[
