@@ -369,6 +369,32 @@ impl StoreData {
             )
         })
     }
+
+    /// A two-phase-commit call on `gid`: checks it lies under the subtask's (or the
+    /// sink's) GID prefix, runs `run` with the GID quoted, and counts the time as host wait.
+    fn on_gid<T>(
+        &mut self,
+        s: &Resource<Session>,
+        gid: &str,
+        scope: GidScope,
+        what: &str,
+        run: impl FnOnce(&mut Session, &str) -> Result<T, PgError>,
+    ) -> wasmtime::Result<Result<T, PgError>> {
+        let started = std::time::Instant::now();
+        let checked = self.access().and_then(|a| {
+            let prefix = match scope {
+                GidScope::Subtask => &a.subtask_prefix,
+                GidScope::Sink => &a.sink_prefix,
+            };
+            check_gid(gid, prefix, what)
+        });
+        let out = match checked {
+            Err(e) => Err(e),
+            Ok(()) => run(self.session(s)?, &quote(gid)),
+        };
+        self.host_wait += started.elapsed();
+        Ok(out)
+    }
 }
 
 impl wpg::Host for StoreData {
@@ -389,6 +415,14 @@ impl wpg::Host for StoreData {
             .map(|a| a.sink_prefix.clone())
             .unwrap_or_default())
     }
+}
+
+/// Which GID prefix a two-phase-commit call must stay under: the subtask's own (prepare,
+/// commit) or the sink's, which spans subtasks that no longer exist (rollback, list).
+#[derive(Clone, Copy)]
+enum GidScope {
+    Subtask,
+    Sink,
 }
 
 /// Runs a simple (unparameterised) statement the host built.
@@ -542,19 +576,9 @@ impl wpg::HostSession for StoreData {
         s: Resource<Session>,
         gid: String,
     ) -> wasmtime::Result<Result<(), PgError>> {
-        let started = std::time::Instant::now();
-        let out = match self
-            .access()
-            .and_then(|a| check_gid(&gid, &a.subtask_prefix.clone(), "prepare"))
-        {
-            Err(e) => Err(e),
-            Ok(()) => simple(
-                self.session(&s)?,
-                &format!("PREPARE TRANSACTION {}", quote(&gid)),
-            ),
-        };
-        self.host_wait += started.elapsed();
-        Ok(out)
+        self.on_gid(&s, &gid, GidScope::Subtask, "prepare", |session, gid| {
+            simple(session, &format!("PREPARE TRANSACTION {gid}"))
+        })
     }
 
     fn commit_prepared(
@@ -562,19 +586,13 @@ impl wpg::HostSession for StoreData {
         s: Resource<Session>,
         gid: String,
     ) -> wasmtime::Result<Result<bool, PgError>> {
-        let started = std::time::Instant::now();
-        let out = match self
-            .access()
-            .and_then(|a| check_gid(&gid, &a.subtask_prefix.clone(), "commit-prepared"))
-        {
-            Err(e) => Err(e),
-            Ok(()) => finish_prepared(
-                self.session(&s)?,
-                &format!("COMMIT PREPARED {}", quote(&gid)),
-            ),
-        };
-        self.host_wait += started.elapsed();
-        Ok(out)
+        self.on_gid(
+            &s,
+            &gid,
+            GidScope::Subtask,
+            "commit-prepared",
+            |session, gid| finish_prepared(session, &format!("COMMIT PREPARED {gid}")),
+        )
     }
 
     fn rollback_prepared(
@@ -582,19 +600,13 @@ impl wpg::HostSession for StoreData {
         s: Resource<Session>,
         gid: String,
     ) -> wasmtime::Result<Result<bool, PgError>> {
-        let started = std::time::Instant::now();
-        let out = match self
-            .access()
-            .and_then(|a| check_gid(&gid, &a.sink_prefix.clone(), "rollback-prepared"))
-        {
-            Err(e) => Err(e),
-            Ok(()) => finish_prepared(
-                self.session(&s)?,
-                &format!("ROLLBACK PREPARED {}", quote(&gid)),
-            ),
-        };
-        self.host_wait += started.elapsed();
-        Ok(out)
+        self.on_gid(
+            &s,
+            &gid,
+            GidScope::Sink,
+            "rollback-prepared",
+            |session, gid| finish_prepared(session, &format!("ROLLBACK PREPARED {gid}")),
+        )
     }
 
     fn list_prepared(
