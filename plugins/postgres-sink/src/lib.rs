@@ -464,9 +464,12 @@ impl Sink for PostgresSink {
         let writer = open("writer")?;
         let control = open("control")?;
         if let Err(e) = control.execute(MARKER_DDL, &[]) {
-            // Concurrent subtasks may race on CREATE TABLE IF NOT EXISTS (unique violation
-            // in the catalog): the table exists then.
-            if !matches!(e.sqlstate.as_deref(), Some("23505") | Some("42P07")) {
+            // Concurrent subtasks may race on CREATE TABLE IF NOT EXISTS (a unique violation
+            // in the catalog, or the table's row type "already exists"): the table exists then.
+            if !matches!(
+                e.sqlstate.as_deref(),
+                Some("23505") | Some("42P07") | Some("42710")
+            ) {
                 return Err(db_err("creating table nop_sink_epochs", e));
             }
         }
