@@ -21,8 +21,8 @@
 //! checkpoint_interval_ms = 1000     # optional (no periodic checkpoints); >= 1
 //! batch_records = 1024              # default 1024; 1..=65536
 //!
-//! [connections.pg]                  # a named connection (sinks reach it only if granted)
-//! kind = "postgres"                 # the only kind so far
+//! [connections.pg]                  # a named connection (a node reaches it only if granted)
+//! kind = "postgres"                 # postgres, nats or redis
 //! url = "postgres://nop@127.0.0.1:5432/shop"  # no password: a URL with one is refused
 //! password_env = "PGPASSWORD"       # optional: host variable holding the password
 //!
@@ -73,7 +73,7 @@
 //! name = "db"
 //! plugin = "postgres-sink@0.1.0"
 //! inputs = ["parse"]
-//! connections = ["pg"]              # sinks only: the connections the plugin may open
+//! connections = ["pg"]              # sources and sinks: the connections the plugin may open
 //! config = { connection = "pg", table = "departures", columns = [{ name = "carrier" }] }
 //! ```
 //!
@@ -88,8 +88,9 @@
 //!   `[[source]]` it belongs to). TOML datetimes become strings; floats must be finite.
 //! - A grant's `guest` path must be absolute and unique within its node; `host` is
 //!   relative to the job file's directory or starts with `$OUTPUT`.
-//! - `connections` appear on sinks only and name declared `[connections.<name>]`, each
-//!   once; a connection's rules are those of [`check_connection`].
+//! - `connections` appear on sources and sinks only and name declared
+//!   `[connections.<name>]`, each once; a connection's rules are those of
+//!   [`check_connection`].
 //! - Nodes keep job-file order in [`StreamModel::nodes`], whatever their kind; a node's
 //!   model path is `sources/<name>`, `operators/<name>` or `sinks/<name>`.
 
@@ -720,9 +721,11 @@ fn read_connections(
 /// The rules of one connection, as (key, message) per violation (empty key: the name):
 /// - the name uses the id charset (`[A-Za-z0-9][A-Za-z0-9._-]*`);
 /// - `kind` is one of [`crate::model::CONNECTION_KINDS`];
-/// - a `postgres` `url` starts with `postgres://` or `postgresql://` and holds no password
-///   (neither `user:password@` nor a `password=` parameter): passwords come from the
-///   environment variable `password_env` on the host running the job;
+/// - the `url` scheme fits the kind: `postgres://` or `postgresql://` for `postgres`,
+///   `nats://` or `tls://` for `nats`, `redis://` or `rediss://` for `redis`;
+/// - the `url` holds no password (neither `user:password@` nor a `password=` parameter):
+///   passwords come from the environment variable `password_env` on the host running the
+///   job;
 /// - `password_env` is a variable name (`[A-Za-z_][A-Za-z0-9_]*`).
 ///
 /// Messages never repeat the URL, so a misplaced password is not echoed.
@@ -743,7 +746,7 @@ pub fn check_connection(name: &str, spec: &ConnectionSpec) -> Vec<(&'static str,
                 crate::model::CONNECTION_KINDS.join(", ")
             ),
         ));
-    } else if let Err(e) = check_postgres_url(&spec.url) {
+    } else if let Err(e) = check_url(&spec.kind, &spec.url) {
         out.push(("url", e));
     }
     if let Some(var) = &spec.password_env {
@@ -763,16 +766,23 @@ pub fn check_connection(name: &str, spec: &ConnectionSpec) -> Vec<(&'static str,
     out
 }
 
-/// Checks a PostgreSQL URL for shape and refuses one that carries a password.
-fn check_postgres_url(url: &str) -> Result<(), String> {
-    let Some(rest) = url
-        .strip_prefix("postgres://")
-        .or_else(|| url.strip_prefix("postgresql://"))
-    else {
-        return Err(
-            "expected a URL `postgres://user@host:port/database` (key-value connection strings are not accepted)"
-                .into(),
-        );
+/// Checks a connection URL for the scheme of its kind and refuses one that carries a
+/// password.
+fn check_url(kind: &str, url: &str) -> Result<(), String> {
+    let (schemes, shape): (&[&str], &str) = match kind {
+        "postgres" => (
+            &["postgres://", "postgresql://"],
+            "`postgres://user@host:port/database` (key-value connection strings are not accepted)",
+        ),
+        "nats" => (&["nats://", "tls://"], "`nats://[user@]host:port`"),
+        "redis" => (
+            &["redis://", "rediss://"],
+            "`redis://[user@]host:port[/db]`",
+        ),
+        _ => return Ok(()),
+    };
+    let Some(rest) = schemes.iter().find_map(|s| url.strip_prefix(s)) else {
+        return Err(format!("expected a URL {shape}"));
     };
     let authority = rest.split(['/', '?']).next().unwrap_or("");
     if let Some((userinfo, _)) = authority.rsplit_once('@')
@@ -1575,12 +1585,12 @@ fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
         for (j, c) in n.connections.iter().enumerate() {
             let cspan = ns.connections.get(j).cloned().flatten();
             let field = format!("{p}.connections[{j}]");
-            if n.kind != PluginKind::Sink {
+            if n.kind == PluginKind::Operator {
                 push(
                     field,
                     cspan,
                     format!(
-                        "only sinks may be granted connections; `{}` is a {}",
+                        "only sources and sinks may be granted connections; `{}` is an {}",
                         n.name,
                         n.kind.world()
                     ),
@@ -2398,18 +2408,63 @@ config = { dir = "/output" }
             "{d}"
         );
 
-        // Only sinks take connections.
+        // Sources and sinks take connections; operators do not.
         let text = format!(
             "{MINIMAL_JOB}{pg}[[source]]\nname = \"s\"\nplugin = \"s@1\"\nconnections = [\"pg\"]\n\
              [[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [\"s\"]\n"
         );
+        let m = parse_job_file("job.toml", &text).unwrap();
+        assert_eq!(m.node("s").unwrap().connections, ["pg"]);
+        let text = format!(
+            "{MINIMAL_JOB}{pg}[[source]]\nname = \"s\"\nplugin = \"s@1\"\n\
+             [[operator]]\nname = \"o\"\nplugin = \"o@1\"\ninputs = [\"s\"]\nconnections = [\"pg\"]\n\
+             [[sink]]\nname = \"k\"\nplugin = \"k@1\"\ninputs = [\"o\"]\n"
+        );
         let d = errs(&text);
         assert!(
-            at(&d, "source[0].connections[0]")
+            at(&d, "operator[0].connections[0]")
                 .message
-                .contains("only sinks"),
+                .contains("only sources and sinks"),
             "{d}"
         );
+    }
+
+    #[test]
+    fn nats_and_redis_connections_take_their_own_schemes_and_no_password() {
+        for (kind, url) in [
+            ("nats", "nats://127.0.0.1:4222"),
+            ("nats", "tls://nop@queue.example:4222"),
+            ("redis", "redis://127.0.0.1:6379/0"),
+            ("redis", "rediss://nop@cache.example:6380"),
+        ] {
+            let c = format!("[connections.q]\nkind = \"{kind}\"\nurl = \"{url}\"\n");
+            let m = parse_job_file("job.toml", &with_connections(&c, "connections = [\"q\"]\n"))
+                .unwrap_or_else(|d| panic!("{kind} {url}: {d}"));
+            assert_eq!(m.connections["q"].kind, kind);
+        }
+        for (kind, url, needle) in [
+            ("nats", "redis://127.0.0.1:6379", "expected a URL `nats://"),
+            ("redis", "nats://127.0.0.1:4222", "expected a URL `redis://"),
+            ("postgres", "redis://h", "expected a URL `postgres://"),
+            ("nats", "nats://u:s3cret@h:4222", "holds a password"),
+            ("redis", "redis://:s3cret@h:6379", "holds a password"),
+            (
+                "redis",
+                "redis://h:6379/0?password=s3cret",
+                "`password` parameter",
+            ),
+        ] {
+            let c = format!("[connections.q]\nkind = \"{kind}\"\nurl = \"{url}\"\n");
+            let d = errs(&with_connections(&c, ""));
+            assert!(
+                at(&d, "connections.q.url").message.contains(needle),
+                "{kind} {url}: {d}"
+            );
+            assert!(
+                !d.to_string().contains("s3cret"),
+                "a password is echoed: {d}"
+            );
+        }
     }
 
     #[test]

@@ -27,9 +27,10 @@ pub struct StreamModel {
 /// opens a session. Plugins never see either.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConnectionSpec {
-    /// The protocol: `postgres` is the only kind so far.
+    /// The protocol: `postgres`, `nats` (JetStream) or `redis`.
     pub kind: String,
-    /// Where to connect, e.g. `postgres://user@127.0.0.1:5432/db` (no password).
+    /// Where to connect, e.g. `postgres://user@127.0.0.1:5432/db`, `nats://127.0.0.1:4222`
+    /// or `redis://127.0.0.1:6379/0` (never a password).
     pub url: String,
     /// Environment variable of the host holding the password; none: connect without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -37,7 +38,7 @@ pub struct ConnectionSpec {
 }
 
 /// Connection kinds the host implements.
-pub const CONNECTION_KINDS: &[&str] = &["postgres"];
+pub const CONNECTION_KINDS: &[&str] = &["postgres", "nats", "redis"];
 
 /// Job-level settings of the `[job]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -135,7 +136,7 @@ pub struct NodeSpec {
     pub config: serde_json::Value,
     /// Directories granted to the plugin.
     pub grants: Vec<Grant>,
-    /// Names of the `[connections.<name>]` the plugin may open (sinks only).
+    /// Names of the `[connections.<name>]` the plugin may open (sources and sinks only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<String>,
     /// Sources only: watermark generation from record timestamps; none by default (the
