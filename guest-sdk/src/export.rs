@@ -7,10 +7,11 @@ use crate::wit::operator::exports::nop::stream::operator_plugin as wop;
 use crate::wit::operator::nop::stream::{timers as wtimers, types as wt};
 use crate::wit::sink::exports::nop::stream::sink_plugin as wsink;
 use crate::wit::source::exports::nop::stream::source_plugin as wsrc;
+use crate::wit::state_migrator::exports::nop::stream::state_migration as wmig;
 use crate::{
     Batch, CommitOutcome, ErrorCode, Operator, PluginError, PluginInfo, PluginKind, Result, Sink,
-    SinkCapability, Source, SourceCapability, Split, StateDescriptor, StateKind, TaskInfo,
-    TimeDomain, TimerGroup,
+    SinkCapability, Source, SourceCapability, Split, StateDescriptor, StateEntry, StateKind,
+    StateMigration, TaskInfo, TimeDomain, TimerGroup,
 };
 use std::any::Any;
 use std::cell::RefCell;
@@ -161,6 +162,30 @@ pub struct OperatorExport<T>(PhantomData<T>);
 
 /// Compile-time check used by [`crate::export_operator!`] on native targets.
 pub fn assert_operator<T: Operator>() {}
+
+/// Compile-time check behind [`crate::export_state_migration!`] off wasm32.
+pub fn assert_state_migration<T: StateMigration>() {}
+
+/// The `state-migration` export of a [`StateMigration`] type.
+pub struct MigrationExport<T>(PhantomData<T>);
+
+impl<T: StateMigration> wmig::Guest for MigrationExport<T> {
+    fn migrate(
+        state: String,
+        from_version: u32,
+        entries: Vec<wmig::StateEntry>,
+    ) -> core::result::Result<Vec<Option<Vec<u8>>>, wt::Error> {
+        let entries: Vec<StateEntry> = entries
+            .into_iter()
+            .map(|e| StateEntry {
+                namespace: e.namespace,
+                key: e.key,
+                value: e.value,
+            })
+            .collect();
+        T::migrate(&state, from_version, &entries).map_err(error_to_wit)
+    }
+}
 
 fn emit<T: Operator>(
     out: Batch,
@@ -368,6 +393,28 @@ macro_rules! export_operator {
         };
         #[cfg(not(target_arch = "wasm32"))]
         const _: fn() = $crate::__private::assert_operator::<$ty>;
+    };
+}
+
+/// Exports a [`crate::StateMigration`] type as the component's `state-migration`
+/// interface, beside its `operator` world:
+///
+/// ```ignore
+/// nop_stream_sdk::export_operator!(MyAggregate);
+/// nop_stream_sdk::export_state_migration!(MyAggregate);
+/// ```
+#[macro_export]
+macro_rules! export_state_migration {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            type __NopStreamMigrationExport = $crate::__private::MigrationExport<$ty>;
+            $crate::wit::state_migrator::export!(
+                __NopStreamMigrationExport with_types_in $crate::wit::state_migrator
+            );
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: fn() = $crate::__private::assert_state_migration::<$ty>;
     };
 }
 

@@ -18,9 +18,10 @@ pub mod window;
 pub mod wit;
 
 /// The WIT package this SDK binds to and every component built with it imports and
-/// exports: `nop:stream@0.1.0` (the files in the crate's `wit/`, a copy of the
-/// repository's `wit/`). Hosts 0.1.x load it.
-pub const WIT_PACKAGE: &str = "nop:stream@0.1.0";
+/// exports: `nop:stream@0.2.0` (the files in the crate's `wit/`, a copy of the
+/// repository's `wit/`; `wit/CHANGELOG.md` says what each version changed). Hosts that
+/// serve `nop:stream@0.2.x` load it.
+pub const WIT_PACKAGE: &str = "nop:stream@0.2.0";
 
 pub use batch::{Batch, RecordRef};
 pub use context::{Context, KeyPage, StateHandle, ValueBatch};
@@ -32,10 +33,12 @@ pub use info::{
     StateDescriptor, StateKind, TaskInfo, TimeDomain, TimerGroup,
 };
 pub use mock::MockContext;
-pub use plugin::{CommitOutcome, Operator, Progress, ReadOutcome, Sink, Source, Split};
+pub use plugin::{
+    CommitOutcome, Operator, Progress, ReadOutcome, Sink, Source, Split, StateEntry, StateMigration,
+};
 pub use state::{
     KEYS_PAGE_LIMIT, ListState, ListStateIn, MapState, MapStateIn, POSTCARD, ValueState,
-    ValueStateIn,
+    ValueStateIn, decode_value, encode_value,
 };
 
 /// Items the export macros expand to; not part of the API.

@@ -116,6 +116,39 @@ pub struct ReadOutcome {
     pub progress: Progress,
 }
 
+/// One stored entry of a state, as [`StateMigration::migrate`] gets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateEntry {
+    /// The entry's namespace (window, pattern or timer slot; empty for plain keyed state).
+    pub namespace: Vec<u8>,
+    /// The record key.
+    pub key: Vec<u8>,
+    /// The value, as the old schema version encoded it.
+    pub value: Vec<u8>,
+}
+
+/// The optional state migration of an operator (WIT `nop:stream/state-migration`, issue
+/// 11): converts the values of one of its states from an older schema version to the one
+/// its [`crate::StateDescriptor`] declares now, when a user runs `nopstream savepoint
+/// migrate` with a `migrate-state` action. Export it with [`crate::export_state_migration!`]
+/// beside [`crate::export_operator!`].
+///
+/// The host calls it on an instance that was never opened (no state, timers or config),
+/// in batches of at most 1024 entries, in (shard, key) order, and converts the first batch
+/// twice: a migration must be deterministic.
+pub trait StateMigration {
+    /// Converts `entries` of `state` from schema `from_version`: one value per entry, in
+    /// order; `None` deletes the entry.
+    ///
+    /// # Errors
+    /// A version or value it cannot convert; the migration then fails and writes nothing.
+    fn migrate(
+        state: &str,
+        from_version: u32,
+        entries: &[StateEntry],
+    ) -> Result<Vec<Option<Vec<u8>>>>;
+}
+
 /// A source connector: enumerates splits and reads them from exclusive cursors.
 pub trait Source: Sized + 'static {
     /// Describes the plugin (kind source, with a source capability).

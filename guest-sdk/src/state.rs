@@ -44,6 +44,26 @@ fn decode<T: DeserializeOwned>(state: &str, bytes: &[u8]) -> T {
     })
 }
 
+/// Encodes `value` as a [`ValueState`] stores it (postcard): for a [`crate::StateMigration`]
+/// writing values of the new schema.
+///
+/// # Errors
+/// A value postcard cannot encode (e.g. a sequence of unknown length).
+pub fn encode_value<T: Serialize + ?Sized>(value: &T) -> crate::Result<Vec<u8>> {
+    postcard::to_allocvec(value)
+        .map_err(|e| crate::PluginError::state(format!("cannot encode value with postcard: {e}")))
+}
+
+/// Decodes a value a [`ValueState`] stored (postcard): for a [`crate::StateMigration`]
+/// reading values of an old schema.
+///
+/// # Errors
+/// Bytes that are not a postcard `T`.
+pub fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> crate::Result<T> {
+    postcard::from_bytes(bytes)
+        .map_err(|e| crate::PluginError::state(format!("stored value does not decode: {e}")))
+}
+
 fn end(len: usize) -> u32 {
     u32::try_from(len).expect("state buffer exceeds u32::MAX bytes")
 }

@@ -23,9 +23,9 @@ pub mod source {
         default_bindings_module: "::nop_stream_sdk::wit::source",
         runtime_path: "::nop_stream_sdk::__private::wit_bindgen::rt",
         with: {
-            "nop:stream/types@0.1.0": ::nop_stream_sdk::wit::operator::nop::stream::types,
-            "nop:stream/log@0.1.0": ::nop_stream_sdk::wit::operator::nop::stream::log,
-            "nop:stream/metrics@0.1.0": ::nop_stream_sdk::wit::operator::nop::stream::metrics,
+            "nop:stream/types@0.2.0": ::nop_stream_sdk::wit::operator::nop::stream::types,
+            "nop:stream/log@0.2.0": ::nop_stream_sdk::wit::operator::nop::stream::log,
+            "nop:stream/metrics@0.2.0": ::nop_stream_sdk::wit::operator::nop::stream::metrics,
         },
     });
 }
@@ -39,9 +39,24 @@ pub mod sink {
         default_bindings_module: "::nop_stream_sdk::wit::sink",
         runtime_path: "::nop_stream_sdk::__private::wit_bindgen::rt",
         with: {
-            "nop:stream/types@0.1.0": ::nop_stream_sdk::wit::operator::nop::stream::types,
-            "nop:stream/log@0.1.0": ::nop_stream_sdk::wit::operator::nop::stream::log,
-            "nop:stream/metrics@0.1.0": ::nop_stream_sdk::wit::operator::nop::stream::metrics,
+            "nop:stream/types@0.2.0": ::nop_stream_sdk::wit::operator::nop::stream::types,
+            "nop:stream/log@0.2.0": ::nop_stream_sdk::wit::operator::nop::stream::log,
+            "nop:stream/metrics@0.2.0": ::nop_stream_sdk::wit::operator::nop::stream::metrics,
+        },
+    });
+}
+
+/// Bindings of the `state-migrator` world: the optional `state-migration` export of an
+/// operator (`export_state_migration!`).
+pub mod state_migrator {
+    wit_bindgen::generate!({
+        path: "wit",
+        world: "state-migrator",
+        pub_export_macro: true,
+        default_bindings_module: "::nop_stream_sdk::wit::state_migrator",
+        runtime_path: "::nop_stream_sdk::__private::wit_bindgen::rt",
+        with: {
+            "nop:stream/types@0.2.0": ::nop_stream_sdk::wit::operator::nop::stream::types,
         },
     });
 }

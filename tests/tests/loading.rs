@@ -312,3 +312,113 @@ fn a_bundled_plugin_at_an_unknown_version_is_not_found() {
         "{msg}"
     );
 }
+
+/// `bytes` with every `nop:stream/<interface>@<from>` name rewritten to `@<to>` (same
+/// length, so the component stays valid): a component built against another WIT version.
+fn with_wit_version(bytes: &[u8], from: &str, to: &str) -> (Vec<u8>, usize) {
+    assert_eq!(from.len(), to.len());
+    let mut out = bytes.to_vec();
+    let prefix = b"nop:stream/";
+    let mut n = 0;
+    let mut i = 0;
+    while let Some(p) = out[i..].windows(prefix.len()).position(|w| w == prefix) {
+        let start = i + p + prefix.len();
+        let name_end = start
+            + out[start..]
+                .iter()
+                .take_while(|b| b.is_ascii_lowercase() || **b == b'-')
+                .count();
+        let at = format!("@{from}");
+        if out[name_end..].starts_with(at.as_bytes()) {
+            out[name_end + 1..name_end + 1 + to.len()].copy_from_slice(to.as_bytes());
+            n += 1;
+        }
+        i = name_end;
+    }
+    (out, n)
+}
+
+/// Issue 11 item 8: a component built against a `nop:stream` version this host does not
+/// serve (an older track, a newer track, or a newer patch of the served track) is refused
+/// at load, naming both versions and the file.
+#[test]
+fn a_component_of_a_wit_version_the_host_does_not_serve_is_refused_naming_both() {
+    let served = nop_stream_runtime::WIT_PACKAGE;
+    assert_eq!(served, "nop:stream@0.2.0");
+    let original = std::fs::read(wasm("tally-v1")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for version in ["0.1.0", "0.9.0", "0.2.9"] {
+        let (bytes, n) = with_wit_version(&original, "0.2.0", version);
+        assert!(n >= 2, "the component names nop:stream interfaces ({n})");
+        let path = dir.path().join(format!("tally-{version}.wasm"));
+        std::fs::write(&path, bytes).unwrap();
+        let p = path.display().to_string();
+        let r = registry(dir.path().to_owned()).load(&path_ref(&p), PluginKind::Operator);
+        let err = r.expect_err("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("nop:stream@{version}")) && msg.contains(served),
+            "names both versions: {msg}"
+        );
+        assert!(msg.contains(&p), "names the file: {msg}");
+    }
+}
+
+/// The optional `state-migration` export (issue 11): tally v2 converts v1 counts, a plugin
+/// without the export is refused naming it, and a guest error names the plugin.
+#[test]
+fn state_migration_runs_the_export_and_a_plugin_without_it_is_refused() {
+    let reg = registry(std::env::temp_dir());
+    let v2 = reg
+        .load(&path_ref(&wasm("tally-v2")), PluginKind::Operator)
+        .unwrap();
+    let entries = vec![
+        (Vec::new(), b"AA".to_vec(), postcard_u64(7)),
+        (Vec::new(), b"UA".to_vec(), postcard_u64(300)),
+    ];
+    let out = v2
+        .migrate_state("operators/tally", "count", 1, entries.clone())
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![Some(postcard_str("7")), Some(postcard_str("300"))]
+    );
+    let err = v2
+        .migrate_state("operators/tally", "count", 5, entries.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("from 5") && err.contains("migrate"), "{err}");
+
+    let v1 = reg
+        .load(&path_ref(&wasm("tally-v1")), PluginKind::Operator)
+        .unwrap();
+    let err = v1
+        .migrate_state("operators/tally", "count", 1, entries)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("exports no `nop:stream/state-migration`") && err.contains("tally"),
+        "{err}"
+    );
+}
+
+/// postcard's encoding of a `u64` (LEB128 varint).
+fn postcard_u64(mut n: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let b = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// postcard's encoding of a short string: its length (varint), then its bytes.
+fn postcard_str(s: &str) -> Vec<u8> {
+    let mut out = postcard_u64(s.len() as u64);
+    out.extend_from_slice(s.as_bytes());
+    out
+}

@@ -18,7 +18,7 @@ pub struct SnapshotMeta {
     pub format: u32,
     /// Version of the host (`nopstream`) that wrote it.
     pub host_version: String,
-    /// WIT packages the host served, e.g. `nop:stream@0.1.0`.
+    /// WIT packages the host served, e.g. `nop:stream@0.2.0`.
     pub wit_packages: Vec<String>,
     /// Fingerprint of the whole PartitionedPlan.
     pub plan_fingerprint: String,
@@ -53,7 +53,7 @@ pub struct OperatorMeta {
     pub plugin: String,
     /// sha256 of the component (hex); empty when unknown.
     pub component_sha256: String,
-    /// The world it exports, with the WIT package: `nop:stream/operator@0.1.0`.
+    /// The world it exports, with the WIT package: `nop:stream/operator@0.2.0`.
     pub world: String,
     /// Keyed state it declares.
     pub states: Vec<StateDescriptor>,

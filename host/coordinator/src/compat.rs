@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// The WIT packages this host serves to components.
-pub const SERVED_WIT: &[&str] = &["nop:stream@0.1.0"];
+pub const SERVED_WIT: &[&str] = &["nop:stream@0.2.0"];
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -260,11 +260,12 @@ pub enum Action {
         /// Operator id.
         operator: String,
     },
-    /// Migrate a state to a new schema version with the new plugin's `migrate` export.
+    /// Migrate a state to the new plugin's schema version (and codec) with that plugin's
+    /// `nop:stream/state-migration` export.
     MigrateState {
-        /// Operator id.
+        /// Operator id (new, after any rename-operator).
         operator: String,
-        /// State name.
+        /// State name (new, after any rename-state).
         state: String,
     },
     /// Redistribute every key to a new shard count or hash policy.
@@ -318,14 +319,17 @@ impl Action {
         }
     }
 
-    /// Whether this host can carry the action out on restore (the others are offline
-    /// migrations that are not built yet).
+    /// Whether this host can carry the action out, on restore and in `savepoint migrate`
+    /// ([`crate::migrate::apply`]); finalize-sink and fork are not built yet.
     pub fn supported(&self) -> bool {
         matches!(
             self,
             Action::DropState { .. }
                 | Action::RenameOperator { .. }
+                | Action::RenameState { .. }
                 | Action::InitEmpty { .. }
+                | Action::Reshard { .. }
+                | Action::MigrateState { .. }
                 | Action::AcceptSemanticChange { .. }
         )
     }
@@ -413,7 +417,9 @@ pub enum ActionError {
     #[error("action `{0}` clears no finding of this check; remove it")]
     Unused(String),
     /// An action this host cannot carry out yet.
-    #[error("action `{0}` is not supported by this host yet (offline migrations are not built)")]
+    #[error(
+        "action `{0}` is not supported by this host yet (finalize-sink and fork are not built)"
+    )]
     Unsupported(String),
 }
 
@@ -703,7 +709,12 @@ pub fn check(
                     let mut state_finding =
                         |code, status, old: String, new: String, remedies: &[&str]| {
                             let mut f = finding(code, status, Some(&s.name), old, new, remedies);
-                            clear(&mut f, &|a| drops(a, &o.operator_id, &s.name));
+                            let migratable = remedies.contains(&"migrate-state");
+                            clear(&mut f, &|a| {
+                                drops(a, &o.operator_id, &s.name)
+                                    || (migratable
+                                        && matches!(a, Action::MigrateState { operator, state } if *operator == n.operator_id && state == new_name))
+                            });
                             findings.push(f);
                         };
                     if ns.kind != s.kind {

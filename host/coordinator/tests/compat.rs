@@ -33,7 +33,7 @@ fn op(id: &str, plugin: &str, states: Vec<StateDescriptor>, keyed: bool) -> Oper
         parallelism: 2,
         plugin: plugin.into(),
         component_sha256: "a".repeat(64),
-        world: "nop:stream/operator@0.1.0".into(),
+        world: "nop:stream/operator@0.2.0".into(),
         states,
         keyed,
         inputs: Vec::new(),
@@ -60,7 +60,7 @@ fn base() -> SnapshotMeta {
     let mut m = SnapshotMeta {
         format: META_FORMAT,
         host_version: "0.1.0".into(),
-        wit_packages: vec!["nop:stream@0.1.0".into()],
+        wit_packages: vec!["nop:stream@0.2.0".into()],
         plan_fingerprint: "p".repeat(64),
         state_topology_fingerprint: String::new(),
         state_shard_count: 128,
@@ -248,7 +248,7 @@ fn cases() -> Vec<Case> {
             remedies: &["reshard"],
             change: |m| m.state_shard_count = 256,
             ctx: CheckContext::default(),
-            clears: None,
+            clears: Some(Action::Reshard { shards: 256 }),
         },
         Case {
             code: Code::HashPolicyChanged,
@@ -256,7 +256,7 @@ fn cases() -> Vec<Case> {
             remedies: &["reshard"],
             change: |m| m.hash_policy = "xxh3-64/v2".into(),
             ctx: CheckContext::default(),
-            clears: None,
+            clears: Some(Action::Reshard { shards: 128 }),
         },
         Case {
             code: Code::StatelessOperatorChanged,
@@ -441,19 +441,48 @@ fn an_action_that_clears_nothing_or_is_not_built_is_an_error() {
     )
     .unwrap();
     assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
-    // Offline migrations are not built: naming one is an error, not a silent pass.
+    // migrate-state clears a schema bump (and only of the state it names) ...
     let mut bumped = base();
     agg(&mut bumped).states[0].schema_version = 2;
-    let e = run(
+    let r = run(
         &bumped,
         &CheckContext::default(),
         vec![Action::MigrateState {
             operator: "operators/agg".into(),
             state: "acc".into(),
         }],
+    )
+    .unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+    assert_eq!(
+        only(&r, Code::StateSchemaBumped).cleared_by.as_deref(),
+        Some("migrate-state operators/agg/acc")
     );
-    // migrate-state does not clear a finding in this host (no migrate export yet).
-    assert!(e.is_err(), "{e:?}");
+    assert_eq!(
+        run(
+            &bumped,
+            &CheckContext::default(),
+            vec![Action::MigrateState {
+                operator: "operators/agg".into(),
+                state: "other".into(),
+            }],
+        )
+        .unwrap_err(),
+        ActionError::Unused("migrate-state operators/agg/other".into())
+    );
+    // ... while an action this host cannot carry out is an error, not a silent pass.
+    let e = run(
+        &base(),
+        &CheckContext {
+            pending_committables: Default::default(),
+            namespace_epochs: Some((9, 4)),
+        },
+        vec![Action::Fork {
+            namespace: "other".into(),
+        }],
+    )
+    .unwrap_err();
+    assert_eq!(e, ActionError::Unsupported("fork other".into()));
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Generated host bindings of the `nop:stream@0.1.0` worlds. One module per world; the
+//! Generated host bindings of the `nop:stream@0.2.0` worlds. One module per world; the
 //! source and sink worlds reuse the operator world's shared interfaces so one linker and
 //! one set of host implementations serve all three.
 
@@ -50,6 +50,19 @@ pub mod pg {
             "nop:stream/log": crate::bindings::op::nop::stream::log,
             "nop:stream/metrics": crate::bindings::op::nop::stream::metrics,
             "nop:postgres/client.session": crate::pg::Session,
+        },
+    });
+}
+
+/// The `state-migrator` world: the optional `state-migration` export of an operator
+/// component (issue 11), looked up on the operator's pre-instantiated component.
+pub mod mig {
+    wasmtime::component::bindgen!({
+        world: "state-migrator",
+        path: "../../wit",
+        imports: { default: trappable },
+        with: {
+            "nop:stream/types": crate::bindings::op::nop::stream::types,
         },
     });
 }

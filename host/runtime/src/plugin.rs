@@ -202,6 +202,55 @@ impl PluginHost {
         Ok((component, false))
     }
 
+    /// Refuses a component that imports or exports `nop:stream` interfaces of a version
+    /// this host does not serve (issue 11 item 8): the host serves
+    /// [`crate::WIT_PACKAGE`] and, by the linker's semver matching, older versions of the
+    /// same `0.minor` track; anything else (an older track, or a newer patch) is refused
+    /// naming both versions, before linking can fail with a less useful type error.
+    fn check_wit_version(&self, label: &str, path: &Path, component: &Component) -> Result<()> {
+        let (served_pkg, served) = crate::WIT_PACKAGE
+            .split_once('@')
+            .expect("WIT_PACKAGE is name@version");
+        let parse = |v: &str| -> Option<(u64, u64, u64)> {
+            let mut it = v.split(['.', '-', '+']).map(|x| x.parse::<u64>().ok());
+            Some((it.next()??, it.next()??, it.next()??))
+        };
+        let served_v = parse(served).expect("WIT_PACKAGE has a semver version");
+        let ty = component.component_type();
+        let names: Vec<String> = ty
+            .imports(&self.engine)
+            .map(|(n, _)| n.to_owned())
+            .chain(ty.exports(&self.engine).map(|(n, _)| n.to_owned()))
+            .collect();
+        for name in names {
+            let Some((iface, version)) = name.split_once('@') else {
+                continue;
+            };
+            if !iface.starts_with(&format!("{served_pkg}/")) {
+                continue;
+            }
+            let ok = parse(version).is_some_and(|v| {
+                let same_track = if served_v.0 == 0 {
+                    v.0 == 0 && v.1 == served_v.1
+                } else {
+                    v.0 == served_v.0
+                };
+                same_track && v <= served_v
+            });
+            if !ok {
+                return Err(RuntimeError::PluginLoad {
+                    plugin: label.to_owned(),
+                    path: path.display().to_string(),
+                    message: format!(
+                        "it was built against {served_pkg}@{version} (`{name}`), a WIT version this host does not serve: it serves {} (see wit/CHANGELOG.md); rebuild the plugin with the nop-stream-sdk of this host",
+                        crate::WIT_PACKAGE
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Loads the component at `path` for the role `expected`: compiles it (or takes it from
     /// the cache), checks that it exports the `expected` world, pre-links it, and calls
     /// `describe()` to check its kind.
@@ -218,6 +267,7 @@ impl PluginHost {
         })?;
         let sha = hex::encode(Sha256::digest(&bytes));
         let (component, cache_hit) = self.compile(label, path, &bytes, &sha)?;
+        self.check_wit_version(label, path, &component)?;
         let wrong_world = |e: wasmtime::Error| RuntimeError::WrongWorld {
             plugin: label.to_owned(),
             expected,
@@ -445,6 +495,78 @@ impl LoadedPlugin {
             }
         });
         Ok(store)
+    }
+
+    /// Converts `entries` (namespace, key, value) of state `state` from schema
+    /// `from_version` through the component's optional `nop:stream/state-migration`
+    /// export (issue 11, `migrate-state`), on a fresh instance that is never opened, under
+    /// the default limits: one value per entry, `None` deleting it.
+    ///
+    /// # Errors
+    /// [`RuntimeError::PluginLoad`] if the component is no operator or lacks the export;
+    /// a trap, an exceeded limit or the guest's own error, naming the plugin and `migrate`.
+    pub fn migrate_state(
+        &self,
+        operator: &str,
+        state: &str,
+        from_version: u32,
+        entries: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        let Pre::Operator(p) = &self.pre else {
+            return Err(RuntimeError::PluginLoad {
+                plugin: self.label.clone(),
+                path: self.path.display().to_string(),
+                message: "only operators migrate state".into(),
+            });
+        };
+        let pre = crate::bindings::mig::StateMigratorPre::new(p.instance_pre().clone())
+            .map_err(|e| RuntimeError::PluginLoad {
+                plugin: self.label.clone(),
+                path: self.path.display().to_string(),
+                message: format!(
+                    "the component exports no `nop:stream/state-migration` ({e:#}); build it with nop_stream_sdk::export_state_migration!"
+                ),
+            })?;
+        let opts = InstanceOptions {
+            site: Site {
+                plugin: self.label.clone(),
+                operator: operator.to_owned(),
+                subtask: None,
+            },
+            limits: Limits::default(),
+            grants: Vec::new(),
+            state: None,
+            pg: None,
+        };
+        let mut store = self.store(&opts)?;
+        let ctx = CallCtx {
+            site: opts.site.clone(),
+            limits: opts.limits.clone(),
+            writable: Vec::new(),
+        };
+        let inst = pre
+            .instantiate(&mut store)
+            .map_err(|e| classify(&ctx, "instantiate", e, &store))?;
+        let entries: Vec<_> = entries
+            .into_iter()
+            .map(|(namespace, key, value)| {
+                crate::bindings::mig::exports::nop::stream::state_migration::StateEntry {
+                    namespace,
+                    key,
+                    value,
+                }
+            })
+            .collect();
+        match inst.nop_stream_state_migration().call_migrate(
+            &mut store,
+            state,
+            from_version,
+            &entries,
+        ) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(guest_error(&ctx, "migrate", e)),
+            Err(e) => Err(classify(&ctx, "migrate", e, &store)),
+        }
     }
 
     /// Creates a fresh instance with its own store.
