@@ -7,7 +7,9 @@
 //! Points used by the runtime: `before-barrier-injection`, `after-barrier-injection`,
 //! `after-pre-commit`, `after-manifest-publish`, `mid-commit`, `during-restore`,
 //! `commit-reply-lost` (error: the commit happened but its reply is dropped),
-//! `expire-transaction` (error: the transaction vanishes before commit).
+//! `expire-transaction` (error: the transaction vanishes before commit),
+//! `savepoint-write` (each step of writing a savepoint directory: every segment file,
+//! the manifest, `savepoint.json`, the final rename).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

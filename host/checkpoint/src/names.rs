@@ -35,6 +35,18 @@ pub fn segment_file(epoch: u64, operator_id: &str, subtask: u32, attempt: u32) -
     )
 }
 
+/// The packed segment file an offline migration (`savepoint migrate`, or a restore with
+/// actions) writes for `operator_id` in a savepoint of `epoch` when it rewrites that
+/// operator's state at `shards` shards (a reshard or a migrate-state, issue 11): one file
+/// per operator, named apart from the task files of [`segment_file`] (those end in
+/// `.a<attempt>.seg`).
+pub fn migrated_segment_file(epoch: u64, operator_id: &str, shards: u32) -> String {
+    format!(
+        "segments/{epoch}/{}/migrated-{shards}.seg",
+        component(operator_id)
+    )
+}
+
 /// The StatePath of one state of one shard (design §3.5): only stable ids, the epoch and
 /// the state name.
 pub fn state_path(

@@ -3,6 +3,7 @@
 //! `savepoint.json`. Self-contained and relocatable; retention of the job's checkpoints
 //! never touches it.
 
+use crate::manifest::EpochManifest;
 use crate::storage::{CheckpointStorage, LocalStorage, StorageError};
 use nop_stream_api::EpochId;
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,12 @@ pub struct SavepointInfo {
     /// Where it now is.
     #[serde(default)]
     pub dir: String,
+    /// The savepoint it was migrated from (`nopstream savepoint migrate`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The actions the migration applied, as written (empty: not migrated).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<String>,
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> StorageError {
@@ -69,12 +76,80 @@ pub fn export(
     out: &Path,
 ) -> Result<SavepointInfo, StorageError> {
     if out.exists() {
-        return Err(io(
-            out,
-            "exists; savepoints are never overwritten, name another directory (--out DIR)",
-        ));
+        return Err(exists(out));
     }
     let m = from.read_manifest(epoch)?;
+    let info = SavepointInfo {
+        format: SAVEPOINT_FORMAT.into(),
+        job: m.job_id.clone(),
+        namespace: m.namespace.clone(),
+        epoch: m.epoch.0,
+        created_ms: now_ms(),
+        source: source.to_owned(),
+        final_epoch: m.final_epoch,
+        dir: out.display().to_string(),
+        parent: None,
+        actions: Vec::new(),
+    };
+    write(from, &m, &[], info, out)
+}
+
+fn exists(out: &Path) -> StorageError {
+    io(
+        out,
+        "exists; savepoints are never overwritten, name another directory (--out DIR)",
+    )
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Writes a migrated savepoint to `out` (which must not exist): the manifest `m`, the
+/// segment files `new_files` (path relative to the savepoint, bytes), and every other
+/// segment file `m` references, copied from `from` (the parent savepoint) up to the end of
+/// its last referenced range. Like [`export`], it writes under a temporary name and renames
+/// into place, so an interrupted migration leaves the parent untouched and no directory
+/// that could be taken for a savepoint.
+///
+/// # Errors
+/// `out` exists; a segment cannot be read; I/O failures.
+pub fn write_migrated(
+    from: &dyn CheckpointStorage,
+    m: &EpochManifest,
+    new_files: &[(String, Vec<u8>)],
+    parent: &Path,
+    actions: Vec<String>,
+    out: &Path,
+) -> Result<SavepointInfo, StorageError> {
+    if out.exists() {
+        return Err(exists(out));
+    }
+    let info = SavepointInfo {
+        format: SAVEPOINT_FORMAT.into(),
+        job: m.job_id.clone(),
+        namespace: m.namespace.clone(),
+        epoch: m.epoch.0,
+        created_ms: now_ms(),
+        source: parent.display().to_string(),
+        final_epoch: m.final_epoch,
+        dir: out.display().to_string(),
+        parent: Some(parent.display().to_string()),
+        actions,
+    };
+    write(from, m, new_files, info, out)
+}
+
+fn write(
+    from: &dyn CheckpointStorage,
+    m: &EpochManifest,
+    new_files: &[(String, Vec<u8>)],
+    info: SavepointInfo,
+    out: &Path,
+) -> Result<SavepointInfo, StorageError> {
     let parent = out.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
     let tmp = parent.join(format!(
@@ -94,25 +169,28 @@ pub fn export(
         let end = files.entry(s.file.as_str()).or_default();
         *end = (*end).max(s.offset + s.len);
     }
+    // Crash tests abort at each step (`savepoint-write=N`, failpoint module).
+    let step = || {
+        if crate::failpoint::hit("savepoint-write") {
+            return Err(io(&tmp, "failpoint savepoint-write"));
+        }
+        Ok(())
+    };
+    for (file, bytes) in new_files {
+        files.remove(file.as_str());
+        step()?;
+        dst.write_segment(file, bytes)?;
+    }
     for (file, len) in files {
+        step()?;
         dst.write_segment(file, &from.read_range(file, 0, len)?)?;
     }
-    dst.publish_manifest(&m)?;
-    let info = SavepointInfo {
-        format: SAVEPOINT_FORMAT.into(),
-        job: m.job_id.clone(),
-        namespace: m.namespace.clone(),
-        epoch: m.epoch.0,
-        created_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        source: source.to_owned(),
-        final_epoch: m.final_epoch,
-        dir: out.display().to_string(),
-    };
+    step()?;
+    dst.publish_manifest(m)?;
     let json = serde_json::to_vec_pretty(&info).map_err(|e| io(&tmp, e))?;
+    step()?;
     std::fs::write(tmp.join("savepoint.json"), json).map_err(|e| io(&tmp, e))?;
+    step()?;
     std::fs::rename(&tmp, out).map_err(|e| io(out, e))?;
     Ok(info)
 }

@@ -313,6 +313,31 @@ enum SavepointCommand {
         #[arg(long, default_value = "text")]
         format: ReportFormat,
     },
+    /// Write a new savepoint: SAVEPOINT migrated for a job by the actions that clear its
+    /// findings (rename-operator, rename-state, drop-state, init-empty, reshard,
+    /// accept-semantic-change). SAVEPOINT is never written to; the new one records it as
+    /// its parent with the actions, and checks compatible against the job with no action.
+    /// The check runs first: exit 0 written, 2 needs action, 3 incompatible (nothing
+    /// written then), 1 usage error.
+    Migrate {
+        /// The savepoint directory.
+        savepoint: PathBuf,
+        /// The job file the new savepoint is for.
+        #[arg(long)]
+        job: PathBuf,
+        /// Override the parallelism of every node.
+        #[arg(long, short = 'p')]
+        parallelism: Option<u32>,
+        /// Actions file (`[[action]]` tables) clearing findings.
+        #[arg(long, value_name = "A.toml")]
+        actions: Option<PathBuf>,
+        /// Where to write the new savepoint (must not exist).
+        #[arg(long, value_name = "SP2")]
+        out: PathBuf,
+        /// Working directory of the job [default: nopstream-out/JOB_ID/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
 }
 
 /// How `savepoint check` prints its report.
@@ -560,6 +585,34 @@ fn rescale_source_fingerprint(
     Ok(m.plan_fingerprint)
 }
 
+/// What `savepoint check` and `savepoint migrate` compare a savepoint with: the job's
+/// partitioned plan, its components, and its checkpoint namespace under `work_dir`
+/// (default `nopstream-out/JOB_ID/work`).
+fn savepoint_target(
+    job: &Path,
+    parallelism: Option<u32>,
+    work_dir: Option<PathBuf>,
+    search: Vec<PathBuf>,
+) -> Result<(
+    nop_stream_core::PartitionedPlan,
+    nop_stream_runtime::PluginSet,
+    PathBuf,
+)> {
+    let model = read_model(job, parallelism)?;
+    let work_dir = work_dir.unwrap_or_else(|| {
+        PathBuf::from("nopstream-out")
+            .join(&model.job.id)
+            .join("work")
+    });
+    let host = PluginHost::new(cache_dir())?;
+    let registry = PluginRegistry::new(&host, search, job_dir(job));
+    let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let plan = partitioned_plan(&job_graph(&stream));
+    let plugins = registry.plugin_set(&plan)?;
+    let ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
+    Ok((plan, plugins, ckpt))
+}
+
 pub(crate) fn job_dir(job: &Path) -> PathBuf {
     job.parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -749,7 +802,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     );
                     return Ok(std::process::ExitCode::from(report.verdict.exit_code()));
                 }
-                let fp = savepoint::seed_namespace(&sp, &ckpt, &actions)?;
+                let fp = savepoint::seed_namespace(&sp, &ckpt, &actions, &plan, &plugins)?;
                 eprintln!(
                     "restoring savepoint {} (epoch {}) into {}",
                     sp_dir.display(),
@@ -947,20 +1000,9 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     format,
                 },
         } => {
-            let model = read_model(&job, parallelism)?;
-            let work_dir = work_dir.unwrap_or_else(|| {
-                PathBuf::from("nopstream-out")
-                    .join(&model.job.id)
-                    .join("work")
-            });
-            let host = PluginHost::new(cache_dir())?;
-            let registry = PluginRegistry::new(&host, search, job_dir(&job));
-            let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
-            let plan = partitioned_plan(&job_graph(&stream));
-            let plugins = registry.plugin_set(&plan)?;
+            let (plan, plugins, ckpt) = savepoint_target(&job, parallelism, work_dir, search)?;
             let sp = savepoint::open(&sp_dir)?;
             let actions = savepoint::read_actions(actions.as_deref())?;
-            let ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
             let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
             match format {
                 ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -976,6 +1018,43 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 }
             }
             Ok(std::process::ExitCode::from(report.verdict.exit_code()))
+        }
+        Command::Savepoint {
+            command:
+                SavepointCommand::Migrate {
+                    savepoint: sp_dir,
+                    job,
+                    parallelism,
+                    actions,
+                    out,
+                    work_dir,
+                },
+        } => {
+            let (plan, plugins, ckpt) = savepoint_target(&job, parallelism, work_dir, search)?;
+            let sp = savepoint::open(&sp_dir)?;
+            let actions = savepoint::read_actions(actions.as_deref())?;
+            let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
+            print!("{}", report.to_text());
+            if report.verdict != nop_stream_coordinator::compat::Status::Compatible {
+                eprintln!(
+                    "nothing written: the job is not compatible with {} under these actions",
+                    sp_dir.display()
+                );
+                return Ok(std::process::ExitCode::from(report.verdict.exit_code()));
+            }
+            let info = savepoint::migrate(&sp, &plan, &plugins, &actions, &out)?;
+            println!(
+                "savepoint {} (epoch {}) migrated from {}{}",
+                out.display(),
+                info.epoch,
+                sp_dir.display(),
+                if info.actions.is_empty() {
+                    String::new()
+                } else {
+                    format!(" by: {}", info.actions.join(", "))
+                }
+            );
+            Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Plan {
             job,

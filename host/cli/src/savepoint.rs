@@ -116,11 +116,7 @@ pub fn check_against(
             sp.info.epoch
         );
     };
-    let components: BTreeMap<String, String> = plugins
-        .iter()
-        .map(|(id, p)| (id.to_string(), p.sha256.clone()))
-        .collect();
-    let new = snapshot_meta(plan, &components);
+    let new = snapshot_meta(plan, &components(plugins));
     let mut pending: BTreeMap<String, usize> = BTreeMap::new();
     for t in &sp.manifest.tasks {
         if let Some(s) = &t.sink_operator {
@@ -143,64 +139,108 @@ pub fn check_against(
 }
 
 /// Seeds the checkpoint namespace `namespace` (emptied first) with the savepoint's epoch:
-/// its segments, and its manifest with the actions applied (renamed operators carry their
-/// new ids; dropped states and operators lose their segments). Returns the plan
-/// fingerprint the manifest carries, which the restore accepts as an explicit action.
+/// its manifest and segments with the actions applied for `plan`
+/// ([`nop_stream_coordinator::migrate::apply`]: renamed operators and states carry their
+/// new names, dropped states lose their segments, a reshard or a migrate-state rewrites
+/// the segments). Returns the plan fingerprint the manifest carries, which the restore
+/// accepts as an explicit action.
 ///
 /// # Errors
-/// I/O failures.
-pub fn seed_namespace(sp: &Savepoint, namespace: &Path, actions: &Actions) -> Result<String> {
+/// A segment that cannot be read or fails its checksum; a failed migration; I/O failures.
+pub fn seed_namespace(
+    sp: &Savepoint,
+    namespace: &Path,
+    actions: &Actions,
+    plan: &PartitionedPlan,
+    plugins: &PluginSet,
+) -> Result<String> {
+    let migrated = apply_actions(sp, actions, plan, plugins)?;
     if namespace.exists() {
         std::fs::remove_dir_all(namespace)?;
     }
     let dst = LocalStorage::open(namespace)?;
-    let mut m = sp.manifest.clone();
-    let rename = |id: &str| -> String {
-        actions
-            .actions
-            .iter()
-            .find_map(|a| match a {
-                Action::RenameOperator { from, to } if from == id => Some(to.clone()),
-                _ => None,
-            })
-            .unwrap_or_else(|| id.to_owned())
+    for f in migrated.kept_files() {
+        dst.write_segment(
+            &f,
+            &std::fs::read(sp.dir.join(&f))
+                .with_context(|| format!("copying segment {}", sp.dir.join(&f).display()))?,
+        )?;
+    }
+    for (f, bytes) in &migrated.new_files {
+        dst.write_segment(f, bytes)?;
+    }
+    dst.publish_manifest(&migrated.manifest)?;
+    Ok(migrated.manifest.plan_fingerprint)
+}
+
+/// The savepoint's manifest with `actions` applied for `plan`, and the segment files that
+/// wrote; `migrate-state` runs the new components' `state-migration` exports.
+fn apply_actions(
+    sp: &Savepoint,
+    actions: &Actions,
+    plan: &PartitionedPlan,
+    plugins: &PluginSet,
+) -> Result<nop_stream_coordinator::migrate::Migrated> {
+    let meta = snapshot_meta(plan, &components(plugins));
+    let src = LocalStorage::open(&sp.dir)?;
+    let mut read = |s: &nop_stream_checkpoint::SegmentDescriptor| {
+        src.read_range(&s.file, s.offset, s.len)
+            .map_err(|e| e.to_string())
     };
-    for t in &mut m.tasks {
-        t.task.vertex = nop_stream_api::VertexId::new(rename(t.task.vertex.as_str()));
-        t.segments.retain(|s| {
-            !actions.actions.iter().any(|a| match a {
-                Action::DropState { operator, state } => {
-                    *operator == s.operator_id && state.as_ref().is_none_or(|st| *st == s.state)
-                }
-                _ => false,
-            })
-        });
-        for s in &mut t.segments {
-            s.operator_id = rename(&s.operator_id);
-        }
-        if let Some(op) = &mut t.sink_operator {
-            *op = rename(op);
-        }
-    }
-    for e in &mut m.enumerators {
-        e.operator_id = rename(&e.operator_id);
-    }
-    let mut files: Vec<&str> = m
-        .tasks
+    let mut migrate =
+        |op: &str,
+         state: &str,
+         from: u32,
+         entries: &[nop_stream_coordinator::migrate::StateEntry]| {
+            let plugin = plugins
+                .iter()
+                .find(|(id, _)| id.as_str() == op)
+                .map(|(_, p)| p)
+                .ok_or_else(|| format!("the job has no operator `{op}`"))?;
+            let entries = entries
+                .iter()
+                .map(|e| (e.namespace.clone(), e.key.clone(), e.value.clone()))
+                .collect();
+            plugin
+                .migrate_state(op, state, from, entries)
+                .map_err(|e| e.to_string())
+        };
+    nop_stream_coordinator::migrate::apply(&sp.manifest, actions, &meta, &mut read, &mut migrate)
+        .with_context(|| format!("savepoint {}", sp.dir.display()))
+}
+
+fn components(plugins: &PluginSet) -> BTreeMap<String, String> {
+    plugins
         .iter()
-        .flat_map(|t| t.segments.iter().map(|s| s.file.as_str()))
-        .collect();
-    files.sort_unstable();
-    files.dedup();
-    for f in files {
-        let to = namespace.join(f);
-        std::fs::create_dir_all(to.parent().unwrap_or(namespace))?;
-        std::fs::copy(sp.dir.join(f), &to)
-            .with_context(|| format!("copying segment {}", sp.dir.join(f).display()))?;
-    }
-    m.seal();
-    dst.publish_manifest(&m)?;
-    Ok(m.plan_fingerprint)
+        .map(|(id, p)| (id.to_string(), p.sha256.clone()))
+        .collect()
+}
+
+/// Writes the savepoint `out`: `sp` migrated for `plan` by `actions` (design §10.6). The
+/// caller has checked that the report is compatible with the actions. The new savepoint
+/// records `sp` as its parent, the actions, and the new job's compatibility metadata, so
+/// checking `plan` against it needs no action; `sp` is never written to.
+///
+/// # Errors
+/// `out` exists; a segment cannot be read or fails its checksum; a failed migration; I/O
+/// failures.
+pub fn migrate(
+    sp: &Savepoint,
+    plan: &PartitionedPlan,
+    plugins: &PluginSet,
+    actions: &Actions,
+    out: &Path,
+) -> Result<SavepointInfo> {
+    let migrated = apply_actions(sp, actions, plan, plugins)?;
+    let src = LocalStorage::open(&sp.dir)?;
+    Ok(nop_stream_checkpoint::savepoint::write_migrated(
+        &src,
+        &migrated.manifest,
+        &migrated.new_files,
+        &sp.dir,
+        actions.actions.iter().map(Action::describe).collect(),
+        out,
+    )?)
 }
 
 /// The savepoints under `dir` (each a directory with `savepoint.json`), by epoch.

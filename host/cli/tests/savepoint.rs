@@ -652,3 +652,405 @@ fn a_namespace_that_went_on_goes_back_to_a_savepoint_only_with_fresh() {
     assert_ne!(first, second);
     assert!(second.contains("-2"), "{second}");
 }
+
+fn migrate(sp: &Path, job: &Path, d: &Dirs, actions: Option<&Path>, out: &Path) -> Output {
+    migrate_with(sp, job, d, actions, out, None)
+}
+
+fn migrate_with(
+    sp: &Path,
+    job: &Path,
+    d: &Dirs,
+    actions: Option<&Path>,
+    out: &Path,
+    failpoint: Option<&str>,
+) -> Output {
+    let mut args = vec![
+        "savepoint".to_owned(),
+        "migrate".to_owned(),
+        sp.display().to_string(),
+        "--job".to_owned(),
+        job.display().to_string(),
+        "--work-dir".to_owned(),
+        d.work.display().to_string(),
+        "--out".to_owned(),
+        out.display().to_string(),
+    ];
+    if let Some(a) = actions {
+        args.extend(["--actions".to_owned(), a.display().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    nopstream(&args, failpoint.map(|f| ("NOPSTREAM_FAILPOINTS", f)))
+}
+
+/// The segment files of a savepoint, by path relative to it, with their bytes.
+fn segments_of(sp: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    snapshot(&sp.join("segments"))
+        .into_iter()
+        .map(|(p, b)| (p.strip_prefix(sp).unwrap().to_owned(), b))
+        .collect()
+}
+
+#[test]
+fn a_reshard_migration_writes_a_new_savepoint_that_restores_exactly_and_leaves_the_old_one_untouched()
+ {
+    let j = job("reshard-from", |t| t);
+    let reference = {
+        let d = dirs();
+        let o = run(&j.0, &d, &["-p", "2"], None);
+        assert!(o.status.success(), "{}", text(&o));
+        committed(&d.out)
+    };
+    assert_eq!(reference.len(), 16, "one line per carrier");
+    let (d, sp) = savepoint_mid_run(&j.0, 2);
+    let before = snapshot(&sp);
+    let j4 = job("reshard-to", |t| {
+        t.replace("state_shards = 128", "state_shards = 4")
+    });
+
+    // 128 -> 4 shards needs an explicit reshard, and migrate writes nothing without it.
+    let o = check(&sp, &j4.0, &d, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("SHARD_COUNT_CHANGED"), "{}", text(&o));
+    let sp2 = d.work.join("sp-4");
+    let o = migrate(&sp, &j4.0, &d, None, &sp2);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("nothing written"), "{}", text(&o));
+    assert!(!sp2.exists());
+    // A reshard to another count clears nothing: a usage error, nothing written.
+    let wrong = d.work.join("wrong.toml");
+    std::fs::write(&wrong, "[[action]]\nkind = \"reshard\"\nshards = 8\n").unwrap();
+    let o = migrate(&sp, &j4.0, &d, Some(&wrong), &sp2);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("clears no finding"), "{}", text(&o));
+    assert!(!sp2.exists());
+
+    let actions = d.work.join("reshard.toml");
+    std::fs::write(&actions, "[[action]]\nkind = \"reshard\"\nshards = 4\n").unwrap();
+    // Killed at each step of writing SP2 (the resharded segment file, the manifest,
+    // savepoint.json, the rename): SP is untouched and there is no SP2 to restore.
+    for n in 1..=4 {
+        let fp = format!("savepoint-write={n}");
+        let o = migrate_with(&sp, &j4.0, &d, Some(&actions), &sp2, Some(&fp));
+        assert!(!o.status.success(), "{fp}: {}", text(&o));
+        assert_eq!(o.status.code(), None, "{fp} aborts: {}", text(&o));
+        assert_eq!(
+            snapshot(&sp),
+            before,
+            "{fp}: the parent savepoint is untouched"
+        );
+        assert!(!sp2.exists(), "{fp}: no partial SP2");
+        assert_eq!(check(&sp2, &j4.0, &d, &[]).status.code(), Some(1));
+    }
+    let o = migrate(&sp, &j4.0, &d, Some(&actions), &sp2);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("migrated from"), "{}", text(&o));
+    assert_eq!(snapshot(&sp), before, "the parent savepoint is untouched");
+    let info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(sp2.join("savepoint.json")).unwrap()).unwrap();
+    assert_eq!(info["parent"], sp.display().to_string());
+    assert_eq!(info["actions"], serde_json::json!(["reshard 4"]));
+    // The same migration again gives byte-identical segments.
+    let sp2b = d.work.join("sp-4b");
+    let o = migrate(&sp, &j4.0, &d, Some(&actions), &sp2b);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(segments_of(&sp2), segments_of(&sp2b));
+    // A second migrate into an existing directory is refused.
+    let o = migrate(&sp, &j4.0, &d, Some(&actions), &sp2);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+
+    // The new savepoint is compatible with the 4-shard job with no action ...
+    let o = check(&sp2, &j4.0, &d, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("SHARD_COUNT_CHANGED"), "{}", text(&o));
+    // ... and restores at every parallelism up to the shard count with the uninterrupted
+    // output.
+    let sp2_dir = sp2.display().to_string();
+    for p in ["1", "3", "4"] {
+        let r = dirs();
+        let o = run(&j4.0, &r, &["-p", p, "--from-savepoint", &sp2_dir], None);
+        assert!(o.status.success(), "p={p}: {}", text(&o));
+        assert!(text(&o).contains("restoring savepoint"), "{}", text(&o));
+        assert_eq!(committed(&r.out), reference, "restored at p={p}");
+    }
+    // Beyond the shard count a keyed operator is refused when the job is read.
+    let o = check(&sp2, &j4.0, &d, &["-p", "5"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("state_shards = 4 is less than the parallelism 5"),
+        "{}",
+        text(&o)
+    );
+    // The reshard also applies on restore, straight from the old savepoint.
+    let r = dirs();
+    let sp_dir = sp.display().to_string();
+    let a = actions.display().to_string();
+    let o = run(
+        &j4.0,
+        &r,
+        &["-p", "3", "--from-savepoint", &sp_dir, "--actions", &a],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(committed(&r.out), reference, "restored with the action");
+    assert_eq!(snapshot(&sp), before, "the parent savepoint is untouched");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dst = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dst);
+        } else {
+            std::fs::copy(&p, &dst).unwrap();
+        }
+    }
+}
+
+/// Savepoints of every on-disk format so far, committed under `tests/fixtures/savepoints`
+/// (written by `scripts/make-savepoint-fixture.sh`, each with the job file it was taken
+/// with), restore with this host: the check is compatible (a rebuilt component shows as
+/// `PLUGIN_LOGIC_CHANGED` with both sha256s, nothing else may differ) and the restored run
+/// at another parallelism commits exactly the uninterrupted run's output.
+#[test]
+fn committed_savepoint_fixtures_restore_with_this_host() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/savepoints");
+    let mut fixtures: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("savepoint.json").is_file())
+        .collect();
+    fixtures.sort();
+    assert!(!fixtures.is_empty(), "no fixture under {}", root.display());
+    for fx in fixtures {
+        let name = fx.file_name().unwrap().to_string_lossy().into_owned();
+        let job_text = std::fs::read_to_string(fx.join("job.toml")).unwrap();
+        let j = job(&format!("fixture-{name}"), |_| job_text.clone());
+        let reference = {
+            let d = dirs();
+            let o = run(&j.0, &d, &["-p", "2"], None);
+            assert!(o.status.success(), "{name}: {}", text(&o));
+            committed(&d.out)
+        };
+        assert!(!reference.is_empty(), "{name}: the job commits output");
+        let d = dirs();
+        let sp = d.work.join("fixture");
+        copy_dir(&fx, &sp);
+        let o = check(&sp, &j.0, &d, &["-p", "3", "--format", "json"]);
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", text(&o));
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(report["verdict"], "compatible", "{name}: {report}");
+        for op in report["operators"].as_array().unwrap() {
+            for f in op["findings"].as_array().unwrap() {
+                let code = f["code"].as_str().unwrap();
+                assert!(
+                    ["PLUGIN_LOGIC_CHANGED", "PARALLELISM_CHANGED"].contains(&code),
+                    "{name}: unexpected finding {f}"
+                );
+                if code == "PLUGIN_LOGIC_CHANGED" {
+                    assert_ne!(f["old"], f["new"], "{name}: the sha256 change is shown");
+                }
+            }
+        }
+        let sp_dir = sp.display().to_string();
+        let o = run(&j.0, &d, &["-p", "3", "--from-savepoint", &sp_dir], None);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        assert!(text(&o).contains("restoring savepoint"), "{}", text(&o));
+        assert_eq!(committed(&d.out), reference, "{name}: restored output");
+    }
+}
+
+/// The flights job with `tally@VERSION` counting departures per carrier.
+fn tally_job(tag: &str, version: &str) -> JobFile {
+    job(tag, |t| {
+        let start = t.find("[[operator]]\nname = \"per-carrier\"").unwrap();
+        let end = t.find("[[sink]]").unwrap();
+        format!(
+            "{}[[operator]]\nname = \"per-carrier\"\nplugin = \"tally@{version}\"\n\
+             inputs = [{{ from = \"parse\", partition = \"hash\" }}]\n\n{}",
+            &t[..start],
+            &t[end..]
+        )
+    })
+}
+
+/// Departures per carrier, counted from the CSV itself (an independent expectation).
+fn departures_per_carrier() -> std::collections::BTreeMap<String, u64> {
+    let csv = std::fs::read_to_string(repo().join("examples/flights/data/flights.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "carrier").unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for l in lines {
+        let carrier = l.split(',').nth(col).unwrap().trim_matches('"').to_owned();
+        *out.entry(carrier).or_default() += 1;
+    }
+    out
+}
+
+/// Issue 11 "Swap with a schema bump": tally v1 -> v2 changes the schema of state `count`.
+/// The check needs action (exit 2) and the restore refuses; `savepoint migrate` with
+/// `migrate-state` runs v2's migration export into a new savepoint that checks compatible
+/// with no action, and the restored run counts every departure exactly once.
+#[test]
+fn a_schema_bump_needs_migrate_state_and_the_migrated_savepoint_restores_exact_counts() {
+    let plugins = tempfile::tempdir().unwrap();
+    for (file, version) in [("tally_v1", "0.1.0"), ("tally_v2", "0.2.0")] {
+        std::fs::copy(
+            Path::new(nop_stream_artifacts::PLUGIN_DIR).join(format!("{file}.wasm")),
+            plugins.path().join(format!("tally@{version}.wasm")),
+        )
+        .unwrap();
+    }
+    let pdir = plugins.path().display().to_string();
+    let with_plugins = |args: &[&str], env: Option<(&str, &str)>| {
+        let mut all = vec!["--plugins", pdir.as_str()];
+        all.extend_from_slice(args);
+        nopstream(&all, env)
+    };
+    let v1 = tally_job("tally1", "0.1.0");
+    let v2 = tally_job("tally2", "0.2.0");
+    let (v1s, v2s) = (v1.0.display().to_string(), v2.0.display().to_string());
+    let d = dirs();
+    let (out, work) = (d.out.display().to_string(), d.work.display().to_string());
+    let o = with_plugins(
+        &[
+            "run",
+            "--no-progress",
+            "--no-echo",
+            "-p",
+            "2",
+            "--output",
+            &out,
+            "--work-dir",
+            &work,
+            "--checkpoint-interval-ms",
+            "50",
+            &v1s,
+        ],
+        Some(("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")),
+    );
+    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
+    let sp = d.work.join("sp");
+    let sps = sp.display().to_string();
+    let o = with_plugins(
+        &[
+            "savepoint",
+            "promote",
+            &v1s,
+            "--work-dir",
+            &work,
+            "--out",
+            &sps,
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let before = snapshot(&sp);
+
+    let o = with_plugins(
+        &[
+            "savepoint",
+            "check",
+            &sps,
+            "--job",
+            &v2s,
+            "--work-dir",
+            &work,
+        ],
+        None,
+    );
+    let report = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{report}");
+    assert!(
+        report.contains("STATE_SCHEMA_BUMPED count v1 -> v2  -> migrate-state | drop-state"),
+        "{report}"
+    );
+    let o = with_plugins(
+        &[
+            "run",
+            "--no-progress",
+            "--no-echo",
+            "--output",
+            &out,
+            "--work-dir",
+            &work,
+            "--from-savepoint",
+            &sps,
+            &v2s,
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2), "refused: {}", text(&o));
+
+    let actions = d.work.join("migrate.toml");
+    std::fs::write(
+        &actions,
+        "[[action]]\nkind = \"migrate-state\"\noperator = \"operators/per-carrier\"\nstate = \"count\"\n",
+    )
+    .unwrap();
+    let a = actions.display().to_string();
+    let sp2 = d.work.join("sp2");
+    let sp2s = sp2.display().to_string();
+    let o = with_plugins(
+        &[
+            "savepoint",
+            "migrate",
+            &sps,
+            "--job",
+            &v2s,
+            "--work-dir",
+            &work,
+            "--actions",
+            &a,
+            "--out",
+            &sp2s,
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(snapshot(&sp), before, "the parent savepoint is untouched");
+    let o = with_plugins(
+        &[
+            "savepoint",
+            "check",
+            &sp2s,
+            "--job",
+            &v2s,
+            "--work-dir",
+            &work,
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("STATE_SCHEMA_BUMPED"), "{}", text(&o));
+
+    let r = dirs();
+    let (rout, rwork) = (r.out.display().to_string(), r.work.display().to_string());
+    let o = with_plugins(
+        &[
+            "run",
+            "--no-progress",
+            "--no-echo",
+            "-p",
+            "3",
+            "--output",
+            &rout,
+            "--work-dir",
+            &rwork,
+            "--from-savepoint",
+            &sp2s,
+            &v2s,
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let expected: Vec<String> = departures_per_carrier()
+        .into_iter()
+        .map(|(c, n)| format!("{c} {n} v0.2.0"))
+        .collect();
+    let got = committed(&r.out);
+    assert_eq!(got, expected, "every departure counted once, by v2");
+}
