@@ -29,24 +29,34 @@
 //!
 //! # Cursors (design §6.4)
 //!
-//! The cursor is the id of the last entry returned, as text; reading continues with
-//! `XRANGE key (<cursor> ...`, which is exclusive, so no entry repeats. The empty cursor
-//! means the split's `start_after`: the id just below the first entry present at
-//! discovery (or the stream's last generated id if it was empty then).
+//! The cursor is `<id>@<added>`: the id of the last entry returned and `added`, the
+//! number of entries ever added to the stream up to and including it (see below);
+//! reading continues with `XRANGE key (<id> ...`, which is exclusive, so no entry
+//! repeats. The empty cursor means the split's start: `start_after`, the id just below the
+//! first entry present at discovery (or the stream's last generated id if it was empty
+//! then), with `start_added` = `entries-added - length` at discovery.
 //!
 //! # Trimmed streams fail loudly
 //!
-//! An entry after the cursor that is deleted (XTRIM, XDEL, MAXLEN on XADD) before it is
-//! read would be skipped silently. Redis 7 keeps `max-deleted-entry-id`, the largest id
-//! ever deleted from a stream; it never decreases (except by an explicit XSETID). Before
-//! every read: if `max-deleted-entry-id >= next`, where `next` is the smallest id above
-//! the cursor, some entry above the cursor was deleted, and the read fails with an `io`
-//! error naming the stream, the cursor and that id. If no entry above the cursor was ever
-//! deleted, `max-deleted-entry-id` is below `next` and the read goes on. The rule is
-//! sound (it never skips) and conservative: a stream that had an entry deleted from its
-//! middle before the job started fails at the first read, since its entries below that
-//! id cannot be told from lost ones. A stream key that disappears (DEL) after entries
-//! were read fails the same way.
+//! An entry after the cursor that is deleted before it is read would be skipped silently.
+//! Before every read, with `next` the smallest id above the cursor and the stream's
+//! `XINFO STREAM` figures (Redis 7):
+//!
+//! 1. XDEL records the largest id it ever deleted in `max-deleted-entry-id`. If it is at
+//!    or above `next`, an unread entry was deleted: the read fails.
+//! 2. XTRIM (and XADD with MAXLEN/MINID) removes a prefix of the stream and does not move
+//!    `max-deleted-entry-id`. If the first entry is still at or below the cursor, no entry
+//!    above it was trimmed. Otherwise every entry present is above the cursor, so
+//!    `entries-added - added` entries were added after the cursor and `length` remain; if
+//!    fewer remain, some were trimmed (or deleted): the read fails.
+//! 3. `entries-added` below `added`: the key was deleted and created anew: the read fails.
+//!    A key that no longer exists after entries were read fails too.
+//!
+//! Each failure is an `io` error naming the stream and the read position. Deleting
+//! entries at or below the cursor is harmless. The rules never skip; they are
+//! conservative for a stream that had an entry deleted from its middle before the job
+//! started (rule 1 fails at the first read, as its entries cannot be told from lost ones)
+//! and assume nobody rewrites `entries-added` or `max-deleted-entry-id` with XSETID.
 //!
 //! # Progress
 //!
@@ -168,6 +178,9 @@ pub struct SplitDescriptor {
     pub key: String,
     /// The empty cursor's meaning: entries above this id are the split's.
     pub start_after: String,
+    /// Entries ever added to the stream up to `start_after` (`entries-added - length` at
+    /// discovery).
+    pub start_added: u64,
     /// Bounded: the last entry at discovery (`None`: the stream was empty, nothing to read).
     /// Unbounded: `None` and never finished.
     pub last: Option<String>,
@@ -210,45 +223,91 @@ fn fmt_id((ms, seq): (u64, u64)) -> String {
     format!("{ms}-{seq}")
 }
 
-/// The trim rule (see the module docs): reading above `position` is safe unless an entry
+/// A read position: the last id returned and the entries ever added up to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// Entry id `(ms, seq)`.
+    pub id: (u64, u64),
+    /// Entries ever added to the stream with ids up to `id`.
+    pub added: u64,
+}
+
+impl Position {
+    /// `<ms>-<seq>@<added>`.
+    pub fn encode(&self) -> Vec<u8> {
+        format!("{}@{}", fmt_id(self.id), self.added).into_bytes()
+    }
+
+    /// Parses [`Position::encode`]'s form.
+    ///
+    /// # Errors
+    /// Anything else.
+    pub fn decode(cursor: &[u8]) -> std::result::Result<Self, String> {
+        let text = std::str::from_utf8(cursor).map_err(|_| "cursor is not UTF-8".to_owned())?;
+        let (id, added) = text
+            .split_once('@')
+            .ok_or_else(|| format!("cursor {text:?} is not `<id>@<added>`"))?;
+        Ok(Position {
+            id: parse_id(id)?,
+            added: added
+                .parse()
+                .map_err(|_| format!("cursor {text:?} is not `<id>@<added>`"))?,
+        })
+    }
+}
+
+/// The trim rules (see the module docs): reading above `pos` is safe unless an entry
 /// above it was deleted. `info` is `None` when the key does not exist; `had_entries` says
 /// whether the split ever had entries to read (a key that never existed is empty).
 ///
 /// # Errors
-/// A message naming the stream, the position and the deleted id.
+/// A message naming the stream, the position and what was lost.
 pub fn check_not_trimmed(
     key: &str,
-    position: &str,
+    pos: Position,
     info: Option<&StreamInfo>,
     had_entries: bool,
 ) -> std::result::Result<(), String> {
-    let pos = parse_id(position)?;
+    let at = fmt_id(pos.id);
     let Some(info) = info else {
         if had_entries {
             return Err(format!(
-                "stream `{key}` no longer exists (deleted?) but entries after {position} were not read yet; refusing to skip them"
+                "stream `{key}` no longer exists (deleted?) but entries after {at} were not read yet; refusing to skip them"
             ));
         }
         return Ok(());
     };
-    let Some(next) = successor(pos) else {
+    let Some(next) = successor(pos.id) else {
         return Ok(());
     };
-    let deleted = parse_id(if info.max_deleted_id.is_empty() {
-        "0-0"
+    let id_or_zero = |s: &str| parse_id(if s.is_empty() { "0-0" } else { s });
+    let deleted = id_or_zero(&info.max_deleted_id)?;
+    let first = id_or_zero(&info.first_id)?;
+    let first_text = if info.first_id.is_empty() {
+        "none"
     } else {
-        &info.max_deleted_id
-    })?;
+        &info.first_id
+    };
     if deleted >= next {
         return Err(format!(
-            "stream `{key}` was trimmed past the read position: entry {} was deleted (max-deleted-entry-id) but entries after {position} were not read yet (first entry now: {}); refusing to skip them — restore the stream or start the job afresh",
-            info.max_deleted_id,
-            if info.first_id.is_empty() {
-                "none"
-            } else {
-                &info.first_id
-            }
+            "stream `{key}` was trimmed past the read position: entry {} was deleted (max-deleted-entry-id) but entries after {at} were not read yet (first entry now: {first_text}); refusing to skip them — restore the stream or start the job afresh",
+            info.max_deleted_id
         ));
+    }
+    if info.entries_added < pos.added {
+        return Err(format!(
+            "stream `{key}` was deleted and created anew: it counts {} entries ever added, but {} had been added up to the read position {at}; refusing to read it as the same stream",
+            info.entries_added, pos.added
+        ));
+    }
+    if info.length == 0 || first > pos.id {
+        let after = info.entries_added - pos.added;
+        if after > info.length {
+            return Err(format!(
+                "stream `{key}` was trimmed past the read position: {after} entries were added after {at} but only {} remain (first entry now: {first_text}); refusing to skip them — restore the stream or start the job afresh",
+                info.length
+            ));
+        }
     }
     Ok(())
 }
@@ -307,9 +366,13 @@ impl Source for RedisSource {
                 Some(i) => (i.last_generated_id.clone(), None),
                 None => ("0-0".to_owned(), None),
             };
+            let start_added = info
+                .as_ref()
+                .map_or(0, |i| i.entries_added.saturating_sub(i.length));
             let d = SplitDescriptor {
                 key: key.clone(),
                 start_after,
+                start_added,
                 last,
                 bounded: self.cfg.bounded,
             };
@@ -332,14 +395,18 @@ impl Source for RedisSource {
         let d: SplitDescriptor = serde_json::from_slice(&split.descriptor)
             .map_err(|e| PluginError::internal(format!("redis-source: split descriptor: {e}")))?;
         let key = &d.key;
-        let position = if cursor.is_empty() {
-            d.start_after.clone()
-        } else {
-            String::from_utf8(cursor.to_vec())
-                .map_err(|_| PluginError::internal("redis-source: cursor is not UTF-8"))?
-        };
-        let pos = parse_id(&position).map_err(PluginError::internal)?;
         let start = parse_id(&d.start_after).map_err(PluginError::internal)?;
+        let at = if cursor.is_empty() {
+            Position {
+                id: start,
+                added: d.start_added,
+            }
+        } else {
+            Position::decode(cursor)
+                .map_err(|m| PluginError::internal(format!("redis-source: {m}")))?
+        };
+        let pos = at.id;
+        let position = fmt_id(pos);
         let last = match &d.last {
             Some(l) => Some(parse_id(l).map_err(PluginError::internal)?),
             None => None,
@@ -362,13 +429,14 @@ impl Source for RedisSource {
         let conn = &self.cfg.connection;
         let info = rs::info(conn, key).map_err(|e| redis_err(&format!("stream `{key}`"), e))?;
         let had_entries = last.is_some() || pos > start;
-        check_not_trimmed(key, &position, info.as_ref(), had_entries)
+        check_not_trimmed(key, at, info.as_ref(), had_entries)
             .map_err(|m| PluginError::io(format!("redis-source: {m}")))?;
         let count = max_records.min(self.cfg.read_count).max(1);
         let until = d.last.clone().unwrap_or_default();
         let entries = rs::range(conn, key, &position, &until, count)
             .map_err(|e| redis_err(&format!("reading stream `{key}`"), e))?;
         let mut next = pos;
+        let mut added = at.added;
         for e in &entries {
             let id = parse_id(&e.id).map_err(PluginError::internal)?;
             let Some((_, value)) = e.fields.iter().find(|(f, _)| *f == self.cfg.field) else {
@@ -427,13 +495,14 @@ impl Source for RedisSource {
             };
             out.push_record(None, ts, value);
             next = id;
+            added += 1;
         }
         let finished = d.bounded && last.is_none_or(|l| next >= l);
         Ok(ReadOutcome {
             next_cursor: if next == pos {
                 cursor.to_vec()
             } else {
-                fmt_id(next).into_bytes()
+                Position { id: next, added }.encode()
             },
             finished,
             progress: progress(next),
@@ -469,28 +538,49 @@ mod tests {
         assert!(parse_id("1-x").is_err() && parse_id("12").is_err());
     }
 
+    fn at(id: &str, added: u64) -> Position {
+        Position {
+            id: parse_id(id).unwrap(),
+            added,
+        }
+    }
+
+    /// A stream whose first entry is `first`, `length` entries present, `added` ever added.
+    fn stream(first: &str, length: u64, added: u64, max_deleted: &str) -> StreamInfo {
+        StreamInfo {
+            length,
+            entries_added: added,
+            ..info(first, max_deleted)
+        }
+    }
+
     #[test]
-    fn a_deletion_above_the_cursor_fails_and_one_at_or_below_does_not() {
-        // Nothing deleted, or only entries up to the cursor: fine.
-        for (cursor, deleted) in [
-            ("5-3", "0-0"),
-            ("5-3", "5-3"),
-            ("5-3", "2-0"),
-            ("4-18446744073709551615", "4-7"),
-        ] {
+    fn an_xdel_above_the_cursor_fails_and_one_at_or_below_does_not() {
+        // 10 entries 1-0..10-0 were added; the cursor is at 5-0 (5 added up to it).
+        for (cursor, deleted) in [("5-0", "0-0"), ("5-0", "5-0"), ("5-0", "2-0")] {
             assert!(
-                check_not_trimmed("s", cursor, Some(&info("6-0", deleted)), true).is_ok(),
+                check_not_trimmed(
+                    "s",
+                    at(cursor, 5),
+                    Some(&stream("1-0", 9, 10, deleted)),
+                    true
+                )
+                .is_ok(),
                 "{cursor} {deleted}"
             );
         }
-        // The entry right after the cursor, or any later one, was deleted: loud failure.
         for (cursor, deleted) in [
-            ("5-3", "5-4"),
-            ("5-3", "9-0"),
+            ("5-0", "5-1"),
+            ("5-0", "9-0"),
             ("4-18446744073709551615", "5-0"),
         ] {
-            let e = check_not_trimmed("flights", cursor, Some(&info("10-0", deleted)), true)
-                .unwrap_err();
+            let e = check_not_trimmed(
+                "flights",
+                at(cursor, 5),
+                Some(&stream("1-0", 9, 10, deleted)),
+                true,
+            )
+            .unwrap_err();
             assert!(
                 e.contains("stream `flights` was trimmed past the read position")
                     && e.contains(deleted)
@@ -498,10 +588,55 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn an_xtrim_past_the_cursor_fails_and_one_up_to_it_does_not() {
+        // 10 entries 1-0..10-0 added; cursor at 5-0 (5 added up to it).
+        // Trimmed up to the cursor: 6-0..10-0 remain; fine. So is a sparse id gap.
+        assert!(
+            check_not_trimmed("s", at("5-0", 5), Some(&stream("6-0", 5, 10, "0-0")), true).is_ok()
+        );
+        assert!(
+            check_not_trimmed("s", at("5-0", 5), Some(&stream("9-0", 5, 10, "0-0")), true).is_ok()
+        );
+        // Not trimmed at all (first entry below the cursor).
+        assert!(
+            check_not_trimmed("s", at("5-0", 5), Some(&stream("1-0", 10, 10, "0-0")), true).is_ok()
+        );
+        // Trimmed past it: 7-0..10-0 remain, 6-0 is gone.
+        let e = check_not_trimmed(
+            "flights",
+            at("5-0", 5),
+            Some(&stream("7-0", 4, 10, "0-0")),
+            true,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("stream `flights` was trimmed past the read position: 5 entries were added after 5-0 but only 4 remain"),
+            "{e}"
+        );
+        // Everything trimmed (MAXLEN 0).
+        assert!(
+            check_not_trimmed("s", at("5-0", 5), Some(&stream("", 0, 10, "0-0")), true).is_err()
+        );
+        assert!(
+            check_not_trimmed("s", at("10-0", 10), Some(&stream("", 0, 10, "0-0")), true).is_ok()
+        );
+        // Deleted and created anew.
+        let e = check_not_trimmed("s", at("5-0", 5), Some(&stream("20-0", 2, 2, "0-0")), true)
+            .unwrap_err();
+        assert!(e.contains("created anew"), "{e}");
         // A stream that vanished after it had entries to read fails; one that never
         // existed (unbounded, empty) does not.
-        assert!(check_not_trimmed("s", "5-3", None, true).is_err());
-        assert!(check_not_trimmed("s", "0-0", None, false).is_ok());
+        assert!(check_not_trimmed("s", at("5-3", 5), None, true).is_err());
+        assert!(check_not_trimmed("s", at("0-0", 0), None, false).is_ok());
+        // Cursors round-trip.
+        assert_eq!(
+            Position::decode(&at("5-3", 7).encode()).unwrap(),
+            at("5-3", 7)
+        );
+        assert!(Position::decode(b"5-3").is_err());
     }
 
     #[test]
