@@ -326,9 +326,11 @@ fn describe(e: &redis::RedisError) -> String {
 
 /// A driver error of a command on `c` as a [`RedisError`]; `what` names the command and key.
 fn cmd_error(c: &Conn<'_>, what: &str, e: &redis::RedisError) -> RedisError {
-    let kind = if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-        ErrorKind::Connection
-    } else if e.code().is_some_and(|c| c == "NOAUTH" || c == "WRONGPASS") {
+    let kind = if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.code().is_some_and(|c| c == "NOAUTH" || c == "WRONGPASS")
+    {
         ErrorKind::Connection
     } else {
         ErrorKind::Server
@@ -348,14 +350,15 @@ fn check_id(c: &Conn<'_>, key: &str, id: &str) -> Result<(), RedisError> {
     })
 }
 
-/// Entries of an XRANGE reply; `budget` is the reply-bytes limit.
-fn entries(c: &Conn<'_>, key: &str, v: Value, budget: u64) -> Result<Vec<Entry>, RedisError> {
+/// Entries of an XRANGE reply on connection `name`; `budget` is the reply-bytes limit
+/// (`redis_reply_bytes`): ids, field names and values summed.
+fn entries(name: &str, key: &str, v: Value, budget: u64) -> Result<Vec<Entry>, RedisError> {
     let bad = || {
         err(
             ErrorKind::Server,
             format!(
                 "connection `{}`: stream `{key}`: unexpected reply shape",
-                c.name
+                name
             ),
         )
     };
@@ -411,7 +414,7 @@ fn entries(c: &Conn<'_>, key: &str, v: Value, budget: u64) -> Result<Vec<Entry>,
                 ErrorKind::Limit,
                 format!(
                     "connection `{}`: stream `{key}`: exceeded limit `redis_reply_bytes` ({budget} bytes per reply); read fewer entries per call",
-                    c.name
+                    name
                 ),
             ));
         }
@@ -498,7 +501,7 @@ impl wr::Host for StoreData {
                 .arg(count)
                 .query(&mut *c.con)
                 .map_err(|e| cmd_error(c, &format!("XRANGE `{key}`"), &e))?;
-            entries(c, &key, v, budget)
+            entries(&c.name, &key, v, budget)
         })
     }
 
@@ -516,7 +519,7 @@ impl wr::Host for StoreData {
                 .arg(&id)
                 .query(&mut *c.con)
                 .map_err(|e| cmd_error(c, &format!("XRANGE `{key}`"), &e))?;
-            Ok(entries(c, &key, v, budget)?.into_iter().next())
+            Ok(entries(&c.name, &key, v, budget)?.into_iter().next())
         })
     }
 
@@ -708,6 +711,34 @@ mod tests {
         ] {
             assert!(parse_id(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn replies_over_redis_reply_bytes_fail_with_limit() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let entry = |id: &str, v: &str| {
+            Value::Array(vec![bulk(id), Value::Array(vec![bulk("line"), bulk(v)])])
+        };
+        let reply = Value::Array(vec![entry("1-1", "abc"), entry("1-2", "defgh")]);
+        // 3 + 4 + 3 and 3 + 4 + 5 bytes: 22 in all.
+        let got = entries("r", "k", reply.clone(), 22).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (got[1].id.as_str(), got[1].fields[0].1.as_slice()),
+            ("1-2", &b"defgh"[..])
+        );
+        let e = entries("r", "k", reply, 21).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Limit);
+        assert!(
+            e.message.contains("connection `r`: stream `k`: exceeded limit `redis_reply_bytes` (21 bytes per reply)"),
+            "{}",
+            e.message
+        );
+        assert!(entries("r", "k", Value::Nil, 1).unwrap().is_empty());
+        assert_eq!(
+            entries("r", "k", bulk("x"), 1).unwrap_err().kind,
+            ErrorKind::Server
+        );
     }
 
     #[test]

@@ -738,16 +738,16 @@ mod tests {
     /// Redis stream semantics that matter here: ids above the last id, XDEL raising
     /// max-deleted, XSETID, hashes; `fail_next_reply` loses the reply of one add-batch
     /// after applying it.
+    /// One stream: entries by id, last generated id, max deleted id.
+    type ModelStream = (
+        BTreeMap<(u64, u64), Vec<(String, Vec<u8>)>>,
+        (u64, u64),
+        (u64, u64),
+    );
+
     #[derive(Default)]
     struct Model {
-        streams: HashMap<
-            String,
-            (
-                BTreeMap<(u64, u64), Vec<(String, Vec<u8>)>>,
-                (u64, u64),
-                (u64, u64),
-            ),
-        >,
+        streams: HashMap<String, ModelStream>,
         hashes: HashMap<(String, String), String>,
         fail_next_reply: bool,
     }
@@ -969,9 +969,10 @@ mod tests {
 
     #[test]
     fn a_lost_reply_is_retried_and_counted_as_duplicates_and_a_foreign_entry_is_an_error() {
-        let mut m = Model::default();
-        m.fail_next_reply = true;
-        let mut s = sink(m);
+        let mut s = sink(Model {
+            fail_next_reply: true,
+            ..Model::default()
+        });
         let c = epoch(&mut s, 1, &["a", "b", "c"]);
         assert_eq!(contents(&mut s).len(), 3);
         s.commit_impl(&c).unwrap();
