@@ -468,7 +468,7 @@ fn redis_sink_is_effectively_once_under_kills_and_refused_in_a_strict_job() {
     let span = (took.as_millis() as u64).max(500);
     let mut streams = Vec::new();
     kill_rounds(
-        10,
+        20,
         span,
         0x5eed_0002,
         |round| {
