@@ -318,11 +318,22 @@ fn a_stream_trimmed_past_the_cursor_fails_loudly() {
 
 /// The flights CSV (file-source) -> flights-mapper -> redis-sink, one stream per subtask.
 fn sink_job(url: &str, stream: &str, semantic: &str, interval_ms: u64) -> String {
+    sink_job_p(url, stream, semantic, interval_ms, 2)
+}
+
+/// [`sink_job`] at parallelism `parallelism`.
+fn sink_job_p(
+    url: &str,
+    stream: &str,
+    semantic: &str,
+    interval_ms: u64,
+    parallelism: u32,
+) -> String {
     format!(
         r#"
 [job]
 name = "redis-sink-per-record"
-parallelism = 2
+parallelism = {parallelism}
 semantic = "{semantic}"
 checkpoint_interval_ms = {interval_ms}
 
@@ -358,8 +369,13 @@ config = {{ connection = "r", stream = "{stream}" }}
 /// Per subtask stream: the records in stream order; checks that no entry lies above the
 /// marker's committed epoch and that the marker names an owner.
 fn sink_contents(r: &mut Redis, stream: &str) -> BTreeMap<u32, Vec<String>> {
+    sink_contents_n(r, stream, 2)
+}
+
+/// [`sink_contents`] of `subtasks` subtask streams.
+fn sink_contents_n(r: &mut Redis, stream: &str, subtasks: u32) -> BTreeMap<u32, Vec<String>> {
     let mut out = BTreeMap::new();
-    for subtask in 0..2u32 {
+    for subtask in 0..subtasks {
         let key = format!("{stream}:{subtask}");
         let entries = r.entries(&key);
         let marker = format!("{key}:nop-sink");
@@ -495,6 +511,41 @@ fn redis_sink_is_effectively_once_under_kills_and_refused_in_a_strict_job() {
     }
     eprintln!(
         "random kills: in {recovered} rounds recovery deleted entries of a non-durable epoch"
+    );
+}
+
+#[test]
+#[ignore = "needs Redis: .ci/run starts one (scripts/redis-test-server.sh)"]
+fn redis_sink_downscale_from_4_to_2_settles_the_removed_subtasks() {
+    let mut r = Redis::new("down");
+    let stream = r.key("out");
+    let job = redis_job(
+        &r,
+        "down",
+        sink_job_p(&r.server.url, &stream, "effectively-once", 100, 4),
+    );
+    // Crash after six pre-commits at p = 4: epoch 1 durable, epoch 2 partly written.
+    let (ok, out) = job.run(Some("after-pre-commit=6"));
+    assert!(!ok && out.contains("failpoint"), "{out}");
+    let at_crash: Vec<usize> = (0..4)
+        .map(|i| r.entries(&format!("{stream}:{i}")).len())
+        .collect();
+    eprintln!("entries per subtask stream at the crash: {at_crash:?}");
+    let o = job
+        .command("run", None)
+        .args(["-p", "2", "--rescale"])
+        .output()
+        .unwrap();
+    let out = common::job::text(&o);
+    assert!(o.status.success(), "{out}");
+    // Subtasks 2 and 3 no longer exist; their streams keep what they committed, and
+    // nothing of a non-durable epoch remains in any of the four.
+    let got = sink_contents_n(&mut r, &stream, 4);
+    let all: Vec<String> = got.values().flatten().cloned().collect();
+    check_per_record(&all);
+    eprintln!(
+        "records per subtask stream after the rescaled restart: {:?}",
+        got.values().map(Vec::len).collect::<Vec<_>>()
     );
 }
 
