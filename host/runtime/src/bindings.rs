@@ -67,6 +67,21 @@ pub mod mig {
     });
 }
 
+/// The `redis-source` and `redis-sink` worlds share their only extra import,
+/// `nop:redis/streams`; it is linked from here (the rest as for `pg`).
+pub mod redis {
+    wasmtime::component::bindgen!({
+        world: "redis-sink",
+        path: "../../wit",
+        imports: { default: trappable },
+        with: {
+            "nop:stream/types": crate::bindings::op::nop::stream::types,
+            "nop:stream/log": crate::bindings::op::nop::stream::log,
+            "nop:stream/metrics": crate::bindings::op::nop::stream::metrics,
+        },
+    });
+}
+
 pub use op::nop::stream::state::{KeyPage, ValueBatch};
 pub use op::nop::stream::timers::{TimeDomain, TimerGroup};
 pub use op::nop::stream::types::{

@@ -132,6 +132,22 @@ impl<'a> TaskHost<'a> {
                     subtask.unwrap_or(0),
                 )
             }),
+            redis: matches!(op.kind, PluginKind::Source | PluginKind::Sink).then(|| {
+                crate::redis::RedisAccess {
+                    grants: op
+                        .connections
+                        .iter()
+                        .map(|(name, c)| crate::redis::RedisGrant {
+                            name: name.clone(),
+                            kind: c.kind.clone(),
+                            url: c.url.clone(),
+                            password_env: c.password_env.clone(),
+                        })
+                        .collect(),
+                    operator: op.name.clone(),
+                    table: op.kind.to_string(),
+                }
+            }),
         })
     }
 

@@ -12,6 +12,7 @@ mod limits;
 mod partition;
 pub mod pg;
 pub mod plugin;
+pub mod redis;
 pub mod registry;
 mod task;
 pub mod transport;

@@ -38,6 +38,15 @@ pub struct Limits {
     /// `nop:postgres/client`: how long opening a session may take, in milliseconds.
     /// Default 5,000 ms.
     pub pg_connect_timeout_ms: u64,
+    /// `nop:redis/streams`: maximum bytes of entry ids, field names and values in one
+    /// reply. Default 16 MiB.
+    pub redis_reply_bytes: u64,
+    /// `nop:redis/streams`: how long connecting may take, in milliseconds. Default
+    /// 5,000 ms.
+    pub redis_connect_timeout_ms: u64,
+    /// `nop:redis/streams`: how long one command may wait for its reply (socket read and
+    /// write timeouts), in milliseconds. Default 30,000 ms.
+    pub redis_command_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -53,6 +62,9 @@ impl Default for Limits {
             pg_statement_timeout_ms: 30_000,
             pg_result_bytes: 16 << 20,
             pg_connect_timeout_ms: 5_000,
+            redis_reply_bytes: 16 << 20,
+            redis_connect_timeout_ms: 5_000,
+            redis_command_timeout_ms: 30_000,
         }
     }
 }

@@ -56,6 +56,9 @@ pub struct InstanceOptions {
     /// Sinks: the connections granted to the node and the subtask's GID scope for
     /// `nop:postgres/client`; `None` for every other instance (it can open none).
     pub pg: Option<crate::pg::PgAccess>,
+    /// Sources and sinks: the connections granted to the node for `nop:redis/streams`;
+    /// `None` for every other instance (it can use none).
+    pub redis: Option<crate::redis::RedisAccess>,
 }
 
 /// The engine, linker and compilation cache shared by every plugin of a process.
@@ -138,6 +141,13 @@ impl PluginHost {
         // Served to every component; only a sink instance with granted connections can
         // open a session (crate::pg).
         crate::bindings::pg::nop::postgres::client::add_to_linker::<_, HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        // Likewise: only a source or sink instance with granted connections can use it
+        // (crate::redis).
+        crate::bindings::redis::nop::redis::streams::add_to_linker::<_, HasSelf<_>>(
             &mut linker,
             |s| s,
         )
@@ -315,6 +325,7 @@ impl PluginHost {
             grants: Vec::new(),
             state: None,
             pg: None,
+            redis: None,
         };
         let info = match loaded.instantiate(&opts)? {
             Instance::Operator(mut i) => i.describe()?,
@@ -478,6 +489,13 @@ impl LoadedPlugin {
                 result_bytes: opts.limits.pg_result_bytes,
                 connect_timeout_ms: opts.limits.pg_connect_timeout_ms,
             },
+            redis: crate::redis::RedisState {
+                access: opts.redis.clone(),
+                open: BTreeMap::new(),
+                reply_bytes: opts.limits.redis_reply_bytes,
+                connect_timeout_ms: opts.limits.redis_connect_timeout_ms,
+                command_timeout_ms: opts.limits.redis_command_timeout_ms,
+            },
             host_wait: Duration::ZERO,
         };
         let mut store = Store::new(&self.engine, data);
@@ -537,6 +555,7 @@ impl LoadedPlugin {
             grants: Vec::new(),
             state: None,
             pg: None,
+            redis: None,
         };
         let mut store = self.store(&opts)?;
         let ctx = CallCtx {

@@ -1,8 +1,12 @@
-//! Shared harness of the cluster suites (`cluster`, `cluster_partition`): a coordinator and
+//! Shared harness of the suites: the flights data and independent expectations
+//! ([`flights`]), running and crashing jobs through the binary ([`job`]), and, for the
+//! cluster suites (`cluster`, `cluster_partition`): a coordinator and
 //! node processes of the `nopstream` binary, the flights jobs they run and the checks of
 //! their output ([`cluster`]), and network namespaces to put nodes in ([`netns`]).
 
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod cluster;
+pub mod flights;
+pub mod job;
 pub mod netns;

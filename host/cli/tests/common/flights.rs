@@ -1,0 +1,129 @@
+//! The flights data set and expectations computed from it independently of the engine
+//! (the `csv` crate over the zipped CSV).
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The CSV's header and its data lines, as the file holds them (no line endings).
+pub fn csv_lines() -> (String, Vec<String>) {
+    use std::io::Read;
+    let zip_path = super::job::repo().join("examples/flights/data/flights.csv.zip");
+    let file = std::fs::File::open(&zip_path).expect("flights zip in the repository");
+    let mut zip = zip::ZipArchive::new(file).unwrap();
+    let mut text = String::new();
+    zip.by_name("flights.csv")
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    let mut lines = text
+        .lines()
+        .map(|l| l.trim_end_matches('\r').to_owned())
+        .filter(|l| !l.is_empty());
+    let header = lines.next().expect("a header line");
+    (header, lines.collect())
+}
+
+/// Per-carrier figures of the flights job.
+#[derive(Debug, Default, PartialEq)]
+pub struct Expected {
+    /// Departures.
+    pub flights: u64,
+    /// `dep_delay` = NA.
+    pub cancelled: u64,
+    /// `dep_delay` > 15.
+    pub delayed_15: u64,
+    /// Sum of `dep_delay`.
+    pub sum: i64,
+    /// Departures with a `dep_delay`.
+    pub n: u64,
+}
+
+/// Reads the zipped CSV with the `csv` crate and computes the per-carrier figures.
+pub fn expected_per_carrier() -> BTreeMap<String, Expected> {
+    let zip_path = super::job::repo().join("examples/flights/data/flights.csv.zip");
+    let file = std::fs::File::open(&zip_path).expect("flights zip in the repository");
+    let mut zip = zip::ZipArchive::new(file).unwrap();
+    let member = zip.by_name("flights.csv").unwrap();
+    let mut rdr = csv::Reader::from_reader(member);
+    let headers = rdr.headers().unwrap().clone();
+    let col = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let (carrier, dep_delay) = (col("carrier"), col("dep_delay"));
+    let mut out: BTreeMap<String, Expected> = BTreeMap::new();
+    for row in rdr.records() {
+        let row = row.unwrap();
+        let e = out.entry(row[carrier].to_owned()).or_default();
+        e.flights += 1;
+        match &row[dep_delay] {
+            "NA" => e.cancelled += 1,
+            d => {
+                let d: i64 = d.parse().unwrap();
+                e.sum += d;
+                e.n += 1;
+                if d > 15 {
+                    e.delayed_15 += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Checks the per-carrier output lines of the flights job against `expected`.
+pub fn check_per_carrier(lines: &[String], expected: &BTreeMap<String, Expected>) {
+    assert_eq!(
+        lines.len(),
+        expected.len(),
+        "one line per carrier: {lines:#?}"
+    );
+    assert_eq!(expected.len(), 16);
+    for line in lines {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let carrier = v["carrier"].as_str().unwrap();
+        let e = &expected[carrier];
+        assert_eq!(v["flights"].as_u64(), Some(e.flights), "{carrier} flights");
+        assert_eq!(
+            v["cancelled"].as_u64(),
+            Some(e.cancelled),
+            "{carrier} cancelled"
+        );
+        assert_eq!(
+            v["delayed_15"].as_u64(),
+            Some(e.delayed_15),
+            "{carrier} delayed_15"
+        );
+        let avg = e.sum as f64 / e.n as f64;
+        assert_eq!(
+            v["avg_dep_delay_min"].as_f64(),
+            Some(avg),
+            "{carrier} avg_dep_delay_min"
+        );
+    }
+    let total: u64 = expected.values().map(|e| e.flights).sum();
+    assert_eq!(total, 336_776);
+}
+
+/// The natural key of a per-record output line.
+pub fn natural_key(line: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(line).unwrap();
+    [
+        "year",
+        "month",
+        "day",
+        "carrier",
+        "flight",
+        "origin",
+        "sched_dep_time",
+    ]
+    .iter()
+    .map(|f| v[f].to_string())
+    .collect()
+}
+
+/// Checks per-record output: 336,776 records with unique natural keys.
+pub fn check_per_record(lines: &[String]) {
+    assert_eq!(lines.len(), 336_776, "every departure exactly once");
+    let mut keys = BTreeSet::new();
+    for l in lines {
+        assert!(keys.insert(natural_key(l)), "duplicate natural key in {l}");
+    }
+}

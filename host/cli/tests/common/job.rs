@@ -1,0 +1,200 @@
+//! Running a job file through the real `nopstream` binary: to completion, with failpoints,
+//! or SIGKILLed at a moment and restarted until it finishes (the crash suites' harness).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// stdout and stderr of a finished process.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A job file written next to the flights example (relative grants and prepare steps
+/// resolve against it), removed on drop, with its own work and output directories.
+pub struct Job {
+    /// The job file.
+    pub file: PathBuf,
+    /// Holds `out` (the `--output` directory) and `work` (`--work-dir`).
+    pub dir: tempfile::TempDir,
+    /// Environment variables set for every run.
+    pub env: Vec<(String, String)>,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+impl Job {
+    /// Writes `text` as `examples/flights/.<suite>-<pid>-<tag>.toml`.
+    pub fn new(suite: &str, tag: &str, text: &str) -> Job {
+        let file = repo()
+            .join("examples/flights")
+            .join(format!(".{suite}-{}-{tag}.toml", std::process::id()));
+        std::fs::write(&file, text).unwrap();
+        Job {
+            file,
+            dir: tempfile::tempdir().unwrap(),
+            env: Vec::new(),
+        }
+    }
+
+    /// The `--output` directory.
+    pub fn out(&self) -> PathBuf {
+        self.dir.path().join("out")
+    }
+
+    /// The `--work-dir` directory.
+    pub fn work(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    /// `nopstream <verb> ...` for this job, output captured.
+    pub fn command(&self, verb: &str, failpoints: Option<&str>) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nopstream"));
+        c.arg(verb);
+        if verb == "run" {
+            c.args(["--no-progress", "--no-echo", "--output"])
+                .arg(self.out())
+                .arg("--work-dir")
+                .arg(self.work());
+        }
+        c.arg(&self.file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        match failpoints {
+            Some(f) => c.env("NOPSTREAM_FAILPOINTS", f),
+            None => c.env_remove("NOPSTREAM_FAILPOINTS"),
+        };
+        c
+    }
+
+    /// Runs to completion: (success, stdout + stderr).
+    pub fn run(&self, failpoints: Option<&str>) -> (bool, String) {
+        let o = self.command("run", failpoints).output().unwrap();
+        (o.status.success(), text(&o))
+    }
+
+    /// Runs, SIGKILLing the process if it has not ended after `limit`: (ended by itself,
+    /// success, output).
+    pub fn run_for(&self, limit: Duration) -> (bool, bool, String) {
+        let child = self.command("run", None).spawn().unwrap();
+        let pid = child.id();
+        let t = Instant::now();
+        let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+        while t.elapsed() < limit && !waiter.is_finished() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ended = waiter.is_finished();
+        if !ended {
+            // SIGKILL by pid: the child is ours and still running (not yet reaped).
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        let o = waiter.join().unwrap();
+        (ended, o.status.success(), text(&o))
+    }
+
+    /// Starts the job and SIGKILLs it after `after`; returns whether it had already ended.
+    pub fn kill_after(&self, after: Duration) -> bool {
+        let mut child = self.command("run", None).spawn().unwrap();
+        let t = Instant::now();
+        while t.elapsed() < after {
+            if child.try_wait().unwrap().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        false
+    }
+
+    /// Runs until a run succeeds (at most 5 tries); returns its output.
+    pub fn finish(&self) -> String {
+        for _ in 0..5 {
+            let (ok, text) = self.run(None);
+            if ok {
+                return text;
+            }
+            eprintln!("restart failed, retrying: {text}");
+        }
+        panic!("the job never finished");
+    }
+
+    /// Committed JSONL output lines (sorted); staging files are not output.
+    pub fn committed(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for e in std::fs::read_dir(self.out()).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "jsonl") {
+                lines.extend(
+                    std::fs::read_to_string(&p)
+                        .unwrap()
+                        .lines()
+                        .map(str::to_owned),
+                );
+            }
+        }
+        lines.sort();
+        lines
+    }
+}
+
+/// SIGKILLs jobs made by `make(round)` at pseudo-random moments within `span_ms`,
+/// restarting each until it finishes, until `kills` kills landed while a job ran; `check`
+/// runs on each finished round's job. A resumed run only has the remaining work, so a
+/// round can end before enough kills landed; then a fresh round starts (at most 40).
+pub fn kill_rounds(
+    kills: usize,
+    mut span_ms: u64,
+    seed: u64,
+    mut make: impl FnMut(usize) -> Job,
+    mut check: impl FnMut(&Job, usize),
+) {
+    let mut x = seed;
+    let mut landed = 0;
+    let mut round = 0;
+    while landed < kills {
+        round += 1;
+        assert!(
+            round <= 40,
+            "kills keep missing the run ({landed}/{kills} landed)"
+        );
+        let job = make(round);
+        let mut first = true;
+        loop {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = 50 + (x >> 33) % span_ms;
+            if job.kill_after(Duration::from_millis(at)) {
+                if first {
+                    span_ms = (span_ms * 2 / 3).max(100);
+                }
+                break;
+            }
+            first = false;
+            landed += 1;
+            if landed == kills {
+                break;
+            }
+        }
+        job.finish();
+        check(&job, round);
+    }
+    eprintln!("{landed} kills landed in {round} rounds");
+}
