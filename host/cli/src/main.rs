@@ -769,11 +769,12 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let host = PluginHost::new(cache_dir())?;
             let registry = PluginRegistry::new(&host, search, dir.clone());
             let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
-            let plan = partitioned_plan(&job_graph(&stream));
-            let plugins = registry.plugin_set(&plan)?;
-            let ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
+            let mut plan = partitioned_plan(&job_graph(&stream));
+            let mut plugins = registry.plugin_set(&plan)?;
+            let mut ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
             // A restore from a savepoint: check first, refuse anything but compatible, then
-            // seed the job's namespace with the savepoint's epoch.
+            // seed the job's namespace (or, with `fork`, a new one) with the savepoint's
+            // epoch.
             let mut from_savepoint_fp = None;
             if let Some(sp_dir) = &from_savepoint {
                 let sp = savepoint::open(sp_dir)?;
@@ -801,6 +802,34 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                         }
                     );
                     return Ok(std::process::ExitCode::from(report.verdict.exit_code()));
+                }
+                if let Some(lineage) = actions.actions.iter().find_map(|a| match a {
+                    nop_stream_coordinator::compat::Action::Fork { namespace } => {
+                        Some(namespace.clone())
+                    }
+                    _ => None,
+                }) {
+                    // The job runs as another pipeline lineage: new namespace, new
+                    // transaction ids (design §3.1).
+                    model.job.pipeline = lineage.clone();
+                    nop_stream_core::validate_model(&model).map_err(|d| {
+                        anyhow::anyhow!("fork {lineage}: not a valid pipeline id: {d}")
+                    })?;
+                    let stream =
+                        stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+                    plan = partitioned_plan(&job_graph(&stream));
+                    plugins = registry.plugin_set(&plan)?;
+                    ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
+                    anyhow::ensure!(
+                        fresh
+                            || !ckpt
+                                .join("manifests")
+                                .read_dir()
+                                .is_ok_and(|mut d| d.next().is_some()),
+                        "fork {lineage}: namespace {} already holds checkpoints; fork into                          another one, or add --fresh to discard them",
+                        ckpt.display()
+                    );
+                    eprintln!("forking into pipeline lineage `{lineage}`");
                 }
                 let fp = savepoint::seed_namespace(&sp, &ckpt, &actions, &plan, &plugins)?;
                 eprintln!(

@@ -619,6 +619,67 @@ fn a_namespace_that_went_on_goes_back_to_a_savepoint_only_with_fresh() {
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert!(text(&o).contains("NAMESPACE_ADVANCED"), "{}", text(&o));
     assert!(text(&o).contains("add --fresh"), "{}", text(&o));
+    // `fork` restores it as another pipeline lineage: a new namespace and new transaction
+    // ids, into another output directory, leaving the job's own checkpoints alone.
+    let reference = committed(&d.out);
+    let checkpoints = d.work.join("checkpoints");
+    let before = snapshot(&checkpoints);
+    let fork = d.work.join("fork.toml");
+    std::fs::write(
+        &fork,
+        "[[action]]\nkind = \"fork\"\nnamespace = \"replay\"\n",
+    )
+    .unwrap();
+    let forked_out = dirs();
+    let fork_run = || {
+        Command::new(BIN)
+            .args(["run", "--no-progress", "--no-echo", "--from-savepoint"])
+            .arg(&sp)
+            .arg("--actions")
+            .arg(&fork)
+            .arg("--output")
+            .arg(&forked_out.out)
+            .arg("--work-dir")
+            .arg(&d.work)
+            .arg(&j.0)
+            .env_remove("NOPSTREAM_FAILPOINTS")
+            .output()
+            .unwrap()
+    };
+    let o = fork_run();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("forking into pipeline lineage `replay`"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        committed(&forked_out.out),
+        reference,
+        "the forked run's output"
+    );
+    let after = snapshot(&checkpoints);
+    for (path, bytes) in &before {
+        assert!(
+            after.iter().any(|(p, b)| p == path && b == bytes),
+            "{} is untouched by the fork",
+            path.display()
+        );
+    }
+    assert!(
+        after
+            .iter()
+            .any(|(p, _)| p.to_string_lossy().contains("flights-per-carrier.replay")),
+        "the fork has its own namespace"
+    );
+    // A second fork into the same, now used, namespace is refused.
+    let o = fork_run();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("already holds checkpoints"),
+        "{}",
+        text(&o)
+    );
     let o = run(
         &j.0,
         &d,

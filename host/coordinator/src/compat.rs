@@ -287,9 +287,12 @@ pub enum Action {
         /// The new mode.
         to: String,
     },
-    /// Restore into a new checkpoint namespace (new transaction ids).
+    /// Restore into a new checkpoint namespace with new transaction ids: the restored job
+    /// runs as pipeline lineage `namespace` (job-file `[job] pipeline`), so its checkpoints
+    /// live in namespace `<job>.<namespace>` and its sink transaction ids carry it; it shares
+    /// neither with the job it forks from (design §3.1). Only on `run --from-savepoint`.
     Fork {
-        /// The new namespace.
+        /// The new pipeline lineage id (`[A-Za-z0-9][A-Za-z0-9._-]*`).
         namespace: String,
     },
 }
@@ -320,7 +323,7 @@ impl Action {
     }
 
     /// Whether this host can carry the action out, on restore and in `savepoint migrate`
-    /// ([`crate::migrate::apply`]); finalize-sink and fork are not built yet.
+    /// ([`crate::migrate::apply`]; `fork` on restore only); finalize-sink is not built yet.
     pub fn supported(&self) -> bool {
         matches!(
             self,
@@ -331,6 +334,7 @@ impl Action {
                 | Action::Reshard { .. }
                 | Action::MigrateState { .. }
                 | Action::AcceptSemanticChange { .. }
+                | Action::Fork { .. }
         )
     }
 }
@@ -417,9 +421,7 @@ pub enum ActionError {
     #[error("action `{0}` clears no finding of this check; remove it")]
     Unused(String),
     /// An action this host cannot carry out yet.
-    #[error(
-        "action `{0}` is not supported by this host yet (finalize-sink and fork are not built)"
-    )]
+    #[error("action `{0}` is not supported by this host yet (finalize-sink is not built)")]
     Unsupported(String),
 }
 

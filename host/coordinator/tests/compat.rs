@@ -330,7 +330,9 @@ fn cases() -> Vec<Case> {
                 pending_committables: Default::default(),
                 namespace_epochs: Some((9, 4)),
             },
-            clears: None,
+            clears: Some(Action::Fork {
+                namespace: "replay".into(),
+            }),
         },
     ]
 }
@@ -471,18 +473,24 @@ fn an_action_that_clears_nothing_or_is_not_built_is_an_error() {
         ActionError::Unused("migrate-state operators/agg/other".into())
     );
     // ... while an action this host cannot carry out is an error, not a silent pass.
+    let mut swapped = base();
+    swapped.operators[3].sink_protocol = Some("idempotent:kv-sink".into());
     let e = run(
-        &base(),
+        &swapped,
         &CheckContext {
-            pending_committables: Default::default(),
-            namespace_epochs: Some((9, 4)),
+            pending_committables: [("sinks/out".to_owned(), 2)].into(),
+            namespace_epochs: None,
         },
-        vec![Action::Fork {
-            namespace: "other".into(),
+        vec![Action::FinalizeSink {
+            operator: "sinks/out".into(),
+            with: "jsonl-sink@0.1.0".into(),
         }],
     )
     .unwrap_err();
-    assert_eq!(e, ActionError::Unsupported("fork other".into()));
+    assert_eq!(
+        e,
+        ActionError::Unsupported("finalize-sink sinks/out with jsonl-sink@0.1.0".into())
+    );
 }
 
 #[test]
