@@ -55,6 +55,7 @@ fn operator(
         grants: Vec::new(),
         state,
         pg: None,
+        nats: None,
     };
     let Instance::Operator(mut op) = plugin.instantiate(&opts).expect("instantiate") else {
         panic!("{package} is not an operator")

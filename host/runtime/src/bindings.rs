@@ -54,6 +54,21 @@ pub mod pg {
     });
 }
 
+/// The `nats-source` world: only its `nop:nats/jetstream` import is linked from here (the
+/// shared interfaces come from the operator world, the exports from `source`).
+pub mod nats {
+    wasmtime::component::bindgen!({
+        world: "nats-source",
+        path: "../../wit",
+        imports: { default: trappable },
+        with: {
+            "nop:stream/types": crate::bindings::op::nop::stream::types,
+            "nop:stream/log": crate::bindings::op::nop::stream::log,
+            "nop:stream/metrics": crate::bindings::op::nop::stream::metrics,
+        },
+    });
+}
+
 pub use op::nop::stream::state::{KeyPage, ValueBatch};
 pub use op::nop::stream::timers::{TimeDomain, TimerGroup};
 pub use op::nop::stream::types::{

@@ -205,6 +205,8 @@ pub struct StoreData {
     pub(crate) side: Vec<(String, nop_stream_api::Batch)>,
     /// The `nop:postgres/client` capability: granted connections, GID scope, limits.
     pub(crate) pg: crate::pg::PgState,
+    /// The `nop:nats/jetstream` capability: granted connections, clients, consumers.
+    pub(crate) nats: crate::nats::NatsState,
     /// Wall-clock time spent blocked in host calls that wait on the outside world (a
     /// database) during the current guest call; it does not count against
     /// `cpu_ms_per_call` (the epoch-deadline callback grants it back).

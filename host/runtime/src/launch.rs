@@ -132,6 +132,19 @@ impl<'a> TaskHost<'a> {
                     subtask.unwrap_or(0),
                 )
             }),
+            nats: (op.kind == PluginKind::Source).then(|| crate::nats::NatsAccess {
+                grants: op
+                    .connections
+                    .iter()
+                    .map(|(name, c)| crate::nats::NatsGrant {
+                        name: name.clone(),
+                        kind: c.kind.clone(),
+                        url: c.url.clone(),
+                        password_env: c.password_env.clone(),
+                    })
+                    .collect(),
+                operator: op.name.clone(),
+            }),
         })
     }
 

@@ -56,6 +56,9 @@ pub struct InstanceOptions {
     /// Sinks: the connections granted to the node and the subtask's GID scope for
     /// `nop:postgres/client`; `None` for every other instance (it can open none).
     pub pg: Option<crate::pg::PgAccess>,
+    /// Sources: the connections granted to the node for `nop:nats/jetstream`; `None` for
+    /// every other instance (it can use none).
+    pub nats: Option<crate::nats::NatsAccess>,
 }
 
 /// The engine, linker and compilation cache shared by every plugin of a process.
@@ -138,6 +141,12 @@ impl PluginHost {
         // Served to every component; only a sink instance with granted connections can
         // open a session (crate::pg).
         crate::bindings::pg::nop::postgres::client::add_to_linker::<_, HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        // Likewise; only a source instance with granted connections can read (crate::nats).
+        crate::bindings::nats::nop::nats::jetstream::add_to_linker::<_, HasSelf<_>>(
             &mut linker,
             |s| s,
         )
@@ -265,6 +274,7 @@ impl PluginHost {
             grants: Vec::new(),
             state: None,
             pg: None,
+            nats: None,
         };
         let info = match loaded.instantiate(&opts)? {
             Instance::Operator(mut i) => i.describe()?,
@@ -428,6 +438,7 @@ impl LoadedPlugin {
                 result_bytes: opts.limits.pg_result_bytes,
                 connect_timeout_ms: opts.limits.pg_connect_timeout_ms,
             },
+            nats: crate::nats::NatsState::new(opts.nats.clone(), &opts.limits),
             host_wait: Duration::ZERO,
         };
         let mut store = Store::new(&self.engine, data);
