@@ -237,6 +237,28 @@ fn manifest_descriptors(work: &Path) -> Vec<(String, Value)> {
     out
 }
 
+/// Asserts `got == expected` (both sorted), reporting duplicates and missing lines first.
+fn same_output(got: &[String], expected: &[String], what: &str) {
+    if got == expected {
+        return;
+    }
+    let mut dups = 0;
+    for w in got.windows(2) {
+        if w[0] == w[1] {
+            dups += 1;
+        }
+    }
+    let set: BTreeSet<&String> = got.iter().collect();
+    let missing: Vec<&String> = expected.iter().filter(|l| !set.contains(l)).collect();
+    panic!(
+        "{what}: {} lines, {dups} duplicated, {} of {} expected missing (first: {:?})",
+        got.len(),
+        missing.len(),
+        expected.len(),
+        missing.first()
+    );
+}
+
 /// An uninterrupted run: its sorted output (checked against the CSV) and how long it took.
 fn reference() -> (Vec<String>, Duration) {
     static REF: OnceLock<(Vec<String>, Duration)> = OnceLock::new();
@@ -306,7 +328,11 @@ fn flights_from_jetstream_survive_failpoints_and_random_kills() {
             "{fp} did not fire: {text}"
         );
         j.finish();
-        assert_eq!(j.committed(), expected, "output after a crash at {fp}");
+        same_output(
+            &j.committed(),
+            &expected,
+            &format!("output after a crash at {fp}"),
+        );
     }
     // SIGKILL at pseudo-random moments over one run's duration, restarting each time,
     // until 20 kills landed while the job ran.
@@ -341,10 +367,10 @@ fn flights_from_jetstream_survive_failpoints_and_random_kills() {
             }
         }
         j.finish();
-        assert_eq!(
-            j.committed(),
-            expected,
-            "output after random kills (round {rounds})"
+        same_output(
+            &j.committed(),
+            &expected,
+            &format!("output after random kills (round {rounds})"),
         );
     }
     eprintln!("20 kills landed in {rounds} rounds");
@@ -380,12 +406,17 @@ fn a_nats_server_restart_mid_run_resumes_exactly() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    let tail: Vec<&str> = text.lines().rev().take(30).collect();
+    eprintln!(
+        "the run across the restart ended with:\n{}",
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    );
     if !out.status.success() {
         // The restart may outlast the source's patience; a restart of the job resumes.
         eprintln!("the run failed across the server restart; resuming: {text}");
         j.finish();
     }
-    assert_eq!(j.committed(), expected, "output across a server restart");
+    same_output(&j.committed(), &expected, "output across a server restart");
 }
 
 #[test]

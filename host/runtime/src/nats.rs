@@ -73,6 +73,8 @@ pub struct NatsAccess {
 struct Cached {
     consumer: consumer::PullConsumer,
     next: u64,
+    /// The client's connect count when the consumer was made.
+    connects: u64,
 }
 
 /// Per-instance state of the capability (in [`StoreData`]).
@@ -140,6 +142,25 @@ where
         let _ = tx.send(f.await);
     });
     rx.recv().expect("the NATS runtime dropped a call")
+}
+
+/// [`run`] with a deadline: a call whose server went away mid-way (a pull whose reply never
+/// comes) ends with a `timeout` error naming the connection and the stream after `limit`.
+fn run_bounded<F, T>(limit: Duration, connection: &str, stream: &str, f: F) -> Result<T, NatsError>
+where
+    F: Future<Output = Result<T, NatsError>> + Send + 'static,
+    T: Send + 'static,
+{
+    match run(async move { tokio::time::timeout(limit, f).await }) {
+        Ok(out) => out,
+        Err(_) => Err(err(
+            ErrorKind::Timeout,
+            format!(
+                "connection `{connection}`: stream `{stream}`: no answer within {} ms",
+                limit.as_millis()
+            ),
+        )),
+    }
 }
 
 fn err(kind: ErrorKind, message: String) -> NatsError {
@@ -323,7 +344,8 @@ impl StoreData {
         let url = self.grant_url(connection);
         let name = stream.to_owned();
         let conn = connection.to_owned();
-        run(async move {
+        let limit = Duration::from_millis(self.nats.connect_timeout_ms.max(1) + 1_000);
+        run_bounded(limit, connection, stream, async move {
             let s = js
                 .get_stream(&name)
                 .await
@@ -384,54 +406,58 @@ impl StoreData {
         let max = usize::try_from(max_messages.max(1)).unwrap_or(1);
         let conn = connection.to_owned();
         let name = stream.to_owned();
-        let out = run(async move {
+        // Consumer creation and the pulls each may take the request timeout, the long poll
+        // `wait` more.
+        let limit = wait + Duration::from_millis(3 * self.nats.connect_timeout_ms.max(1) + 1_000);
+        let out = run_bounded(limit, connection, stream, async move {
             let what = format!("stream `{name}`");
             let fail = |e: &dyn std::fmt::Display| classify(&conn, &url, &what, e);
-            let consumer = match cached {
-                Some(c) => c.consumer,
-                None => {
-                    let s = js.get_stream(&name).await.map_err(|e| fail(&e))?;
-                    s.create_consumer(consumer::pull::Config {
-                        deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                            start_sequence: start_seq,
-                        },
-                        ack_policy: consumer::AckPolicy::None,
-                        filter_subject: filter.clone().unwrap_or_default(),
-                        inactive_threshold: CONSUMER_INACTIVE,
-                        description: Some("nop-stream jetstream source".into()),
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| fail(&e))?
-                }
+            let connects = || {
+                js.client()
+                    .statistics()
+                    .connects
+                    .load(std::sync::atomic::Ordering::Relaxed)
             };
-            let mut messages = Vec::new();
-            let mut pending = None;
-            let batch = consumer
-                .fetch()
-                .max_messages(max)
-                .max_bytes(max_bytes)
-                .messages()
-                .await
-                .map_err(|e| fail(&e))?;
-            drain(batch, &mut messages, &mut pending, &fail).await?;
-            if messages.is_empty() && !wait.is_zero() {
-                let batch = consumer
-                    .batch()
-                    .max_messages(max)
-                    .max_bytes(max_bytes)
-                    .expires(wait)
-                    .messages()
-                    .await
-                    .map_err(|e| fail(&e))?;
-                drain(batch, &mut messages, &mut pending, &fail).await?;
+            let pull = Pull {
+                js: &js,
+                stream: &name,
+                filter: filter.as_deref(),
+                start_seq,
+                max,
+                max_bytes,
+                wait,
+                fail: &fail,
+            };
+            // A consumer never outlives the connection it was made on: a server that
+            // restarted may have restored it at another position.
+            let cached = cached.filter(|c| c.connects == connects());
+            let reused = cached.is_some();
+            let (mut fetched, mut consumer) = pull.run(cached.map(|c| c.consumer)).await?;
+            if reused && !in_order(&fetched.messages, start_seq) {
+                // Out of step all the same: read again from a fresh consumer.
+                (fetched, consumer) = pull.run(None).await?;
             }
-            let pending = match pending {
-                Some(p) => p,
-                None => consumer.get_info().await.map_err(|e| fail(&e))?.num_pending,
-            };
-            let next = messages.last().map_or(start_seq, |m| m.stream_seq + 1);
-            Ok((Fetched { messages, pending }, Cached { consumer, next }))
+            if !in_order(&fetched.messages, start_seq) {
+                return Err(err(
+                    ErrorKind::Other,
+                    format!(
+                        "connection `{conn}`: stream `{name}`: the server delivered sequences out of order from {start_seq}"
+                    ),
+                ));
+            }
+            let next = fetched
+                .messages
+                .last()
+                .map_or(start_seq, |m| m.stream_seq + 1);
+            let connects = connects();
+            Ok((
+                fetched,
+                Cached {
+                    consumer,
+                    next,
+                    connects,
+                },
+            ))
         });
         match out {
             Ok((fetched, cached)) => {
@@ -481,6 +507,89 @@ impl wjs::Host for StoreData {
             tracing::warn!(plugin = %self.label, "{}", e.message);
         }
         Ok(out)
+    }
+}
+
+/// Whether `messages` start at or after `start` and their sequences increase.
+fn in_order(messages: &[Message], start: u64) -> bool {
+    let mut next = start;
+    for m in messages {
+        if m.stream_seq < next {
+            return false;
+        }
+        next = m.stream_seq + 1;
+    }
+    true
+}
+
+/// One fetch: what to read and how.
+struct Pull<'a> {
+    js: &'a jetstream::Context,
+    stream: &'a str,
+    filter: Option<&'a str>,
+    start_seq: u64,
+    max: usize,
+    max_bytes: usize,
+    wait: Duration,
+    fail: &'a (dyn Fn(&dyn std::fmt::Display) -> NatsError + Send + Sync),
+}
+
+impl Pull<'_> {
+    /// Fetches with `consumer`, or with a new one at `start_seq`; what was read and the
+    /// consumer.
+    async fn run(
+        &self,
+        consumer: Option<consumer::PullConsumer>,
+    ) -> Result<(Fetched, consumer::PullConsumer), NatsError> {
+        let fail = self.fail;
+        let consumer = match consumer {
+            Some(c) => c,
+            None => {
+                let s = self
+                    .js
+                    .get_stream(self.stream)
+                    .await
+                    .map_err(|e| fail(&e))?;
+                s.create_consumer(consumer::pull::Config {
+                    deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                        start_sequence: self.start_seq,
+                    },
+                    ack_policy: consumer::AckPolicy::None,
+                    filter_subject: self.filter.unwrap_or_default().to_owned(),
+                    inactive_threshold: CONSUMER_INACTIVE,
+                    description: Some("nop-stream jetstream source".into()),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| fail(&e))?
+            }
+        };
+        let mut messages = Vec::new();
+        let mut pending = None;
+        let batch = consumer
+            .fetch()
+            .max_messages(self.max)
+            .max_bytes(self.max_bytes)
+            .messages()
+            .await
+            .map_err(|e| fail(&e))?;
+        drain(batch, &mut messages, &mut pending, fail).await?;
+        if messages.is_empty() && !self.wait.is_zero() {
+            let batch = consumer
+                .batch()
+                .max_messages(self.max)
+                .max_bytes(self.max_bytes)
+                .expires(self.wait)
+                .messages()
+                .await
+                .map_err(|e| fail(&e))?;
+            drain(batch, &mut messages, &mut pending, fail).await?;
+        }
+        let pending = match pending {
+            Some(p) => p,
+            None => consumer.get_info().await.map_err(|e| fail(&e))?.num_pending,
+        };
+        Ok((Fetched { messages, pending }, consumer))
     }
 }
 

@@ -402,6 +402,18 @@ impl<J: JetStream> JetStreamSource<J> {
         let mut cursor_after = next;
         let mut past_end = false;
         for m in &fetched.messages {
+            if m.stream_seq < cursor_after {
+                // Already read (the host guarantees sequences from `next` on, increasing;
+                // this keeps the cursor contract should it ever not).
+                log(
+                    LogLevel::Warn,
+                    &format!(
+                        "jetstream-source: stream `{}`: sequence {} delivered again below the cursor {cursor_after}; dropped",
+                        d.stream, m.stream_seq
+                    ),
+                );
+                continue;
+            }
             if d.end_seq.is_some_and(|end| m.stream_seq > end) {
                 past_end = true;
                 break;

@@ -314,3 +314,52 @@ fn describes_itself_as_replayable() {
     assert_eq!(info.source_capability, Some(SourceCapability::Replayable));
     serde_json::from_str::<serde_json::Value>(&info.config_schema).unwrap();
 }
+
+/// Regression: a restarted server restored a consumer behind the cursor and the same
+/// messages came twice; the source never emits a sequence below its cursor.
+#[test]
+fn messages_below_the_cursor_are_never_emitted_twice() {
+    /// Every other fetch starts three sequences early.
+    struct Rewinding(Fake, bool);
+    impl JetStream for Rewinding {
+        fn stream_info(&mut self, c: &str, s: &str) -> Result<StreamState, NatsError> {
+            self.0.stream_info(c, s)
+        }
+        fn fetch(
+            &mut self,
+            c: &str,
+            s: &str,
+            f: Option<&str>,
+            start: u64,
+            max: u32,
+            w: u32,
+        ) -> Result<Fetched, NatsError> {
+            self.1 = !self.1;
+            let from = if self.1 {
+                start.saturating_sub(3).max(1)
+            } else {
+                start
+            };
+            self.0.fetch(c, s, f, from, max, w)
+        }
+    }
+    let config = Config::parse(r#"{"connection":"q","streams":["S"]}"#).unwrap();
+    let mut src = JetStreamSource::with(config, Rewinding(fake_with(10), false)).unwrap();
+    let split = src.discover().unwrap().remove(0);
+    let mut got = Vec::new();
+    let mut cursor = Vec::new();
+    loop {
+        let mut out = Batch::default();
+        let r = src.read_split(&split, &cursor, 4, &mut out).unwrap();
+        got.extend(
+            out.iter()
+                .map(|r| String::from_utf8(r.data.to_vec()).unwrap()),
+        );
+        cursor = r.next_cursor;
+        if r.finished {
+            break;
+        }
+    }
+    let want: Vec<String> = (1..=10).map(|i| format!("m{i}")).collect();
+    assert_eq!(got, want);
+}
