@@ -12,8 +12,13 @@
 //!   (no acknowledgements, so reading never changes the stream) per (connection, stream,
 //!   filter) and the sequence it delivers next; a `fetch` from that sequence continues
 //!   it, any other start sequence replaces it by one created with
-//!   `DeliverPolicy::ByStartSequence`. A consumer the process abandons (killed) is removed
+//!   `DeliverPolicy::ByStartSequence`. A consumer is also replaced after the client
+//!   reconnected (a restarted server may restore it at an older position), and after any
+//!   failed fetch; a fetch whose sequences do not start at the asked one and increase is
+//!   read again from a new consumer. A consumer the process abandons (killed) is removed
 //!   by the server after [`CONSUMER_INACTIVE`].
+//! - Every call ends within a deadline (the request timeout per server round trip, plus
+//!   the fetch's wait) with a `timeout` error, even when the server vanished mid-call.
 //! - Limits ([`crate::Limits`]): `nats_fetch_bytes` per fetch, `nats_max_wait_ms` per
 //!   fetch, `nats_connect_timeout_ms` (also the timeout of every JetStream API request).
 //!   Time blocked on the server counts as host wait, not guest CPU.
