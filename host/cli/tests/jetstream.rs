@@ -522,7 +522,7 @@ fn bounded_reads_stop_at_the_end_sequence_seen_at_discovery() {
     let lines = j.committed();
     check_per_record(&lines);
     let ds = manifest_descriptors(&j.work);
-    assert!(ds.iter().all(|(_, d)| d["end_seq"] == Value::from(FLIGHTS)));
+    assert!(ds.iter().all(|(_, d)| d["end_seq"] == FLIGHTS));
     let (ok, text) = j.run(None);
     assert!(ok, "{text}");
     assert_eq!(
