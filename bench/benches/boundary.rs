@@ -56,6 +56,7 @@ fn operator(
         state,
         pg: None,
         redis: None,
+        nats: None,
     };
     let Instance::Operator(mut op) = plugin.instantiate(&opts).expect("instantiate") else {
         panic!("{package} is not an operator")

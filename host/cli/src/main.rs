@@ -1,6 +1,7 @@
 //! `nopstream`: run, plan and validate nop-stream jobs, and inspect plugins.
 
 mod cluster;
+mod nats;
 mod output;
 mod prepare;
 mod savepoint;
@@ -231,6 +232,11 @@ enum Command {
     Plugin {
         #[command(subcommand)]
         command: PluginCommand,
+    },
+    /// NATS JetStream tools: `nopstream nats publish` a file into a stream.
+    Nats {
+        #[command(subcommand)]
+        command: nats::NatsCommand,
     },
 }
 
@@ -623,6 +629,10 @@ pub(crate) fn job_dir(job: &Path) -> PathBuf {
 fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
     let search = plugin_path(&cli.plugins);
     match cli.command {
+        Command::Nats { command } => {
+            nats::run(command)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
         Command::Cluster {
             command: ClusterCommand::Init { dir, nodes, force },
         } => {

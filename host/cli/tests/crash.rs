@@ -3,15 +3,11 @@
 //! at random moments, restarted each time until they finish. The committed output must
 //! equal the uninterrupted run: every line once, none missing.
 
-use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// A copy of an example job with a given checkpoint interval, next to the example data.
 fn job_copy(example: &str, interval_ms: u64, tmp: &Path) -> PathBuf {
@@ -41,131 +37,23 @@ fn job_copy(example: &str, interval_ms: u64, tmp: &Path) -> PathBuf {
     path
 }
 
-struct Job {
-    file: PathBuf,
-    out: PathBuf,
-    work: PathBuf,
-}
+use common::run::{Job, check_per_record, repo};
 
-impl Drop for Job {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.file);
-    }
-}
-
-impl Job {
-    fn new(example: &str, interval_ms: u64, tmp: &Path) -> Job {
-        Job {
-            file: job_copy(example, interval_ms, tmp),
-            out: tmp.join("out"),
-            work: tmp.join("work"),
-        }
-    }
-
-    fn command(&self, failpoints: Option<&str>) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_nopstream"));
-        c.args(["run", "--no-progress", "--no-echo", "--output"])
-            .arg(&self.out)
-            .arg("--work-dir")
-            .arg(&self.work)
-            .arg(&self.file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        match failpoints {
-            Some(f) => c.env("NOPSTREAM_FAILPOINTS", f),
-            None => c.env_remove("NOPSTREAM_FAILPOINTS"),
-        };
-        c
-    }
-
-    /// Runs to completion (restarting after crashes is the caller's business).
-    fn run(&self, failpoints: Option<&str>) -> (bool, String) {
-        let o = self.command(failpoints).output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (o.status.success(), text)
-    }
-
-    /// Starts the job and SIGKILLs it after `after`; returns whether it had already ended.
-    fn kill_after(&self, after: Duration) -> bool {
-        let mut child = self.command(None).spawn().unwrap();
-        let t = Instant::now();
-        while t.elapsed() < after {
-            if child.try_wait().unwrap().is_some() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        false
-    }
-
-    fn finish(&self) -> String {
-        for _ in 0..5 {
-            let (ok, text) = self.run(None);
-            if ok {
-                return text;
-            }
-            eprintln!("restart failed, retrying: {text}");
-        }
-        panic!("the job never finished");
-    }
-
-    /// Committed output lines (sorted); staging files are not output.
-    fn committed(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        for e in std::fs::read_dir(&self.out).unwrap() {
-            let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "jsonl") {
-                lines.extend(
-                    std::fs::read_to_string(&p)
-                        .unwrap()
-                        .lines()
-                        .map(str::to_owned),
-                );
-            }
-        }
-        lines.sort();
-        lines
-    }
-}
-
-/// Checks a per-record output: 336,776 lines with unique natural keys.
-fn check_per_record(lines: &[String]) {
-    assert_eq!(lines.len(), 336_776, "every departure exactly once");
-    let mut keys = BTreeSet::new();
-    for l in lines {
-        let v: Value = serde_json::from_str(l).unwrap();
-        let key: Vec<String> = [
-            "year",
-            "month",
-            "day",
-            "carrier",
-            "flight",
-            "origin",
-            "sched_dep_time",
-        ]
-        .iter()
-        .map(|f| v[f].to_string())
-        .collect();
-        assert!(keys.insert(key), "duplicate natural key in {l}");
-    }
+/// A copy of an example job with a checkpoint interval, run in `tmp`.
+fn example_job(example: &str, interval_ms: u64, tmp: &Path) -> Job {
+    Job::at(job_copy(example, interval_ms, tmp), tmp)
 }
 
 /// A reference run without interruption: its committed output and the duration of a
 /// second, warm run (the first may include compiling the components into the cache).
 fn reference_timed(example: &str) -> (Vec<String>, Duration) {
     let tmp = tempfile::tempdir().unwrap();
-    let job = Job::new(example, 100, tmp.path());
+    let job = example_job(example, 100, tmp.path());
     let (ok, text) = job.run(None);
     assert!(ok, "{text}");
     let first = job.committed();
     let tmp2 = tempfile::tempdir().unwrap();
-    let warm = Job::new(example, 100, tmp2.path());
+    let warm = example_job(example, 100, tmp2.path());
     let t = Instant::now();
     let (ok, text) = warm.run(None);
     assert!(ok, "{text}");
@@ -189,7 +77,7 @@ const FAILPOINTS: &[&str] = &[
 fn crash_at_every_failpoint(example: &str, expected: &[String]) {
     for fp in FAILPOINTS {
         let tmp = tempfile::tempdir().unwrap();
-        let job = Job::new(example, 100, tmp.path());
+        let job = example_job(example, 100, tmp.path());
         if fp.starts_with("during-restore") {
             // Needs a checkpoint to restore from: crash once first.
             let (ok, _) = job.run(Some("after-manifest-publish=2"));
@@ -228,7 +116,7 @@ fn crash_at_random_moments(
             "kills keep missing the run ({landed}/{kills} landed)"
         );
         let tmp = tempfile::tempdir().unwrap();
-        let job = Job::new(example, 100, tmp.path());
+        let job = example_job(example, 100, tmp.path());
         let mut first = true;
         loop {
             x = x
@@ -275,7 +163,7 @@ fn aggregate_job_survives_failpoints_and_random_kills() {
 #[test]
 fn restarting_a_finished_job_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let job = Job::new("flights-per-record.toml", 100, tmp.path());
+    let job = example_job("flights-per-record.toml", 100, tmp.path());
     let (ok, text) = job.run(None);
     assert!(ok, "{text}");
     let listing = |dir: &Path| -> BTreeMap<String, u64> {
@@ -303,14 +191,14 @@ fn lost_commit_reply_commits_once_and_expired_transaction_fails_loudly() {
     let expected = reference("flights-per-record.toml");
     // The sink commits but the reply is lost: recover says committed, nothing repeats.
     let tmp = tempfile::tempdir().unwrap();
-    let job = Job::new("flights-per-record.toml", 100, tmp.path());
+    let job = example_job("flights-per-record.toml", 100, tmp.path());
     let (ok, text) = job.run(Some("commit-reply-lost=2:error"));
     assert!(ok, "{text}");
     assert_eq!(job.committed(), expected);
 
     // The transaction expired before commit: the job fails and says why.
     let tmp = tempfile::tempdir().unwrap();
-    let job = Job::new("flights-per-record.toml", 100, tmp.path());
+    let job = example_job("flights-per-record.toml", 100, tmp.path());
     let (ok, text) = job.run(Some("expire-transaction=1:error"));
     assert!(!ok, "an unknown commit outcome must fail the job");
     assert!(
@@ -358,11 +246,7 @@ config = { dir = "/output", prefix = "lines" }
         .join("examples/flights")
         .join(format!(".crash-{}-transient.toml", std::process::id()));
     std::fs::write(&file, text).unwrap();
-    let job = Job {
-        file,
-        out: tmp.path().join("out"),
-        work: tmp.path().join("work"),
-    };
+    let job = Job::at(file, tmp.path());
     let (ok, text) = job.run(None);
     assert!(ok, "{text}");
     let recoveries: u32 = text
@@ -391,7 +275,7 @@ config = { dir = "/output", prefix = "lines" }
 #[test]
 fn resume_with_a_changed_plan_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let job = Job::new("flights-per-record.toml", 100, tmp.path());
+    let job = example_job("flights-per-record.toml", 100, tmp.path());
     let (ok, _) = job.run(Some("after-manifest-publish=1"));
     assert!(!ok);
     let o = job.command(None).args(["-p", "1"]).output().unwrap();

@@ -72,6 +72,11 @@ pub mod mig {
 pub mod redis {
     wasmtime::component::bindgen!({
         world: "redis-sink",
+/// The `nats-source` world: only its `nop:nats/jetstream` import is linked from here (the
+/// shared interfaces come from the operator world, the exports from `source`).
+pub mod nats {
+    wasmtime::component::bindgen!({
+        world: "nats-source",
         path: "../../wit",
         imports: { default: trappable },
         with: {

@@ -207,6 +207,8 @@ pub struct StoreData {
     pub(crate) pg: crate::pg::PgState,
     /// The `nop:redis/streams` capability: granted connections, open connections, limits.
     pub(crate) redis: crate::redis::RedisState,
+    /// The `nop:nats/jetstream` capability: granted connections, clients, consumers.
+    pub(crate) nats: crate::nats::NatsState,
     /// Wall-clock time spent blocked in host calls that wait on the outside world (a
     /// database) during the current guest call; it does not count against
     /// `cpu_ms_per_call` (the epoch-deadline callback grants it back).

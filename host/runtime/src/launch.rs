@@ -147,6 +147,18 @@ impl<'a> TaskHost<'a> {
                     operator: op.name.clone(),
                     table: op.kind.to_string(),
                 }
+            nats: (op.kind == PluginKind::Source).then(|| crate::nats::NatsAccess {
+                grants: op
+                    .connections
+                    .iter()
+                    .map(|(name, c)| crate::nats::NatsGrant {
+                        name: name.clone(),
+                        kind: c.kind.clone(),
+                        url: c.url.clone(),
+                        password_env: c.password_env.clone(),
+                    })
+                    .collect(),
+                operator: op.name.clone(),
             }),
         })
     }

@@ -9,6 +9,7 @@ mod host;
 pub mod job;
 pub mod launch;
 mod limits;
+pub mod nats;
 mod partition;
 pub mod pg;
 pub mod plugin;

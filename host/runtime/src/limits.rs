@@ -47,6 +47,15 @@ pub struct Limits {
     /// `nop:redis/streams`: how long one command may wait for its reply (socket read and
     /// write timeouts), in milliseconds. Default 30,000 ms.
     pub redis_command_timeout_ms: u64,
+    /// `nop:nats/jetstream`: maximum payload bytes one `fetch` returns (the server stops
+    /// a pull there; a single larger message is a `limit` error). Default 8 MiB.
+    pub nats_fetch_bytes: u64,
+    /// `nop:nats/jetstream`: longest a `fetch` waits for messages when none is stored, in
+    /// milliseconds; a larger `max-wait-ms` is lowered to it. Default 5,000 ms.
+    pub nats_max_wait_ms: u64,
+    /// `nop:nats/jetstream`: how long connecting, and each JetStream API request, may
+    /// take, in milliseconds. Default 5,000 ms.
+    pub nats_connect_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -65,6 +74,9 @@ impl Default for Limits {
             redis_reply_bytes: 16 << 20,
             redis_connect_timeout_ms: 5_000,
             redis_command_timeout_ms: 30_000,
+            nats_fetch_bytes: 8 << 20,
+            nats_max_wait_ms: 5_000,
+            nats_connect_timeout_ms: 5_000,
         }
     }
 }

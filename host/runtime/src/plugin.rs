@@ -59,6 +59,9 @@ pub struct InstanceOptions {
     /// Sources and sinks: the connections granted to the node for `nop:redis/streams`;
     /// `None` for every other instance (it can use none).
     pub redis: Option<crate::redis::RedisAccess>,
+    /// Sources: the connections granted to the node for `nop:nats/jetstream`; `None` for
+    /// every other instance (it can use none).
+    pub nats: Option<crate::nats::NatsAccess>,
 }
 
 /// The engine, linker and compilation cache shared by every plugin of a process.
@@ -148,6 +151,12 @@ impl PluginHost {
         // Likewise: only a source or sink instance with granted connections can use it
         // (crate::redis).
         crate::bindings::redis::nop::redis::streams::add_to_linker::<_, HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        // Likewise; only a source instance with granted connections can read (crate::nats).
+        crate::bindings::nats::nop::nats::jetstream::add_to_linker::<_, HasSelf<_>>(
             &mut linker,
             |s| s,
         )
@@ -326,6 +335,7 @@ impl PluginHost {
             state: None,
             pg: None,
             redis: None,
+            nats: None,
         };
         let info = match loaded.instantiate(&opts)? {
             Instance::Operator(mut i) => i.describe()?,
@@ -496,6 +506,7 @@ impl LoadedPlugin {
                 connect_timeout_ms: opts.limits.redis_connect_timeout_ms,
                 command_timeout_ms: opts.limits.redis_command_timeout_ms,
             },
+            nats: crate::nats::NatsState::new(opts.nats.clone(), &opts.limits),
             host_wait: Duration::ZERO,
         };
         let mut store = Store::new(&self.engine, data);
@@ -556,6 +567,7 @@ impl LoadedPlugin {
             state: None,
             pg: None,
             redis: None,
+            nats: None,
         };
         let mut store = self.store(&opts)?;
         let ctx = CallCtx {

@@ -1,6 +1,8 @@
 //! Shared harness of the suites: the flights data and independent expectations
-//! ([`flights`]), running and crashing jobs through the binary ([`job`]), and, for the
-//! cluster suites (`cluster`, `cluster_partition`): a coordinator and
+//! ([`flights`]), running and crashing jobs through the binary ([`job`], used by the
+//! Redis and flights suites; [`run`], its twin from the crash and JetStream suites, to be
+//! folded into one), and, for the cluster suites (`cluster`, `cluster_partition`): a
+//! coordinator and
 //! node processes of the `nopstream` binary, the flights jobs they run and the checks of
 //! their output ([`cluster`]), and network namespaces to put nodes in ([`netns`]).
 
@@ -10,3 +12,4 @@ pub mod cluster;
 pub mod flights;
 pub mod job;
 pub mod netns;
+pub mod run;
