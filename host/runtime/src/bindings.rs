@@ -72,6 +72,16 @@ pub mod mig {
 pub mod redis {
     wasmtime::component::bindgen!({
         world: "redis-sink",
+        path: "../../wit",
+        imports: { default: trappable },
+        with: {
+            "nop:stream/types": crate::bindings::op::nop::stream::types,
+            "nop:stream/log": crate::bindings::op::nop::stream::log,
+            "nop:stream/metrics": crate::bindings::op::nop::stream::metrics,
+        },
+    });
+}
+
 /// The `nats-source` world: only its `nop:nats/jetstream` import is linked from here (the
 /// shared interfaces come from the operator world, the exports from `source`).
 pub mod nats {

@@ -147,6 +147,7 @@ impl<'a> TaskHost<'a> {
                     operator: op.name.clone(),
                     table: op.kind.to_string(),
                 }
+            }),
             nats: (op.kind == PluginKind::Source).then(|| crate::nats::NatsAccess {
                 grants: op
                     .connections
