@@ -332,6 +332,63 @@ fn a_removed_stateful_operator_needs_drop_state_and_its_state_is_gone_after() {
 }
 
 /// source -> probe (appends its version to each line) -> sink, one line per departure.
+/// A fresh plugin directory holding built test plugins: `(artifact stem, name@version)`.
+fn plugin_dir(plugins: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, reference) in plugins {
+        std::fs::copy(
+            Path::new(nop_stream_artifacts::PLUGIN_DIR).join(format!("{file}.wasm")),
+            dir.path().join(format!("{reference}.wasm")),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+/// Runs `job` with the plugins in `pdir` (and `extra` run flags) at 50 ms epochs, crashes it
+/// right after its second durable epoch, and promotes that epoch to `<work>/sp`.
+fn crash_and_promote(pdir: &str, job: &Path, d: &Dirs, extra: &[&str]) -> PathBuf {
+    let (out, work, js) = (
+        d.out.display().to_string(),
+        d.work.display().to_string(),
+        job.display().to_string(),
+    );
+    let mut args = vec!["--plugins", pdir, "run", "--no-progress", "--no-echo"];
+    args.extend_from_slice(extra);
+    args.extend([
+        "--output",
+        &out,
+        "--work-dir",
+        &work,
+        "--checkpoint-interval-ms",
+        "50",
+        &js,
+    ]);
+    let o = nopstream(
+        &args,
+        Some(("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")),
+    );
+    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
+    let sp = d.work.join("sp");
+    let sps = sp.display().to_string();
+    let o = nopstream(
+        &[
+            "--plugins",
+            pdir,
+            "savepoint",
+            "promote",
+            &js,
+            "--work-dir",
+            &work,
+            "--out",
+            &sps,
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    sp
+}
+
 fn probe_job(tag: &str, version: &str) -> JobFile {
     job(tag, |t| {
         let start = t.find("[[operator]]").unwrap();
@@ -349,14 +406,7 @@ fn probe_job(tag: &str, version: &str) -> JobFile {
 #[test]
 fn a_logic_only_swap_restores_and_output_after_the_savepoint_follows_the_new_version() {
     // Both versions of `probe` side by side on a plugin path.
-    let plugins = tempfile::tempdir().unwrap();
-    for (file, version) in [("probe_v1", "0.1.0"), ("probe_v2", "0.2.0")] {
-        std::fs::copy(
-            Path::new(nop_stream_artifacts::PLUGIN_DIR).join(format!("{file}.wasm")),
-            plugins.path().join(format!("probe@{version}.wasm")),
-        )
-        .unwrap();
-    }
+    let plugins = plugin_dir(&[("probe_v1", "probe@0.1.0"), ("probe_v2", "probe@0.2.0")]);
     let pdir = plugins.path().display().to_string();
     let v1 = probe_job("probe1", "0.1.0");
     let v2 = probe_job("probe2", "0.2.0");
@@ -372,29 +422,8 @@ fn a_logic_only_swap_restores_and_output_after_the_savepoint_follows_the_new_ver
         "--output",
         &out,
     ];
-    let mut args: Vec<&str> = base.to_vec();
-    let v1s = v1.0.display().to_string();
-    args.extend(["--work-dir", &work, "--checkpoint-interval-ms", "50", &v1s]);
-    let o = nopstream(
-        &args,
-        Some(("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")),
-    );
-    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
-    let sp = d.work.join("sp");
+    let sp = crash_and_promote(&pdir, &v1.0, &d, &[]);
     let sps = sp.display().to_string();
-    let o = nopstream(
-        &[
-            "savepoint",
-            "promote",
-            &v1s,
-            "--work-dir",
-            &work,
-            "--out",
-            &sps,
-        ],
-        None,
-    );
-    assert!(o.status.success(), "{}", text(&o));
     let v2s = v2.0.display().to_string();
     let o = nopstream(
         &[
@@ -957,14 +986,7 @@ fn departures_per_carrier() -> std::collections::BTreeMap<String, u64> {
 /// with no action, and the restored run counts every departure exactly once.
 #[test]
 fn a_schema_bump_needs_migrate_state_and_the_migrated_savepoint_restores_exact_counts() {
-    let plugins = tempfile::tempdir().unwrap();
-    for (file, version) in [("tally_v1", "0.1.0"), ("tally_v2", "0.2.0")] {
-        std::fs::copy(
-            Path::new(nop_stream_artifacts::PLUGIN_DIR).join(format!("{file}.wasm")),
-            plugins.path().join(format!("tally@{version}.wasm")),
-        )
-        .unwrap();
-    }
+    let plugins = plugin_dir(&[("tally_v1", "tally@0.1.0"), ("tally_v2", "tally@0.2.0")]);
     let pdir = plugins.path().display().to_string();
     let with_plugins = |args: &[&str], env: Option<(&str, &str)>| {
         let mut all = vec!["--plugins", pdir.as_str()];
@@ -973,42 +995,11 @@ fn a_schema_bump_needs_migrate_state_and_the_migrated_savepoint_restores_exact_c
     };
     let v1 = tally_job("tally1", "0.1.0");
     let v2 = tally_job("tally2", "0.2.0");
-    let (v1s, v2s) = (v1.0.display().to_string(), v2.0.display().to_string());
+    let v2s = v2.0.display().to_string();
     let d = dirs();
     let (out, work) = (d.out.display().to_string(), d.work.display().to_string());
-    let o = with_plugins(
-        &[
-            "run",
-            "--no-progress",
-            "--no-echo",
-            "-p",
-            "2",
-            "--output",
-            &out,
-            "--work-dir",
-            &work,
-            "--checkpoint-interval-ms",
-            "50",
-            &v1s,
-        ],
-        Some(("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")),
-    );
-    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
-    let sp = d.work.join("sp");
+    let sp = crash_and_promote(&pdir, &v1.0, &d, &["-p", "2"]);
     let sps = sp.display().to_string();
-    let o = with_plugins(
-        &[
-            "savepoint",
-            "promote",
-            &v1s,
-            "--work-dir",
-            &work,
-            "--out",
-            &sps,
-        ],
-        None,
-    );
-    assert!(o.status.success(), "{}", text(&o));
     let before = snapshot(&sp);
 
     let o = with_plugins(
