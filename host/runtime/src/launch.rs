@@ -117,14 +117,7 @@ impl<'a> TaskHost<'a> {
             state,
             pg: (op.kind == PluginKind::Sink).then(|| {
                 crate::pg::PgAccess::new(
-                    op.connections
-                        .iter()
-                        .map(|(name, c)| crate::pg::ConnectionGrant {
-                            name: name.clone(),
-                            url: c.url.clone(),
-                            password_env: c.password_env.clone(),
-                        })
-                        .collect(),
+                    crate::connection::granted(op),
                     self.plan.job.job_id.as_str(),
                     self.plan.job.pipeline_id.as_str(),
                     op.operator_id.as_str(),
@@ -134,31 +127,13 @@ impl<'a> TaskHost<'a> {
             }),
             redis: matches!(op.kind, PluginKind::Source | PluginKind::Sink).then(|| {
                 crate::redis::RedisAccess {
-                    grants: op
-                        .connections
-                        .iter()
-                        .map(|(name, c)| crate::redis::RedisGrant {
-                            name: name.clone(),
-                            kind: c.kind.clone(),
-                            url: c.url.clone(),
-                            password_env: c.password_env.clone(),
-                        })
-                        .collect(),
+                    grants: crate::connection::granted(op),
                     operator: op.name.clone(),
                     table: op.kind.to_string(),
                 }
             }),
             nats: (op.kind == PluginKind::Source).then(|| crate::nats::NatsAccess {
-                grants: op
-                    .connections
-                    .iter()
-                    .map(|(name, c)| crate::nats::NatsGrant {
-                        name: name.clone(),
-                        kind: c.kind.clone(),
-                        url: c.url.clone(),
-                        password_env: c.password_env.clone(),
-                    })
-                    .collect(),
+                grants: crate::connection::granted(op),
                 operator: op.name.clone(),
             }),
         })

@@ -41,29 +41,8 @@ use std::time::{Duration, Instant};
 /// How long the server keeps a consumer nobody pulls from (a killed process's).
 pub const CONSUMER_INACTIVE: Duration = Duration::from_secs(60);
 
-/// A `nats` connection granted to a source: its job-file name and what the host needs to
-/// open it. `Debug` leaves the URL out.
-#[derive(Clone, PartialEq, Eq)]
-pub struct NatsGrant {
-    /// Name in the job file (`[connections.<name>]`).
-    pub name: String,
-    /// The connection's `kind` (only `nats` connections can be used here).
-    pub kind: String,
-    /// `nats://[user@]host:port` (the job file refuses one with a password).
-    pub url: String,
-    /// Environment variable holding the password (with a user in the URL) or the token
-    /// (without), read when the host connects.
-    pub password_env: Option<String>,
-}
-
-impl std::fmt::Debug for NatsGrant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsGrant")
-            .field("name", &self.name)
-            .field("kind", &self.kind)
-            .finish_non_exhaustive()
-    }
-}
+/// A connection granted to a source (only `nats` ones can be used here).
+pub type NatsGrant = crate::connection::ConnectionGrant;
 
 /// What a source instance may reach through `nop:nats/jetstream`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -33,25 +33,7 @@ use wasmtime::component::Resource;
 /// Longest GID PostgreSQL accepts is 199 bytes.
 pub const MAX_GID_BYTES: usize = 199;
 
-/// A connection granted to an instance: its job-file name and what the host needs to open
-/// it. `Debug` leaves the URL out.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ConnectionGrant {
-    /// Name in the job file (`[connections.<name>]`).
-    pub name: String,
-    /// `postgres://user@host:port/db` (the job file refuses one with a password).
-    pub url: String,
-    /// Environment variable holding the password, read when a session opens.
-    pub password_env: Option<String>,
-}
-
-impl std::fmt::Debug for ConnectionGrant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnectionGrant")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
-}
+pub use crate::connection::ConnectionGrant;
 
 /// What a sink instance may reach through `nop:postgres/client`: its granted connections
 /// and its GID scope.
@@ -1021,6 +1003,7 @@ mod tests {
         );
         let grant = |url: &str| ConnectionGrant {
             name: "pg".into(),
+            kind: "postgres".into(),
             url: url.into(),
             password_env: None,
         };
@@ -1064,6 +1047,7 @@ mod tests {
     fn connection_grants_do_not_print_their_url() {
         let g = ConnectionGrant {
             name: "pg".into(),
+            kind: "postgres".into(),
             url: "postgres://u@secret-host/db".into(),
             password_env: Some("PW".into()),
         };

@@ -25,28 +25,8 @@ use redis::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// A connection granted to an instance: its job-file name and what the host needs to open
-/// it. `Debug` leaves the URL out.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisGrant {
-    /// Name in the job file (`[connections.<name>]`).
-    pub name: String,
-    /// Connection kind in the job file; only `redis` can be opened here.
-    pub kind: String,
-    /// `redis://[user@]host:port[/db]` (the job file refuses one with a password).
-    pub url: String,
-    /// Environment variable holding the password, read when the host connects.
-    pub password_env: Option<String>,
-}
-
-impl std::fmt::Debug for RedisGrant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisGrant")
-            .field("name", &self.name)
-            .field("kind", &self.kind)
-            .finish_non_exhaustive()
-    }
-}
+/// A connection granted to a source or sink (only `redis` ones open here).
+pub type RedisGrant = crate::connection::ConnectionGrant;
 
 /// What a source or sink instance may reach through `nop:redis/streams`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
