@@ -534,11 +534,16 @@ fn bounded_reads_stop_at_the_end_sequence_seen_at_discovery() {
 
 /// Publishes `n` more copies of the first flight into `stream`.
 fn publish_more(s: &Server, stream: &str, n: usize) {
-    let tmp = tempfile::tempdir().unwrap();
-    let file = tmp.path().join("more.csv");
     let line =
         "2013,1,1,517,515,2,830,819,11,UA,1545,N14228,EWR,IAH,227,1400,5,15,2013-01-01T10:00:00Z\n";
-    std::fs::write(&file, format!("header\n{}", line.repeat(n))).unwrap();
+    publish_lines(s, stream, &line.repeat(n));
+}
+
+/// Publishes the CSV lines `body` (no header) into `stream`, one message each.
+fn publish_lines(s: &Server, stream: &str, body: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("more.csv");
+    std::fs::write(&file, format!("header\n{body}")).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_nopstream"))
         .args(["nats", "publish", "--url", &s.url])
         .args(["--password-env", "NOP_TEST_NATS_TOKEN"])
@@ -552,4 +557,72 @@ fn publish_more(s: &Server, stream: &str, n: usize) {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+#[ignore = "needs nats-server: .ci/run starts one (scripts/nats-test-server.sh)"]
+fn unbounded_streams_of_one_subtask_are_all_read() {
+    // Two unbounded streams in one subtask (p=1): the big flights stream and a small one of
+    // 1,000 flights of carrier ZZ. Reads go round-robin over the splits, so the small
+    // stream is read too; a task that always read its first unfinished split would wait on
+    // the caught-up first stream forever and never commit a ZZ flight.
+    let s = server();
+    let small = format!("SMALL_{}", std::process::id());
+    let body: String = (0..1000)
+        .map(|i| {
+            format!(
+                "2013,1,1,517,515,2,830,819,11,ZZ,{i},N1,EWR,IAH,227,1400,5,15,2013-01-01T10:00:00Z\n"
+            )
+        })
+        .collect();
+    publish_lines(&s, &small, &body);
+    let tmp = tempfile::tempdir().unwrap();
+    let text = job_text(&s.url, flights_stream(), 100, true, ", bounded = false")
+        .replace(
+            &format!("streams = [\"{}\"]", flights_stream()),
+            &format!("streams = [\"{}\", \"{small}\"]", flights_stream()),
+        )
+        .replace("parallelism = 2", "parallelism = 1");
+    let j = job(&text, tmp.path());
+    let mut child = j.command(None).spawn().unwrap();
+    const LIMIT: Duration = Duration::from_secs(180);
+    let want = FLIGHTS as usize + 1000;
+    let t = Instant::now();
+    let lines = loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "an unbounded job ended on its own"
+        );
+        let lines = if j.out.exists() {
+            j.committed()
+        } else {
+            Vec::new()
+        };
+        if lines.len() >= want {
+            break lines;
+        }
+        if t.elapsed() > LIMIT {
+            let zz = lines.iter().filter(|l| l.contains("\"ZZ\"")).count();
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!(
+                "after {LIMIT:?} only {} of {want} records committed ({zz} of 1000 from {small})",
+                lines.len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(lines.len(), want, "no record twice");
+    let keys = natural_keys(&lines);
+    let mut expected = csv_keys();
+    for i in 0..1000 {
+        expected.insert(
+            ["2013", "1", "1", "\"ZZ\"", &i.to_string(), "\"EWR\"", "515"]
+                .map(str::to_owned)
+                .to_vec(),
+        );
+    }
+    assert_eq!(keys, expected, "every flight of both streams once");
 }

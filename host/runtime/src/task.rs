@@ -166,6 +166,12 @@ struct Task {
     outputs: Vec<OutputEdge>,
     inputs: Vec<InputChannel>,
     splits: Vec<SplitCursor>,
+    /// The split [`Task::read_once`] tries first: reads go round-robin over the unfinished
+    /// splits, so one busy unbounded split cannot starve the others of this subtask.
+    next_split: usize,
+    /// Consecutive reads that returned no records; after a whole round of them the task
+    /// sleeps 1 ms instead of spinning.
+    empty_reads: usize,
     watermark_spec: Option<WatermarkSpec>,
     alignment: Option<(Arc<WatermarkAlignment>, usize)>,
     /// Whether this task last told its outputs it is idle.
@@ -329,6 +335,8 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         outputs,
         inputs,
         splits,
+        next_split: 0,
+        empty_reads: 0,
         watermark_spec,
         alignment,
         output_idle: false,
@@ -628,10 +636,16 @@ impl Task {
         }
     }
 
-    /// Reads one batch from the first unfinished split; ends the data when none is left.
-    /// With watermark alignment, a subtask too far ahead of the slowest one pauses.
+    /// Reads one batch from the next unfinished split in round-robin order (so every
+    /// unbounded split of the subtask makes progress, however busy the others are); ends
+    /// the data when none is left. With watermark alignment, a subtask too far ahead of the
+    /// slowest one pauses.
     fn read_once(&mut self) -> Result<()> {
-        let Some(i) = self.splits.iter().position(|s| !s.finished) else {
+        let len = self.splits.len();
+        let Some(i) = (0..len)
+            .map(|k| (self.next_split + k) % len)
+            .find(|&i| !self.splits[i].finished)
+        else {
             if let Some((a, slot)) = &self.alignment {
                 a.publish(*slot, i64::MAX);
             }
@@ -666,10 +680,18 @@ impl Task {
             sc.max_ts = Some(sc.max_ts.map_or(*m, |x| x.max(*m)));
         }
         let finished = sc.finished;
+        self.next_split = (i + 1) % len;
         self.push(1, 0, r.records)?;
         self.source_watermark()?;
         if n == 0 && !finished {
-            std::thread::sleep(Duration::from_millis(1));
+            self.empty_reads += 1;
+            let unfinished = self.splits.iter().filter(|s| !s.finished).count();
+            if self.empty_reads >= unfinished {
+                self.empty_reads = 0;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        } else {
+            self.empty_reads = 0;
         }
         Ok(())
     }
