@@ -28,6 +28,26 @@ impl std::fmt::Debug for ConnectionGrant {
     }
 }
 
+impl ConnectionGrant {
+    /// The password (or NATS token) from the environment variable named by
+    /// `password_env`, read now; `None` without one.
+    ///
+    /// # Errors
+    /// A message naming the connection and the variable (never a value) when the variable
+    /// is not set or not UTF-8 on this host.
+    pub fn password(&self) -> Result<Option<String>, String> {
+        let Some(var) = &self.password_env else {
+            return Ok(None);
+        };
+        std::env::var(var).map(Some).map_err(|_| {
+            format!(
+                "connection `{}`: environment variable `{var}` (password_env) is not set on this host",
+                self.name
+            )
+        })
+    }
+}
+
 /// The connections the job file grants to `op`, in grant order.
 pub fn granted(op: &PlannedOperator) -> Vec<ConnectionGrant> {
     op.connections

@@ -199,17 +199,7 @@ fn classify(connection: &str, url: &str, what: &str, e: &dyn std::fmt::Display) 
 fn connect(grant: &NatsGrant, timeout: Duration) -> Result<jetstream::Context, NatsError> {
     let connection = grant.name.clone();
     let (url, user) = split_url(&grant.url);
-    let secret = match &grant.password_env {
-        Some(var) => Some(std::env::var(var).map_err(|_| {
-            err(
-                ErrorKind::Refused,
-                format!(
-                    "connection `{connection}`: environment variable `{var}` (password_env) is not set on this host"
-                ),
-            )
-        })?),
-        None => None,
-    };
+    let secret = grant.password().map_err(|m| err(ErrorKind::Refused, m))?;
     let mut opts = async_nats::ConnectOptions::new()
         .connection_timeout(timeout)
         .request_timeout(Some(timeout))

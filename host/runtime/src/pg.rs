@@ -304,20 +304,8 @@ impl StoreData {
                 format!("connection `{connection}`: the URL in the job file does not parse"),
             )
         })?;
-        if let Some(var) = &grant.password_env {
-            match std::env::var(var) {
-                Ok(pw) => {
-                    config.password(pw);
-                }
-                Err(_) => {
-                    return Err(err(
-                        ErrorKind::Refused,
-                        format!(
-                            "connection `{connection}`: environment variable `{var}` (password_env) is not set on this host"
-                        ),
-                    ));
-                }
-            }
+        if let Some(pw) = grant.password().map_err(|m| err(ErrorKind::Refused, m))? {
+            config.password(pw);
         }
         config.connect_timeout(Duration::from_millis(pg.connect_timeout_ms.max(1)));
         config.application_name("nop-stream");

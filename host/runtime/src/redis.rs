@@ -213,11 +213,7 @@ impl StoreData {
                 .as_ref()
                 .and_then(|a| a.grants.iter().find(|g| g.name == name))
             {
-                let pw = g
-                    .password_env
-                    .as_ref()
-                    .and_then(|v| std::env::var(v).ok())
-                    .unwrap_or_default();
+                let pw = g.password().ok().flatten().unwrap_or_default();
                 e.message = scrub(&e.message, &[&pw, &g.url, authority(&g.url)]);
             }
             e
@@ -256,18 +252,8 @@ fn connect(
         )
     })?;
     let mut settings = info.redis_settings().clone().set_skip_set_lib_name();
-    if let Some(var) = &grant.password_env {
-        match std::env::var(var) {
-            Ok(pw) => settings = settings.set_password(pw),
-            Err(_) => {
-                return Err(err(
-                    ErrorKind::Refused,
-                    format!(
-                        "connection `{name}`: environment variable `{var}` (password_env) is not set on this host"
-                    ),
-                ));
-            }
-        }
+    if let Some(pw) = grant.password().map_err(|m| err(ErrorKind::Refused, m))? {
+        settings = settings.set_password(pw);
     }
     info = info.set_redis_settings(settings);
     let client = redis::Client::open(info).map_err(|e| {
