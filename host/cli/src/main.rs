@@ -836,11 +836,14 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                                 .join("manifests")
                                 .read_dir()
                                 .is_ok_and(|mut d| d.next().is_some()),
-                        "fork {lineage}: namespace {} already holds checkpoints; fork into                          another one, or add --fresh to discard them",
+                        "fork {lineage}: namespace {} already holds checkpoints; fork into \
+                         another one, or add --fresh to discard them",
                         ckpt.display()
                     );
                     eprintln!("forking into pipeline lineage `{lineage}`");
                 }
+                // finalize-sink: the old sink commits its pending committables first.
+                savepoint::finalize_sinks(&sp, &actions, &registry, &output, &work_dir)?;
                 let fp = savepoint::seed_namespace(&sp, &ckpt, &actions, &plan, &plugins)?;
                 eprintln!(
                     "restoring savepoint {} (epoch {}) into {}",
@@ -1080,6 +1083,19 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     sp_dir.display()
                 );
                 return Ok(std::process::ExitCode::from(report.verdict.exit_code()));
+            }
+            if let Some(a) = actions.actions.iter().find(|a| {
+                matches!(
+                    a,
+                    nop_stream_coordinator::compat::Action::FinalizeSink { .. }
+                )
+            }) {
+                bail!(
+                    "nothing written: `{}` commits to the sink's external system, so it runs \
+                     on `nopstream run --from-savepoint` (which knows the output directory), \
+                     not in an offline migration",
+                    a.describe()
+                );
             }
             let info = savepoint::migrate(&sp, &plan, &plugins, &actions, &out)?;
             println!(

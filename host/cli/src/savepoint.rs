@@ -92,7 +92,134 @@ pub fn read_actions(path: Option<&Path>) -> Result<Actions> {
     };
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read actions file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("actions file {}", path.display()))
+    let mut actions: Actions =
+        toml::from_str(&text).with_context(|| format!("actions file {}", path.display()))?;
+    // A finalize-sink's old job file is relative to the actions file.
+    let base = crate::job_dir(path);
+    for a in &mut actions.actions {
+        if let Action::FinalizeSink { job, .. } = a
+            && Path::new(job.as_str()).is_relative()
+        {
+            *job = base.join(job.as_str()).display().to_string();
+        }
+    }
+    Ok(actions)
+}
+
+/// Carries out the `finalize-sink` actions among `actions` (design §10.6): for each, the
+/// old job file's sink `operator` is opened with its plugin `with` (which must be the
+/// component the savepoint records, same sha256) under each old subtask's index and
+/// parallelism, commits (or recovers) the pending committables the savepoint holds for
+/// it, and aborts that subtask's other pending transactions, exactly as a rescale settles
+/// sinks. Grants resolve as for `run` (`$OUTPUT` is `output`). Running it twice is safe:
+/// a committable already committed is reported committed by the sink's `recover`. The
+/// restore then drops those committables ([`nop_stream_coordinator::migrate::apply`]).
+///
+/// # Errors
+/// The old job file cannot be read or planned; it has no sink `operator`, or its plugin is
+/// not `with`; the component differs from the savepoint's; the sink fails or a commit
+/// outcome is unknown. Nothing is restored then.
+pub fn finalize_sinks(
+    sp: &Savepoint,
+    actions: &Actions,
+    registry: &nop_stream_runtime::registry::PluginRegistry<'_>,
+    output: &Path,
+    work_dir: &Path,
+) -> Result<()> {
+    use nop_stream_core::{job_graph, partitioned_plan, stream_graph};
+    for a in &actions.actions {
+        let Action::FinalizeSink {
+            operator,
+            with,
+            job,
+        } = a
+        else {
+            continue;
+        };
+        let what = format!("finalize-sink {operator} with {with}");
+        let job = Path::new(job);
+        let model = crate::read_model(job, None).with_context(|| format!("{what}: the old job"))?;
+        let old_registry = registry.with_job_dir(crate::job_dir(job));
+        let stream = stream_graph(&model, &old_registry)
+            .map_err(|d| anyhow::anyhow!("{what}: the old job {}: {d}", job.display()))?;
+        let plan = partitioned_plan(&job_graph(&stream));
+        let Some((vertex, op)) = plan.vertices.iter().enumerate().find_map(|(i, v)| {
+            v.operators
+                .last()
+                .filter(|o| {
+                    o.kind == nop_stream_api::PluginKind::Sink && o.operator_id.as_str() == operator
+                })
+                .map(|o| (i, o))
+        }) else {
+            bail!(
+                "{what}: the old job {} has no sink `{operator}`",
+                job.display()
+            );
+        };
+        anyhow::ensure!(
+            op.plugin.to_string() == *with,
+            "{what}: sink `{operator}` of the old job {} uses plugin {}, not {with}",
+            job.display(),
+            op.plugin
+        );
+        let plugin = old_registry
+            .load(&op.plugin, op.kind)
+            .with_context(|| format!("{what}: loading the old plugin"))?;
+        let recorded = sp.manifest.meta.as_ref().and_then(|m| {
+            m.operators
+                .iter()
+                .find(|o| o.operator_id == *operator)
+                .map(|o| (o.component_sha256.clone(), o.parallelism))
+        });
+        let Some((sha, parallelism)) = recorded else {
+            bail!(
+                "{what}: savepoint {} records no operator `{operator}`",
+                sp.dir.display()
+            );
+        };
+        anyhow::ensure!(
+            sha.is_empty() || sha == plugin.sha256,
+            "{what}: the component found for {with} has sha256 {}, but the savepoint's sink \
+             was written by {sha}; give the plugin directory (--plugins) that holds the old \
+             component",
+            plugin.sha256
+        );
+        let settlements: Vec<nop_stream_proto::SinkSettlement> = sp
+            .manifest
+            .tasks
+            .iter()
+            .filter(|t| t.sink_operator.as_deref() == Some(operator.as_str()))
+            .map(|t| nop_stream_proto::SinkSettlement {
+                vertex: vertex as u32,
+                subtask: t.task.subtask.0,
+                parallelism,
+                commit: t.pending_transactions.clone(),
+            })
+            .collect();
+        let pending: usize = settlements.iter().map(|s| s.commit.len()).sum();
+        let plugins: PluginSet = [(op.operator_id.clone(), plugin)].into_iter().collect();
+        let opts = nop_stream_runtime::RunOptions::new(
+            crate::job_dir(job),
+            output.to_owned(),
+            work_dir.to_owned(),
+        );
+        let storage: std::sync::Arc<dyn CheckpointStorage> =
+            std::sync::Arc::new(LocalStorage::open(&sp.dir)?);
+        let host = nop_stream_runtime::TaskHost::new(
+            &plan,
+            &plugins,
+            &opts,
+            storage,
+            std::sync::Arc::new(nop_stream_runtime::JobProgress::default()),
+        );
+        host.settle_sinks(&settlements, sp.manifest.attempt)
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        eprintln!(
+            "{what}: committed {pending} pending transaction(s) of {} subtask(s)",
+            settlements.len()
+        );
+    }
+    Ok(())
 }
 
 /// Checks `sp` against `plan` (with its components) and `actions`; `namespace` is the

@@ -1106,3 +1106,135 @@ fn a_schema_bump_needs_migrate_state_and_the_migrated_savepoint_restores_exact_c
     let got = committed(&r.out);
     assert_eq!(got, expected, "every departure counted once, by v2");
 }
+
+/// The blackhole-sink summaries committed in `out`: records and the sum of their checksums.
+fn blackhole_totals(out: &Path) -> (u64, u64) {
+    let (mut records, mut checksum) = (0, 0u64);
+    for e in std::fs::read_dir(out).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("summary-") && name.ends_with(".json") {
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            records += v["records"].as_u64().unwrap();
+            checksum = checksum.wrapping_add(v["checksum"].as_u64().unwrap());
+        }
+    }
+    (records, checksum)
+}
+
+#[test]
+fn a_sink_swapped_while_transactions_are_pending_is_finalized_with_the_old_plugin() {
+    // The per-record job crashes right after its second durable epoch, so epoch 2's
+    // JSONL transactions are pending in the savepoint. The new job writes to
+    // blackhole-sink instead: another sink protocol, which cannot commit them.
+    let old = job_from("flights-per-record.toml", "finalize-old", |t| t);
+    let reference = {
+        let d = dirs();
+        let o = run(&old.0, &d, &["-p", "2"], None);
+        assert!(o.status.success(), "{}", text(&o));
+        committed(&d.out)
+    };
+    assert_eq!(reference.len(), 336_776);
+    let (d, sp) = savepoint_mid_run(&old.0, 2);
+    let before = committed(&d.out);
+    let new = job_from("flights-per-record.toml", "finalize-new", |t| {
+        t.replace(
+            "plugin = \"jsonl-sink@0.1.0\"",
+            "plugin = \"blackhole-sink@0.1.0\"",
+        )
+        .replace(
+            "config = { dir = \"/output\", prefix = \"departures\" }",
+            "config = { summary_dir = \"/output\" }",
+        )
+    });
+    let o = check(&sp, &new.0, &d, &[]);
+    assert_eq!(o.status.code(), Some(2), "needs action: {}", text(&o));
+    assert!(
+        text(&o).contains("SINK_PROTOCOL_CHANGED") && text(&o).contains("finalize-sink"),
+        "{}",
+        text(&o)
+    );
+    let spath = sp.display().to_string();
+    let o = run(&new.0, &d, &["--from-savepoint", &spath], None);
+    assert_eq!(o.status.code(), Some(2), "refused: {}", text(&o));
+    assert_eq!(
+        committed(&d.out),
+        before,
+        "a refused restore commits nothing"
+    );
+
+    let actions = d.work.join("finalize.toml");
+    let write = |with: &str, job: &Path| {
+        std::fs::write(
+            &actions,
+            format!(
+                "[[action]]\nkind = \"finalize-sink\"\noperator = \"sinks/departures\"\n\
+                 with = \"{with}\"\njob = \"{}\"\n",
+                job.display()
+            ),
+        )
+        .unwrap();
+    };
+    let apath = actions.display().to_string();
+    let restore = [
+        "--from-savepoint",
+        spath.as_str(),
+        "--actions",
+        apath.as_str(),
+    ];
+    // The old job must use the plugin the action names.
+    write("jsonl-sink@0.2.0", &old.0);
+    let o = run(&new.0, &d, &restore, None);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("uses plugin jsonl-sink@0.1.0, not jsonl-sink@0.2.0"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        committed(&d.out),
+        before,
+        "nothing committed after a refusal"
+    );
+
+    write("jsonl-sink@0.1.0", &old.0);
+    // An offline migration does not write to the sink's external system.
+    let sp2 = d.work.join("sp2");
+    let o = migrate(&sp, &new.0, &d, Some(&actions), &sp2);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("runs on `nopstream run --from-savepoint`") && !sp2.exists(),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(committed(&d.out), before, "nothing committed by migrate");
+    let o = run(&new.0, &d, &restore, None);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("committed 2 pending transaction(s) of 2 subtask(s)"),
+        "{}",
+        text(&o)
+    );
+    // The JSONL output now holds epochs 1 and 2 (the finalized ones), each line once and
+    // from the reference; blackhole-sink got exactly the rest, by count and checksum.
+    let jsonl = committed(&d.out);
+    assert!(jsonl.len() > before.len(), "epoch 2 was committed");
+    let mut seen = std::collections::BTreeSet::new();
+    for l in &jsonl {
+        assert!(seen.insert(l.clone()), "twice: {l}");
+        assert!(
+            reference.binary_search(l).is_ok(),
+            "not in the reference: {l}"
+        );
+    }
+    let rest: Vec<&String> = reference.iter().filter(|l| !seen.contains(*l)).collect();
+    let expected_sum = rest.iter().fold(0u64, |a, l| {
+        a.wrapping_add(u64::from(blackhole_sink::record_hash(l.as_bytes())))
+    });
+    assert_eq!(
+        blackhole_totals(&d.out),
+        (rest.len() as u64, expected_sum),
+        "the blackhole sink got every record after the savepoint once"
+    );
+}

@@ -273,12 +273,19 @@ pub enum Action {
         /// New shard count.
         shards: u32,
     },
-    /// Commit or abort the old sink's pending committables with the old plugin first.
+    /// Commit the old sink's pending committables with the old plugin first (design
+    /// §10.6, seed §14.2): the host opens `with` as the operator was configured in the old
+    /// job file `job`, commits (or recovers) every pending committable the savepoint
+    /// records for `operator`, and the restore then starts without them. The component
+    /// must be the one the savepoint records (same sha256).
     FinalizeSink {
-        /// Operator id.
+        /// Operator id (as the savepoint has it).
         operator: String,
         /// The old plugin, `name@version`.
         with: String,
+        /// The job file the savepoint was taken with (for the sink's config, grants and
+        /// connections); relative paths are relative to the actions file.
+        job: String,
     },
     /// Accept a weaker semantic mode.
     AcceptSemanticChange {
@@ -312,7 +319,7 @@ impl Action {
             Action::InitEmpty { operator } => format!("init-empty {operator}"),
             Action::MigrateState { operator, state } => format!("migrate-state {operator}/{state}"),
             Action::Reshard { shards } => format!("reshard {shards}"),
-            Action::FinalizeSink { operator, with } => {
+            Action::FinalizeSink { operator, with, .. } => {
                 format!("finalize-sink {operator} with {with}")
             }
             Action::AcceptSemanticChange { from, to } => {
@@ -323,7 +330,8 @@ impl Action {
     }
 
     /// Whether this host can carry the action out, on restore and in `savepoint migrate`
-    /// ([`crate::migrate::apply`]; `fork` on restore only); finalize-sink is not built yet.
+    /// ([`crate::migrate::apply`]; `fork` on restore only; `finalize-sink` needs the
+    /// caller to have committed the pending committables with the old plugin first).
     pub fn supported(&self) -> bool {
         matches!(
             self,
@@ -335,6 +343,7 @@ impl Action {
                 | Action::MigrateState { .. }
                 | Action::AcceptSemanticChange { .. }
                 | Action::Fork { .. }
+                | Action::FinalizeSink { .. }
         )
     }
 }
@@ -421,7 +430,7 @@ pub enum ActionError {
     #[error("action `{0}` clears no finding of this check; remove it")]
     Unused(String),
     /// An action this host cannot carry out yet.
-    #[error("action `{0}` is not supported by this host yet (finalize-sink is not built)")]
+    #[error("action `{0}` is not supported by this host")]
     Unsupported(String),
 }
 

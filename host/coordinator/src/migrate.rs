@@ -158,6 +158,15 @@ pub fn apply(
         if let Some(op) = &mut t.sink_operator {
             *op = rename(op);
         }
+        // finalize-sink: the caller has committed these with the old plugin already.
+        let finalized = t.sink_operator.as_ref().is_some_and(|op| {
+            actions.actions.iter().any(
+                |a| matches!(a, Action::FinalizeSink { operator, .. } if rename(operator) == *op),
+            )
+        });
+        if finalized {
+            t.pending_transactions.clear();
+        }
     }
     for e in &mut m.enumerators {
         e.operator_id = rename(&e.operator_id);
@@ -758,6 +767,41 @@ mod tests {
             .flat_map(|t| &t.segments)
             .collect();
         assert!(!segs.is_empty() && segs.iter().all(|s| s.state == "counts"));
+    }
+
+    #[test]
+    fn finalize_sink_drops_only_that_sinks_pending_committables() {
+        let (mut m, _) = manifest(&Entries::new(), 4, 2);
+        for (i, t) in m.tasks.iter_mut().enumerate() {
+            t.sink_operator = Some(if i == 0 { "sinks/a" } else { "sinks/b" }.into());
+            t.pending_transactions = vec![nop_stream_checkpoint::PendingTransaction {
+                epoch: EpochId(7),
+                txn: format!("j:main:sink:{i}:7"),
+                committable: "00".into(),
+            }];
+        }
+        let finalize = Actions {
+            actions: vec![Action::FinalizeSink {
+                operator: "sinks/a".into(),
+                with: "old-sink@0.1.0".into(),
+                job: "old.toml".into(),
+            }],
+        };
+        let out = apply(
+            &m,
+            &finalize,
+            &meta(1),
+            &mut |_| panic!("no payload is read"),
+            &mut no_migration,
+        )
+        .unwrap();
+        let pending: Vec<usize> = out
+            .manifest
+            .tasks
+            .iter()
+            .map(|t| t.pending_transactions.len())
+            .collect();
+        assert_eq!(pending, [0, 1], "sinks/a finalized, sinks/b untouched");
     }
 
     #[test]

@@ -472,24 +472,29 @@ fn an_action_that_clears_nothing_or_is_not_built_is_an_error() {
         .unwrap_err(),
         ActionError::Unused("migrate-state operators/agg/other".into())
     );
-    // ... while an action this host cannot carry out is an error, not a silent pass.
+    // finalize-sink clears a sink protocol change with pending committables (the host
+    // commits them with the old plugin before the restore) ...
     let mut swapped = base();
     swapped.operators[3].sink_protocol = Some("idempotent:kv-sink".into());
-    let e = run(
-        &swapped,
-        &CheckContext {
-            pending_committables: [("sinks/out".to_owned(), 2)].into(),
-            namespace_epochs: None,
-        },
-        vec![Action::FinalizeSink {
-            operator: "sinks/out".into(),
-            with: "jsonl-sink@0.1.0".into(),
-        }],
-    )
-    .unwrap_err();
+    let pending = CheckContext {
+        pending_committables: [("sinks/out".to_owned(), 2)].into(),
+        namespace_epochs: None,
+    };
+    let finalize = |op: &str| Action::FinalizeSink {
+        operator: op.into(),
+        with: "jsonl-sink@0.1.0".into(),
+        job: "old.toml".into(),
+    };
+    let r = run(&swapped, &pending, vec![finalize("sinks/out")]).unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
     assert_eq!(
-        e,
-        ActionError::Unsupported("finalize-sink sinks/out with jsonl-sink@0.1.0".into())
+        only(&r, Code::SinkProtocolChanged).cleared_by.as_deref(),
+        Some("finalize-sink sinks/out with jsonl-sink@0.1.0")
+    );
+    // ... and one naming another sink is unused, an error.
+    assert_eq!(
+        run(&swapped, &pending, vec![finalize("sinks/other")]).unwrap_err(),
+        ActionError::Unused("finalize-sink sinks/other with jsonl-sink@0.1.0".into())
     );
 }
 

@@ -47,6 +47,12 @@ impl<'h> PluginRegistry<'h> {
         }
     }
 
+    /// A registry with the same host and search path, resolving relative `.wasm` paths
+    /// against another job's directory (an old job file, for `finalize-sink`).
+    pub fn with_job_dir(&self, job_dir: PathBuf) -> PluginRegistry<'h> {
+        PluginRegistry::new(self.host, self.search_path.clone(), job_dir)
+    }
+
     /// File names tried for `name@version` in each directory of the search path, in
     /// order: the versioned names `name@version.wasm` and `name-version.wasm`, then the
     /// names `cargo build` gives a component, `name.wasm` and `name_with_underscores.wasm`.
