@@ -102,6 +102,29 @@ fn no_secret(out: &str, what: &str) {
     );
 }
 
+/// Fails if a file under `dir` holds the Postgres password or the NATS token.
+fn no_secret_in_files(dir: &std::path::Path) -> usize {
+    let s = servers();
+    let mut files = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            files += no_secret_in_files(&p);
+            continue;
+        }
+        let bytes = std::fs::read(&p).unwrap();
+        for secret in [&s.pg_password, &s.nats_token] {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "a credential is in {}",
+                p.display()
+            );
+        }
+        files += 1;
+    }
+    files
+}
+
 /// The flights stream of this test process, published once with `nopstream nats publish`
 /// (the example's generator step).
 fn flights_stream() -> &'static str {
@@ -425,9 +448,17 @@ fn example_job(db_url: &str) -> String {
     for (from, to) in [
         ("nats://127.0.0.1:4222", s.nats_url.as_str()),
         ("postgres://nop@127.0.0.1:5432/nop", db_url),
-        ("streams = [\"FLIGHTS\"]", &format!("streams = [\"{}\"]", flights_stream())),
+        (
+            "streams = [\"FLIGHTS\"]",
+            &format!("streams = [\"{}\"]", flights_stream()),
+        ),
     ] {
-        assert_eq!(out.matches(from).count(), 1, "{from} once in {}", file.display());
+        assert_eq!(
+            out.matches(from).count(),
+            1,
+            "{from} once in {}",
+            file.display()
+        );
         out = out.replace(from, to);
     }
     out
@@ -478,11 +509,7 @@ fn expected_carrier_days() -> BTreeMap<(String, String), DayFigures> {
 }
 
 /// Checks the example's table against `expected`, and nothing left prepared.
-fn check_carrier_days(
-    db: &mut Db,
-    expected: &BTreeMap<(String, String), DayFigures>,
-    what: &str,
-) {
+fn check_carrier_days(db: &mut Db, expected: &BTreeMap<(String, String), DayFigures>, what: &str) {
     // day_start is local midnight on New York standard time (UTC-5) all year.
     let rows = db
         .client
@@ -527,7 +554,7 @@ fn check_carrier_days(
 /// have succeeded).
 fn kill_while_upserts_prepared(job: &Job, db: &mut Db, delay: Duration) -> bool {
     let before = db.prepared_writing_into("carrier_days");
-    let mut child = job.command("run", None).spawn().unwrap();
+    let mut child = job.command(None).spawn().unwrap();
     let t = Instant::now();
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -535,10 +562,7 @@ fn kill_while_upserts_prepared(job: &Job, db: &mut Db, delay: Duration) -> bool 
             assert!(out.status.success(), "{}", text(&out));
             return false;
         }
-        if !db
-            .prepared_writing_into("carrier_days")
-            .is_subset(&before)
-        {
+        if !db.prepared_writing_into("carrier_days").is_subset(&before) {
             break;
         }
         assert!(t.elapsed() < Duration::from_secs(300), "no end in 300 s");
@@ -564,11 +588,9 @@ fn queue_to_postgres_example_upserts_exactly_under_failpoints_and_kills() {
     let took = t.elapsed();
     assert!(ok, "{out}");
     no_secret(&out, "uninterrupted run");
+    assert!(no_secret_in_files(&job.dir) > 0, "no manifest, no state?");
     check_carrier_days(&mut db, &expected, "uninterrupted");
-    eprintln!(
-        "uninterrupted: {} carrier-days ({took:?})",
-        expected.len()
-    );
+    eprintln!("uninterrupted: {} carrier-days ({took:?})", expected.len());
     drop(db);
 
     for (i, fp) in FAILPOINTS.iter().enumerate() {
