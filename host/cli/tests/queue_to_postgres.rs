@@ -5,7 +5,7 @@
 //!
 //! - per record, insert mode, into a table whose primary key is the flights' natural key
 //!   (year, month, day, carrier, flight, origin, sched_dep_time; unique in the data): the
-//!   table holds exactly the CSV's 336,776 keys;
+//!   table holds exactly the CSV's 336,776 keys, each with the CSV's `dep_delay`;
 //! - the `examples/queue-to-postgres` job (per carrier and day, upsert mode): the table
 //!   equals the figures computed here from the CSV, and a kill while its upserts are
 //!   prepared but not committed recovers exactly.
@@ -266,12 +266,13 @@ fn csv_records() -> &'static (BTreeMap<String, usize>, Vec<csv::StringRecord>) {
 /// A flight's natural key: year, month, day, carrier, flight, origin, sched_dep_time.
 type NaturalKey = (i32, i32, i32, String, i32, String, i32);
 
-/// The natural keys of the CSV, checked unique (so they can be a primary key).
-fn csv_keys() -> BTreeSet<NaturalKey> {
+/// The CSV's flights: natural key (checked unique, so it can be a primary key) to
+/// `dep_delay` (`None` for `NA`).
+fn csv_departures() -> BTreeMap<NaturalKey, Option<i32>> {
     let (cols, rows) = csv_records();
     let c = |n: &str| cols[n];
     let int = |r: &csv::StringRecord, n: &str| -> i32 { r[c(n)].parse().unwrap() };
-    let mut keys = BTreeSet::new();
+    let mut keys = BTreeMap::new();
     for r in rows {
         let k = (
             int(r, "year"),
@@ -282,7 +283,14 @@ fn csv_keys() -> BTreeSet<NaturalKey> {
             r[c("origin")].to_owned(),
             int(r, "sched_dep_time"),
         );
-        assert!(keys.insert(k.clone()), "natural key {k:?} twice in the CSV");
+        let delay = match &r[c("dep_delay")] {
+            "NA" => None,
+            d => Some(d.parse().unwrap()),
+        };
+        assert!(
+            keys.insert(k.clone(), delay).is_none(),
+            "natural key {k:?} twice in the CSV"
+        );
     }
     keys
 }
@@ -351,20 +359,21 @@ fn departures_db(tag: &str) -> Db {
 }
 
 /// Checks the per-record table: exactly the CSV's keys (the primary key makes each one
-/// once), and nothing left prepared.
-fn check_departures(db: &mut Db, expected: &BTreeSet<NaturalKey>, what: &str) {
+/// once), each with its `dep_delay`, and nothing left prepared.
+fn check_departures(db: &mut Db, expected: &BTreeMap<NaturalKey, Option<i32>>, what: &str) {
     let rows = db
         .client
         .query(
-            "SELECT year, month, day, carrier, flight, origin, sched_dep_time FROM departures",
+            "SELECT year, month, day, carrier, flight, origin, sched_dep_time, dep_delay \
+             FROM departures",
             &[],
         )
         .unwrap();
     let n = rows.len();
-    let got: BTreeSet<NaturalKey> = rows
+    let got: BTreeMap<NaturalKey, Option<i32>> = rows
         .iter()
         .map(|r| {
-            (
+            let k = (
                 r.get(0),
                 r.get(1),
                 r.get(2),
@@ -372,17 +381,23 @@ fn check_departures(db: &mut Db, expected: &BTreeSet<NaturalKey>, what: &str) {
                 r.get(4),
                 r.get(5),
                 r.get(6),
-            )
+            );
+            (k, r.get(7))
         })
         .collect();
     if got != *expected {
-        let missing = expected.difference(&got).count();
-        let extra = got.difference(expected).count();
+        let missing: Vec<_> = expected.keys().filter(|k| !got.contains_key(*k)).collect();
+        let extra = got.keys().filter(|k| !expected.contains_key(*k)).count();
+        let wrong = expected
+            .iter()
+            .filter(|(k, v)| got.get(*k).is_some_and(|g| g != *v))
+            .count();
         panic!(
-            "{what}: {n} rows, {missing} of the CSV's {} keys missing (first {:?}), {extra} \
-             not in the CSV",
+            "{what}: {n} rows; {} of the CSV's {} keys missing (first {:?}), {extra} not in \
+             the CSV, {wrong} with another dep_delay",
+            missing.len(),
             expected.len(),
-            expected.difference(&got).next()
+            missing.first()
         );
     }
     assert_eq!(n, FLIGHTS, "{what}: row count");
@@ -406,7 +421,7 @@ fn crash_at(job: &Job, fp: &str) {
 #[test]
 #[ignore = "needs PostgreSQL and nats-server: .ci/run starts both (scripts/*-test-server.sh)"]
 fn per_record_insert_from_jetstream_survives_failpoints_and_random_kills() {
-    let expected = csv_keys();
+    let expected = csv_departures();
     assert_eq!(expected.len(), FLIGHTS, "the natural key is unique");
     let started = Instant::now();
     let mut span = Duration::ZERO;
