@@ -37,7 +37,8 @@ fn job_copy(example: &str, interval_ms: u64, tmp: &Path) -> PathBuf {
     path
 }
 
-use common::run::{Job, check_per_record, repo};
+use common::flights::check_per_record;
+use common::job::{Job, repo};
 
 /// A copy of an example job with a checkpoint interval, run in `tmp`.
 fn example_job(example: &str, interval_ms: u64, tmp: &Path) -> Job {

@@ -17,7 +17,8 @@
 
 mod common;
 
-use common::run::{Job, NATURAL_KEY, check_per_record, natural_keys, repo};
+use common::flights::{NATURAL_KEY, check_per_record, natural_keys};
+use common::job::{Job, repo};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::Read;

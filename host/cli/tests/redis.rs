@@ -411,7 +411,7 @@ fn redis_sink_is_effectively_once_under_kills_and_refused_in_a_strict_job() {
         "strict",
         sink_job(&r.server.url, &r.key("strict"), "strict-exactly-once", 100),
     );
-    let o = strict.command("plan", None).output().unwrap();
+    let o = strict.verb("plan").output().unwrap();
     let text = common::job::text(&o);
     assert!(!o.status.success(), "{text}");
     assert!(
@@ -532,7 +532,7 @@ fn redis_sink_downscale_from_4_to_2_settles_the_removed_subtasks() {
         .collect();
     eprintln!("entries per subtask stream at the crash: {at_crash:?}");
     let o = job
-        .command("run", None)
+        .command(None)
         .args(["-p", "2", "--rescale"])
         .output()
         .unwrap();
@@ -566,7 +566,7 @@ fn bad_connections_fail_clearly_without_the_password() {
         assert!(!out.contains(&password), "the password appears: {out}");
         assert!(!out.contains("wrong-pw-xyz"), "a password appears: {out}");
         // Nor in anything the run left on disk (plan, manifests, logs).
-        for entry in walk(&job.dir.path().to_path_buf()) {
+        for entry in walk(&job.dir) {
             let bytes = std::fs::read(&entry).unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes);
             assert!(
@@ -604,7 +604,7 @@ fn bad_connections_fail_clearly_without_the_password() {
     let mut job = redis_job(&r, "nopw", per_carrier_job(&r.server.url, &key, "", 100));
     job.env.clear();
     let o = job
-        .command("run", None)
+        .command(None)
         .env_remove("NOP_TEST_REDIS_PASSWORD")
         .output()
         .unwrap();

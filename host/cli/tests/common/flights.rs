@@ -102,28 +102,34 @@ pub fn check_per_carrier(lines: &[String], expected: &BTreeMap<String, Expected>
     assert_eq!(total, 336_776);
 }
 
-/// The natural key of a per-record output line.
+/// The natural key of a flight, `year/month/day/carrier/flight/origin/sched_dep_time`.
+pub const NATURAL_KEY: [&str; 7] = [
+    "year",
+    "month",
+    "day",
+    "carrier",
+    "flight",
+    "origin",
+    "sched_dep_time",
+];
+
+/// The natural key of a per-record output line (each field as JSON text).
 pub fn natural_key(line: &str) -> Vec<String> {
     let v: Value = serde_json::from_str(line).unwrap();
-    [
-        "year",
-        "month",
-        "day",
-        "carrier",
-        "flight",
-        "origin",
-        "sched_dep_time",
-    ]
-    .iter()
-    .map(|f| v[f].to_string())
-    .collect()
+    NATURAL_KEY.iter().map(|f| v[f].to_string()).collect()
+}
+
+/// The natural keys of a per-record output, checking each appears once.
+pub fn natural_keys(lines: &[String]) -> BTreeSet<Vec<String>> {
+    let mut keys = BTreeSet::new();
+    for l in lines {
+        assert!(keys.insert(natural_key(l)), "duplicate natural key in {l}");
+    }
+    keys
 }
 
 /// Checks per-record output: 336,776 records with unique natural keys.
 pub fn check_per_record(lines: &[String]) {
     assert_eq!(lines.len(), 336_776, "every departure exactly once");
-    let mut keys = BTreeSet::new();
-    for l in lines {
-        assert!(keys.insert(natural_key(l)), "duplicate natural key in {l}");
-    }
+    natural_keys(lines);
 }

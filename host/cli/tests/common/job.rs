@@ -1,5 +1,7 @@
-//! Running a job file through the real `nopstream` binary: to completion, with failpoints,
-//! or SIGKILLed at a moment and restarted until it finishes (the crash suites' harness).
+//! A job run as `nopstream run` processes (the harness of the crash, JetStream, Redis and
+//! queue-to-postgres suites): run to completion, crash at a failpoint, SIGKILL at a moment
+//! or after a time limit, restart until it finishes, SIGKILL at pseudo-random moments over
+//! rounds ([`kill_rounds`]), and read the committed JSONL output.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -19,15 +21,20 @@ pub fn text(o: &Output) -> String {
     )
 }
 
-/// A job file written next to the flights example (relative grants and prepare steps
-/// resolve against it), removed on drop, with its own work and output directories.
+/// A job file with its output and work directories; the file is removed on drop.
 pub struct Job {
     /// The job file.
     pub file: PathBuf,
-    /// Holds `out` (the `--output` directory) and `work` (`--work-dir`).
-    pub dir: tempfile::TempDir,
+    /// Holds `out` and `work` (and whatever else a test puts beside them).
+    pub dir: PathBuf,
+    /// `--output`: `dir/out`.
+    pub out: PathBuf,
+    /// `--work-dir`: `dir/work`.
+    pub work: PathBuf,
     /// Environment variables set for every run.
     pub env: Vec<(String, String)>,
+    /// The temporary `dir` of [`Job::new`], removed on drop.
+    _tmp: Option<tempfile::TempDir>,
 }
 
 impl Drop for Job {
@@ -37,45 +44,41 @@ impl Drop for Job {
 }
 
 impl Job {
-    /// Writes `text` as `examples/flights/.<suite>-<pid>-<tag>.toml`.
+    /// The job file `file` (already written), with output and work directories in `dir`
+    /// (which the caller owns).
+    pub fn at(file: PathBuf, dir: &Path) -> Job {
+        Job {
+            file,
+            dir: dir.to_path_buf(),
+            out: dir.join("out"),
+            work: dir.join("work"),
+            env: Vec::new(),
+            _tmp: None,
+        }
+    }
+
+    /// Writes `text` as `examples/flights/.<suite>-<pid>-<tag>.toml` (relative grants and
+    /// prepare steps resolve against the flights example), with output and work
+    /// directories in a temporary directory of its own.
     pub fn new(suite: &str, tag: &str, text: &str) -> Job {
         let file = repo()
             .join("examples/flights")
             .join(format!(".{suite}-{}-{tag}.toml", std::process::id()));
         std::fs::write(&file, text).unwrap();
-        Job {
-            file,
-            dir: tempfile::tempdir().unwrap(),
-            env: Vec::new(),
-        }
+        let tmp = tempfile::tempdir().unwrap();
+        let mut job = Job::at(file, tmp.path());
+        job._tmp = Some(tmp);
+        job
     }
 
-    /// The `--output` directory.
-    pub fn out(&self) -> PathBuf {
-        self.dir.path().join("out")
-    }
-
-    /// The `--work-dir` directory.
-    pub fn work(&self) -> PathBuf {
-        self.dir.path().join("work")
-    }
-
-    /// `nopstream <verb> ...` for this job, output captured.
-    pub fn command(&self, verb: &str, failpoints: Option<&str>) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_nopstream"));
-        c.arg(verb);
-        if verb == "run" {
-            c.args(["--no-progress", "--no-echo", "--output"])
-                .arg(self.out())
-                .arg("--work-dir")
-                .arg(self.work());
-        }
-        c.arg(&self.file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in &self.env {
-            c.env(k, v);
-        }
+    /// `nopstream run` of this job, output captured, with `NOPSTREAM_FAILPOINTS` set to
+    /// `failpoints` (and removed for `None`).
+    pub fn command(&self, failpoints: Option<&str>) -> Command {
+        let mut c = self.verb("run");
+        c.args(["--no-progress", "--no-echo", "--output"])
+            .arg(&self.out)
+            .arg("--work-dir")
+            .arg(&self.work);
         match failpoints {
             Some(f) => c.env("NOPSTREAM_FAILPOINTS", f),
             None => c.env_remove("NOPSTREAM_FAILPOINTS"),
@@ -83,16 +86,28 @@ impl Job {
         c
     }
 
-    /// Runs to completion: (success, stdout + stderr).
+    /// `nopstream <verb> <file>` (`plan`, `validate`, ...), output captured.
+    pub fn verb(&self, verb: &str) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nopstream"));
+        c.arg(verb)
+            .arg(&self.file)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Runs to completion (restarting after crashes is the caller's business): whether it
+    /// succeeded, and stdout then stderr.
     pub fn run(&self, failpoints: Option<&str>) -> (bool, String) {
-        let o = self.command("run", failpoints).output().unwrap();
+        let o = self.command(failpoints).output().unwrap();
         (o.status.success(), text(&o))
     }
 
     /// Runs, SIGKILLing the process if it has not ended after `limit`: (ended by itself,
     /// success, output).
     pub fn run_for(&self, limit: Duration) -> (bool, bool, String) {
-        let child = self.command("run", None).spawn().unwrap();
+        let child = self.command(None).spawn().unwrap();
         let pid = child.id();
         let t = Instant::now();
         let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
@@ -110,7 +125,7 @@ impl Job {
 
     /// Starts the job and SIGKILLs it after `after`; returns whether it had already ended.
     pub fn kill_after(&self, after: Duration) -> bool {
-        let mut child = self.command("run", None).spawn().unwrap();
+        let mut child = self.command(None).spawn().unwrap();
         let t = Instant::now();
         while t.elapsed() < after {
             if child.try_wait().unwrap().is_some() {
@@ -138,7 +153,7 @@ impl Job {
     /// Committed JSONL output lines (sorted); staging files are not output.
     pub fn committed(&self) -> Vec<String> {
         let mut lines = Vec::new();
-        for e in std::fs::read_dir(self.out()).unwrap() {
+        for e in std::fs::read_dir(&self.out).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "jsonl") {
                 lines.extend(

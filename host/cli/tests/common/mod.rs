@@ -1,10 +1,9 @@
 //! Shared harness of the suites: the flights data and independent expectations
-//! ([`flights`]), running and crashing jobs through the binary ([`job`], used by the
-//! Redis and flights suites; [`run`], its twin from the crash and JetStream suites, to be
-//! folded into one), and, for the cluster suites (`cluster`, `cluster_partition`): a
-//! coordinator and
-//! node processes of the `nopstream` binary, the flights jobs they run and the checks of
-//! their output ([`cluster`]), and network namespaces to put nodes in ([`netns`]).
+//! ([`flights`]), running and crashing jobs through the binary ([`job`]: the crash,
+//! JetStream, Redis and queue-to-postgres suites), and, for the cluster suites (`cluster`,
+//! `cluster_partition`): a coordinator and node processes of the `nopstream` binary, the
+//! flights jobs they run and the checks of their output ([`cluster`]), and network
+//! namespaces to put nodes in ([`netns`]).
 
 #![allow(dead_code)] // each test binary uses a different subset
 
@@ -12,4 +11,3 @@ pub mod cluster;
 pub mod flights;
 pub mod job;
 pub mod netns;
-pub mod run;
