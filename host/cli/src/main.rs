@@ -92,8 +92,17 @@ enum Command {
         /// went on past the savepoint can go back to it.
         #[arg(long, value_name = "SP", conflicts_with_all = ["rescale"])]
         from_savepoint: Option<PathBuf>,
-        /// With --from-savepoint: the actions file that clears the check's findings.
-        #[arg(long, value_name = "A.toml", requires = "from_savepoint")]
+        /// A Delta overlay patching the job file's model (README "Delta overlays"): each
+        /// changed field is printed with its class (replan, rescale, state-affecting;
+        /// forbidden ones are refused). When the job has a durable checkpoint, its latest
+        /// epoch is promoted to a savepoint (`WORK_DIR/savepoints/epoch-N`) and the patched
+        /// job restores from it through the compatibility check, which needs the actions
+        /// (--actions) that clear its findings.
+        #[arg(long, value_name = "D.toml", conflicts_with_all = ["rescale", "from_savepoint"])]
+        delta: Option<PathBuf>,
+        /// With --from-savepoint or --delta: the actions file that clears the check's
+        /// findings.
+        #[arg(long, value_name = "A.toml")]
         actions: Option<PathBuf>,
     },
     /// Savepoints: promote a checkpoint to one, check a job against one.
@@ -162,6 +171,9 @@ enum Command {
         /// With `--nodes`: task slots per node.
         #[arg(long, default_value_t = nop_stream_server::DEFAULT_SLOTS)]
         slots: u32,
+        /// A Delta overlay to apply to the job file first (its changes go to stderr).
+        #[arg(long, value_name = "D.toml")]
+        delta: Option<PathBuf>,
     },
     /// Check a job file and its plugins; report every problem with its location.
     Validate {
@@ -521,6 +533,43 @@ fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("nopstream"))
 }
 
+/// The job file's model with the Delta overlay `delta` applied (its changes printed to
+/// stderr, one line each), then `parallelism` if given; the changes.
+///
+/// # Errors
+/// Unreadable files; the job file's or the Delta's diagnostics (naming file and field).
+pub(crate) fn read_model_with_delta(
+    job: &Path,
+    delta: Option<&Path>,
+    parallelism: Option<u32>,
+) -> Result<(StreamModel, Vec<nop_stream_core::delta::Change>)> {
+    let Some(delta) = delta else {
+        return Ok((read_model(job, parallelism)?, Vec::new()));
+    };
+    let text = std::fs::read_to_string(job)
+        .with_context(|| format!("cannot read job file {}", job.display()))?;
+    let dtext = std::fs::read_to_string(delta)
+        .with_context(|| format!("cannot read delta file {}", delta.display()))?;
+    let (model, changes) = nop_stream_core::delta::apply_delta(
+        &job.display().to_string(),
+        &text,
+        &delta.display().to_string(),
+        &dtext,
+    )
+    .map_err(|d| anyhow::anyhow!("{d}"))?;
+    if changes.is_empty() {
+        eprintln!("delta {}: no change", delta.display());
+    }
+    for c in &changes {
+        eprintln!("delta {}: {c}", delta.display());
+    }
+    let model = match parallelism {
+        Some(p) => model.with_parallelism(p),
+        None => model,
+    };
+    Ok((model, changes))
+}
+
 pub(crate) fn read_model(job: &Path, parallelism: Option<u32>) -> Result<StreamModel> {
     let text = std::fs::read_to_string(job)
         .with_context(|| format!("cannot read job file {}", job.display()))?;
@@ -765,9 +814,16 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             rescale,
             checkpoint_interval_ms,
             from_savepoint,
+            delta,
             actions,
         } => {
-            let mut model = read_model(&job, parallelism)?;
+            anyhow::ensure!(
+                actions.is_none() || from_savepoint.is_some() || delta.is_some(),
+                "--actions goes with --from-savepoint or --delta"
+            );
+            let (mut model, delta_changes) =
+                read_model_with_delta(&job, delta.as_deref(), parallelism)?;
+            let mut from_savepoint = from_savepoint;
             if let Some(ms) = checkpoint_interval_ms {
                 anyhow::ensure!(ms >= 1, "--checkpoint-interval-ms must be >= 1");
                 model.job.checkpoint_interval_ms = Some(ms);
@@ -782,6 +838,30 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let mut plan = partitioned_plan(&job_graph(&stream));
             let mut plugins = registry.plugin_set(&plan)?;
             let mut ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
+            // A Delta over a job with checkpoints: its latest epoch becomes a savepoint and
+            // the patched job restores from it, through the same check (seed §12.2).
+            if !delta_changes.is_empty() && !fresh {
+                let src = nop_stream_checkpoint::LocalStorage::open(&ckpt);
+                let latest = src
+                    .ok()
+                    .and_then(|s| {
+                        nop_stream_checkpoint::CheckpointStorage::manifest_epochs(&s).ok()
+                    })
+                    .and_then(|e| e.last().map(|e| e.0));
+                if let Some(e) = latest.filter(|_| ckpt.join("manifests").is_dir()) {
+                    let out = nop_stream_checkpoint::savepoint::default_dir(
+                        &work_dir.join("savepoints"),
+                        e,
+                    );
+                    savepoint::promote(&ckpt, Some(e), &out)?;
+                    eprintln!(
+                        "delta: the job's latest durable epoch {e} is now savepoint {}; the \
+                         patched job restores from it",
+                        out.display()
+                    );
+                    from_savepoint = Some(out);
+                }
+            }
             // A restore from a savepoint: check first, refuse anything but compatible, then
             // seed the job's namespace (or, with `fork`, a new one) with the savepoint's
             // epoch.
@@ -1117,8 +1197,9 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             parallelism,
             nodes,
             slots,
+            delta,
         } => {
-            let model = read_model(&job, parallelism)?;
+            let (model, _) = read_model_with_delta(&job, delta.as_deref(), parallelism)?;
             let value = if layer == Layer::Model {
                 serde_json::to_value(&model)?
             } else {

@@ -1238,3 +1238,72 @@ fn a_sink_swapped_while_transactions_are_pending_is_finalized_with_the_old_plugi
         "the blackhole sink got every record after the savepoint once"
     );
 }
+
+#[test]
+fn a_delta_overlay_rescales_a_crashed_job_and_refuses_forbidden_or_unacknowledged_changes() {
+    let j = job("delta", |t| t);
+    let reference = {
+        let d = dirs();
+        let o = run(&j.0, &d, &["-p", "2"], None);
+        assert!(o.status.success(), "{}", text(&o));
+        committed(&d.out)
+    };
+    assert_eq!(reference.len(), 16, "one line per carrier");
+    // The job crashes right after its second durable epoch.
+    let d = dirs();
+    let o = run(
+        &j.0,
+        &d,
+        &["-p", "2", "--checkpoint-interval-ms", "50"],
+        Some("after-manifest-publish=2"),
+    );
+    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
+    let checkpoints = d.work.join("checkpoints");
+    let before = snapshot(&checkpoints);
+    let delta = d.work.join("d.toml");
+    let dpath = delta.display().to_string();
+
+    // A forbidden field: refused before anything is touched, naming file and field.
+    std::fs::write(&delta, "[job]\nname = \"renamed\"\n").unwrap();
+    let o = run(&j.0, &d, &["--delta", &dpath], None);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("d.toml") && text(&o).contains("job.name: forbidden in a Delta"),
+        "{}",
+        text(&o)
+    );
+    // A weaker semantic mode is state-affecting: the check needs accept-semantic-change.
+    std::fs::write(&delta, "[job]\nsemantic = \"at-least-once\"\n").unwrap();
+    let o = run(&j.0, &d, &["--delta", &dpath], None);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "job.semantic (state-affecting): \"strict-exactly-once\" -> \"at-least-once\""
+        ) && text(&o).contains("SEMANTIC_WEAKENED"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        snapshot(&checkpoints),
+        before,
+        "a refused delta leaves the checkpoints"
+    );
+
+    // A rescale and a new checkpoint interval: the latest epoch becomes a savepoint and the
+    // patched job restores from it, with the uninterrupted run's output.
+    std::fs::write(
+        &delta,
+        "[job]\nparallelism = 3\ncheckpoint_interval_ms = 100\n",
+    )
+    .unwrap();
+    let o = run(&j.0, &d, &["--delta", &dpath], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("job.parallelism (rescale): 2 -> 3"), "{t}");
+    assert!(
+        t.contains("job.checkpoint_interval_ms (replan): (unset) -> 100"),
+        "{t}"
+    );
+    assert!(t.contains("restoring savepoint"), "{t}");
+    assert_eq!(committed(&d.out), reference, "restored 2->3 by a delta");
+}

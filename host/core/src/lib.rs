@@ -15,6 +15,7 @@
 //! together as [`Diagnostics`].
 
 pub mod compile;
+pub mod delta;
 pub mod diag;
 pub mod jobfile;
 pub mod model;
