@@ -141,7 +141,69 @@ pub struct Ratio {
     pub steady: f64,
     /// nop-stream end-to-end ÷ other end-to-end.
     pub e2e: f64,
+    /// nop-stream records per CPU-second ÷ the other's (issue 14 item 5): the pipeline
+    /// runs stages on several threads, so wall-time ratios against a one-thread floor
+    /// flatter it.
+    pub per_cpu: f64,
+    /// For Flink: whether `steady` and `per_cpu` use its marginal rate between the 1M and
+    /// 10M inputs ([`Results::flink_marginal`]), so its start-up drops out.
+    #[serde(default)]
+    pub marginal: bool,
 }
+
+/// Flink's marginal rate on a workload between two input sizes run in the same session:
+/// `(records_big − records_small) ÷ (time_big − time_small)` on the median process wall
+/// times, and the same over CPU seconds. Its ~10 s start-up is in both runs and cancels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Marginal {
+    /// Records per second.
+    pub rps: f64,
+    /// Records per CPU-second.
+    pub per_cpu: f64,
+}
+
+/// One line of the targets table: a measured ratio against issue 14's target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetLine {
+    /// What is measured, e.g. `count-ckpt ÷ floor (steady)`.
+    pub what: String,
+    /// The input.
+    pub input: String,
+    /// The measured value.
+    pub measured: f64,
+    /// The target.
+    pub target: f64,
+    /// Whether larger is better (ratios) or smaller (overheads).
+    pub higher_is_better: bool,
+}
+
+impl TargetLine {
+    /// Whether the measured value meets the target.
+    pub fn meets(&self) -> bool {
+        if self.higher_is_better {
+            self.measured >= self.target
+        } else {
+            self.measured <= self.target
+        }
+    }
+}
+
+/// Issue 14's targets: (workload, versus, measure, target). `measure` is `steady` (wall
+/// time) or `per-cpu`; [`CKPT_CPU_OVERHEAD`] is checked separately.
+pub const TARGETS: &[(&str, &str, &str, f64)] = &[
+    ("count-ckpt", FLOOR, "steady", 0.5),
+    ("count-ckpt", FLOOR, "per-cpu", 1.0 / 3.0),
+    ("count-ckpt", FLINK, "steady", 5.0),
+    ("q5", FLOOR, "steady", 0.25),
+    ("q5", FLINK, "steady", 5.0),
+    ("cep", FLOOR, "steady", 0.125),
+    ("cep", FLINK, "steady", 5.0),
+    ("q0", FLOOR, "steady", 0.5),
+];
+
+/// Issue 14 item 3: CPU seconds of the keyed count with 1 s checkpoints over without, at
+/// most this much more.
+pub const CKPT_CPU_OVERHEAD: f64 = 0.05;
 
 impl Results {
     fn row(&self, workload: &str, input: &str, engine: &str) -> Option<&Row> {
@@ -162,25 +224,152 @@ impl Results {
         }
     }
 
-    /// nop-stream ÷ floor and nop-stream ÷ Flink, wherever both rows exist.
+    /// Flink's [`Marginal`] rate on `workload` between its smallest and largest bids
+    /// inputs, when it ran on two sizes.
+    pub fn flink_marginal(&self, workload: &str) -> Option<Marginal> {
+        let mut rows: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.engine == FLINK && r.workload == workload && !r.runs.is_empty())
+            .collect();
+        rows.sort_by_key(|r| r.records);
+        let (small, big) = (rows.first()?, rows.last()?);
+        if big.records <= small.records {
+            return None;
+        }
+        let med = |r: &Row, f: fn(&Run) -> f64| Stat::of(r.runs.iter().map(f)).median;
+        let dr = (big.records - small.records) as f64;
+        let dt = med(big, |x| x.e2e_s) - med(small, |x| x.e2e_s);
+        let dc = med(big, |x| x.cpu_s) - med(small, |x| x.cpu_s);
+        (dt > 0.0 && dc > 0.0).then(|| Marginal {
+            rps: dr / dt,
+            per_cpu: dr / dc,
+        })
+    }
+
+    /// nop-stream ÷ floor and nop-stream ÷ Flink, wherever both rows exist; against
+    /// Flink, steady and per-CPU use its marginal rate when it ran on two input sizes.
     pub fn ratios(&self) -> Vec<Ratio> {
         let mut out = Vec::new();
         for n in self.rows.iter().filter(|r| r.engine == NOP_STREAM) {
             let ns = n.summary();
+            let n_per_cpu = n.records as f64 / ns.cpu_s.median;
             for other in [FLOOR, FLINK] {
+                let flink_workload = n.workload.trim_end_matches("-ckpt");
+                let marginal = (other == FLINK)
+                    .then(|| self.flink_marginal(&n.workload))
+                    .flatten()
+                    .or_else(|| {
+                        // count-ckpt is measured against Flink's count with checkpoints
+                        // under its own name; fall back to the plain workload's.
+                        (other == FLINK)
+                            .then(|| self.flink_marginal(flink_workload))
+                            .flatten()
+                    });
                 if let Some(o) = self.row(&n.workload, &n.input, other) {
                     let os = o.summary();
+                    let o_per_cpu = o.records as f64 / os.cpu_s.median;
                     out.push(Ratio {
                         workload: n.workload.clone(),
                         input: n.input.clone(),
                         versus: other.into(),
-                        steady: ns.steady_rps.median / os.steady_rps.median,
+                        steady: ns.steady_rps.median
+                            / marginal.map_or(os.steady_rps.median, |m| m.rps),
                         e2e: ns.e2e_rps.median / os.e2e_rps.median,
+                        per_cpu: n_per_cpu / marginal.map_or(o_per_cpu, |m| m.per_cpu),
+                        marginal: marginal.is_some(),
+                    });
+                } else if let Some(m) = marginal {
+                    // Flink ran on other input sizes only: its marginal rate still stands.
+                    out.push(Ratio {
+                        workload: n.workload.clone(),
+                        input: n.input.clone(),
+                        versus: other.into(),
+                        steady: ns.steady_rps.median / m.rps,
+                        e2e: f64::NAN,
+                        per_cpu: n_per_cpu / m.per_cpu,
+                        marginal: true,
                     });
                 }
             }
         }
         out
+    }
+
+    /// Every target of [`TARGETS`] that the rows allow to measure, per input, and the
+    /// checkpoint CPU overhead (`count-ckpt` ÷ `count` CPU seconds − 1, same input).
+    pub fn targets(&self) -> Vec<TargetLine> {
+        let mut out = Vec::new();
+        let ratios = self.ratios();
+        for (workload, versus, measure, target) in TARGETS {
+            for r in ratios
+                .iter()
+                .filter(|r| r.workload == *workload && r.versus == *versus)
+            {
+                let measured = if *measure == "per-cpu" {
+                    r.per_cpu
+                } else {
+                    r.steady
+                };
+                out.push(TargetLine {
+                    what: format!("{workload} ÷ {versus} ({measure})"),
+                    input: r.input.clone(),
+                    measured,
+                    target: *target,
+                    higher_is_better: true,
+                });
+            }
+        }
+        for c in self
+            .rows
+            .iter()
+            .filter(|r| r.engine == NOP_STREAM && r.workload == "count-ckpt")
+        {
+            if let Some(u) = self.row("count", &c.input, NOP_STREAM) {
+                out.push(TargetLine {
+                    what: "checkpoint CPU overhead (count-ckpt ÷ count − 1)".into(),
+                    input: c.input.clone(),
+                    measured: c.summary().cpu_s.median / u.summary().cpu_s.median - 1.0,
+                    target: CKPT_CPU_OVERHEAD,
+                    higher_is_better: false,
+                });
+            }
+        }
+        out
+    }
+
+    /// The targets as a Markdown table: measured, target, and whether it meets it or by
+    /// how much it misses.
+    pub fn targets_table(&self) -> String {
+        let lines = self.targets();
+        if lines.is_empty() {
+            return String::new();
+        }
+        let mut t = String::from(
+            "| target | input | measured | target | verdict |\n|---|---|---|---|---|\n",
+        );
+        for l in lines {
+            let verdict = if l.meets() {
+                "meets".to_owned()
+            } else if l.higher_is_better {
+                format!(
+                    "misses: {:.0} % of the target",
+                    100.0 * l.measured / l.target
+                )
+            } else {
+                format!("misses by {:+.1} points", 100.0 * (l.measured - l.target))
+            };
+            let (m, tg) = if l.higher_is_better {
+                (format!("{:.2}", l.measured), format!("≥ {:.2}", l.target))
+            } else {
+                (
+                    format!("{:+.1} %", 100.0 * l.measured),
+                    format!("≤ {:.0} %", 100.0 * l.target),
+                )
+            };
+            let _ = writeln!(t, "| {} | {} | {m} | {tg} | {verdict} |", l.what, l.input);
+        }
+        t
     }
 
     fn ratio(&self, workload: &str, input: &str, versus: &str) -> Option<Ratio> {
@@ -194,7 +383,7 @@ impl Results {
         let mut t = String::new();
         let _ = writeln!(
             t,
-            "| workload | input | engine | runs | steady rec/s median [min – max] | end-to-end rec/s median [min – max] | CPU s | peak RSS MiB | ÷ floor (steady / e2e) | ÷ Flink (steady / e2e) |"
+            "| workload | input | engine | runs | steady rec/s median [min – max] | end-to-end rec/s median [min – max] | CPU s | peak RSS MiB | ÷ floor (steady / e2e / per CPU-s) | ÷ Flink (steady / e2e / per CPU-s) |"
         );
         let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|");
         for r in &self.rows {
@@ -204,7 +393,19 @@ impl Results {
                     return String::new();
                 }
                 self.ratio(&r.workload, &r.input, versus)
-                    .map(|x| format!("{:.2} / {:.2}", x.steady, x.e2e))
+                    .map(|x| {
+                        format!(
+                            "{:.2}{} / {} / {:.2}",
+                            x.steady,
+                            if x.marginal { " (marginal)" } else { "" },
+                            if x.e2e.is_nan() {
+                                "–".to_owned()
+                            } else {
+                                format!("{:.2}", x.e2e)
+                            },
+                            x.per_cpu
+                        )
+                    })
                     .unwrap_or_else(|| "–".into())
             };
             let _ = writeln!(
@@ -233,15 +434,23 @@ impl Results {
                 let (c, u) = (r.summary(), b.summary());
                 let _ = writeln!(
                     t,
-                    "\ncheckpointed ÷ unchecked, {} on {}: {:.2} steady / {:.2} end-to-end ({} ÷ {})",
+                    "\ncheckpointed ÷ unchecked, {} on {}: {:.2} steady / {:.2} end-to-end / {:.3} CPU seconds ({} ÷ {})",
                     r.engine,
                     r.input,
                     c.steady_rps.median / u.steady_rps.median,
                     c.e2e_rps.median / u.e2e_rps.median,
+                    c.cpu_s.median / u.cpu_s.median,
                     r.workload,
                     base
                 );
             }
+        }
+        let targets = self.targets_table();
+        if !targets.is_empty() {
+            let _ = write!(
+                t,
+                "\nIssue 14's targets (ratios of medians; Flink by its marginal rate where it ran on two sizes):\n\n{targets}"
+            );
         }
         t
     }
@@ -266,21 +475,27 @@ impl Results {
             serde_json::to_string_pretty(&json)?,
         )?;
         let mut csv = String::from(
-            "workload,input,engine,records,runs,steady_rps_median,steady_rps_min,steady_rps_max,e2e_rps_median,e2e_rps_min,e2e_rps_max,cpu_s_median,max_rss_mib,ratio_floor_steady,ratio_floor_e2e,ratio_flink_steady,ratio_flink_e2e\n",
+            "workload,input,engine,records,runs,steady_rps_median,steady_rps_min,steady_rps_max,e2e_rps_median,e2e_rps_min,e2e_rps_max,cpu_s_median,max_rss_mib,ratio_floor_steady,ratio_floor_e2e,ratio_flink_steady,ratio_flink_e2e,ratio_floor_per_cpu,ratio_flink_per_cpu\n",
         );
         for r in &self.rows {
             let s = r.summary();
             let ratio = |v: &str| {
                 self.ratio(&r.workload, &r.input, v)
                     .filter(|_| r.engine == NOP_STREAM)
-                    .map(|x| (format!("{:.4}", x.steady), format!("{:.4}", x.e2e)))
+                    .map(|x| {
+                        (
+                            format!("{:.4}", x.steady),
+                            format!("{:.4}", x.e2e),
+                            format!("{:.4}", x.per_cpu),
+                        )
+                    })
                     .unwrap_or_default()
             };
-            let (fs, fe) = ratio(FLOOR);
-            let (ks, ke) = ratio(FLINK);
+            let (fs, fe, fc) = ratio(FLOOR);
+            let (ks, ke, kc) = ratio(FLINK);
             let _ = writeln!(
                 csv,
-                "{},{},{},{},{},{:.0},{:.0},{:.0},{:.0},{:.0},{:.0},{:.3},{:.1},{fs},{fe},{ks},{ke}",
+                "{},{},{},{},{},{:.0},{:.0},{:.0},{:.0},{:.0},{:.0},{:.3},{:.1},{fs},{fe},{ks},{ke},{fc},{kc}",
                 r.workload,
                 r.input,
                 r.engine,
@@ -471,5 +686,78 @@ mod tests {
         );
         assert!(res.svg().contains("<svg") && res.svg().ends_with("</svg>\n"));
         assert_eq!(human(1_234_567.0), "1.23 M");
+    }
+
+    fn runs(e2e: f64, cpu: f64) -> Vec<Run> {
+        vec![Run {
+            e2e_s: e2e,
+            steady_s: e2e,
+            cpu_s: cpu,
+            max_rss_mib: 10.0,
+        }]
+    }
+
+    #[test]
+    fn flink_is_compared_by_its_marginal_rate_and_targets_say_by_how_much_they_miss() {
+        let r = |workload: &str, input: &str, engine: &str, records: u64, e2e: f64, cpu: f64| Row {
+            workload: workload.into(),
+            input: input.into(),
+            engine: engine.into(),
+            records,
+            runs: runs(e2e, cpu),
+            note: String::new(),
+        };
+        let res = Results {
+            rows: vec![
+                // nop-stream: 10M in 5 s wall, 8 CPU s; without checkpoints 7.6 CPU s.
+                r(
+                    "count-ckpt",
+                    "bids-10m.csv",
+                    NOP_STREAM,
+                    10_000_000,
+                    5.0,
+                    8.0,
+                ),
+                r("count", "bids-10m.csv", NOP_STREAM, 10_000_000, 4.8, 7.6),
+                // floor: 10M in 2 s on one thread.
+                r("count-ckpt", "bids-10m.csv", FLOOR, 10_000_000, 2.0, 2.0),
+                // Flink: 10 s start-up, then 1M/s; CPU 12 s + 3 per M.
+                r("count", "bids-1m.csv", FLINK, 1_000_000, 11.0, 15.0),
+                r("count", "bids-10m.csv", FLINK, 10_000_000, 20.0, 42.0),
+            ],
+            ..Results::default()
+        };
+        let m = res.flink_marginal("count").unwrap();
+        assert!((m.rps - 1e6).abs() < 1e-3, "{m:?}");
+        assert!((m.per_cpu - 1e6 / 3.0).abs() < 1e-3, "{m:?}");
+        let flink = res
+            .ratios()
+            .into_iter()
+            .find(|x| x.workload == "count-ckpt" && x.versus == FLINK)
+            .unwrap();
+        // 2 M/s against Flink's marginal 1 M/s, not its 10M end-to-end 0.5 M/s.
+        assert!(
+            flink.marginal && (flink.steady - 2.0).abs() < 1e-9,
+            "{flink:?}"
+        );
+        assert!(
+            (flink.per_cpu - 1.25e6 / (1e6 / 3.0)).abs() < 1e-9,
+            "{flink:?}"
+        );
+        let lines = res.targets();
+        let get = |what: &str| lines.iter().find(|l| l.what == what).unwrap().clone();
+        let wall = get("count-ckpt ÷ floor (steady)");
+        assert!((wall.measured - 0.4).abs() < 1e-9 && !wall.meets());
+        let cpu = get("count-ckpt ÷ floor (per-cpu)");
+        assert!((cpu.measured - 0.25).abs() < 1e-9 && !cpu.meets());
+        assert!(!get("count-ckpt ÷ flink (steady)").meets());
+        let overhead = get("checkpoint CPU overhead (count-ckpt ÷ count − 1)");
+        assert!(
+            (overhead.measured - (8.0 / 7.6 - 1.0)).abs() < 1e-9
+                && overhead.meets() == (8.0 / 7.6 - 1.0 <= 0.05)
+        );
+        let t = res.table();
+        assert!(t.contains("| count-ckpt ÷ floor (steady) | bids-10m.csv | 0.40 | ≥ 0.50 | misses: 80 % of the target |"), "{t}");
+        assert!(t.contains("2.00 (marginal)"), "{t}");
     }
 }
