@@ -15,9 +15,14 @@ pub enum NatsCommand {
     /// storage, bound to SUBJECT) if it does not exist; waits for every acknowledgement.
     /// Prints the count and the stream sequences of the first and last message.
     Publish {
-        /// Server URL, `nats://[user@]host:port` (no password: see --password-env).
+        /// Server URL, `nats://[user@]host:port` or `tls://[user@]host:port` (no
+        /// password: see --password-env).
         #[arg(long)]
         url: String,
+        /// With a `tls://` URL: PEM file of the certificate authorities to trust instead
+        /// of the system's.
+        #[arg(long, value_name = "PEM")]
+        ca_file: Option<PathBuf>,
         /// Environment variable holding the password (with a user in the URL) or token.
         #[arg(long)]
         password_env: Option<String>,
@@ -73,6 +78,7 @@ pub fn run(command: NatsCommand) -> Result<()> {
     match command {
         NatsCommand::Publish {
             url,
+            ca_file,
             password_env,
             stream,
             subject,
@@ -91,6 +97,7 @@ pub fn run(command: NatsCommand) -> Result<()> {
             let started = Instant::now();
             let opts = nop_stream_runtime::nats::PublishOptions {
                 url,
+                ca_file,
                 password_env,
                 stream: stream.clone(),
                 subject: subject.clone(),

@@ -627,3 +627,91 @@ fn unbounded_streams_of_one_subtask_are_all_read() {
     }
     assert_eq!(keys, expected, "every flight of both streams once");
 }
+
+#[test]
+#[ignore = "needs nats-server: .ci/run installs it (scripts/nats-test-server.sh)"]
+fn a_tls_connection_verifies_the_server_against_its_ca_file() {
+    // A nats-server of this test, TLS only, token auth, its own JetStream store.
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = common::tls::server_certs(tmp.path(), "nats");
+    let other = common::tls::server_certs(tmp.path(), "other");
+    let token = format!("tls-{}", std::process::id());
+    let port = common::tls::free_port();
+    let conf = tmp.path().join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{}\" }}\n\
+             tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n\
+             authorization {{ token: \"{token}\" }}\n",
+            tmp.path().join("js").display(),
+            certs.cert.display(),
+            certs.key.display()
+        ),
+    )
+    .unwrap();
+    let _server = common::tls::Child(
+        Command::new("nats-server")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server not found"),
+    );
+    common::tls::wait_for_port(port);
+    let url = format!("tls://127.0.0.1:{port}");
+    let publish = |ca: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_nopstream"))
+            .args(["nats", "publish", "--url", &url, "--ca-file"])
+            .arg(ca)
+            .args(["--password-env", "NOP_TEST_NATS_TLS_TOKEN"])
+            .args(["--stream", "TLSFLIGHTS", "--subject", "tls.flights"])
+            .arg(repo().join("examples/flights/data/flights.csv.zip"))
+            .args(["--member", "flights.csv"])
+            .env("NOP_TEST_NATS_TLS_TOKEN", &token)
+            .output()
+            .unwrap()
+    };
+    let o = publish(&certs.ca);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("published {FLIGHTS} messages")),
+        "{text}"
+    );
+    let run = |tag: &str, ca: &Path| {
+        let dir = tmp.path().join(tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = job_text(&url, "TLSFLIGHTS", 200, true, "").replace(
+            "password_env = \"NOP_TEST_NATS_TOKEN\"",
+            &format!(
+                "password_env = \"NOP_TEST_NATS_TOKEN\"\nca_file = \"{}\"",
+                ca.display()
+            ),
+        );
+        let file = dir.join("job.toml");
+        std::fs::write(&file, text).unwrap();
+        let mut j = Job::at(file, &dir);
+        j.env.push(("NOP_TEST_NATS_TOKEN".into(), token.clone()));
+        let (ok, out) = j.run(None);
+        (j, ok, out)
+    };
+    // Trusting the server's CA: every departure exactly once.
+    let (j, ok, out) = run("good", &certs.ca);
+    assert!(ok, "{out}");
+    let lines = j.committed();
+    check_per_record(&lines);
+    assert_eq!(natural_keys(&lines), csv_keys(), "the flights of the CSV");
+    // Trusting another CA: refused, naming the connection, never the token.
+    let (_, ok, out) = run("wrong-ca", &other.ca);
+    assert!(!ok, "{out}");
+    assert!(out.contains("connection `q`"), "{out}");
+    assert!(!out.contains(&token), "the token leaked: {out}");
+    let o = publish(&other.ca);
+    assert!(!o.status.success(), "publish trusting another CA must fail");
+}

@@ -652,3 +652,117 @@ fn walk(dir: &std::path::PathBuf) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A redis-server of this test listening with TLS only on a free port, requiring
+/// `password` (in its config file, not on a command line); the binary is the one the
+/// test server runs (`REDIS_SERVER` or the usual paths).
+fn tls_redis(
+    dir: &std::path::Path,
+    certs: &common::tls::Certs,
+    password: &str,
+) -> (common::tls::Child, u16) {
+    let bin = std::env::var("REDIS_SERVER")
+        .ok()
+        .into_iter()
+        .chain([
+            "/usr/bin/redis-server".into(),
+            "/usr/local/bin/redis-server".into(),
+        ])
+        .find(|p| std::path::Path::new(p).is_file())
+        .expect("redis-server not found (set REDIS_SERVER)");
+    let port = common::tls::free_port();
+    let conf = dir.join("tls.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "bind 127.0.0.1\nport 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+             tls-ca-cert-file {}\ntls-auth-clients no\nrequirepass {password}\nsave \"\"\n\
+             appendonly no\ndir {}\n",
+            certs.cert.display(),
+            certs.key.display(),
+            certs.ca.display(),
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let child = std::process::Command::new(bin)
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = common::tls::Child(child);
+    common::tls::wait_for_port(port);
+    (child, port)
+}
+
+#[test]
+#[ignore = "needs redis-server: .ci/run installs it (scripts/redis-test-server.sh)"]
+fn a_rediss_connection_verifies_the_server_against_its_ca_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = common::tls::server_certs(tmp.path(), "redis");
+    let other = common::tls::server_certs(tmp.path(), "other");
+    let password = format!("tls-{}", std::process::id());
+    let (_server, port) = tls_redis(tmp.path(), &certs, &password);
+    let url = format!("rediss://127.0.0.1:{port}/0");
+    // Fill the stream over TLS with the driver itself.
+    let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_password(&password)
+        .set_skip_set_lib_name();
+    let client = redis::Client::build_with_tls(
+        info.set_redis_settings(settings),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(&certs.ca).unwrap()),
+        },
+    )
+    .unwrap();
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .unwrap();
+    let (_, lines) = csv_lines();
+    for chunk in lines.chunks(10_000) {
+        let mut p = redis::pipe();
+        for l in chunk {
+            p.cmd("XADD")
+                .arg("flights")
+                .arg("*")
+                .arg("line")
+                .arg(l)
+                .ignore();
+        }
+        p.exec(&mut con).unwrap();
+    }
+    let text = |ca: &std::path::Path| {
+        per_carrier_job(&url, "flights", "", 200).replace(
+            "password_env = \"NOP_TEST_REDIS_PASSWORD\"\n",
+            &format!(
+                "password_env = \"NOP_TEST_REDIS_PASSWORD\"\nca_file = \"{}\"\n",
+                ca.display()
+            ),
+        )
+    };
+    let tls_job = |tag: &str, ca: &std::path::Path| {
+        let mut job = Job::new("redis", tag, &text(ca));
+        job.env
+            .push(("NOP_TEST_REDIS_PASSWORD".into(), password.clone()));
+        job
+    };
+    // Trusting the server's CA: the output equals the independent computation.
+    let job = tls_job("tls", &certs.ca);
+    let (ok, out) = job.run(None);
+    assert!(ok, "{out}");
+    check_per_carrier(&job.committed(), &expected_per_carrier());
+    // Trusting another CA: the handshake fails, naming the connection, never the password.
+    let job = tls_job("tls-wrong-ca", &other.ca);
+    let (ok, out) = job.run(None);
+    assert!(!ok, "{out}");
+    assert!(out.contains("connection `r`"), "{out}");
+    assert!(
+        out.to_ascii_lowercase().contains("certificate"),
+        "the error says why: {out}"
+    );
+    assert!(!out.contains(&password), "the password leaked: {out}");
+}

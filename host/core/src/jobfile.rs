@@ -25,6 +25,7 @@
 //! kind = "postgres"                 # postgres, nats or redis
 //! url = "postgres://nop@127.0.0.1:5432/shop"  # no password: a URL with one is refused
 //! password_env = "PGPASSWORD"       # optional: host variable holding the password
+//! # ca_file = "ca.pem"              # optional, TLS URLs only (rediss://, tls://): CAs to trust
 //!
 //! [[prepare]]                       # host-side steps run before the job, in order
 //! unzip = "data/flights.csv.zip"    # archive, relative to the job file's directory
@@ -668,7 +669,7 @@ fn read_connections(
             );
             continue;
         };
-        check_keys(cx, ct, &prefix, &["kind", "url", "password_env"]);
+        check_keys(cx, ct, &prefix, &["kind", "url", "password_env", "ca_file"]);
         let mut field = |key: &str, required: bool| -> Option<(String, Span)> {
             match find(ct, key) {
                 Some(x) => get_str(cx, x, &format!("{prefix}.{key}")).map(|s| (s, x.span())),
@@ -687,6 +688,7 @@ fn read_connections(
         let kind = field("kind", true);
         let url = field("url", true);
         let password_env = field("password_env", false);
+        let ca_file = field("ca_file", false);
         let (Some((kind, kind_span)), Some((url, url_span))) = (kind, url) else {
             continue;
         };
@@ -694,6 +696,7 @@ fn read_connections(
             kind,
             url,
             password_env: password_env.as_ref().map(|p| p.0.clone()),
+            ca_file: ca_file.as_ref().map(|p| p.0.clone()),
         };
         let mut bad = false;
         for (key, message) in check_connection(&name, &spec) {
@@ -701,6 +704,7 @@ fn read_connections(
                 "kind" => kind_span.clone(),
                 "url" => url_span.clone(),
                 "password_env" => password_env.as_ref().map_or(item.span(), |p| p.1.clone()),
+                "ca_file" => ca_file.as_ref().map_or(item.span(), |p| p.1.clone()),
                 _ => k.span(),
             };
             let field = if key.is_empty() {
@@ -726,7 +730,8 @@ fn read_connections(
 /// - the `url` holds no password (neither `user:password@` nor a `password=` parameter):
 ///   passwords come from the environment variable `password_env` on the host running the
 ///   job;
-/// - `password_env` is a variable name (`[A-Za-z_][A-Za-z0-9_]*`).
+/// - `password_env` is a variable name (`[A-Za-z_][A-Za-z0-9_]*`);
+/// - `ca_file` goes only with a TLS URL (`rediss://`, `tls://`); Postgres has no TLS yet.
 ///
 /// Messages never repeat the URL, so a misplaced password is not echoed.
 pub fn check_connection(name: &str, spec: &ConnectionSpec) -> Vec<(&'static str, String)> {
@@ -748,6 +753,19 @@ pub fn check_connection(name: &str, spec: &ConnectionSpec) -> Vec<(&'static str,
         ));
     } else if let Err(e) = check_url(&spec.kind, &spec.url) {
         out.push(("url", e));
+    }
+    if spec.ca_file.is_some() {
+        if spec.kind == "postgres" {
+            out.push((
+                "ca_file",
+                "TLS to PostgreSQL is not supported by this host yet".into(),
+            ));
+        } else if !(spec.url.starts_with("rediss://") || spec.url.starts_with("tls://")) {
+            out.push((
+                "ca_file",
+                "goes with a TLS URL (`rediss://` for redis, `tls://` for nats)".into(),
+            ));
+        }
     }
     if let Some(var) = &spec.password_env {
         let mut chars = var.chars();
@@ -2384,6 +2402,11 @@ config = { dir = "/output" }
                 "connections.pg.secret",
                 "unknown key",
             ),
+            (
+                "url = \"postgres://u@h/db\"\nca_file = \"ca.pem\"",
+                "connections.pg.ca_file",
+                "not supported by this host yet",
+            ),
         ] {
             let text = with_connections(
                 &format!("[connections.pg]\nkind = \"postgres\"\n{conn}\n"),
@@ -2463,6 +2486,27 @@ config = { dir = "/output" }
             assert!(
                 !d.to_string().contains("s3cret"),
                 "a password is echoed: {d}"
+            );
+        }
+        // ca_file: only with a TLS URL.
+        for (kind, url) in [("nats", "tls://h:4222"), ("redis", "rediss://h:6380")] {
+            let c = format!(
+                "[connections.q]\nkind = \"{kind}\"\nurl = \"{url}\"\nca_file = \"certs/ca.pem\"\n"
+            );
+            let m = parse_job_file("job.toml", &with_connections(&c, "connections = [\"q\"]\n"))
+                .unwrap_or_else(|d| panic!("{kind} {url}: {d}"));
+            assert_eq!(m.connections["q"].ca_file.as_deref(), Some("certs/ca.pem"));
+        }
+        for (kind, url) in [("nats", "nats://h:4222"), ("redis", "redis://h:6379")] {
+            let c = format!(
+                "[connections.q]\nkind = \"{kind}\"\nurl = \"{url}\"\nca_file = \"ca.pem\"\n"
+            );
+            let d = errs(&with_connections(&c, ""));
+            assert!(
+                at(&d, "connections.q.ca_file")
+                    .message
+                    .contains("goes with a TLS URL"),
+                "{kind} {url}: {d}"
             );
         }
     }

@@ -35,6 +35,11 @@ pub struct ConnectionSpec {
     /// Environment variable of the host holding the password; none: connect without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_env: Option<String>,
+    /// PEM file of the certificate authorities to trust for a TLS URL (`rediss://`,
+    /// `tls://`), on the host that connects; relative to the job file's directory. None:
+    /// the system's roots. Refused with a plain-text URL and for `postgres` (no TLS yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
 }
 
 /// Connection kinds the host implements.

@@ -17,6 +17,9 @@ pub struct ConnectionGrant {
     /// Environment variable holding the password (or a NATS token), read when the host
     /// connects.
     pub password_env: Option<String>,
+    /// PEM file of the certificate authorities to trust for a TLS URL (resolved against
+    /// the job file's directory); none: the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for ConnectionGrant {
@@ -46,10 +49,37 @@ impl ConnectionGrant {
             )
         })
     }
+
+    /// The CA file's certificates (PEM bytes), read now; `None` without a `ca_file`.
+    ///
+    /// # Errors
+    /// A message naming the connection and the file when it cannot be read or holds no
+    /// PEM certificate.
+    pub fn ca_pem(&self) -> Result<Option<Vec<u8>>, String> {
+        let Some(path) = &self.ca_file else {
+            return Ok(None);
+        };
+        let bytes = std::fs::read(path).map_err(|e| {
+            format!(
+                "connection `{}`: cannot read ca_file {}: {e}",
+                self.name,
+                path.display()
+            )
+        })?;
+        if !String::from_utf8_lossy(&bytes).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(format!(
+                "connection `{}`: ca_file {} holds no PEM certificate",
+                self.name,
+                path.display()
+            ));
+        }
+        Ok(Some(bytes))
+    }
 }
 
-/// The connections the job file grants to `op`, in grant order.
-pub fn granted(op: &PlannedOperator) -> Vec<ConnectionGrant> {
+/// The connections the job file grants to `op`, in grant order; a relative `ca_file`
+/// resolves against `job_dir`.
+pub fn granted(op: &PlannedOperator, job_dir: &std::path::Path) -> Vec<ConnectionGrant> {
     op.connections
         .iter()
         .map(|(name, c)| ConnectionGrant {
@@ -57,6 +87,7 @@ pub fn granted(op: &PlannedOperator) -> Vec<ConnectionGrant> {
             kind: c.kind.clone(),
             url: c.url.clone(),
             password_env: c.password_env.clone(),
+            ca_file: c.ca_file.as_ref().map(|f| job_dir.join(f)),
         })
         .collect()
 }

@@ -117,7 +117,7 @@ impl<'a> TaskHost<'a> {
             state,
             pg: (op.kind == PluginKind::Sink).then(|| {
                 crate::pg::PgAccess::new(
-                    crate::connection::granted(op),
+                    crate::connection::granted(op, &self.opts.job_dir),
                     self.plan.job.job_id.as_str(),
                     self.plan.job.pipeline_id.as_str(),
                     op.operator_id.as_str(),
@@ -127,13 +127,13 @@ impl<'a> TaskHost<'a> {
             }),
             redis: matches!(op.kind, PluginKind::Source | PluginKind::Sink).then(|| {
                 crate::redis::RedisAccess {
-                    grants: crate::connection::granted(op),
+                    grants: crate::connection::granted(op, &self.opts.job_dir),
                     operator: op.name.clone(),
                     table: op.kind.to_string(),
                 }
             }),
             nats: (op.kind == PluginKind::Source).then(|| crate::nats::NatsAccess {
-                grants: crate::connection::granted(op),
+                grants: crate::connection::granted(op, &self.opts.job_dir),
                 operator: op.name.clone(),
             }),
         })

@@ -204,6 +204,19 @@ fn connect(grant: &NatsGrant, timeout: Duration) -> Result<jetstream::Context, N
         .connection_timeout(timeout)
         .request_timeout(Some(timeout))
         .name("nop-stream");
+    // `tls://`: TLS required, verified against the system's roots or, with the
+    // connection's `ca_file`, against that file's certificates only.
+    if grant.url.starts_with("tls://") {
+        opts = opts.require_tls(true);
+    }
+    if grant
+        .ca_pem()
+        .map_err(|m| err(ErrorKind::Refused, m))?
+        .is_some()
+        && let Some(path) = &grant.ca_file
+    {
+        opts = opts.add_root_certificates(path.clone());
+    }
     match (user, secret) {
         (Some(u), Some(p)) => opts = opts.user_and_password(u, p),
         (Some(u), None) => opts = opts.user_and_password(u, String::new()),
@@ -603,8 +616,11 @@ fn acknowledged(out: &mut Published, a: jetstream::publish::PublishAck) {
 /// What [`publish_lines`] publishes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PublishOptions {
-    /// `nats://[user@]host:port`.
+    /// `nats://[user@]host:port` or `tls://[user@]host:port`.
     pub url: String,
+    /// PEM file of the certificate authorities to trust for a `tls://` URL; none: the
+    /// system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
     /// Environment variable holding the password (with a user in the URL) or token.
     pub password_env: Option<String>,
     /// Stream name; created with file storage and `subject` if it does not exist.
@@ -651,6 +667,7 @@ pub fn publish_lines(
         kind: "nats".into(),
         url: opts.url.clone(),
         password_env: opts.password_env.clone(),
+        ca_file: opts.ca_file.clone(),
     };
     let js = connect(&grant, opts.timeout).map_err(|e| e.message)?;
     let stream = opts.stream.clone();
@@ -736,6 +753,7 @@ mod tests {
             kind: "nats".into(),
             url: "nats://secret-host:4222".into(),
             password_env: Some("NATS_PW".into()),
+            ca_file: None,
         };
         assert!(!format!("{g:?}").contains("secret-host"));
     }

@@ -994,6 +994,7 @@ mod tests {
             kind: "postgres".into(),
             url: url.into(),
             password_env: None,
+            ca_file: None,
         };
         let on = |url: &str| PgAccess::new(vec![grant(url)], "j", "main", "o", "o", 0);
         assert_ne!(
@@ -1038,6 +1039,7 @@ mod tests {
             kind: "postgres".into(),
             url: "postgres://u@secret-host/db".into(),
             password_env: Some("PW".into()),
+            ca_file: None,
         };
         let text = format!("{g:?}");
         assert!(

@@ -14,8 +14,9 @@
 //!   write timeouts of every command). Time blocked on the server is host wait: it does
 //!   not count against `cpu_ms_per_call`.
 //!
-//! The client is the blocking `redis` crate without TLS (`rediss://` URLs are refused:
-//! loopback and private networks only for now).
+//! The client is the blocking `redis` crate. `rediss://` URLs use TLS (rustls on the
+//! process's ring provider), verifying the server against the system's roots or, with the
+//! connection's `ca_file`, against that file's certificates only.
 
 use crate::bindings::redis::nop::redis::streams::{
     self as wr, AddOutcome, Entry, ErrorKind, HashField, RedisError, StreamInfo,
@@ -239,12 +240,7 @@ fn connect(
 ) -> Result<redis::Connection, RedisError> {
     use redis::IntoConnectionInfo;
     let name = &grant.name;
-    if grant.url.starts_with("rediss://") {
-        return Err(err(
-            ErrorKind::Refused,
-            format!("connection `{name}`: TLS (`rediss://`) is not supported by this host yet"),
-        ));
-    }
+    let ca = grant.ca_pem().map_err(|m| err(ErrorKind::Refused, m))?;
     let mut info = grant.url.as_str().into_connection_info().map_err(|_| {
         err(
             ErrorKind::Refused,
@@ -256,7 +252,18 @@ fn connect(
         settings = settings.set_password(pw);
     }
     info = info.set_redis_settings(settings);
-    let client = redis::Client::open(info).map_err(|e| {
+    // `rediss://`: rustls with the system's roots, or only the connection's `ca_file`.
+    let client = match ca {
+        Some(root_cert) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert),
+            },
+        ),
+        None => redis::Client::open(info),
+    }
+    .map_err(|e| {
         err(
             ErrorKind::Refused,
             format!("connection `{name}`: {}", describe(&e)),
@@ -723,6 +730,7 @@ mod tests {
             kind: "redis".into(),
             url: url.into(),
             password_env: Some("PW".into()),
+            ca_file: None,
         };
         let text = format!("{g:?}");
         assert!(

@@ -11,3 +11,4 @@ pub mod cluster;
 pub mod flights;
 pub mod job;
 pub mod netns;
+pub mod tls;
