@@ -764,3 +764,225 @@ fn prepared_transactions_disabled_is_a_clear_error() {
         .get(0);
     assert_eq!(n, 0, "nothing written without two-phase commit");
 }
+
+/// The last departure per (carrier, flight) in file order, upserted without two-phase
+/// commit (`transactions = "none"`) at parallelism 2, records hashed by carrier.
+fn upsert_none_job(url: &str, semantic: &str, interval_ms: u64) -> String {
+    format!(
+        r#"
+[job]
+name = "pg-upsert-none"
+parallelism = 2
+semantic = "{semantic}"
+checkpoint_interval_ms = {interval_ms}
+
+[connections.pg]
+kind = "postgres"
+url = "{url}"
+password_env = "PGPASSWORD"
+
+[[prepare]]
+unzip = "data/flights.csv.zip"
+member = "flights.csv"
+into = "data"
+
+[[source]]
+name = "flights"
+plugin = "file-source@0.1.0"
+parallelism = 1
+grants = [{{ guest = "/input", host = "data" }}]
+config = {{ path = "/input/flights.csv", format = "csv", header = true }}
+
+[[operator]]
+name = "parse"
+plugin = "flights-mapper@0.1.0"
+parallelism = 1
+inputs = ["flights"]
+config = {{ key = "carrier", fields = {FIELDS} }}
+
+[[sink]]
+name = "last-per-flight"
+plugin = "postgres-sink@0.1.0"
+inputs = [{{ from = "parse", partition = "hash" }}]
+connections = ["pg"]
+config = {{ connection = "pg", table = "last_flight", mode = "upsert", transactions = "none",
+    key = ["carrier", "flight"], rows_per_statement = 256, columns = [
+    {{ name = "carrier" }}, {{ name = "flight" }}, {{ name = "month" }}, {{ name = "day" }},
+    {{ name = "origin" }}, {{ name = "sched_dep_time" }}, {{ name = "dep_delay" }},
+] }}
+"#
+    )
+}
+
+type LastFlight = std::collections::BTreeMap<(String, i32), (i32, i32, String, i32, Option<i32>)>;
+
+/// Independent computation: the last departure per (carrier, flight) in file order.
+fn last_flight_expected() -> LastFlight {
+    let csv = repo().join("examples/flights/data/flights.csv");
+    let mut rdr = csv::Reader::from_path(&csv).unwrap();
+    let headers = rdr.headers().unwrap().clone();
+    let col = |n: &str| headers.iter().position(|h| h == n).unwrap();
+    let c: Vec<usize> = [
+        "carrier",
+        "flight",
+        "month",
+        "day",
+        "origin",
+        "sched_dep_time",
+        "dep_delay",
+    ]
+    .iter()
+    .map(|n| col(n))
+    .collect();
+    let mut last = LastFlight::new();
+    for r in rdr.records() {
+        let r = r.unwrap();
+        last.insert(
+            (r[c[0]].to_owned(), r[c[1]].parse().unwrap()),
+            (
+                r[c[2]].parse().unwrap(),
+                r[c[3]].parse().unwrap(),
+                r[c[4]].to_owned(),
+                r[c[5]].parse().unwrap(),
+                r[c[6]].parse().ok(),
+            ),
+        );
+    }
+    last
+}
+
+fn last_flight_table(db: &mut Db) -> LastFlight {
+    db.client
+        .query(
+            "SELECT carrier, flight, month, day, origin, sched_dep_time, dep_delay FROM last_flight",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                (r.get(0), r.get(1)),
+                (r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)),
+            )
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn upsert_without_two_phase_commit_survives_random_kills_effectively_once() {
+    let expected = last_flight_expected();
+    assert!(expected.len() > 3000, "{} keys", expected.len());
+    let mut db = Db::new("none");
+    // Prepared transactions disabled would not matter: none are used. The table only.
+    db.client
+        .batch_execute(
+            "CREATE TABLE last_flight (carrier text NOT NULL, flight int NOT NULL, month int, \
+             day int, origin text, sched_dep_time int, dep_delay int, PRIMARY KEY (carrier, flight))",
+        )
+        .unwrap();
+    let job = Job::new("none", &upsert_none_job(&db.url, "effectively-once", 100));
+    // SIGKILL at pseudo-random moments, restarting each time; 20 kills that land.
+    let mut x = 0xfeed_u64;
+    let mut landed = 0;
+    let mut misses = 0;
+    while landed < 20 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let at = 100 + (x >> 33) % 2500;
+        if job.kill_after(Duration::from_millis(at)) {
+            // The job finished before the kill: the table must already be exact.
+            assert_eq!(last_flight_table(&mut db), expected, "after a finished run");
+            misses += 1;
+            assert!(
+                misses <= 10,
+                "kills keep missing the run ({landed}/20 landed)"
+            );
+            db.client.batch_execute("TRUNCATE last_flight").unwrap();
+            for d in ["work", "out"] {
+                let _ = std::fs::remove_dir_all(job.work.path().join(d));
+            }
+            continue;
+        }
+        landed += 1;
+    }
+    let rows_before_finish = db.count("last_flight");
+    eprintln!("rows after 20 kills: {rows_before_finish}");
+    job.finish();
+    assert_eq!(last_flight_table(&mut db), expected);
+    assert!(db.prepared().is_empty(), "nothing prepared");
+    let markers: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'nop_sink_epochs'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(markers, 0, "no marker table without two-phase commit");
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn transactions_none_is_refused_in_a_strict_job_and_for_insert() {
+    let db = Db::new("nonestrict");
+    // Plan time: a strict job with an idempotent sink is refused, naming sink and setting.
+    let job = Job::new(
+        "nonestrict",
+        &upsert_none_job(&db.url, "strict-exactly-once", 100),
+    );
+    for cmd in ["plan", "run"] {
+        let o = if cmd == "plan" {
+            Command::new(env!("CARGO_BIN_EXE_nopstream"))
+                .args(["plan"])
+                .arg(&job.file)
+                .output()
+                .unwrap()
+        } else {
+            job.command(None, &[]).output().unwrap()
+        };
+        let out = text(&o);
+        assert!(!o.status.success(), "{cmd}: {out}");
+        for needle in [
+            "sink `last-per-flight`",
+            "postgres-sink@0.1.0",
+            "idempotent (config `transactions = \"none\"`)",
+            "strict-exactly-once",
+            "semantic = \"effectively-once\"",
+        ] {
+            assert!(
+                out.contains(needle),
+                "{cmd}: `{needle}` missing from: {out}"
+            );
+        }
+    }
+    // The same sink with two-phase transactions plans as strict.
+    let strict = upsert_none_job(&db.url, "strict-exactly-once", 100)
+        .replace("transactions = \"none\"", "transactions = \"two-phase\"");
+    let job = Job::new("twophase", &strict);
+    let o = Command::new(env!("CARGO_BIN_EXE_nopstream"))
+        .args(["plan"])
+        .arg(&job.file)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // Config time: insert without two-phase commit would duplicate on replay.
+    let insert = per_record_job(&db.url, 1, 100)
+        .replace(
+            "semantic = \"strict-exactly-once\"",
+            "semantic = \"effectively-once\"",
+        )
+        .replace(
+            "config = { connection = \"pg\", table = \"departures\",",
+            "config = { connection = \"pg\", table = \"departures\", transactions = \"none\",",
+        );
+    assert!(insert.contains("transactions = \"none\""));
+    let job = Job::new("noneinsert", &insert);
+    let (ok, out) = job.run(None);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("\"transactions\" = \"none\" needs \"mode\" = \"upsert\""),
+        "{out}"
+    );
+}
