@@ -409,7 +409,10 @@ pub fn configured_sink_capability(
     let schema: serde_json::Value = serde_json::from_str(&info.config_schema).ok()?;
     let props = schema.get("properties")?.as_object()?;
     for (key, prop) in props {
-        let Some(map) = prop.get(SINK_CAPABILITY_KEYWORD).and_then(|m| m.as_object()) else {
+        let Some(map) = prop
+            .get(SINK_CAPABILITY_KEYWORD)
+            .and_then(|m| m.as_object())
+        else {
             continue;
         };
         let Some(value) = config.get(key).and_then(|v| v.as_str()) else {
