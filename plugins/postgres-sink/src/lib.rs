@@ -204,6 +204,15 @@ fn check_config(c: &Config) -> Result<()> {
     Ok(())
 }
 
+/// The column of a parameter the host could not bind: its message says `parameter <i>`
+/// (0-based over the statement's rows of `columns.len()` values).
+fn failed_column<'a>(message: &str, columns: &'a [ColumnSpec]) -> Option<&'a ColumnSpec> {
+    let rest = &message[message.find("parameter ")? + "parameter ".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let i: usize = digits.parse().ok()?;
+    columns.get(i % columns.len().max(1))
+}
+
 /// What `commit`, `abort` and `recover` need: stored in the epoch snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Committable {
@@ -402,9 +411,17 @@ impl PostgresSink {
             }
             let sql = self.statement(chunk.len());
             let params: Vec<Value> = chunk.into_iter().flatten().collect();
-            self.writer
-                .execute(&sql, &params)
-                .map_err(|e| db_err(&format!("writing into {}", self.cfg.table), e))?;
+            if let Err(e) = self.writer.execute(&sql, &params) {
+                let mut what = format!("writing into {}", self.cfg.table);
+                if let Some(col) = failed_column(&e.message, &self.cfg.columns) {
+                    what.push_str(&format!(
+                        " (column {:?}, type {}: the value does not bind to the table's column type)",
+                        col.name,
+                        col.ty.name()
+                    ));
+                }
+                return Err(db_err(&what, e));
+            }
         }
         Ok(())
     }
@@ -842,6 +859,15 @@ mod tests {
         };
         let back: Committable = serde_json::from_slice(&serde_json::to_vec(&c).unwrap()).unwrap();
         assert!(back.committed);
+    }
+
+    #[test]
+    fn a_host_binding_error_names_its_column() {
+        let c = cfg(r#"{"connection":"pg","table":"t","columns":[{"name":"a"},{"name":"b","type":"uuid"},{"name":"c"}]}"#)
+            .unwrap();
+        let msg = "connection `pg`: error serializing parameter 4: a uuid value does not bind";
+        assert_eq!(failed_column(msg, &c.columns).unwrap().name, "b");
+        assert!(failed_column("duplicate key", &c.columns).is_none());
     }
 
     #[test]
