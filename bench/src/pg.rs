@@ -164,10 +164,14 @@ fn durable_latencies(work: &Path) -> Result<Vec<f64>> {
     Ok(out)
 }
 
+/// p50 and p99 in ms.
+type P50P99 = (f64, f64);
+
 struct Measured {
     name: &'static str,
     secs: Vec<f64>,
-    latency: Option<((f64, f64), (f64, f64), usize)>,
+    /// (sink pre-commit + commit, epoch created -> durable, epochs timed).
+    latency: Option<(P50P99, P50P99, usize)>,
 }
 
 fn sink_job(pg_url: &str, source: &str, connections: &str) -> String {

@@ -282,7 +282,7 @@ pub fn numeric_text(s: &str) -> Result<String, String> {
 }
 
 fn decode_hex(s: &str) -> Result<Vec<u8>, String> {
-    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!(
             "\"\\\\x{s}\" is not hex (an even number of hex digits after \\x)"
         ));
@@ -302,7 +302,7 @@ fn decode_hex(s: &str) -> Result<Vec<u8>, String> {
 fn decode_base64(s: &str) -> Result<Vec<u8>, String> {
     let bad = || format!("{s:?} is not base64 (standard alphabet, padded) or \\x-hex");
     let b = s.as_bytes();
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(bad());
     }
     let pad = b.iter().rev().take_while(|&&c| c == b'=').count();
