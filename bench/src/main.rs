@@ -16,6 +16,9 @@
 //!   ([`cluster_bench::recovery`]).
 //! - `channel`: one channel hop over the QUIC data plane beside the in-process channel
 //!   ([`channel`]).
+//! - `postgres`: the Postgres workloads of issue 13 ([`pg`]): the postgres-sink alone,
+//!   the multi-row INSERT and COPY floors, JetStream -> Postgres; skipped with a message
+//!   when no server is configured.
 
 mod bids;
 mod channel;
