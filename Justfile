@@ -25,6 +25,11 @@ bench *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     cargo run --release -q -p nop-stream-bench -- run {{ARGS}}
 
+# Postgres benchmarks (release build): the postgres-sink alone, the INSERT/COPY floors, JetStream -> Postgres. Needs NOP_TEST_PG_URL and PGPASSWORD (scripts/pg-test-server.sh), JetStream also NOP_TEST_NATS_URL and NOP_TEST_NATS_TOKEN (scripts/nats-test-server.sh); skipped otherwise.
+bench-postgres *ARGS:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    target/release/nopstream-bench postgres {{ARGS}}
+
 # Cluster benchmarks (release build): keyed count on a coordinator + 2 node processes vs embedded, the QUIC channel hop vs in-process, recovery after a node SIGKILL.
 bench-cluster:
     cargo build --release -p nop-stream-cli -p nop-stream-bench

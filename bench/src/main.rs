@@ -16,6 +16,9 @@
 //!   ([`cluster_bench::recovery`]).
 //! - `channel`: one channel hop over the QUIC data plane beside the in-process channel
 //!   ([`channel`]).
+//! - `postgres`: the Postgres workloads of issue 13 ([`pg`]): the postgres-sink alone,
+//!   the multi-row INSERT and COPY floors, JetStream -> Postgres; skipped with a message
+//!   when no server is configured.
 
 mod bids;
 mod channel;
@@ -24,6 +27,7 @@ mod cluster_bench;
 mod epochs;
 mod floor;
 mod measure;
+mod pg;
 mod report;
 mod workload;
 
@@ -196,6 +200,22 @@ enum Cmd {
         heartbeat_ms: u64,
         #[command(flatten)]
         bins: Bins,
+    },
+    /// The Postgres workloads (issue 13): the postgres-sink alone (2PC, 1 s
+    /// checkpoints), the multi-row INSERT and COPY floors from this process, and
+    /// JetStream -> Postgres; rows/s, commit latency per epoch (p50/p99) and ratios to the
+    /// floors. Skipped with a message without `NOP_TEST_PG_URL`/`PGPASSWORD` (JetStream:
+    /// without `NOP_TEST_NATS_URL`/`NOP_TEST_NATS_TOKEN`).
+    Postgres {
+        /// Measured runs of each workload (after one unmeasured warm-up of each job).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The `nopstream` binary [default: next to this binary].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory (the jobs' work directories).
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
     },
     /// One channel hop over the QUIC data plane on loopback beside the in-process channel,
     /// with the count job's parsed-bid batches: records/s, MB/s, records per CPU second.
@@ -473,6 +493,20 @@ fn dispatch(cli: Cli) -> Result<()> {
                 setup.out.join("cluster-recovery.json").display()
             );
             Ok(())
+        }
+        Cmd::Postgres {
+            runs,
+            nopstream,
+            out,
+        } => {
+            let nopstream = match nopstream {
+                Some(p) => absolute(&p)?,
+                None => std::env::current_exe()?
+                    .parent()
+                    .context("no parent directory")?
+                    .join("nopstream"),
+            };
+            pg::run(&nopstream, runs.max(1), &out)
         }
         Cmd::Channel {
             batch_records,

@@ -19,6 +19,8 @@ pub struct ChildRun {
     pub max_rss_mib: f64,
     /// Standard output.
     pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
 }
 
 #[allow(unsafe_code)]
@@ -82,6 +84,7 @@ pub fn run(mut cmd: Command) -> Result<ChildRun> {
         // Linux reports ru_maxrss in KiB.
         max_rss_mib: usage.ru_maxrss as f64 / 1024.0,
         stdout,
+        stderr,
     })
 }
 

@@ -198,6 +198,13 @@ impl PluginInfo {
     }
 
     /// Sets the JSON Schema of the `config` object (a JSON document as text).
+    ///
+    /// A sink whose guarantee depends on a setting annotates that top-level string
+    /// property with `"x-sink-capability"`, an object from values to capability names
+    /// (kebab-case): with `"transactions": {"enum": ["two-phase", "none"],
+    /// "x-sink-capability": {"none": "idempotent"}}`, a job whose config says
+    /// `transactions = "none"` is planned with capability `idempotent` instead of the one
+    /// [`Self::sink_capability`] declares (so a strict job refuses it at plan time).
     pub fn config_schema(mut self, schema: impl Into<String>) -> Self {
         self.config_schema = schema.into();
         self

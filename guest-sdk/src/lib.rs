@@ -12,6 +12,8 @@ mod info;
 mod mock;
 pub mod num;
 mod plugin;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod state;
 pub mod window;
 #[doc(hidden)]

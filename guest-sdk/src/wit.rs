@@ -60,3 +60,14 @@ pub mod state_migrator {
         },
     });
 }
+
+/// Bindings of `nop:postgres/client` (the `imports` world of `wit/deps/postgres`); the
+/// typed surface is [`crate::postgres`].
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    wit_bindgen::generate!({
+        path: "wit/deps/postgres",
+        world: "imports",
+        runtime_path: "::nop_stream_sdk::__private::wit_bindgen::rt",
+    });
+}

@@ -764,3 +764,455 @@ fn prepared_transactions_disabled_is_a_clear_error() {
         .get(0);
     assert_eq!(n, 0, "nothing written without two-phase commit");
 }
+
+/// The last departure per (carrier, flight) in file order, upserted without two-phase
+/// commit (`transactions = "none"`) at parallelism 2, records hashed by carrier.
+fn upsert_none_job(url: &str, semantic: &str, interval_ms: u64) -> String {
+    format!(
+        r#"
+[job]
+name = "pg-upsert-none"
+parallelism = 2
+semantic = "{semantic}"
+checkpoint_interval_ms = {interval_ms}
+
+[connections.pg]
+kind = "postgres"
+url = "{url}"
+password_env = "PGPASSWORD"
+
+[[prepare]]
+unzip = "data/flights.csv.zip"
+member = "flights.csv"
+into = "data"
+
+[[source]]
+name = "flights"
+plugin = "file-source@0.1.0"
+parallelism = 1
+grants = [{{ guest = "/input", host = "data" }}]
+config = {{ path = "/input/flights.csv", format = "csv", header = true }}
+
+[[operator]]
+name = "parse"
+plugin = "flights-mapper@0.1.0"
+parallelism = 1
+inputs = ["flights"]
+config = {{ key = "carrier", fields = {FIELDS} }}
+
+[[sink]]
+name = "last-per-flight"
+plugin = "postgres-sink@0.1.0"
+inputs = [{{ from = "parse", partition = "hash" }}]
+connections = ["pg"]
+config = {{ connection = "pg", table = "last_flight", mode = "upsert", transactions = "none",
+    key = ["carrier", "flight"], rows_per_statement = 256, columns = [
+    {{ name = "carrier" }}, {{ name = "flight" }}, {{ name = "month" }}, {{ name = "day" }},
+    {{ name = "origin" }}, {{ name = "sched_dep_time" }}, {{ name = "dep_delay" }},
+] }}
+"#
+    )
+}
+
+type LastFlight = std::collections::BTreeMap<(String, i32), (i32, i32, String, i32, Option<i32>)>;
+
+/// Independent computation: the last departure per (carrier, flight) in file order.
+fn last_flight_expected() -> LastFlight {
+    let csv = repo().join("examples/flights/data/flights.csv");
+    let mut rdr = csv::Reader::from_path(&csv).unwrap();
+    let headers = rdr.headers().unwrap().clone();
+    let col = |n: &str| headers.iter().position(|h| h == n).unwrap();
+    let c: Vec<usize> = [
+        "carrier",
+        "flight",
+        "month",
+        "day",
+        "origin",
+        "sched_dep_time",
+        "dep_delay",
+    ]
+    .iter()
+    .map(|n| col(n))
+    .collect();
+    let mut last = LastFlight::new();
+    for r in rdr.records() {
+        let r = r.unwrap();
+        last.insert(
+            (r[c[0]].to_owned(), r[c[1]].parse().unwrap()),
+            (
+                r[c[2]].parse().unwrap(),
+                r[c[3]].parse().unwrap(),
+                r[c[4]].to_owned(),
+                r[c[5]].parse().unwrap(),
+                r[c[6]].parse().ok(),
+            ),
+        );
+    }
+    last
+}
+
+fn last_flight_table(db: &mut Db) -> LastFlight {
+    db.client
+        .query(
+            "SELECT carrier, flight, month, day, origin, sched_dep_time, dep_delay FROM last_flight",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                (r.get(0), r.get(1)),
+                (r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)),
+            )
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn upsert_without_two_phase_commit_survives_random_kills_effectively_once() {
+    let expected = last_flight_expected();
+    assert!(expected.len() > 3000, "{} keys", expected.len());
+    let mut db = Db::new("none");
+    // Prepared transactions disabled would not matter: none are used. The table only.
+    db.client
+        .batch_execute(
+            "CREATE TABLE last_flight (carrier text NOT NULL, flight int NOT NULL, month int, \
+             day int, origin text, sched_dep_time int, dep_delay int, PRIMARY KEY (carrier, flight))",
+        )
+        .unwrap();
+    let job = Job::new("none", &upsert_none_job(&db.url, "effectively-once", 100));
+    // SIGKILL at pseudo-random moments, restarting each time; 20 kills that land.
+    let mut x = 0xfeed_u64;
+    let mut landed = 0;
+    let mut misses = 0;
+    while landed < 20 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let at = 100 + (x >> 33) % 2500;
+        if job.kill_after(Duration::from_millis(at)) {
+            // The job finished before the kill: the table must already be exact.
+            assert_eq!(last_flight_table(&mut db), expected, "after a finished run");
+            misses += 1;
+            assert!(
+                misses <= 10,
+                "kills keep missing the run ({landed}/20 landed)"
+            );
+            db.client.batch_execute("TRUNCATE last_flight").unwrap();
+            for d in ["work", "out"] {
+                let _ = std::fs::remove_dir_all(job.work.path().join(d));
+            }
+            continue;
+        }
+        landed += 1;
+    }
+    let rows_before_finish = db.count("last_flight");
+    eprintln!("rows after 20 kills: {rows_before_finish}");
+    job.finish();
+    assert_eq!(last_flight_table(&mut db), expected);
+    assert!(db.prepared().is_empty(), "nothing prepared");
+    let markers: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'nop_sink_epochs'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(markers, 0, "no marker table without two-phase commit");
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn transactions_none_is_refused_in_a_strict_job_and_for_insert() {
+    let db = Db::new("nonestrict");
+    // Plan time: a strict job with an idempotent sink is refused, naming sink and setting.
+    let job = Job::new(
+        "nonestrict",
+        &upsert_none_job(&db.url, "strict-exactly-once", 100),
+    );
+    for cmd in ["plan", "run"] {
+        let o = if cmd == "plan" {
+            Command::new(env!("CARGO_BIN_EXE_nopstream"))
+                .args(["plan"])
+                .arg(&job.file)
+                .output()
+                .unwrap()
+        } else {
+            job.command(None, &[]).output().unwrap()
+        };
+        let out = text(&o);
+        assert!(!o.status.success(), "{cmd}: {out}");
+        for needle in [
+            "sink `last-per-flight`",
+            "postgres-sink@0.1.0",
+            "idempotent (config `transactions = \"none\"`)",
+            "strict-exactly-once",
+            "semantic = \"effectively-once\"",
+        ] {
+            assert!(
+                out.contains(needle),
+                "{cmd}: `{needle}` missing from: {out}"
+            );
+        }
+    }
+    // The same sink with two-phase transactions plans as strict.
+    let strict = upsert_none_job(&db.url, "strict-exactly-once", 100)
+        .replace("transactions = \"none\"", "transactions = \"two-phase\"");
+    let job = Job::new("twophase", &strict);
+    let o = Command::new(env!("CARGO_BIN_EXE_nopstream"))
+        .args(["plan"])
+        .arg(&job.file)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // Config time: insert without two-phase commit would duplicate on replay.
+    let insert = per_record_job(&db.url, 1, 100)
+        .replace(
+            "semantic = \"strict-exactly-once\"",
+            "semantic = \"effectively-once\"",
+        )
+        .replace(
+            "config = { connection = \"pg\", table = \"departures\",",
+            "config = { connection = \"pg\", table = \"departures\", transactions = \"none\",",
+        );
+    assert!(insert.contains("transactions = \"none\""));
+    let job = Job::new("noneinsert", &insert);
+    let (ok, out) = job.run(None);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("\"transactions\" = \"none\" needs \"mode\" = \"upsert\""),
+        "{out}"
+    );
+}
+
+/// A job writing `/input/typed.jsonl` (in `dir`) into table `typed` with one column of
+/// each sink `type`.
+fn typed_job(url: &str, dir: &Path) -> String {
+    format!(
+        r#"
+[job]
+name = "pg-typed"
+parallelism = 1
+semantic = "strict-exactly-once"
+checkpoint_interval_ms = 100
+
+[connections.pg]
+kind = "postgres"
+url = "{url}"
+password_env = "PGPASSWORD"
+
+[[source]]
+name = "lines"
+plugin = "file-source@0.1.0"
+grants = [{{ guest = "/input", host = "{dir}" }}]
+config = {{ path = "/input/typed.jsonl", format = "jsonl" }}
+
+[[sink]]
+name = "typed"
+plugin = "postgres-sink@0.1.0"
+inputs = ["lines"]
+connections = ["pg"]
+config = {{ connection = "pg", table = "typed", columns = [
+    {{ name = "id", type = "int4" }}, {{ name = "b", type = "bool" }},
+    {{ name = "i2", type = "int2" }}, {{ name = "i4", type = "int4" }},
+    {{ name = "i8", type = "int8" }}, {{ name = "f4", type = "float4" }},
+    {{ name = "f8", type = "float8" }}, {{ name = "n", type = "numeric" }},
+    {{ name = "t", type = "text" }}, {{ name = "j", type = "jsonb" }},
+    {{ name = "by", type = "bytea" }}, {{ name = "u", type = "uuid" }},
+    {{ name = "ts", type = "timestamptz" }}, {{ name = "tsms", type = "timestamptz-ms" }},
+    {{ name = "a" }},
+] }}
+"#,
+        dir = dir.display()
+    )
+}
+
+const TYPED_DDL: &str = "CREATE TABLE typed (id int PRIMARY KEY, b bool, i2 int2, i4 int4, \
+    i8 int8, f4 float4, f8 float8, n numeric, t text, j jsonb, by bytea, u uuid, \
+    ts timestamptz, tsms timestamptz, a text)";
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn every_column_type_round_trips_and_a_misfit_names_its_column() {
+    let big = "-123456789012345678901234567890.123456789012345678901234567890";
+    let lines = [
+        format!(
+            r#"{{"id":1,"b":true,"i2":-32768,"i4":2147483647,"i8":-9223372036854775808,"f4":3.4028235e38,"f8":"NaN","n":"{big}","t":"héllo \"q\"","j":{{"a":[1,2,{{"b":null}}]}},"by":"","u":"67E55044-10b1-426f-9247-bb680e5fe0c8","ts":"2026-12-02T18:34:07.123456+01:00","tsms":1796232847123,"a":"x"}}"#
+        ),
+        r#"{"id":2,"b":false,"i2":32767,"i4":-2147483648,"i8":9223372036854775807,"f4":"-Infinity","f8":"Infinity","n":1.5e-3,"t":"","j":"s","by":"\\xDEADbeef","u":"00000000000000000000000000000000","ts":"1969-12-31T23:59:59.5Z","tsms":-1,"a":7}"#.to_owned(),
+        r#"{"id":3,"f4":-0.25,"f8":"-Infinity","n":"NaN","by":"3q2+7w==","j":null,"tsms":0,"a":"2.5"}"#.to_owned(),
+        r#"{"id":4,"b":null,"i2":null,"i4":null,"i8":null,"f4":null,"f8":1e308,"n":null,"t":null,"by":null,"u":null,"ts":null,"tsms":null,"a":null}"#.to_owned(),
+    ];
+    let mut db = Db::new("typed");
+    db.client.batch_execute(TYPED_DDL).unwrap();
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("typed.jsonl"), lines.join("\n") + "\n").unwrap();
+    let job = Job::new("typed", &typed_job(&db.url, data.path()));
+    let (ok, out) = job.run(None);
+    assert!(ok, "{out}");
+    let rows = db
+        .client
+        .query(
+            "SELECT id, b, i2, i4, i8, f4, f8, n::text, t, j::text, by, u::text, \
+             (extract(epoch FROM ts) * 1000000)::int8, (extract(epoch FROM tsms) * 1000000)::int8, a \
+             FROM typed ORDER BY id",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), 4);
+    type Row = (
+        i32,
+        Option<bool>,
+        Option<i16>,
+        Option<i32>,
+        Option<i64>,
+        Option<f32>,
+        Option<f64>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<Vec<u8>>,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+    );
+    let got: Vec<Row> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get(0),
+                r.get(1),
+                r.get(2),
+                r.get(3),
+                r.get(4),
+                r.get(5),
+                r.get(6),
+                r.get(7),
+                r.get(8),
+                r.get(9),
+                r.get(10),
+                r.get(11),
+                r.get(12),
+                r.get(13),
+                r.get(14),
+            )
+        })
+        .collect();
+    // Row 1: extremes, many digits, text with quotes, nested jsonb, empty bytea.
+    let r = &got[0];
+    assert_eq!(
+        (r.1, r.2, r.3, r.4),
+        (Some(true), Some(i16::MIN), Some(i32::MAX), Some(i64::MIN))
+    );
+    assert_eq!(r.5, Some(f32::MAX));
+    assert!(r.6.unwrap().is_nan());
+    assert_eq!(r.7.as_deref(), Some(big));
+    assert_eq!(r.8.as_deref(), Some("héllo \"q\""));
+    assert_eq!(r.9.as_deref(), Some(r#"{"a": [1, 2, {"b": null}]}"#));
+    assert_eq!(r.10.as_deref(), Some(&[][..]));
+    assert_eq!(
+        r.11.as_deref(),
+        Some("67e55044-10b1-426f-9247-bb680e5fe0c8")
+    );
+    // 2026-12-02T17:34:07.123456Z is 1796232847 s after 1970 (`date -d ... +%s`).
+    assert_eq!(r.12, Some(1_796_232_847_123_456));
+    assert_eq!(r.13, Some(1_796_232_847_123_000));
+    assert_eq!(r.14.as_deref(), Some("x"));
+    // Row 2: the other ends, infinities, a numeric from a JSON number with an exponent,
+    // hex bytea, a jsonb string, an integer into an auto (text) column.
+    let r = &got[1];
+    assert_eq!(
+        (r.1, r.2, r.3, r.4),
+        (Some(false), Some(i16::MAX), Some(i32::MIN), Some(i64::MAX))
+    );
+    assert_eq!(r.5, Some(f32::NEG_INFINITY));
+    assert_eq!(r.6, Some(f64::INFINITY));
+    assert_eq!(r.7.as_deref(), Some("0.0015"));
+    assert_eq!(r.8.as_deref(), Some(""));
+    assert_eq!(r.9.as_deref(), Some("\"s\""));
+    assert_eq!(r.10.as_deref(), Some(&[0xde, 0xad, 0xbe, 0xef][..]));
+    assert_eq!(
+        r.11.as_deref(),
+        Some("00000000-0000-0000-0000-000000000000")
+    );
+    assert_eq!(r.12, Some(-500_000));
+    assert_eq!(r.13, Some(-1000));
+    assert_eq!(r.14.as_deref(), Some("7"));
+    // Row 3: base64 bytea, numeric NaN, -inf, missing fields are NULL.
+    let r = &got[2];
+    assert_eq!((r.1, r.2, r.3, r.4), (None, None, None, None));
+    assert_eq!(r.5, Some(-0.25));
+    assert_eq!(r.6, Some(f64::NEG_INFINITY));
+    assert_eq!(r.7.as_deref(), Some("NaN"));
+    assert_eq!(r.9, None);
+    assert_eq!(r.10.as_deref(), Some(&[0xde, 0xad, 0xbe, 0xef][..]));
+    assert_eq!(r.13, Some(0));
+    assert_eq!(r.14.as_deref(), Some("2.5"));
+    // Row 4: explicit nulls everywhere, the largest float8.
+    let r = &got[3];
+    assert_eq!(r.6, Some(1e308));
+    assert_eq!(
+        (
+            r.1,
+            r.2,
+            r.3,
+            r.4,
+            r.5,
+            r.7.as_ref(),
+            r.10.as_ref(),
+            r.12,
+            r.14.as_ref()
+        ),
+        (None, None, None, None, None, None, None, None, None)
+    );
+
+    // A value that does not fit fails the job with an error naming the column.
+    for (i, (line, needle)) in [
+        (
+            r#"{"id":9,"i2":70000}"#,
+            r#"column "i2" (int2, field "i2"): 70000 is out of range for int2 (-32768..=32767)"#,
+        ),
+        (
+            r#"{"id":9,"by":"not base64!"}"#,
+            r#"column "by" (bytea, field "by"): "not base64!" is not base64"#,
+        ),
+        (
+            r#"{"id":9,"u":"nope"}"#,
+            r#"column "u" (uuid, field "u"): "nope" is not a UUID"#,
+        ),
+        (
+            r#"{"id":9,"ts":"2026-02-30T00:00:00Z"}"#,
+            r#"column "ts" (timestamptz, field "ts"): "2026-02-30T00:00:00Z" is not an RFC 3339 timestamp (no such date)"#,
+        ),
+        (
+            r#"{"id":9,"n":"12abc"}"#,
+            r#"column "n" (numeric, field "n"): "12abc" is not a decimal number"#,
+        ),
+        (
+            r#"{"id":9,"a":2.5}"#,
+            r#"writing into typed (column "a", type auto: the value does not bind to the table's column type)"#,
+        ),
+        (
+            r#"{"id":9,"f4":1e300}"#,
+            r#"column "f4" (float4, field "f4"): 1e+300 is out of range for float4"#,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        std::fs::write(data.path().join("typed.jsonl"), format!("{line}\n")).unwrap();
+        // Each misfit run is a fresh run of the same job: an empty epoch may commit before
+        // the bad record is read, and must not meet the markers of the run before.
+        db.client
+            .batch_execute("DELETE FROM nop_sink_epochs")
+            .unwrap();
+        let job = Job::new(&format!("misfit{i}"), &typed_job(&db.url, data.path()));
+        let (ok, out) = job.run(None);
+        assert!(!ok, "{line}: {out}");
+        assert!(out.contains(needle), "{line}: `{needle}` missing from: {out}");
+    }
+    assert_eq!(db.count("typed"), 4, "no misfit row was written");
+}

@@ -44,7 +44,9 @@ pub trait PluginCatalog {
 /// - A `name@version` reference must resolve to a plugin describing itself with exactly
 ///   that name and version.
 /// - Declared states need a non-empty name, unique within the plugin, and a codec.
-/// - Sources must declare a source capability, sinks a sink capability.
+/// - Sources must declare a source capability, sinks a sink capability. A sink's config
+///   may select another capability where its schema says so
+///   ([`configured_sink_capability`]); the plan carries the selected one.
 /// - An edge without an explicit policy is FORWARD when both ends have equal
 ///   parallelism, else REBALANCE. FORWARD needs equal parallelism, SINGLETON a
 ///   downstream parallelism of 1, HASH `state_shards >=` downstream parallelism.
@@ -84,6 +86,10 @@ pub fn stream_graph(
                 let before = diags.len();
                 check_plugin(node, &info, &field, &mut diags);
                 check_config(node, &info, &prefixes[i], &mut diags);
+                let mut info = info;
+                if let Some((cap, _)) = configured_sink_capability(&info, &node.config) {
+                    info.sink_capability = Some(cap);
+                }
                 infos.push((diags.len() == before).then_some(info));
             }
         }
@@ -372,6 +378,56 @@ fn check_config(node: &NodeSpec, info: &PluginInfo, prefix: &str, diags: &mut Ve
     }
 }
 
+/// The schema keyword by which a sink lets a config value set its capability: see
+/// [`configured_sink_capability`].
+pub const SINK_CAPABILITY_KEYWORD: &str = "x-sink-capability";
+
+/// The sink capability a node's `config` selects, and the `key = "value"` that selected
+/// it, when the plugin's `config_schema` maps that value to one.
+///
+/// A sink whose guarantee depends on its config (postgres-sink with `transactions =
+/// "none"` is idempotent, not two-phase-commit) annotates a top-level string property of
+/// its schema with [`SINK_CAPABILITY_KEYWORD`], an object from values to capability names
+/// (kebab-case, as in WIT `sink-capability`):
+///
+/// ```json
+/// {"properties": {"transactions": {"enum": ["two-phase", "none"], "default": "two-phase",
+///     "x-sink-capability": {"none": "idempotent"}}}}
+/// ```
+///
+/// A config whose property holds a mapped value gets that capability in the plan (and so
+/// in the semantic-mode check, the snapshot's sink protocol and the fingerprint); any
+/// other value, or the property absent, keeps the capability of `describe()`. A schema
+/// that is not JSON, or a mapping to an unknown capability name, is ignored here.
+pub fn configured_sink_capability(
+    info: &PluginInfo,
+    config: &serde_json::Value,
+) -> Option<(SinkCapability, String)> {
+    if info.kind != PluginKind::Sink || info.config_schema.trim().is_empty() {
+        return None;
+    }
+    let schema: serde_json::Value = serde_json::from_str(&info.config_schema).ok()?;
+    let props = schema.get("properties")?.as_object()?;
+    for (key, prop) in props {
+        let Some(map) = prop
+            .get(SINK_CAPABILITY_KEYWORD)
+            .and_then(|m| m.as_object())
+        else {
+            continue;
+        };
+        let Some(value) = config.get(key).and_then(|v| v.as_str()) else {
+            continue;
+        };
+        let Some(name) = map.get(value).and_then(|n| n.as_str()) else {
+            continue;
+        };
+        let cap: SinkCapability =
+            serde_json::from_value(serde_json::Value::String(name.to_owned())).ok()?;
+        return Some((cap, format!("{key} = {value:?}")));
+    }
+    None
+}
+
 fn check_plugin(node: &NodeSpec, info: &PluginInfo, field: &str, diags: &mut Vec<Diagnostic>) {
     let r = &node.plugin;
     if info.kind != node.kind {
@@ -575,6 +631,14 @@ fn check_semantic(
             .as_ref()
             .map(PluginInfo::reference)
             .unwrap_or_default();
+        // A capability set by the node's config says which setting chose it.
+        let cap = match infos[i]
+            .as_ref()
+            .and_then(|inf| configured_sink_capability(inf, &node.config))
+        {
+            Some((_, setting)) => format!("{cap} (config `{setting}`)"),
+            None => cap.to_owned(),
+        };
         diags.push(Diagnostic::new(
             format!("{}.plugin", prefixes[i]),
             format!(

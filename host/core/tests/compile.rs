@@ -497,6 +497,64 @@ fn strict_mode_refuses_weak_sources_and_sinks_and_suggests_a_mode() {
 }
 
 #[test]
+fn a_config_value_can_select_a_weaker_sink_capability() {
+    // postgres-sink's `transactions = "none"` makes it idempotent: a strict job must be
+    // refused naming the sink and the setting, an effectively-once job accepted.
+    let schema = r#"{"type":"object","properties":{"dir":{"type":"string"},"transactions":{"enum":["two-phase","none"],"x-sink-capability":{"none":"idempotent"}}}}"#;
+    let cat = Fake::new().with("jsonl-sink@0.1.0", |i| {
+        i.sink_capability = Some(SinkCapability::TwoPhaseCommit);
+        i.config_schema = schema.into();
+    });
+    let with = |value: &str| {
+        model(&EXAMPLE.replace(
+            "config = { dir = \"/output\" }",
+            &format!("config = {{ dir = \"/output\", transactions = \"{value}\" }}"),
+        ))
+    };
+    // Absent or the default value: the described capability.
+    let s = stream_graph(&model(EXAMPLE), &cat).unwrap();
+    assert_eq!(
+        s.nodes[3].plugin_info.sink_capability,
+        Some(SinkCapability::TwoPhaseCommit)
+    );
+    let s = stream_graph(&with("two-phase"), &cat).unwrap();
+    assert_eq!(
+        s.nodes[3].plugin_info.sink_capability,
+        Some(SinkCapability::TwoPhaseCommit)
+    );
+    let m = with("none");
+    assert_eq!(m.job.semantic, SemanticMode::StrictExactlyOnce);
+    let d = refused(&m, &cat);
+    assert_eq!(d.len(), 1, "{d}");
+    let msg = first(&d, "sink[0].plugin");
+    for needle in [
+        "sink `out`",
+        "jsonl-sink@0.1.0",
+        "idempotent (config `transactions = \"none\"`)",
+        "strict-exactly-once",
+        "semantic = \"effectively-once\"",
+    ] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    let mut weaker = m.clone();
+    weaker.job.semantic = SemanticMode::EffectivelyOnce;
+    let s = stream_graph(&weaker, &cat).unwrap();
+    assert_eq!(
+        s.nodes[3].plugin_info.sink_capability,
+        Some(SinkCapability::Idempotent)
+    );
+    // The capability is part of the plan, so it changes the fingerprint.
+    let strict = plan_of(&with("two-phase"), &cat);
+    let mut two_phase_weak = with("two-phase");
+    two_phase_weak.job.semantic = SemanticMode::EffectivelyOnce;
+    assert_ne!(
+        plan_of(&two_phase_weak, &cat).fingerprint,
+        plan_of(&weaker, &cat).fingerprint
+    );
+    assert_ne!(strict.fingerprint, plan_of(&weaker, &cat).fingerprint);
+}
+
+#[test]
 fn weaker_modes_have_their_own_requirements() {
     let mut m = model(EXAMPLE);
     // effectively-once: an at-least-once sink is refused, suggesting at-least-once.

@@ -1,11 +1,11 @@
-//! The host side of `nop:postgres/client@0.1.0` (issue 13 §1): PostgreSQL sessions for
+//! The host side of `nop:postgres/client@0.1.1` (issue 13 §1): PostgreSQL sessions for
 //! connector plugins, on the connections the job file grants to their node.
 //!
 //! - The plugin names a connection; the host holds its URL and reads the password from
 //!   the environment variable the job file names, when the session opens. Neither ever
 //!   crosses into the component, and no message the host builds repeats them.
 //! - `execute` / `query` refuse transaction-control and session statements
-//!   ([`refused_statement`]); the typed calls send `BEGIN`, `ROLLBACK`,
+//!   ([`refused_statement`]); the typed calls send `BEGIN`, `ROLLBACK`, `COMMIT`,
 //!   `PREPARE TRANSACTION`, `COMMIT PREPARED` and `ROLLBACK PREPARED` as plain statements
 //!   (never a driver transaction object: drivers treat a transaction as open after
 //!   PREPARE, and drop guards send ROLLBACK), with the GID quoted by the host.
@@ -537,6 +537,13 @@ impl wpg::HostSession for StoreData {
     fn rollback(&mut self, s: Resource<Session>) -> wasmtime::Result<Result<(), PgError>> {
         let started = std::time::Instant::now();
         let out = simple(self.session(&s)?, "ROLLBACK");
+        self.host_wait += started.elapsed();
+        Ok(out)
+    }
+
+    fn commit(&mut self, s: Resource<Session>) -> wasmtime::Result<Result<(), PgError>> {
+        let started = std::time::Instant::now();
+        let out = simple(self.session(&s)?, "COMMIT");
         self.host_wait += started.elapsed();
         Ok(out)
     }

@@ -16,10 +16,16 @@
 //!   optionally schema-qualified (`[A-Za-z_][A-Za-z0-9_]*`, dot-separated).
 //! - `columns` (required): column `name`, record `field` (default: the name), `type`:
 //!   `auto` (default: JSON numbers bind as `int8`/`float8`, strings as `text`, booleans,
-//!   null, objects and arrays as `jsonb`; the host converts to the column type where it
-//!   fits), `jsonb`, `text`, `timestamptz-ms` (an integer of milliseconds).
+//!   objects and arrays as `jsonb`; the host converts to the column type where it fits),
+//!   `bool`, `int2`, `int4`, `int8`, `float4`, `float8`, `numeric`, `text`, `jsonb`,
+//!   `bytea` (base64, or hex after `\x`), `uuid`, `timestamptz` (an RFC 3339 string),
+//!   `timestamptz-ms` (an integer of milliseconds). What each accepts: [`convert`]. A
+//!   value that does not fit fails the record with an error naming the column, e.g.
+//!   `column "n" (int2, field "n"): 70000 is out of range for int2 (-32768..=32767)`.
 //! - `mode`: `insert` (append; default) or `upsert` (`ON CONFLICT (key) DO UPDATE`).
 //! - `key`: the conflict columns; required for `upsert`.
+//! - `transactions`: `two-phase` (default; capability two-phase-commit) or `none` (upsert
+//!   only; capability idempotent, see below).
 //! - `rows_per_statement`: rows per multi-row `INSERT` (default 500, at most 4096).
 //!
 //! # Transactions (see [`GID`](Committable::gid) and the README)
@@ -35,6 +41,23 @@
 //! marker decides: present is committed, absent is unknown (the host only asks about
 //! committables of durable epochs, so a missing transaction was rolled back behind the
 //! engine's back). Errors are unknown, never committed.
+//!
+//! # `transactions = "none"`: effectively once, without two-phase commit
+//!
+//! For servers without `max_prepared_transactions`, or to skip the marker table, an
+//! `upsert` sink may commit each epoch's writes in one ordinary transaction *at
+//! pre-commit*: `BEGIN`, the rows, `COMMIT`. Committing later, at `commit`, would need the
+//! transaction to survive a crash between the epoch becoming durable and the commit,
+//! which only `PREPARE` gives. Committed at pre-commit, the rows of an epoch that never
+//! becomes durable stay in the table, and the restarted job replays that epoch from the
+//! last durable one and upserts the same keys again: the final table is the same, but a
+//! reader may see a later epoch's values, then earlier ones, while the replay catches
+//! up. So the sink is idempotent, not strict: its schema maps `transactions = "none"`
+//! to the capability `idempotent` (`x-sink-capability`), the planner refuses it in a
+//! `strict-exactly-once` job, naming the sink and the setting, and an `effectively-once`
+//! job runs it. `commit` and `recover` have nothing to do (the committable says it is
+//! committed), and `abort` of an epoch already pre-committed keeps its rows. `insert`
+//! with `transactions = "none"` is refused at open: a replay would append the rows again.
 //!
 //! # No deadlock with the open next epoch
 //!
@@ -61,18 +84,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use std::collections::{BTreeSet, HashMap};
 
-#[allow(missing_docs, unsafe_code, clippy::all)]
-mod wit {
-    wit_bindgen::generate!({
-        path: "../../wit/deps/postgres",
-        world: "imports",
-    });
-}
+pub mod convert;
 
-use wit::nop::postgres::client::{self as pg, PgError, Session, Value};
+use convert::ColumnType;
+use nop_stream_sdk::postgres::{self as pg, PgError, Session, Value};
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["connection","table","columns"],"properties":{"connection":{"type":"string","description":"a connection granted to the node"},"table":{"type":"string"},"mode":{"enum":["insert","upsert"],"default":"insert"},"columns":{"type":"array","items":{"type":"object","additionalProperties":false,"required":["name"],"properties":{"name":{"type":"string"},"field":{"type":"string"},"type":{"enum":["auto","jsonb","text","timestamptz-ms"],"default":"auto"}}}},"key":{"type":"array","items":{"type":"string"}},"rows_per_statement":{"type":"integer","minimum":1,"maximum":4096,"default":500}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["connection","table","columns"],"properties":{"connection":{"type":"string","description":"a connection granted to the node"},"table":{"type":"string"},"mode":{"enum":["insert","upsert"],"default":"insert"},"transactions":{"enum":["two-phase","none"],"default":"two-phase","description":"none: upsert only, one ordinary transaction per epoch committed at pre-commit (idempotent)","x-sink-capability":{"none":"idempotent"}},"columns":{"type":"array","items":{"type":"object","additionalProperties":false,"required":["name"],"properties":{"name":{"type":"string"},"field":{"type":"string"},"type":{"enum":["auto","bool","int2","int4","int8","float4","float8","numeric","text","jsonb","bytea","uuid","timestamptz","timestamptz-ms"],"default":"auto"}}}},"key":{"type":"array","items":{"type":"string"}},"rows_per_statement":{"type":"integer","minimum":1,"maximum":4096,"default":500}}}"#;
 
 /// The marker table, created if missing.
 pub const MARKER_DDL: &str = "CREATE TABLE IF NOT EXISTS nop_sink_epochs (\
@@ -86,14 +104,15 @@ enum Mode {
     Upsert,
 }
 
+/// How an epoch's writes become visible (`transactions`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
-enum ColumnType {
+enum Transactions {
+    /// `PREPARE TRANSACTION` at pre-commit, `COMMIT PREPARED` at commit.
     #[default]
-    Auto,
-    Jsonb,
-    Text,
-    TimestamptzMs,
+    TwoPhase,
+    /// `COMMIT` at pre-commit (upsert only).
+    None,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -115,6 +134,8 @@ struct Config {
     columns: Vec<ColumnSpec>,
     #[serde(default)]
     key: Vec<String>,
+    #[serde(default)]
+    transactions: Transactions,
     #[serde(default = "default_rows")]
     rows_per_statement: usize,
 }
@@ -169,10 +190,27 @@ fn check_config(c: &Config) -> Result<()> {
     if c.mode == Mode::Upsert && c.key.len() == c.columns.len() {
         return bad("\"upsert\" needs at least one column outside \"key\" to update".into());
     }
+    if c.transactions == Transactions::None && c.mode != Mode::Upsert {
+        return bad(
+            "\"transactions\" = \"none\" needs \"mode\" = \"upsert\": without two-phase commit \
+             the rows of an epoch replayed after a crash would be inserted again (duplicates); \
+             use \"transactions\" = \"two-phase\" for insert"
+                .into(),
+        );
+    }
     if !(1..=4096).contains(&c.rows_per_statement) {
         return bad("\"rows_per_statement\" must be in 1..=4096".into());
     }
     Ok(())
+}
+
+/// The column of a parameter the host could not bind: its message says `parameter <i>`
+/// (0-based over the statement's rows of `columns.len()` values).
+fn failed_column<'a>(message: &str, columns: &'a [ColumnSpec]) -> Option<&'a ColumnSpec> {
+    let rest = &message[message.find("parameter ")? + "parameter ".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let i: usize = digits.parse().ok()?;
+    columns.get(i % columns.len().max(1))
 }
 
 /// What `commit`, `abort` and `recover` need: stored in the epoch snapshot.
@@ -186,6 +224,9 @@ pub struct Committable {
     pub subtask: u32,
     /// Epoch.
     pub epoch: u64,
+    /// Committed at pre-commit (`transactions = "none"`): nothing is prepared under `gid`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub committed: bool,
 }
 
 /// The transaction open on the writer session.
@@ -219,14 +260,20 @@ pub struct PostgresSink {
     statements: HashMap<usize, String>,
 }
 
+/// Logs at debug level how long a step of `epoch` took, in microseconds:
+/// `postgres-sink: epoch 3 pre-commit took 1234 us` (read by `nopstream-bench postgres`).
+fn timing(epoch: u64, step: &str, started: std::time::Instant) {
+    log(
+        LogLevel::Debug,
+        &format!(
+            "postgres-sink: epoch {epoch} {step} took {} us",
+            started.elapsed().as_micros()
+        ),
+    );
+}
+
 fn db_err(what: &str, e: PgError) -> PluginError {
-    let code = e.sqlstate.as_deref().unwrap_or("-");
-    let msg = format!("postgres-sink: {what}: {} [sqlstate {code}]", e.message);
-    match e.kind {
-        pg::ErrorKind::Connection => PluginError::io(msg),
-        pg::ErrorKind::Refused => PluginError::invalid_config(msg),
-        _ => PluginError::transaction(msg),
-    }
+    e.into_plugin_error(&format!("postgres-sink: {what}"))
 }
 
 impl PostgresSink {
@@ -272,32 +319,12 @@ impl PostgresSink {
             .iter()
             .map(|c| {
                 let field = c.field.as_deref().unwrap_or(&c.name);
-                let v = map.get(field).unwrap_or(&Json::Null);
-                Ok(match (c.ty, v) {
-                    (_, Json::Null) => Value::Null,
-                    (ColumnType::Jsonb, v) => Value::Jsonb(v.to_string()),
-                    (ColumnType::Text, Json::String(s)) => Value::Text(s.clone()),
-                    (ColumnType::Text, v) => Value::Text(v.to_string()),
-                    (ColumnType::TimestamptzMs, Json::Number(n)) => match n.as_i64() {
-                        Some(ms) => Value::Timestamptz(ms.saturating_mul(1000)),
-                        None => {
-                            return Err(PluginError::invalid_record(format!(
-                                "postgres-sink: field {field:?}: {n} is not an integer of milliseconds"
-                            )));
-                        }
-                    },
-                    (ColumnType::TimestamptzMs, v) => {
-                        return Err(PluginError::invalid_record(format!(
-                            "postgres-sink: field {field:?}: {v} is not an integer of milliseconds"
-                        )));
-                    }
-                    (ColumnType::Auto, Json::Bool(b)) => Value::Boolean(*b),
-                    (ColumnType::Auto, Json::Number(n)) => match n.as_i64() {
-                        Some(i) => Value::Int8(i),
-                        None => Value::Float8(n.as_f64().unwrap_or(f64::NAN)),
-                    },
-                    (ColumnType::Auto, Json::String(s)) => Value::Text(s.clone()),
-                    (ColumnType::Auto, v) => Value::Jsonb(v.to_string()),
+                convert::convert(c.ty, map.get(field).unwrap_or(&Json::Null)).map_err(|e| {
+                    PluginError::invalid_record(format!(
+                        "postgres-sink: column {:?} ({}, field {field:?}): {e}",
+                        c.name,
+                        c.ty.name()
+                    ))
                 })
             })
             .collect()
@@ -396,9 +423,17 @@ impl PostgresSink {
             }
             let sql = self.statement(chunk.len());
             let params: Vec<Value> = chunk.into_iter().flatten().collect();
-            self.writer
-                .execute(&sql, &params)
-                .map_err(|e| db_err(&format!("writing into {}", self.cfg.table), e))?;
+            if let Err(e) = self.writer.execute(&sql, &params) {
+                let mut what = format!("writing into {}", self.cfg.table);
+                if let Some(col) = failed_column(&e.message, &self.cfg.columns) {
+                    what.push_str(&format!(
+                        " (column {:?}, type {}: the value does not bind to the table's column type)",
+                        col.name,
+                        col.ty.name()
+                    ));
+                }
+                return Err(db_err(&what, e));
+            }
         }
         Ok(())
     }
@@ -448,7 +483,7 @@ impl PostgresSink {
 impl Sink for PostgresSink {
     fn describe() -> PluginInfo {
         PluginInfo::sink("postgres-sink", "0.1.0")
-            .description("Writes JSON records into a PostgreSQL table exactly once: one prepared transaction per epoch (two-phase commit)")
+            .description("Writes JSON records into a PostgreSQL table exactly once: one prepared transaction per epoch (two-phase commit); or, with transactions = \"none\", upserts committed at pre-commit (idempotent)")
             .sink_capability(SinkCapability::TwoPhaseCommit)
             .config_schema(CONFIG_SCHEMA)
     }
@@ -463,7 +498,9 @@ impl Sink for PostgresSink {
         };
         let writer = open("writer")?;
         let control = open("control")?;
-        if let Err(e) = control.execute(MARKER_DDL, &[]) {
+        if cfg.transactions == Transactions::TwoPhase
+            && let Err(e) = control.execute(MARKER_DDL, &[])
+        {
             // Concurrent subtasks may race on CREATE TABLE IF NOT EXISTS (a unique violation
             // in the catalog, or the table's row type "already exists"): the table exists then.
             if !matches!(
@@ -543,6 +580,7 @@ impl Sink for PostgresSink {
     }
 
     fn pre_commit(&mut self, txn: &str) -> Result<Vec<u8>> {
+        let started = std::time::Instant::now();
         let epoch = match &self.open {
             Some(o) if o.txn == txn => o.epoch,
             _ => {
@@ -552,13 +590,27 @@ impl Sink for PostgresSink {
             }
         };
         self.flush_buffer()?;
-        self.ensure_begun()?;
-        let c = Committable {
+        let mut c = Committable {
             gid: self.gid(self.task.subtask_index, epoch),
             sink: self.sink_id(),
             subtask: self.task.subtask_index,
             epoch,
+            committed: false,
         };
+        if self.cfg.transactions == Transactions::None {
+            // Committed here, before the epoch is durable: see the module docs.
+            let begun = self.open.take().is_some_and(|o| o.begun);
+            if begun {
+                self.writer
+                    .commit()
+                    .map_err(|e| db_err(&format!("COMMIT of epoch {epoch}"), e))?;
+            }
+            c.committed = true;
+            timing(epoch, "pre-commit", started);
+            return serde_json::to_vec(&c)
+                .map_err(|e| PluginError::internal(format!("postgres-sink: committable: {e}")));
+        }
+        self.ensure_begun()?;
         if let Err(e) = self.writer.execute(
             "INSERT INTO nop_sink_epochs (sink, subtask, epoch, gid) VALUES ($1, $2, $3, $4)",
             &[
@@ -595,12 +647,17 @@ impl Sink for PostgresSink {
         }
         self.open = None;
         self.unresolved.insert(c.gid.clone());
+        timing(epoch, "pre-commit", started);
         serde_json::to_vec(&c)
             .map_err(|e| PluginError::internal(format!("postgres-sink: committable: {e}")))
     }
 
     fn commit(&mut self, committable: &[u8]) -> Result<()> {
         let c = self.decode(committable)?;
+        if c.committed {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
         let found = self
             .control
             .commit_prepared(&c.gid)
@@ -617,6 +674,7 @@ impl Sink for PostgresSink {
                 )));
             }
         }
+        timing(c.epoch, "commit", started);
         self.resolved(&c.gid)
     }
 
@@ -635,6 +693,10 @@ impl Sink for PostgresSink {
             self.buffer_keys.clear();
             return Ok(());
         }
+        if self.cfg.transactions == Transactions::None {
+            // Committed at pre-commit; a replay upserts the same keys again.
+            return Ok(());
+        }
         let gid = self.gid(subtask, epoch);
         let found = self
             .control
@@ -651,6 +713,7 @@ impl Sink for PostgresSink {
                 sink: self.sink_id(),
                 subtask,
                 epoch,
+                committed: false,
             };
             if self
                 .marker_exists(&c)
@@ -666,6 +729,9 @@ impl Sink for PostgresSink {
 
     fn recover(&mut self, committable: &[u8]) -> Result<CommitOutcome> {
         let c = self.decode(committable)?;
+        if c.committed {
+            return Ok(CommitOutcome::Committed);
+        }
         let outcome = (|| -> std::result::Result<CommitOutcome, PgError> {
             let prepared = self.control.list_prepared(&c.gid)?;
             if prepared.contains(&c.gid) && self.control.commit_prepared(&c.gid)? {
@@ -708,6 +774,9 @@ impl Sink for PostgresSink {
     }
 
     fn pending_transactions(&mut self) -> Result<Vec<String>> {
+        if self.cfg.transactions == Transactions::None {
+            return Ok(self.open.iter().map(|o| o.txn.clone()).collect());
+        }
         let gids = self
             .control
             .list_prepared(&self.sink_prefix)
@@ -764,9 +833,58 @@ mod tests {
             r#"{"connection":"pg","table":"t","columns":[{"name":"a"}],"rows_per_statement":0}"#,
             r#"{"connection":"pg","table":"t","columns":[{"name":"a"}],"extra":1}"#,
             r#"{"table":"t","columns":[{"name":"a"}]}"#,
+            r#"{"connection":"pg","table":"t","transactions":"none","columns":[{"name":"a"}]}"#,
+            r#"{"connection":"pg","table":"t","transactions":"maybe","mode":"upsert","key":["a"],"columns":[{"name":"a"},{"name":"b"}]}"#,
+            r#"{"connection":"pg","table":"t","columns":[{"name":"a","type":"int16"}]}"#,
         ] {
             assert!(cfg(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn transactions_none_is_upsert_only_and_idempotent_by_schema() {
+        let ok = cfg(r#"{"connection":"pg","table":"t","mode":"upsert","key":["a"],"transactions":"none","columns":[{"name":"a"},{"name":"b","type":"numeric"}]}"#)
+            .unwrap();
+        assert_eq!(ok.transactions, Transactions::None);
+        let err = cfg(r#"{"connection":"pg","table":"t","mode":"insert","transactions":"none","columns":[{"name":"a"}]}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("\"transactions\" = \"none\" needs \"mode\" = \"upsert\"")
+                && err.contains("duplicates"),
+            "{err}"
+        );
+        let schema: Json = serde_json::from_str(CONFIG_SCHEMA).unwrap();
+        assert_eq!(
+            schema["properties"]["transactions"]["x-sink-capability"]["none"],
+            "idempotent"
+        );
+        // Every column type the schema lists parses as a ColumnType.
+        for t in schema["properties"]["columns"]["items"]["properties"]["type"]["enum"]
+            .as_array()
+            .unwrap()
+        {
+            serde_json::from_value::<ColumnType>(t.clone()).unwrap();
+        }
+        let c = Committable {
+            gid: "nop_0123456789abcdef_0_4".into(),
+            sink: "nop_0123456789abcdef".into(),
+            subtask: 0,
+            epoch: 4,
+            committed: true,
+        };
+        let back: Committable = serde_json::from_slice(&serde_json::to_vec(&c).unwrap()).unwrap();
+        assert!(back.committed);
+    }
+
+    #[test]
+    fn a_host_binding_error_names_its_column() {
+        let c = cfg(r#"{"connection":"pg","table":"t","columns":[{"name":"a"},{"name":"b","type":"uuid"},{"name":"c"}]}"#)
+            .unwrap();
+        let msg = "connection `pg`: error serializing parameter 4: a uuid value does not bind";
+        assert_eq!(failed_column(msg, &c.columns).unwrap().name, "b");
+        assert!(failed_column("duplicate key", &c.columns).is_none());
     }
 
     #[test]
@@ -783,6 +901,7 @@ mod tests {
             sink: "nop_0123456789abcdef".into(),
             subtask: 3,
             epoch: 17,
+            committed: false,
         };
         let bytes = serde_json::to_vec(&c).unwrap();
         assert_eq!(serde_json::from_slice::<Committable>(&bytes).unwrap(), c);
