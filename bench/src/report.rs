@@ -255,17 +255,14 @@ impl Results {
             let ns = n.summary();
             let n_per_cpu = n.records as f64 / ns.cpu_s.median;
             for other in [FLOOR, FLINK] {
-                let flink_workload = n.workload.trim_end_matches("-ckpt");
-                let marginal = (other == FLINK)
-                    .then(|| self.flink_marginal(&n.workload))
-                    .flatten()
-                    .or_else(|| {
-                        // count-ckpt is measured against Flink's count with checkpoints
-                        // under its own name; fall back to the plain workload's.
-                        (other == FLINK)
-                            .then(|| self.flink_marginal(flink_workload))
-                            .flatten()
-                    });
+                // count-ckpt is measured against Flink's count with checkpoints under its
+                // own name when it ran, else against the plain workload's.
+                let marginal = if other == FLINK {
+                    self.flink_marginal(&n.workload)
+                        .or_else(|| self.flink_marginal(n.workload.trim_end_matches("-ckpt")))
+                } else {
+                    None
+                };
                 if let Some(o) = self.row(&n.workload, &n.input, other) {
                     let os = o.summary();
                     let o_per_cpu = o.records as f64 / os.cpu_s.median;

@@ -841,14 +841,15 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             // A Delta over a job with checkpoints: its latest epoch becomes a savepoint and
             // the patched job restores from it, through the same check (seed §12.2).
             if !delta_changes.is_empty() && !fresh {
-                let src = nop_stream_checkpoint::LocalStorage::open(&ckpt);
-                let latest = src
-                    .ok()
-                    .and_then(|s| {
-                        nop_stream_checkpoint::CheckpointStorage::manifest_epochs(&s).ok()
-                    })
-                    .and_then(|e| e.last().map(|e| e.0));
-                if let Some(e) = latest.filter(|_| ckpt.join("manifests").is_dir()) {
+                let latest = if ckpt.join("manifests").is_dir() {
+                    let src = nop_stream_checkpoint::LocalStorage::open(&ckpt)?;
+                    nop_stream_checkpoint::CheckpointStorage::manifest_epochs(&src)?
+                        .last()
+                        .map(|e| e.0)
+                } else {
+                    None
+                };
+                if let Some(e) = latest {
                     let out = nop_stream_checkpoint::savepoint::default_dir(
                         &work_dir.join("savepoints"),
                         e,

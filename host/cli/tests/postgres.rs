@@ -15,6 +15,9 @@
 //! Each test works in its own database; the flights per-record job (336,776 departures,
 //! primary key = the natural key) is checked against a digest of an uninterrupted run.
 
+mod common;
+
+use common::pg::{Db, connect, server};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -23,82 +26,7 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The test server: admin URL (database `nop`) and password.
-struct Server {
-    url: String,
-    password: String,
-}
-
-fn server() -> Server {
-    let (Ok(url), Ok(password)) = (
-        std::env::var("NOP_TEST_PG_URL"),
-        std::env::var("PGPASSWORD"),
-    ) else {
-        panic!(
-            "the Postgres sink tests need a PostgreSQL server: set NOP_TEST_PG_URL \
-             (postgres://user@host:port/db) and PGPASSWORD, e.g. with \
-             `eval \"$(scripts/pg-test-server.sh start)\"` (see README, \"Postgres sink\")"
-        );
-    };
-    Server { url, password }
-}
-
-fn connect(url: &str, password: &str) -> postgres::Client {
-    let mut c: postgres::Config = url.parse().expect("test URL");
-    c.password(password);
-    c.connect(postgres::NoTls)
-        .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"))
-}
-
-/// A database of its own for one test (dropped at the end, prepared transactions first).
-struct Db {
-    name: String,
-    url: String,
-    server: Server,
-    client: postgres::Client,
-}
-
 impl Db {
-    fn new(tag: &str) -> Db {
-        let server = server();
-        let name = format!("nop_t_{tag}_{}", std::process::id());
-        let mut admin = connect(&server.url, &server.password);
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .unwrap();
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .unwrap();
-        let base = server.url.rsplit_once('/').expect("URL with a database").0;
-        let url = format!("{base}/{name}");
-        let client = connect(&url, &server.password);
-        Db {
-            name,
-            url,
-            server,
-            client,
-        }
-    }
-
-    fn prepared(&mut self) -> Vec<String> {
-        self.client
-            .query(
-                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() ORDER BY gid",
-                &[],
-            )
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    }
-
-    fn count(&mut self, table: &str) -> i64 {
-        self.client
-            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
-            .unwrap()
-            .get(0)
-    }
-
     fn departures_table(&mut self) {
         self.client
             .batch_execute(
@@ -123,28 +51,6 @@ impl Db {
             .unwrap();
         (r.get(0), r.get(1))
     }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        for gid in self.prepared() {
-            let _ = self
-                .client
-                .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"));
-        }
-        if let Ok(mut admin) = connect_quiet(&self.server.url, &self.server.password) {
-            let _ = admin.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
-        }
-    }
-}
-
-fn connect_quiet(url: &str, password: &str) -> Result<postgres::Client, postgres::Error> {
-    let mut c: postgres::Config = url.parse().expect("test URL");
-    c.password(password);
-    c.connect(postgres::NoTls)
 }
 
 const FIELDS: &str =
@@ -739,7 +645,7 @@ fn prepared_transactions_disabled_is_a_clear_error() {
         }
     }
     let _stop = Stop(script, dir);
-    let mut c = connect(&url, &password);
+    let mut c = connect(&url, &password).unwrap();
     c.batch_execute(
         "CREATE TABLE departures (year int, month int, day int, carrier text, flight int, \
          origin text, sched_dep_time int, dep_delay int)",

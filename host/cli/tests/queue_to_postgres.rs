@@ -32,6 +32,7 @@
 mod common;
 
 use common::job::{Job, kill_rounds, repo, text};
+use common::pg::Db;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -59,8 +60,6 @@ const RANDOM_KILLS: usize = 20;
 
 /// The two test servers, from the environment `scripts/*-test-server.sh start` prints.
 struct Servers {
-    /// `postgres://user@host:port/db`, no password.
-    pg_url: String,
     /// `PGPASSWORD`.
     pg_password: String,
     /// `nats://host:port`, no token.
@@ -86,7 +85,6 @@ fn servers() -> Servers {
         missing.join(", ")
     );
     Servers {
-        pg_url: var("NOP_TEST_PG_URL").unwrap(),
         pg_password: var("PGPASSWORD").unwrap(),
         nats_url: var("NOP_TEST_NATS_URL").unwrap(),
         nats_token: var("NOP_TEST_NATS_TOKEN").unwrap(),
@@ -153,50 +151,7 @@ fn flights_stream() -> &'static str {
     })
 }
 
-fn connect(url: &str, password: &str) -> Result<postgres::Client, postgres::Error> {
-    let mut c: postgres::Config = url.parse().expect("test URL");
-    c.password(password);
-    c.connect(postgres::NoTls)
-}
-
-/// A database of its own for one round, dropped at the end (prepared transactions first).
-struct Db {
-    name: String,
-    url: String,
-    client: postgres::Client,
-}
-
 impl Db {
-    fn new(tag: &str) -> Db {
-        let s = servers();
-        let name = format!("nop_q_{tag}_{}", std::process::id());
-        let mut admin = connect(&s.pg_url, &s.pg_password)
-            .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"));
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .unwrap();
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .unwrap();
-        let base = s.pg_url.rsplit_once('/').expect("URL with a database").0;
-        let url = format!("{base}/{name}");
-        let client = connect(&url, &s.pg_password).unwrap();
-        Db { name, url, client }
-    }
-
-    /// GIDs prepared in this database.
-    fn prepared(&mut self) -> Vec<String> {
-        self.client
-            .query(
-                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() ORDER BY gid",
-                &[],
-            )
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    }
-
     /// GIDs of the prepared transactions that hold a lock on `table` (a prepared
     /// transaction keeps the locks of its writes: it wrote rows into `table` and is neither
     /// committed nor rolled back).
@@ -215,23 +170,6 @@ impl Db {
             .iter()
             .map(|r| r.get(0))
             .collect()
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        for gid in self.prepared() {
-            let _ = self
-                .client
-                .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"));
-        }
-        let s = servers();
-        if let Ok(mut admin) = connect(&s.pg_url, &s.pg_password) {
-            let _ = admin.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
-        }
     }
 }
 

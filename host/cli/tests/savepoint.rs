@@ -113,6 +113,14 @@ fn run(job: &Path, d: &Dirs, extra: &[&str], failpoint: Option<&str>) -> Output 
     nopstream(&args, failpoint.map(|f| ("NOPSTREAM_FAILPOINTS", f)))
 }
 
+/// The committed output of an uninterrupted run of `job` at parallelism 2.
+fn uninterrupted(job: &Path) -> Vec<String> {
+    let d = dirs();
+    let o = run(job, &d, &["-p", "2"], None);
+    assert!(o.status.success(), "{}", text(&o));
+    committed(&d.out)
+}
+
 /// Runs the job at `p` with 50 ms epochs, crashes it after the second durable epoch, and
 /// promotes that epoch to a savepoint; returns the directories and the savepoint.
 fn savepoint_mid_run(job: &Path, p: u32) -> (Dirs, PathBuf) {
@@ -189,12 +197,7 @@ fn check(sp: &Path, job: &Path, d: &Dirs, extra: &[&str]) -> Output {
 #[test]
 fn a_mid_run_savepoint_restores_at_other_parallelisms_with_the_uninterrupted_output() {
     let j = job("rescale", |t| t);
-    let reference = {
-        let d = dirs();
-        let o = run(&j.0, &d, &["-p", "2"], None);
-        assert!(o.status.success(), "{}", text(&o));
-        committed(&d.out)
-    };
+    let reference = uninterrupted(&j.0);
     assert_eq!(reference.len(), 16, "one line per carrier");
     for (from, to) in [(2, 3), (4, 2), (1, 4)] {
         let (d, sp) = savepoint_mid_run(&j.0, from);
@@ -468,13 +471,7 @@ fn a_logic_only_swap_restores_and_output_after_the_savepoint_follows_the_new_ver
 
 #[test]
 fn a_savepoint_taken_from_a_running_job_restores_with_the_uninterrupted_output() {
-    let reference = {
-        let j = job("take-ref", |t| t);
-        let d = dirs();
-        let o = run(&j.0, &d, &["-p", "2"], None);
-        assert!(o.status.success(), "{}", text(&o));
-        committed(&d.out)
-    };
+    let reference = uninterrupted(&job("take-ref", |t| t).0);
     // Throttled to about 4 s, so it is running when the savepoint is asked for.
     let j = job("take", |t| {
         t.replace(
@@ -532,13 +529,7 @@ fn a_savepoint_taken_from_a_running_job_restores_with_the_uninterrupted_output()
 
 #[test]
 fn stop_with_a_savepoint_commits_it_stops_and_a_restart_completes_the_exact_output() {
-    let reference = {
-        let j = job_from("flights-per-record.toml", "stop-ref", |t| t);
-        let d = dirs();
-        let o = run(&j.0, &d, &["-p", "2"], None);
-        assert!(o.status.success(), "{}", text(&o));
-        committed(&d.out)
-    };
+    let reference = uninterrupted(&job_from("flights-per-record.toml", "stop-ref", |t| t).0);
     let j = job_from("flights-per-record.toml", "stop", |t| {
         t.replace(
             "config = { path = \"/input/",
@@ -785,12 +776,7 @@ fn segments_of(sp: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 fn a_reshard_migration_writes_a_new_savepoint_that_restores_exactly_and_leaves_the_old_one_untouched()
  {
     let j = job("reshard-from", |t| t);
-    let reference = {
-        let d = dirs();
-        let o = run(&j.0, &d, &["-p", "2"], None);
-        assert!(o.status.success(), "{}", text(&o));
-        committed(&d.out)
-    };
+    let reference = uninterrupted(&j.0);
     assert_eq!(reference.len(), 16, "one line per carrier");
     let (d, sp) = savepoint_mid_run(&j.0, 2);
     let before = snapshot(&sp);
@@ -1129,12 +1115,7 @@ fn a_sink_swapped_while_transactions_are_pending_is_finalized_with_the_old_plugi
     // JSONL transactions are pending in the savepoint. The new job writes to
     // blackhole-sink instead: another sink protocol, which cannot commit them.
     let old = job_from("flights-per-record.toml", "finalize-old", |t| t);
-    let reference = {
-        let d = dirs();
-        let o = run(&old.0, &d, &["-p", "2"], None);
-        assert!(o.status.success(), "{}", text(&o));
-        committed(&d.out)
-    };
+    let reference = uninterrupted(&old.0);
     assert_eq!(reference.len(), 336_776);
     let (d, sp) = savepoint_mid_run(&old.0, 2);
     let before = committed(&d.out);
@@ -1242,12 +1223,7 @@ fn a_sink_swapped_while_transactions_are_pending_is_finalized_with_the_old_plugi
 #[test]
 fn a_delta_overlay_rescales_a_crashed_job_and_refuses_forbidden_or_unacknowledged_changes() {
     let j = job("delta", |t| t);
-    let reference = {
-        let d = dirs();
-        let o = run(&j.0, &d, &["-p", "2"], None);
-        assert!(o.status.success(), "{}", text(&o));
-        committed(&d.out)
-    };
+    let reference = uninterrupted(&j.0);
     assert_eq!(reference.len(), 16, "one line per carrier");
     // The job crashes right after its second durable epoch.
     let d = dirs();

@@ -11,4 +11,5 @@ pub mod cluster;
 pub mod flights;
 pub mod job;
 pub mod netns;
+pub mod pg;
 pub mod tls;
