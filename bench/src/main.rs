@@ -16,12 +16,15 @@
 //!   ([`cluster_bench::recovery`]).
 //! - `channel`: one channel hop over the QUIC data plane beside the in-process channel
 //!   ([`channel`]).
+//! - `checkpoint-cost`: what exactly-once checkpoints cost the keyed count, in CPU
+//!   seconds over interleaved runs and in instructions under callgrind ([`ckpt_cost`]).
 //! - `postgres`: the Postgres workloads of issue 13 ([`pg`]): the postgres-sink alone,
 //!   the multi-row INSERT and COPY floors, JetStream -> Postgres; skipped with a message
 //!   when no server is configured.
 
 mod bids;
 mod channel;
+mod ckpt_cost;
 mod cluster;
 mod cluster_bench;
 mod epochs;
@@ -118,6 +121,33 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         workloads: Vec<String>,
         /// Output directory of the `run` whose results to extend.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// What checkpoints cost the keyed count (issue 14, item 3): no periodic checkpoint,
+    /// every 1 s and every 100 ms, interleaved, median CPU-second overhead; then
+    /// instruction counts under `valgrind --tool=callgrind` with epochs triggered by
+    /// record count; writes `<out>/checkpoint-cost.json`.
+    CheckpointCost {
+        /// Interleaved rounds (after one unmeasured warm-up of each variant).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Bids of the timed runs.
+        #[arg(long, default_value_t = 10_000_000)]
+        records: u64,
+        /// Bids of the callgrind runs.
+        #[arg(long, default_value_t = 2_000_000)]
+        valgrind_records: u64,
+        /// Skip the callgrind runs.
+        #[arg(long)]
+        no_valgrind: bool,
+        /// Records per batch.
+        #[arg(long, default_value_t = 1024)]
+        batch_records: u32,
+        /// The `nopstream` binary [default: next to this one].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory.
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
     },
@@ -267,18 +297,7 @@ impl Bins {
         lease_ttl_ms: u64,
         heartbeat_ms: u64,
     ) -> Result<cluster_bench::Setup> {
-        let nopstream = match &self.nopstream {
-            Some(p) => absolute(p)?,
-            None => std::env::current_exe()?
-                .parent()
-                .context("binary directory")?
-                .join("nopstream"),
-        };
-        ensure!(
-            nopstream.is_file(),
-            "{} not found: build it with `cargo build --release -p nop-stream-cli` or pass --nopstream",
-            nopstream.display()
-        );
+        let nopstream = nopstream_binary(self.nopstream.clone())?;
         let plugins = match &self.plugins {
             Some(p) => absolute(p)?,
             None => nopstream
@@ -324,6 +343,23 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// `given`, or the `nopstream` next to this binary; it must exist.
+fn nopstream_binary(given: Option<PathBuf>) -> Result<PathBuf> {
+    let nopstream = match given {
+        Some(p) => absolute(&p)?,
+        None => std::env::current_exe()?
+            .parent()
+            .context("binary directory")?
+            .join("nopstream"),
+    };
+    ensure!(
+        nopstream.is_file(),
+        "{} not found: build it with `cargo build --release -p nop-stream-cli` or pass --nopstream",
+        nopstream.display()
+    );
+    Ok(nopstream)
+}
+
 fn absolute(p: &Path) -> Result<PathBuf> {
     Ok(if p.is_absolute() {
         p.to_owned()
@@ -354,18 +390,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             nopstream,
             out,
         } => {
-            let nopstream = match nopstream {
-                Some(p) => absolute(&p)?,
-                None => std::env::current_exe()?
-                    .parent()
-                    .context("binary directory")?
-                    .join("nopstream"),
-            };
-            ensure!(
-                nopstream.is_file(),
-                "{} not found: build it with `cargo build --release -p nop-stream-cli` or pass --nopstream",
-                nopstream.display()
-            );
+            let nopstream = nopstream_binary(nopstream)?;
             for n in &workloads {
                 ensure!(
                     workload::find(n).is_some(),
@@ -437,13 +462,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             let w = workload::find(&workload)
                 .filter(|w| w.checkpoint_ms.is_some() && w.input == Input::Bids)
                 .with_context(|| format!("`{workload}` is not a bids workload with checkpoints"))?;
-            let nopstream = match nopstream {
-                Some(p) => absolute(&p)?,
-                None => std::env::current_exe()?
-                    .parent()
-                    .context("binary directory")?
-                    .join("nopstream"),
-            };
+            let nopstream = nopstream_binary(nopstream)?;
             let cfg = RunConfig {
                 runs: 1,
                 parallelism: 1,
@@ -499,13 +518,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             nopstream,
             out,
         } => {
-            let nopstream = match nopstream {
-                Some(p) => absolute(&p)?,
-                None => std::env::current_exe()?
-                    .parent()
-                    .context("no parent directory")?
-                    .join("nopstream"),
-            };
+            let nopstream = nopstream_binary(nopstream)?;
             pg::run(&nopstream, runs.max(1), &out)
         }
         Cmd::Channel {
@@ -530,6 +543,29 @@ fn dispatch(cli: Cli) -> Result<()> {
                 }))?,
             )?;
             println!("wrote {}", out.join("channel.json").display());
+            Ok(())
+        }
+        Cmd::CheckpointCost {
+            runs,
+            records,
+            valgrind_records,
+            no_valgrind,
+            batch_records,
+            nopstream,
+            out,
+        } => {
+            let setup = ckpt_cost::Setup {
+                nopstream: nopstream_binary(nopstream)?,
+                out: absolute(&out)?,
+                records,
+                runs: runs.max(1),
+                valgrind_records: (!no_valgrind).then_some(valgrind_records),
+                batch_records,
+            };
+            let report = ckpt_cost::run(&setup)?;
+            println!("\n{}", report.table());
+            report.write(&setup.out)?;
+            println!("wrote {}/checkpoint-cost.json", setup.out.display());
             Ok(())
         }
         Cmd::Report { out } => {

@@ -161,13 +161,14 @@ pub fn run_job<W: Workers>(
     opts: &CoordinatorOptions,
 ) -> Result<JobReport, W::Error> {
     let started = Instant::now();
-    let mut restarts_left =
-        opts.max_restarts
-            .unwrap_or(if plan.job.checkpoint_interval_ms.is_some() {
-                3
-            } else {
-                0
-            });
+    let mut restarts_left = opts.max_restarts.unwrap_or(
+        if plan.job.checkpoint_interval_ms.is_some() || plan.job.checkpoint_every_records.is_some()
+        {
+            3
+        } else {
+            0
+        },
+    );
     let mut tally = RunTally::default();
     loop {
         let prepared = prepare_attempt(plan, workers, storage.as_ref(), opts, &mut tally)?;
@@ -467,6 +468,9 @@ struct Driver<'p, E> {
     ended: usize,
     /// Savepoint requests waiting for an epoch to become durable.
     savepoints: Vec<SavepointRequest>,
+    /// Records read by the sources when the last record-count epoch started (or when the
+    /// attempt began), for `job.checkpoint_every_records`.
+    records_mark: Option<u64>,
     /// A stop with savepoint: the savepoint's epoch, once exported, and the replies that
     /// wait for the job to stop.
     stop_at: Option<(EpochId, Vec<StopReply>)>,
@@ -535,6 +539,7 @@ fn drive_attempt<W: Workers>(
         reports: Vec::new(),
         ended: 0,
         savepoints: Vec::new(),
+        records_mark: None,
         stop_at: None,
         stopped: false,
     };
@@ -552,6 +557,22 @@ fn drive_attempt<W: Workers>(
             // Once a stop's savepoint is taken no further epoch starts.
             let now = clock.elapsed().as_millis() as u64;
             d.queue.extend(d.coord.handle(Event::Tick { now_ms: now }));
+            if let Some(every) = plan.job.checkpoint_every_records {
+                // Record-count epochs: the counter covers every deployment, so count
+                // from what it read when this attempt began.
+                let read = live.workers.records().0;
+                let mark = *d.records_mark.get_or_insert(read);
+                if read.saturating_sub(mark) >= every {
+                    let started = d.coord.handle(Event::Trigger { now_ms: now });
+                    if started
+                        .iter()
+                        .any(|c| matches!(c, Command::InjectBarrier { .. }))
+                    {
+                        d.records_mark = Some(read);
+                    }
+                    d.queue.extend(started);
+                }
+            }
             if let Some(rx) = &opts.savepoints {
                 let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
                 d.savepoints.extend(rx.try_iter());

@@ -72,6 +72,10 @@ struct Scripted {
     /// Emit an Ack of an older attempt right after deploying.
     stale_ack: bool,
     live: bool,
+    /// `(step, total)`: the sources read `step` records per event polled and reach their
+    /// end of data at `total`; `None`: end of data at once.
+    feed: Option<(u64, u64)>,
+    read: u64,
 }
 
 impl Scripted {
@@ -85,6 +89,8 @@ impl Scripted {
             fail_class: FailureClass::Recoverable,
             stale_ack: false,
             live: false,
+            feed: None,
+            read: 0,
         }
     }
 
@@ -181,11 +187,8 @@ impl Workers for Scripted {
             }
             return Ok(());
         }
-        for t in tasks {
-            self.events.push_back(TaskEvent::EndOfData {
-                attempt: d.attempt,
-                task: t,
-            });
+        if self.feed.is_none() {
+            self.end_of_data();
         }
         Ok(())
     }
@@ -222,6 +225,15 @@ impl Workers for Scripted {
     }
 
     fn next_event(&mut self, _timeout: Duration) -> Next<FakeError> {
+        if let Some((step, total)) = self.feed
+            && self.live
+            && self.read < total
+        {
+            self.read += step;
+            if self.read >= total {
+                self.end_of_data();
+            }
+        }
         match self.events.pop_front() {
             Some(e) => Next::Event(e),
             None => Next::Timeout,
@@ -239,7 +251,18 @@ impl Workers for Scripted {
     }
 
     fn records(&self) -> (u64, u64) {
-        (0, 0)
+        (self.read, 0)
+    }
+}
+
+impl Scripted {
+    fn end_of_data(&mut self) {
+        for t in self.tasks() {
+            self.events.push_back(TaskEvent::EndOfData {
+                attempt: self.attempt,
+                task: t,
+            });
+        }
     }
 }
 
@@ -459,4 +482,42 @@ fn a_storage_failure_mid_attempt_still_fences_and_joins() {
         w.log,
         [Did::Discover, Did::Deploy(1), Did::Fence(1), Did::Join]
     );
+}
+
+#[test]
+fn record_count_checkpoints_take_one_epoch_per_that_many_records_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut plan = common::plan(1, 4);
+    plan.job.checkpoint_interval_ms = None;
+    plan.job.checkpoint_every_records = Some(1_000);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    // 100 records per event, end of data after 10,050 records read: one epoch at each
+    // thousand read (10), then the final epoch.
+    w.feed = Some((100, 10_050));
+    let report = run_job(&plan, &mut w, Arc::clone(&storage), &opts()).unwrap();
+    let durable: Vec<u64> = storage
+        .read_log()
+        .unwrap()
+        .iter()
+        .filter(|r| r.state == EpochState::Durable)
+        .map(|r| r.epoch.0)
+        .collect();
+    assert_eq!(durable.len(), 11, "{durable:?}");
+    assert_eq!(report.final_epoch, durable.last().copied());
+
+    // Without the setting, the same run takes only the final epoch.
+    let dir = tempfile::tempdir().unwrap();
+    plan.job.checkpoint_every_records = None;
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    w.feed = Some((100, 10_050));
+    run_job(&plan, &mut w, Arc::clone(&storage), &opts()).unwrap();
+    let durable = storage
+        .read_log()
+        .unwrap()
+        .iter()
+        .filter(|r| r.state == EpochState::Durable)
+        .count();
+    assert_eq!(durable, 1);
 }

@@ -238,6 +238,7 @@ pub fn stream_graph(
             name: job.name.clone(),
             semantic: job.semantic,
             checkpoint_interval_ms: job.checkpoint_interval_ms,
+            checkpoint_every_records: job.checkpoint_every_records,
             state_shard_count: job.state_shards,
             batch_records: job.batch_records,
         },

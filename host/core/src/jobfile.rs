@@ -19,6 +19,8 @@
 //! semantic = "strict-exactly-once"  # default; also effectively-once, at-least-once,
 //!                                   # best-effort (case-insensitive, `_` = `-`)
 //! checkpoint_interval_ms = 1000     # optional (no periodic checkpoints); >= 1
+//! checkpoint_every_records = 500000 # optional: also an epoch per this many records read
+//!                                   # by the sources together; >= 1
 //! batch_records = 1024              # default 1024; 1..=65536
 //!
 //! [connections.pg]                  # a named connection (a node reaches it only if granted)
@@ -561,6 +563,7 @@ fn placeholder_job() -> JobSpec {
         state_shards: DEFAULT_STATE_SHARDS,
         semantic: SemanticMode::default(),
         checkpoint_interval_ms: None,
+        checkpoint_every_records: None,
         batch_records: DEFAULT_BATCH_RECORDS,
     }
 }
@@ -574,6 +577,7 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
         "state_shards",
         "semantic",
         "checkpoint_interval_ms",
+        "checkpoint_every_records",
         "batch_records",
     ];
     check_keys(cx, t, "job", KEYS);
@@ -618,6 +622,9 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
     }
     if let Some(v) = find(t, "checkpoint_interval_ms") {
         job.checkpoint_interval_ms = get_int(cx, v, "job.checkpoint_interval_ms", u64::MAX);
+    }
+    if let Some(v) = find(t, "checkpoint_every_records") {
+        job.checkpoint_every_records = get_int(cx, v, "job.checkpoint_every_records", u64::MAX);
     }
     if let Some(v) = find(t, "semantic")
         && let Some(s) = get_str(cx, v, "job.semantic")
@@ -1482,6 +1489,13 @@ fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
             "must be >= 1 (omit it to disable periodic checkpoints)".into(),
         );
     }
+    if job.checkpoint_every_records == Some(0) {
+        push(
+            "job.checkpoint_every_records".into(),
+            job_span("checkpoint_every_records"),
+            "must be >= 1 (omit it to disable record-count checkpoints)".into(),
+        );
+    }
 
     // Nodes
     let prefixes: Vec<String> = (0..model.nodes.len())
@@ -2107,6 +2121,11 @@ config = { dir = "/output" }
             (
                 format!("{MINIMAL_JOB}checkpoint_interval_ms = 0\n"),
                 "job.checkpoint_interval_ms",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}checkpoint_every_records = 0\n"),
+                "job.checkpoint_every_records",
                 3,
             ),
             (

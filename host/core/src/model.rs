@@ -62,6 +62,12 @@ pub struct JobSpec {
     pub semantic: SemanticMode,
     /// Checkpoint interval in ms; default none.
     pub checkpoint_interval_ms: Option<u64>,
+    /// Checkpoint after every this many records read by the sources (all subtasks
+    /// together); default none. An alternative or an addition to the interval: a run
+    /// takes the same number of epochs however fast it goes, which the benchmarks need
+    /// to compare instruction counts under valgrind (issue 14, item 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_records: Option<u64>,
     /// Records per batch; default 1024.
     pub batch_records: u32,
 }

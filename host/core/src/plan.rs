@@ -24,6 +24,10 @@ pub struct JobMeta {
     pub semantic: SemanticMode,
     /// Checkpoint interval in milliseconds; `None` disables periodic checkpoints.
     pub checkpoint_interval_ms: Option<u64>,
+    /// Checkpoint after every this many records read by the sources, all subtasks
+    /// together; `None` disables record-count checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_records: Option<u64>,
     /// Number of state shards of every keyed vertex (design §3.4); stable for the job's life.
     pub state_shard_count: u32,
     /// Maximum records per batch a source reads or a task forwards.
