@@ -170,6 +170,10 @@ pub struct Submit {
     pub output: Option<PathBuf>,
     /// `--fresh`.
     pub fresh: bool,
+    /// `--from-savepoint`.
+    pub from_savepoint: Option<String>,
+    /// `--actions`.
+    pub actions: Option<PathBuf>,
     /// `--max-restarts`.
     pub max_restarts: Option<u32>,
     /// `--memory-mib`.
@@ -185,8 +189,24 @@ pub struct Submit {
 }
 
 /// `nopstream job submit`: runs the job's prepare steps here, then submits it; with
-/// `--wait`, waits until it ends and prints its summary (exit 1 unless it finished).
+/// `--wait`, waits until it ends and prints its summary (exit 1 unless it finished). With
+/// `--from-savepoint`, a refused check prints the report and exits 2 or 3.
 pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> {
+    // A savepoint path this machine sees goes as an absolute path (the coordinator
+    // reaches it at the same path, like the job's directory); anything else is the name of
+    // a savepoint the coordinator holds.
+    let from_savepoint = s.from_savepoint.as_ref().map(|sp| {
+        let p = Path::new(sp);
+        if p.exists() {
+            std::path::absolute(p).map_or_else(|_| sp.clone(), |a| a.display().to_string())
+        } else {
+            sp.clone()
+        }
+    });
+    let actions_json = match &s.actions {
+        Some(a) => Some(serde_json::to_string(&crate::savepoint::read_actions(Some(a.as_path()))?)?),
+        None => None,
+    };
     let model = crate::read_model(&s.job, s.parallelism)?;
     let dir = std::path::absolute(crate::job_dir(&s.job))?;
     let text = std::fs::read_to_string(&s.job)
@@ -207,11 +227,29 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
         fresh: s.fresh,
         memory_bytes: s.memory_mib.map(|m| m << 20),
         cpu_ms_per_call: s.cpu_ms_per_call,
+        from_savepoint,
+        actions_json,
     };
     let status = match request(args, CliRequest::SubmitJob(sub))? {
         CliResponse::Job(j) => *j,
+        CliResponse::SavepointRefused {
+            savepoint,
+            exit_code,
+            report_json,
+        } => {
+            let report: nop_stream_coordinator::compat::Report =
+                serde_json::from_str(&report_json).context("the coordinator's report")?;
+            crate::savepoint::print_refusal(&report, &savepoint, &s.job);
+            return Ok(std::process::ExitCode::from(exit_code));
+        }
         r => return Err(unexpected(&r)),
     };
+    if let Some(sp) = &s.from_savepoint {
+        match status.durable_epoch {
+            Some(e) => eprintln!("restoring savepoint {sp} (epoch {e})"),
+            None => eprintln!("restoring savepoint {sp}"),
+        }
+    }
     eprintln!(
         "submitted job `{}` to {}; output directory {}",
         status.job, args.cluster, status.output_dir
