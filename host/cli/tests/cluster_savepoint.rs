@@ -1,0 +1,265 @@
+//! Savepoint restores on the cluster (design §10.4–§10.6, `nopstream job submit
+//! --from-savepoint`): a coordinator and node processes of the `nopstream` binary over real
+//! QUIC on loopback with the certificates `nopstream cluster init` writes, as in the
+//! `cluster` suite.
+//!
+//! - A cluster job stopped with a savepoint (`nopstream stop JOB --savepoint`) restores at
+//!   another parallelism: the per-carrier aggregate equals the figures computed from the
+//!   CSV, the per-record job commits every departure exactly once. A second restore into a
+//!   namespace that went on past the savepoint is refused (exit 3, `NAMESPACE_ADVANCED`)
+//!   unless `--fresh`.
+//! - A savepoint of an embedded run, against a cluster job whose plan change needs an
+//!   action (a renamed stateful operator): refused with exit 2 naming the finding and
+//!   touching nothing; an actions file with an action that clears nothing is an error
+//!   (exit 1); with the right `rename-operator` action the job restores with the exact
+//!   aggregate.
+//!
+//! The tests of this binary run one at a time (leases on two cores must not expire by
+//! starvation), and each prints its duration.
+
+mod common;
+
+use common::cluster::{
+    BIN, Cluster, Timed, check_per_record, committed, job_copy, serial, wait_for,
+};
+use common::flights::{check_per_carrier, expected_per_carrier};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// `job submit JOB --from-savepoint SP --output OUT` plus `extra`: exit code and output.
+fn submit_from(
+    cluster: &Cluster,
+    job: &Path,
+    out: &Path,
+    sp: &Path,
+    extra: &[&str],
+) -> (Option<i32>, String) {
+    let sp = sp.display().to_string();
+    let out = out.display().to_string();
+    let mut args = vec!["job", "submit", "--from-savepoint", &sp, "--output", &out];
+    args.extend_from_slice(extra);
+    let (code, stdout, stderr) = cluster.cli_code(&args, &[job.to_owned()]);
+    (code, format!("{stdout}{stderr}"))
+}
+
+/// Lets the job run a moment after its deployment, then stops it with a savepoint in
+/// `sp`; returns the savepoint's epoch.
+fn stop_with_savepoint(cluster: &Cluster, id: &str, sp: &Path) -> u64 {
+    wait_for("a deployment", Duration::from_secs(60), || {
+        !cluster.nodes_of(id).is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let (ok, text) = cluster.cli(
+        &["stop", id, "--savepoint", "--out", &sp.display().to_string()],
+        &[],
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("stopped with a savepoint at epoch"), "{text}");
+    assert_eq!(cluster.status(id)["state"], "Stopped");
+    let info: Value =
+        serde_json::from_slice(&std::fs::read(sp.join("savepoint.json")).unwrap()).unwrap();
+    info["epoch"].as_u64().unwrap()
+}
+
+/// The run report of a finished job.
+fn report(status: &Value) -> Value {
+    serde_json::from_str(status["report_json"].as_str().unwrap()).unwrap()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dst = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dst);
+        } else {
+            std::fs::copy(&p, &dst).unwrap();
+        }
+    }
+}
+
+/// Every file under `dir` with its bytes, to show a directory is untouched.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_cluster_savepoint_restores_at_another_parallelism_with_exact_output() {
+    let _g = serial();
+    let _t = Timed("restore at another parallelism", Instant::now());
+    let cluster = Cluster::start(3);
+    let expected = expected_per_carrier();
+
+    // The aggregate (keyed state, split cursors): stopped at p=2, restored at p=3.
+    let job = job_copy("flights.toml", 200, 40_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let id = cluster.submit(&job.0, &out, &["-p", "2", "--fresh"]);
+    let sp = tmp.path().join("sp");
+    let epoch = stop_with_savepoint(&cluster, &id, &sp);
+    let before_sp = snapshot(&sp);
+    let at_savepoint = tmp.path().join("out-at-savepoint");
+    copy_dir(&out, &at_savepoint);
+    let (code, text) = submit_from(&cluster, &job.0, &out, &sp, &["-p", "3"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("restoring savepoint"), "{text}");
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(Cluster::nodes_in(&status), [1, 2, 3], "{status:#}");
+    let r = report(&status);
+    assert_eq!(r["resumed_from"].as_u64(), Some(epoch), "{r:#}");
+    assert!(
+        r["records_read"].as_u64().unwrap() < 336_776,
+        "the restored run read only what the savepoint had not: {r:#}"
+    );
+    check_per_carrier(&committed(&out), &expected);
+    assert_eq!(snapshot(&sp), before_sp, "the savepoint is never written to");
+
+    // The job's namespace went on past the savepoint: refused, then restored with --fresh
+    // (into a copy of the output as it was at the savepoint).
+    let (code, text) = submit_from(&cluster, &job.0, &at_savepoint, &sp, &["-p", "2"]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.contains("NAMESPACE_ADVANCED"), "{text}");
+    assert!(text.contains("add --fresh"), "{text}");
+    let (code, text) = submit_from(
+        &cluster,
+        &job.0,
+        &at_savepoint,
+        &sp,
+        &["-p", "2", "--fresh"],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(epoch));
+    check_per_carrier(&committed(&at_savepoint), &expected);
+
+    // Per record (source cursors, sink transactions): every departure exactly once
+    // across a stop at p=2 and a restore at p=3.
+    let job = job_copy("flights-per-record.toml", 200, 40_000);
+    let out = tmp.path().join("per-record");
+    let id = cluster.submit(&job.0, &out, &["-p", "2", "--fresh"]);
+    let sp = tmp.path().join("sp-per-record");
+    stop_with_savepoint(&cluster, &id, &sp);
+    let partial = committed(&out).len();
+    assert!(
+        partial > 0 && partial < 336_776,
+        "stopped mid-run with its savepoint's epoch committed: {partial} lines"
+    );
+    let (code, text) = submit_from(&cluster, &job.0, &out, &sp, &["-p", "3"]);
+    assert_eq!(code, Some(0), "{text}");
+    cluster.wait_finished(&id, Duration::from_secs(300));
+    check_per_record(&committed(&out));
+}
+
+#[test]
+fn a_plan_change_needing_an_action_is_refused_until_the_actions_name_it_and_unused_actions_are_errors()
+ {
+    let _g = serial();
+    let _t = Timed("restore needing an action", Instant::now());
+    // A savepoint of an embedded run at p=2 (crashed after its second durable epoch,
+    // promoted): savepoints are relocatable, and the cluster reads the same format.
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, work) = (tmp.path().join("out"), tmp.path().join("work"));
+    let flights = common::cluster::repo().join("examples/flights/flights.toml");
+    let o = Command::new(BIN)
+        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
+        .args(["--checkpoint-interval-ms", "50", "--output"])
+        .arg(&out)
+        .arg("--work-dir")
+        .arg(&work)
+        .arg(&flights)
+        .env("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the failpoint fired");
+    let sp = tmp.path().join("sp");
+    let o = Command::new(BIN)
+        .args(["savepoint", "promote"])
+        .arg(&flights)
+        .arg("--work-dir")
+        .arg(&work)
+        .arg("--out")
+        .arg(&sp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // The same job with the aggregate renamed: its state has no operator to go to.
+    let text = std::fs::read_to_string(&flights)
+        .unwrap()
+        .replace("name = \"per-carrier\"", "name = \"carrier-stats\"")
+        .replace("inputs = [\"per-carrier\"]", "inputs = [\"carrier-stats\"]");
+    let renamed = common::job::Job::new("cluster-savepoint", "renamed", &text);
+    let cluster = Cluster::start(2);
+    let (before_sp, before_out) = (snapshot(&sp), snapshot(&out));
+    let (code, text) = submit_from(&cluster, &renamed.file, &out, &sp, &["-p", "3"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("STATEFUL_OPERATOR_REMOVED"), "{text}");
+    assert!(text.contains("verdict NEEDS-ACTION (exit 2)"), "{text}");
+    assert!(!text.contains("restoring savepoint"), "{text}");
+    assert_eq!(
+        cluster.json(&["job", "list"]),
+        serde_json::json!([]),
+        "no job was started"
+    );
+    assert_eq!(snapshot(&sp), before_sp, "the savepoint is byte-unchanged");
+    assert_eq!(snapshot(&out), before_out, "the output is untouched");
+
+    // An action that clears nothing is an error, not a pass.
+    let rename = "[[action]]\nkind = \"rename-operator\"\nfrom = \"operators/per-carrier\"\n\
+                  to = \"operators/carrier-stats\"\n";
+    let unused = tmp.path().join("unused.toml");
+    std::fs::write(
+        &unused,
+        format!("{rename}[[action]]\nkind = \"drop-state\"\noperator = \"operators/parse\"\n"),
+    )
+    .unwrap();
+    let a = unused.display().to_string();
+    let (code, text) = submit_from(
+        &cluster,
+        &renamed.file,
+        &out,
+        &sp,
+        &["-p", "3", "--actions", &a],
+    );
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("clears no finding"), "{text}");
+    assert!(text.contains("drop-state operators/parse"), "{text}");
+    assert_eq!(cluster.json(&["job", "list"]), serde_json::json!([]));
+
+    // The right action: the renamed aggregate restores its state and finishes exactly.
+    let actions = tmp.path().join("actions.toml");
+    std::fs::write(&actions, rename).unwrap();
+    let a = actions.display().to_string();
+    let (code, text) = submit_from(
+        &cluster,
+        &renamed.file,
+        &out,
+        &sp,
+        &["-p", "3", "--actions", &a],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let id = cluster.json(&["job", "list"])[0]["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(2));
+    check_per_carrier(&committed(&out), &expected_per_carrier());
+    assert_eq!(snapshot(&sp), before_sp, "the savepoint is never written to");
+}
