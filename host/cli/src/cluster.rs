@@ -204,7 +204,9 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
         }
     });
     let actions_json = match &s.actions {
-        Some(a) => Some(serde_json::to_string(&crate::savepoint::read_actions(Some(a.as_path()))?)?),
+        Some(a) => Some(serde_json::to_string(&crate::savepoint::read_actions(
+            Some(a.as_path()),
+        )?)?),
         None => None,
     };
     let model = crate::read_model(&s.job, s.parallelism)?;

@@ -12,6 +12,7 @@
 use anyhow::{Context, Result, bail};
 use nop_stream_checkpoint::{CheckpointStorage, LocalStorage, SavepointInfo};
 use nop_stream_coordinator::compat::{Action, Actions, Report};
+use nop_stream_coordinator::migrate::StateEntry;
 use nop_stream_core::PartitionedPlan;
 use nop_stream_runtime::PluginSet;
 use std::collections::BTreeMap;
@@ -255,35 +256,33 @@ pub fn seed_namespace(
         actions,
         plan,
         &components(plugins),
-        &mut migrate_with(plugins),
+        &mut |op: &str, state: &str, from: u32, entries: &[StateEntry]| {
+            migrate_state(plugins, op, state, from, entries)
+        },
     )
     .map_err(anyhow::Error::msg)
 }
 
-/// The `migrate-state` calls for `plugins`: the operator's component's `migrate` export.
-fn migrate_with(
+/// A `migrate-state` call for `plugins`: the operator's component's `migrate` export.
+fn migrate_state(
     plugins: &PluginSet,
-) -> impl FnMut(
-    &str,
-    &str,
-    u32,
-    &[nop_stream_coordinator::migrate::StateEntry],
-) -> Result<Vec<Option<Vec<u8>>>, String>
-+ '_ {
-    |op, state, from, entries| {
-        let plugin = plugins
-            .iter()
-            .find(|(id, _)| id.as_str() == op)
-            .map(|(_, p)| p)
-            .ok_or_else(|| format!("the job has no operator `{op}`"))?;
-        let entries = entries
-            .iter()
-            .map(|e| (e.namespace.clone(), e.key.clone(), e.value.clone()))
-            .collect();
-        plugin
-            .migrate_state(op, state, from, entries)
-            .map_err(|e| e.to_string())
-    }
+    op: &str,
+    state: &str,
+    from: u32,
+    entries: &[StateEntry],
+) -> Result<Vec<Option<Vec<u8>>>, String> {
+    let plugin = plugins
+        .iter()
+        .find(|(id, _)| id.as_str() == op)
+        .map(|(_, p)| p)
+        .ok_or_else(|| format!("the job has no operator `{op}`"))?;
+    let entries = entries
+        .iter()
+        .map(|e| (e.namespace.clone(), e.key.clone(), e.value.clone()))
+        .collect();
+    plugin
+        .migrate_state(op, state, from, entries)
+        .map_err(|e| e.to_string())
 }
 
 /// The savepoint's manifest with `actions` applied for `plan`, and the segment files that
@@ -299,7 +298,9 @@ fn apply_actions(
         actions,
         plan,
         &components(plugins),
-        &mut migrate_with(plugins),
+        &mut |op: &str, state: &str, from: u32, entries: &[StateEntry]| {
+            migrate_state(plugins, op, state, from, entries)
+        },
     )
     .map_err(anyhow::Error::msg)
 }

@@ -52,7 +52,13 @@ fn stop_with_savepoint(cluster: &Cluster, id: &str, sp: &Path) -> u64 {
     });
     std::thread::sleep(Duration::from_millis(1500));
     let (ok, text) = cluster.cli(
-        &["stop", id, "--savepoint", "--out", &sp.display().to_string()],
+        &[
+            "stop",
+            id,
+            "--savepoint",
+            "--out",
+            &sp.display().to_string(),
+        ],
         &[],
     );
     assert!(ok, "{text}");
@@ -128,7 +134,11 @@ fn a_cluster_savepoint_restores_at_another_parallelism_with_exact_output() {
         "the restored run read only what the savepoint had not: {r:#}"
     );
     check_per_carrier(&committed(&out), &expected);
-    assert_eq!(snapshot(&sp), before_sp, "the savepoint is never written to");
+    assert_eq!(
+        snapshot(&sp),
+        before_sp,
+        "the savepoint is never written to"
+    );
 
     // The job's namespace went on past the savepoint: refused, then restored with --fresh
     // (into a copy of the output as it was at the savepoint).
@@ -261,5 +271,111 @@ fn a_plan_change_needing_an_action_is_refused_until_the_actions_name_it_and_unus
     let status = cluster.wait_finished(&id, Duration::from_secs(300));
     assert_eq!(report(&status)["resumed_from"].as_u64(), Some(2));
     check_per_carrier(&committed(&out), &expected_per_carrier());
-    assert_eq!(snapshot(&sp), before_sp, "the savepoint is never written to");
+    assert_eq!(
+        snapshot(&sp),
+        before_sp,
+        "the savepoint is never written to"
+    );
+}
+
+/// A state schema bump (`tally@0.1.0` -> `tally@0.2.0`, state `count` v1 -> v2) restored on
+/// the cluster: refused (exit 2, `STATE_SCHEMA_BUMPED`) without an action; with
+/// `migrate-state` the coordinator runs the registry's v2 component's `migrate` export over
+/// the savepoint's state while it seeds the namespace, and the restored job counts every
+/// departure exactly once.
+#[test]
+fn a_schema_bump_restores_with_migrate_state_run_by_the_coordinator() {
+    let _g = serial();
+    let _t = Timed("restore with migrate-state", Instant::now());
+    let artifacts = Path::new(nop_stream_artifacts::PLUGIN_DIR);
+    let plugins = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        artifacts.join("tally_v1.wasm"),
+        plugins.path().join("tally@0.1.0.wasm"),
+    )
+    .unwrap();
+    let flights =
+        std::fs::read_to_string(common::cluster::repo().join("examples/flights/flights.toml"))
+            .unwrap();
+    let tally = |version: &str| {
+        let start = flights
+            .find("[[operator]]\nname = \"per-carrier\"")
+            .unwrap();
+        let end = flights.find("[[sink]]").unwrap();
+        format!(
+            "{}[[operator]]\nname = \"per-carrier\"\nplugin = \"tally@{version}\"\n\
+             inputs = [{{ from = \"parse\", partition = \"hash\" }}]\n\n{}",
+            &flights[..start],
+            &flights[end..]
+        )
+    };
+    let v1 = common::job::Job::new("cluster-savepoint", "tally1", &tally("0.1.0"));
+    let v2 = common::job::Job::new("cluster-savepoint", "tally2", &tally("0.2.0"));
+    // An embedded run of v1 at p=2, crashed after its second durable epoch, promoted.
+    let o = Command::new(BIN)
+        .arg("--plugins")
+        .arg(plugins.path())
+        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
+        .args(["--checkpoint-interval-ms", "50", "--output"])
+        .arg(&v1.out)
+        .arg("--work-dir")
+        .arg(&v1.work)
+        .arg(&v1.file)
+        .env("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the failpoint fired");
+    let sp = v1.dir.join("sp");
+    let o = Command::new(BIN)
+        .arg("--plugins")
+        .arg(plugins.path())
+        .args(["savepoint", "promote"])
+        .arg(&v1.file)
+        .arg("--work-dir")
+        .arg(&v1.work)
+        .arg("--out")
+        .arg(&sp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let cluster = Cluster::start(2);
+    let (ok, text) = cluster.cli(&["plugin", "upload"], &[artifacts.join("tally_v2.wasm")]);
+    assert!(ok && text.contains("tally@0.2.0"), "{text}");
+    let (code, text) = submit_from(&cluster, &v2.file, &v1.out, &sp, &["-p", "3"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("STATE_SCHEMA_BUMPED count v1 -> v2  -> migrate-state | drop-state"),
+        "{text}"
+    );
+    let actions = v1.dir.join("migrate.toml");
+    std::fs::write(
+        &actions,
+        "[[action]]\nkind = \"migrate-state\"\noperator = \"operators/per-carrier\"\nstate = \"count\"\n",
+    )
+    .unwrap();
+    let a = actions.display().to_string();
+    let (code, text) = submit_from(
+        &cluster,
+        &v2.file,
+        &v1.out,
+        &sp,
+        &["-p", "3", "--actions", &a],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let id = cluster.json(&["job", "list"])[0]["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(2));
+    let expected: Vec<String> = expected_per_carrier()
+        .into_iter()
+        .map(|(c, e)| format!("{c} {} v0.2.0", e.flights))
+        .collect();
+    assert_eq!(
+        committed(&v1.out),
+        expected,
+        "every departure counted once, by v2"
+    );
 }

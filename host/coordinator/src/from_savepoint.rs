@@ -10,7 +10,7 @@
 //! and `fork` (another pipeline lineage) are the caller's steps before seeding.
 
 use crate::compat::{CheckContext, Report, check, snapshot_meta};
-use crate::migrate::{Migrated, MigrateFn};
+use crate::migrate::{MigrateFn, Migrated};
 use nop_stream_api::EpochId;
 use nop_stream_checkpoint::{
     CheckpointStorage, EpochManifest, LocalStorage, SAVEPOINT_FORMAT, SavepointInfo,
@@ -168,8 +168,8 @@ pub fn seed_namespace(
     let dst = LocalStorage::open(namespace).map_err(|e| e.to_string())?;
     for f in migrated.kept_files() {
         let from = sp.dir.join(&f);
-        let bytes = std::fs::read(&from)
-            .map_err(|e| format!("copying segment {}: {e}", from.display()))?;
+        let bytes =
+            std::fs::read(&from).map_err(|e| format!("copying segment {}: {e}", from.display()))?;
         dst.write_segment(&f, &bytes).map_err(|e| e.to_string())?;
     }
     for (f, bytes) in &migrated.new_files {

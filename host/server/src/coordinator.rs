@@ -584,7 +584,6 @@ impl ClusterCoordinator {
             }
         }
         let fp = {
-            let host = lock(&self.validator);
             let mut loaded: HashMap<String, nop_stream_runtime::LoadedPlugin> = HashMap::new();
             let mut migrate = |op: &str,
                                state: &str,
@@ -597,7 +596,9 @@ impl ClusterCoordinator {
                         .components
                         .get(op)
                         .ok_or_else(|| format!("the job has no operator `{op}`"))?;
-                    let p = host
+                    // The registry's component, compiled by the validator's engine (its
+                    // lock is held only while it loads).
+                    let p = lock(&self.validator)
                         .load(&c.label, &self.plugins.blob_file(&c.sha256), c.kind)
                         .map_err(|e| e.to_string())?;
                     loaded.insert(op.to_owned(), p);
