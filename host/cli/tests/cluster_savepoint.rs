@@ -13,6 +13,9 @@
 //!   touching nothing; an actions file with an action that clears nothing is an error
 //!   (exit 1); with the right `rename-operator` action the job restores with the exact
 //!   aggregate.
+//! - A state schema bump (`tally@0.1.0` -> `tally@0.2.0`): refused without an action; with
+//!   `migrate-state` the coordinator runs the registry's new component's `migrate` export
+//!   while it seeds the namespace, and the counts are exact.
 //!
 //! The tests of this binary run one at a time (leases on two cores must not expire by
 //! starvation), and each prints its duration.
