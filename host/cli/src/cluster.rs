@@ -174,6 +174,8 @@ pub struct Submit {
     pub from_savepoint: Option<String>,
     /// `--actions`.
     pub actions: Option<PathBuf>,
+    /// The plugin search path (`--plugins`): where a `finalize-sink` finds the old sink.
+    pub plugins: Vec<PathBuf>,
     /// `--max-restarts`.
     pub max_restarts: Option<u32>,
     /// `--memory-mib`.
@@ -203,10 +205,9 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
             sp.clone()
         }
     });
+    let actions = crate::savepoint::read_actions(s.actions.as_deref())?;
     let actions_json = match &s.actions {
-        Some(a) => Some(serde_json::to_string(&crate::savepoint::read_actions(
-            Some(a.as_path()),
-        )?)?),
+        Some(_) => Some(serde_json::to_string(&actions)?),
         None => None,
     };
     let model = crate::read_model(&s.job, s.parallelism)?;
@@ -231,20 +232,61 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
         cpu_ms_per_call: s.cpu_ms_per_call,
         from_savepoint,
         actions_json,
+        check_only: false,
     };
+    let refused = |resp: CliResponse| -> Result<std::process::ExitCode> {
+        match resp {
+            CliResponse::SavepointRefused {
+                savepoint,
+                exit_code,
+                report_json,
+            } => {
+                let report: nop_stream_coordinator::compat::Report =
+                    serde_json::from_str(&report_json).context("the coordinator's report")?;
+                crate::savepoint::print_refusal(&report, &savepoint, &s.job);
+                Ok(std::process::ExitCode::from(exit_code))
+            }
+            r => Err(unexpected(&r)),
+        }
+    };
+    if actions.actions.iter().any(|a| {
+        matches!(
+            a,
+            nop_stream_coordinator::compat::Action::FinalizeSink { .. }
+        )
+    }) {
+        // finalize-sink: the coordinator checks first; then the old sink plugin commits
+        // the savepoint's pending committables here (as `run --from-savepoint` does),
+        // writing where the cluster's sinks write; then the restore is submitted.
+        let sp = s
+            .from_savepoint
+            .as_deref()
+            .map(Path::new)
+            .filter(|p| p.join("savepoint.json").is_file())
+            .context(
+                "finalize-sink: the savepoint must be a directory this machine reads (the \
+                 old sink plugin runs here)",
+            )?;
+        let check = JobSubmission {
+            check_only: true,
+            ..sub.clone()
+        };
+        match request(args, CliRequest::SubmitJob(check))? {
+            CliResponse::SavepointChecked { .. } => {}
+            r => return refused(r),
+        }
+        let sp = crate::savepoint::open(sp)?;
+        let host = nop_stream_runtime::PluginHost::new(crate::cache_dir())?;
+        let registry =
+            nop_stream_runtime::registry::PluginRegistry::new(&host, s.plugins.clone(), dir);
+        let work = std::env::temp_dir().join(format!("nopstream-finalize-{}", std::process::id()));
+        let done = crate::savepoint::finalize_sinks(&sp, &actions, &registry, &output, &work);
+        let _ = std::fs::remove_dir_all(&work);
+        done?;
+    }
     let status = match request(args, CliRequest::SubmitJob(sub))? {
         CliResponse::Job(j) => *j,
-        CliResponse::SavepointRefused {
-            savepoint,
-            exit_code,
-            report_json,
-        } => {
-            let report: nop_stream_coordinator::compat::Report =
-                serde_json::from_str(&report_json).context("the coordinator's report")?;
-            crate::savepoint::print_refusal(&report, &savepoint, &s.job);
-            return Ok(std::process::ExitCode::from(exit_code));
-        }
-        r => return Err(unexpected(&r)),
+        r => return refused(r),
     };
     if let Some(sp) = &s.from_savepoint {
         match status.durable_epoch {

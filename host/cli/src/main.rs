@@ -402,8 +402,10 @@ enum JobCommand {
         from_savepoint: Option<String>,
         /// With --from-savepoint: the actions file that clears the check's findings
         /// (rename-operator, drop-state, rename-state, init-empty, reshard, migrate-state,
-        /// accept-semantic-change; finalize-sink and fork need an embedded `run`); an
-        /// action that clears nothing is an error.
+        /// accept-semantic-change, finalize-sink; fork needs an embedded `run`); an action
+        /// that clears nothing is an error. A finalize-sink runs the old sink plugin here,
+        /// from the plugin path (--plugins), after the coordinator's check and before the
+        /// restore, so SP must then be a path this machine reads.
         #[arg(long, value_name = "A.toml", requires = "from_savepoint")]
         actions: Option<PathBuf>,
         /// Global recoveries allowed [default: the coordinator's --max-restarts].
@@ -782,6 +784,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     fresh,
                     from_savepoint,
                     actions,
+                    plugins: search,
                     max_restarts,
                     memory_mib,
                     cpu_ms_per_call,

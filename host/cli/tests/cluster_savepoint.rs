@@ -16,6 +16,10 @@
 //! - A state schema bump (`tally@0.1.0` -> `tally@0.2.0`): refused without an action; with
 //!   `migrate-state` the coordinator runs the registry's new component's `migrate` export
 //!   while it seeds the namespace, and the counts are exact.
+//! - A sink swapped while the savepoint holds its pending transactions: refused without
+//!   an action; with `finalize-sink` the old JSONL plugin commits them on the submitting
+//!   machine after the coordinator's check, and every departure lands once (JSONL up to
+//!   the savepoint, blackhole-sink after it).
 //!
 //! The tests of this binary run one at a time (leases on two cores must not expire by
 //! starvation), and each prints its duration.
@@ -380,5 +384,140 @@ fn a_schema_bump_restores_with_migrate_state_run_by_the_coordinator() {
         committed(&v1.out),
         expected,
         "every departure counted once, by v2"
+    );
+}
+
+/// The blackhole-sink summaries committed in `out`: records and the sum of their checksums.
+fn blackhole_totals(out: &Path) -> (u64, u64) {
+    let (mut records, mut checksum) = (0, 0u64);
+    for e in std::fs::read_dir(out).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("summary-") && name.ends_with(".json") {
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            records += v["records"].as_u64().unwrap();
+            checksum = checksum.wrapping_add(v["checksum"].as_u64().unwrap());
+        }
+    }
+    (records, checksum)
+}
+
+/// A sink swapped while the savepoint holds its pending transactions (JSONL ->
+/// blackhole-sink, `SINK_PROTOCOL_CHANGED`): refused without an action; with
+/// `finalize-sink`, `job submit` has the coordinator check, commits the pending JSONL
+/// transactions with the old plugin, then restores: every departure lands once, in the
+/// JSONL output up to the savepoint and in the blackhole sink after it.
+#[test]
+fn a_swapped_sink_is_finalized_with_the_old_plugin_before_the_cluster_restores() {
+    let _g = serial();
+    let _t = Timed("restore with finalize-sink", Instant::now());
+    let tmp = tempfile::tempdir().unwrap();
+    let old_file = common::cluster::repo().join("examples/flights/flights-per-record.toml");
+    let reference = common::cluster::embedded(&old_file, tmp.path());
+    assert_eq!(reference.len(), 336_776);
+    let old_text = std::fs::read_to_string(&old_file).unwrap();
+    let old = common::job::Job::new("cluster-savepoint", "finalize-old", &old_text);
+    let new = common::job::Job::new(
+        "cluster-savepoint",
+        "finalize-new",
+        &old_text
+            .replace(
+                "plugin = \"jsonl-sink@0.1.0\"",
+                "plugin = \"blackhole-sink@0.1.0\"",
+            )
+            .replace(
+                "config = { dir = \"/output\", prefix = \"departures\" }",
+                "config = { summary_dir = \"/output\" }",
+            ),
+    );
+    // Crashed right after its second durable epoch: epoch 2's JSONL transactions are
+    // pending in the savepoint.
+    let o = Command::new(BIN)
+        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
+        .args(["--checkpoint-interval-ms", "50", "--output"])
+        .arg(&old.out)
+        .arg("--work-dir")
+        .arg(&old.work)
+        .arg(&old.file)
+        .env("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the failpoint fired");
+    let sp = old.dir.join("sp");
+    let o = Command::new(BIN)
+        .args(["savepoint", "promote"])
+        .arg(&old.file)
+        .arg("--work-dir")
+        .arg(&old.work)
+        .arg("--out")
+        .arg(&sp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = committed(&old.out);
+
+    let cluster = Cluster::start(2);
+    let blackhole = Path::new(nop_stream_artifacts::PLUGIN_DIR).join("blackhole_sink.wasm");
+    let (ok, text) = cluster.cli(&["plugin", "upload"], &[blackhole]);
+    assert!(ok, "{text}");
+    let (code, text) = submit_from(&cluster, &new.file, &old.out, &sp, &["-p", "3"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("SINK_PROTOCOL_CHANGED") && text.contains("finalize-sink"),
+        "{text}"
+    );
+    assert_eq!(
+        committed(&old.out),
+        before,
+        "a refused restore commits nothing"
+    );
+
+    let actions = old.dir.join("finalize.toml");
+    std::fs::write(
+        &actions,
+        format!(
+            "[[action]]\nkind = \"finalize-sink\"\noperator = \"sinks/departures\"\n\
+             with = \"jsonl-sink@0.1.0\"\njob = \"{}\"\n",
+            old.file.display()
+        ),
+    )
+    .unwrap();
+    let a = actions.display().to_string();
+    let (code, text) = submit_from(
+        &cluster,
+        &new.file,
+        &old.out,
+        &sp,
+        &["-p", "3", "--actions", &a],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("committed 2 pending transaction(s) of 2 subtask(s)"),
+        "{text}"
+    );
+    let id = cluster.json(&["job", "list"])[0]["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(2));
+    let jsonl = committed(&old.out);
+    assert!(jsonl.len() > before.len(), "epoch 2 was committed");
+    let mut seen = std::collections::BTreeSet::new();
+    for l in &jsonl {
+        assert!(seen.insert(l.clone()), "twice: {l}");
+        assert!(
+            reference.binary_search(l).is_ok(),
+            "not in the reference: {l}"
+        );
+    }
+    let rest: Vec<&String> = reference.iter().filter(|l| !seen.contains(*l)).collect();
+    let expected_sum = rest.iter().fold(0u64, |a, l| {
+        a.wrapping_add(u64::from(blackhole_sink::record_hash(l.as_bytes())))
+    });
+    assert_eq!(
+        blackhole_totals(&old.out),
+        (rest.len() as u64, expected_sum),
+        "the blackhole sink got every record after the savepoint once"
     );
 }

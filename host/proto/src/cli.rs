@@ -88,6 +88,13 @@ pub struct JobSubmission {
     /// the coordinator's `compat::Actions` (postcard does not encode its tagged enum).
     #[serde(default)]
     pub actions_json: Option<String>,
+    /// With `from_savepoint`: only run the check, touching nothing; a compatible one is
+    /// answered [`CliResponse::SavepointChecked`]. The CLI asks this first when the
+    /// actions hold a `finalize-sink`, which it carries out itself (with the old sink
+    /// plugin) before it submits for real: the coordinator takes a submitted
+    /// `finalize-sink` as done and drops the sink's pending committables.
+    #[serde(default)]
+    pub check_only: bool,
 }
 
 /// The answer to a [`CliRequest`].
@@ -124,6 +131,11 @@ pub enum CliResponse {
         savepoint: String,
         /// The check's exit code: 2 needs action, 3 incompatible.
         exit_code: u8,
+        /// The coordinator's `compat::Report` as JSON.
+        report_json: String,
+    },
+    /// A `check_only` submission's savepoint check is compatible; nothing was touched.
+    SavepointChecked {
         /// The coordinator's `compat::Report` as JSON.
         report_json: String,
     },

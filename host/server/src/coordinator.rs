@@ -517,7 +517,8 @@ impl ClusterCoordinator {
     /// by the savepoint's epoch with the actions applied (`migrate-state` runs the
     /// registry's component), and the job starts from it: its state, split cursors and
     /// pending sink committables. `--fresh` lets it go back past epochs the namespace made
-    /// after the savepoint (`NAMESPACE_ADVANCED`).
+    /// after the savepoint (`NAMESPACE_ADVANCED`). A check-only submission stops after a
+    /// compatible check.
     fn submit_from_savepoint(self: &Arc<Self>, sub: &JobSubmission) -> Result<CliResponse, String> {
         use nop_stream_coordinator::compat::{Action, Actions, Status};
         use nop_stream_coordinator::from_savepoint;
@@ -563,26 +564,25 @@ impl ClusterCoordinator {
                 report_json: serde_json::to_string(&report).map_err(|e| e.to_string())?,
             });
         }
-        for a in &actions.actions {
-            match a {
-                Action::FinalizeSink { .. } => {
-                    return Err(format!(
-                        "`{}`: a cluster restore cannot run the old sink plugin yet; run \
-                         `nopstream run JOB --from-savepoint SP --actions A.toml` once \
-                         embedded, or finalize into a new savepoint first",
-                        a.describe()
-                    ));
-                }
-                Action::Fork { .. } => {
-                    return Err(format!(
-                        "`{}`: forking into another pipeline lineage is not built for \
-                         cluster jobs yet (`nopstream run --from-savepoint` does it embedded)",
-                        a.describe()
-                    ));
-                }
-                _ => {}
-            }
+        if let Some(a) = actions
+            .actions
+            .iter()
+            .find(|a| matches!(a, Action::Fork { .. }))
+        {
+            return Err(format!(
+                "`{}`: forking into another pipeline lineage is not built for cluster jobs \
+                 yet (`nopstream run --from-savepoint` does it embedded)",
+                a.describe()
+            ));
         }
+        if sub.check_only {
+            return Ok(CliResponse::SavepointChecked {
+                report_json: serde_json::to_string(&report).map_err(|e| e.to_string())?,
+            });
+        }
+        // A `finalize-sink` was carried out by the submitter (`job submit` runs the old
+        // sink plugin between a check-only request and this one); the seeding drops the
+        // sink's pending committables.
         let fp = {
             let mut loaded: HashMap<String, nop_stream_runtime::LoadedPlugin> = HashMap::new();
             let mut migrate = |op: &str,
