@@ -170,6 +170,12 @@ pub struct Submit {
     pub output: Option<PathBuf>,
     /// `--fresh`.
     pub fresh: bool,
+    /// `--from-savepoint`.
+    pub from_savepoint: Option<String>,
+    /// `--actions`.
+    pub actions: Option<PathBuf>,
+    /// The plugin search path (`--plugins`): where a `finalize-sink` finds the old sink.
+    pub plugins: Vec<PathBuf>,
     /// `--max-restarts`.
     pub max_restarts: Option<u32>,
     /// `--memory-mib`.
@@ -185,8 +191,25 @@ pub struct Submit {
 }
 
 /// `nopstream job submit`: runs the job's prepare steps here, then submits it; with
-/// `--wait`, waits until it ends and prints its summary (exit 1 unless it finished).
+/// `--wait`, waits until it ends and prints its summary (exit 1 unless it finished). With
+/// `--from-savepoint`, a refused check prints the report and exits 2 or 3.
 pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> {
+    // A savepoint path this machine sees goes as an absolute path (the coordinator
+    // reaches it at the same path, like the job's directory); anything else is the name of
+    // a savepoint the coordinator holds.
+    let from_savepoint = s.from_savepoint.as_ref().map(|sp| {
+        let p = Path::new(sp);
+        if p.exists() {
+            std::path::absolute(p).map_or_else(|_| sp.clone(), |a| a.display().to_string())
+        } else {
+            sp.clone()
+        }
+    });
+    let actions = crate::savepoint::read_actions(s.actions.as_deref())?;
+    let actions_json = match &s.actions {
+        Some(_) => Some(serde_json::to_string(&actions)?),
+        None => None,
+    };
     let model = crate::read_model(&s.job, s.parallelism)?;
     let dir = std::path::absolute(crate::job_dir(&s.job))?;
     let text = std::fs::read_to_string(&s.job)
@@ -207,11 +230,70 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
         fresh: s.fresh,
         memory_bytes: s.memory_mib.map(|m| m << 20),
         cpu_ms_per_call: s.cpu_ms_per_call,
+        from_savepoint,
+        actions_json,
+        check_only: false,
     };
+    let refused = |resp: CliResponse| -> Result<std::process::ExitCode> {
+        match resp {
+            CliResponse::SavepointRefused {
+                savepoint,
+                exit_code,
+                report_json,
+            } => {
+                let report: nop_stream_coordinator::compat::Report =
+                    serde_json::from_str(&report_json).context("the coordinator's report")?;
+                crate::savepoint::print_refusal(&report, &savepoint, &s.job);
+                Ok(std::process::ExitCode::from(exit_code))
+            }
+            r => Err(unexpected(&r)),
+        }
+    };
+    if actions.actions.iter().any(|a| {
+        matches!(
+            a,
+            nop_stream_coordinator::compat::Action::FinalizeSink { .. }
+        )
+    }) {
+        // finalize-sink: the coordinator checks first; then the old sink plugin commits
+        // the savepoint's pending committables here (as `run --from-savepoint` does),
+        // writing where the cluster's sinks write; then the restore is submitted.
+        let sp = s
+            .from_savepoint
+            .as_deref()
+            .map(Path::new)
+            .filter(|p| p.join("savepoint.json").is_file())
+            .context(
+                "finalize-sink: the savepoint must be a directory this machine reads (the \
+                 old sink plugin runs here)",
+            )?;
+        let check = JobSubmission {
+            check_only: true,
+            ..sub.clone()
+        };
+        match request(args, CliRequest::SubmitJob(check))? {
+            CliResponse::SavepointChecked { .. } => {}
+            r => return refused(r),
+        }
+        let sp = crate::savepoint::open(sp)?;
+        let host = nop_stream_runtime::PluginHost::new(crate::cache_dir())?;
+        let registry =
+            nop_stream_runtime::registry::PluginRegistry::new(&host, s.plugins.clone(), dir);
+        let work = std::env::temp_dir().join(format!("nopstream-finalize-{}", std::process::id()));
+        let done = crate::savepoint::finalize_sinks(&sp, &actions, &registry, &output, &work);
+        let _ = std::fs::remove_dir_all(&work);
+        done?;
+    }
     let status = match request(args, CliRequest::SubmitJob(sub))? {
         CliResponse::Job(j) => *j,
-        r => return Err(unexpected(&r)),
+        r => return refused(r),
     };
+    if let Some(sp) = &s.from_savepoint {
+        match status.durable_epoch {
+            Some(e) => eprintln!("restoring savepoint {sp} (epoch {e})"),
+            None => eprintln!("restoring savepoint {sp}"),
+        }
+    }
     eprintln!(
         "submitted job `{}` to {}; output directory {}",
         status.job, args.cluster, status.output_dir

@@ -385,9 +385,29 @@ enum JobCommand {
         /// nopstream-out/JOB_ID/output, made absolute].
         #[arg(long)]
         output: Option<PathBuf>,
-        /// Discard the job's checkpoints and start over.
+        /// Discard the job's checkpoints and start over. With --from-savepoint: restore
+        /// even if the job's checkpoints went on past the savepoint (they are discarded).
         #[arg(long)]
         fresh: bool,
+        /// Restore from a savepoint, like `flink run -s`: a savepoint directory path (as
+        /// for `run --from-savepoint`), which the coordinator must reach at the same path
+        /// (like the job's directory), or the name of one the coordinator holds under its
+        /// `savepoints/JOB_ID/` (e.g. `epoch-12`, as `stop --savepoint` made it). The
+        /// coordinator runs the savepoint check first and refuses anything but compatible,
+        /// printing the findings (exit 2 needs action, 3 incompatible; nothing is
+        /// touched); then it replaces the job's checkpoints with the savepoint's epoch and
+        /// the job resumes from it (state, source positions, pending sink transactions),
+        /// at any parallelism up to the shard count.
+        #[arg(long, value_name = "SP")]
+        from_savepoint: Option<String>,
+        /// With --from-savepoint: the actions file that clears the check's findings
+        /// (rename-operator, drop-state, rename-state, init-empty, reshard, migrate-state,
+        /// accept-semantic-change, finalize-sink; fork needs an embedded `run`); an action
+        /// that clears nothing is an error. A finalize-sink runs the old sink plugin here,
+        /// from the plugin path (--plugins), after the coordinator's check and before the
+        /// restore, so SP must then be a path this machine reads.
+        #[arg(long, value_name = "A.toml", requires = "from_savepoint")]
+        actions: Option<PathBuf>,
         /// Global recoveries allowed [default: the coordinator's --max-restarts].
         #[arg(long)]
         max_restarts: Option<u32>,
@@ -748,6 +768,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 parallelism,
                 output,
                 fresh,
+                from_savepoint,
+                actions,
                 max_restarts,
                 memory_mib,
                 cpu_ms_per_call,
@@ -760,6 +782,9 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     parallelism,
                     output,
                     fresh,
+                    from_savepoint,
+                    actions,
+                    plugins: search,
                     max_restarts,
                     memory_mib,
                     cpu_ms_per_call,
@@ -876,22 +901,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 let actions = savepoint::read_actions(actions.as_deref())?;
                 let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
                 if report.verdict != nop_stream_coordinator::compat::Status::Compatible {
-                    eprint!("{}", report.to_text());
-                    let text = report.to_text();
-                    eprintln!(
-                        "error: savepoint {} is not compatible with {} as it stands; \
-                         `nopstream savepoint check` explains each finding and the actions \
-                         that clear it{}",
-                        sp_dir.display(),
-                        job.display(),
-                        if text.contains("NAMESPACE_ADVANCED") {
-                            "; to go back to the savepoint anyway, add --fresh (it discards \
-                             the job's checkpoints; the output directory keeps what was \
-                             committed after the savepoint)"
-                        } else {
-                            ""
-                        }
-                    );
+                    savepoint::print_refusal(&report, &sp_dir.display().to_string(), &job);
                     return Ok(std::process::ExitCode::from(report.verdict.exit_code()));
                 }
                 if let Some(lineage) = actions.actions.iter().find_map(|a| match a {

@@ -10,10 +10,9 @@
 //!   manifest) and restores it, at any parallelism.
 
 use anyhow::{Context, Result, bail};
-use nop_stream_checkpoint::{
-    CheckpointStorage, EpochManifest, LocalStorage, SAVEPOINT_FORMAT, SavepointInfo,
-};
-use nop_stream_coordinator::compat::{Action, Actions, CheckContext, Report, check, snapshot_meta};
+use nop_stream_checkpoint::{CheckpointStorage, LocalStorage, SavepointInfo};
+use nop_stream_coordinator::compat::{Action, Actions, Report};
+use nop_stream_coordinator::migrate::StateEntry;
 use nop_stream_core::PartitionedPlan;
 use nop_stream_runtime::PluginSet;
 use std::collections::BTreeMap;
@@ -43,43 +42,33 @@ pub fn promote(from: &Path, epoch: Option<u64>, out: &Path) -> Result<SavepointI
     )?)
 }
 
-/// A savepoint directory, opened.
-pub struct Savepoint {
-    /// Where it is.
-    pub dir: PathBuf,
-    /// `savepoint.json`.
-    pub info: SavepointInfo,
-    /// Its manifest.
-    pub manifest: EpochManifest,
-}
+/// A savepoint directory, opened ([`nop_stream_coordinator::from_savepoint::Savepoint`]).
+pub use nop_stream_coordinator::from_savepoint::Savepoint;
 
 /// Opens and verifies the savepoint in `dir`.
 ///
 /// # Errors
 /// Not a savepoint, an unknown format, or a manifest that fails its checksum.
 pub fn open(dir: &Path) -> Result<Savepoint> {
-    let info_path = dir.join("savepoint.json");
-    let info: SavepointInfo =
-        serde_json::from_slice(&std::fs::read(&info_path).with_context(|| {
-            format!("{} is not a savepoint (no savepoint.json)", dir.display())
-        })?)
-        .with_context(|| format!("{}", info_path.display()))?;
-    if info.format != SAVEPOINT_FORMAT {
-        bail!(
-            "{}: savepoint format `{}` is not `{SAVEPOINT_FORMAT}`, the one this host reads",
-            info_path.display(),
-            info.format
-        );
-    }
-    let storage = LocalStorage::open(dir)?;
-    let manifest = storage
-        .read_manifest(nop_stream_api::EpochId(info.epoch))
-        .with_context(|| format!("savepoint {}", dir.display()))?;
-    Ok(Savepoint {
-        dir: dir.to_owned(),
-        info,
-        manifest,
-    })
+    nop_stream_coordinator::from_savepoint::open(dir).map_err(anyhow::Error::msg)
+}
+
+/// Prints why a restore from the savepoint `sp` was refused: the report, then what to do
+/// (`run --from-savepoint` and `job submit --from-savepoint` alike).
+pub fn print_refusal(report: &Report, sp: &str, job: &Path) {
+    let text = report.to_text();
+    eprint!("{text}");
+    eprintln!(
+        "error: savepoint {sp} is not compatible with {} as it stands; `nopstream savepoint \
+         check` explains each finding and the actions that clear it{}",
+        job.display(),
+        if text.contains("NAMESPACE_ADVANCED") {
+            "; to go back to the savepoint anyway, add --fresh (it discards the job's \
+             checkpoints; the output directory keeps what was committed after the savepoint)"
+        } else {
+            ""
+        }
+    );
 }
 
 /// Reads an actions file (`[[action]]` tables, e.g. `kind = "drop-state"`).
@@ -223,7 +212,9 @@ pub fn finalize_sinks(
 }
 
 /// Checks `sp` against `plan` (with its components) and `actions`; `namespace` is the
-/// job's own checkpoint namespace, to see whether it has advanced past the savepoint.
+/// job's own checkpoint namespace, to see whether it has advanced past the savepoint
+/// ([`nop_stream_coordinator::from_savepoint::check_against`], which the cluster's
+/// coordinator runs too).
 ///
 /// # Errors
 /// A savepoint without compatibility metadata, or actions that clear nothing or are not
@@ -235,42 +226,20 @@ pub fn check_against(
     namespace: &Path,
     actions: &Actions,
 ) -> Result<Report> {
-    let Some(old) = &sp.manifest.meta else {
-        bail!(
-            "savepoint {} (epoch {}) records no compatibility metadata: it was written by an \
-             older host and can only be resumed by the same job",
-            sp.dir.display(),
-            sp.info.epoch
-        );
-    };
-    let new = snapshot_meta(plan, &components(plugins));
-    let mut pending: BTreeMap<String, usize> = BTreeMap::new();
-    for t in &sp.manifest.tasks {
-        if let Some(s) = &t.sink_operator {
-            *pending.entry(s.clone()).or_default() += t.pending_transactions.len();
-        }
-    }
-    let latest = if namespace.join("manifests").is_dir() {
-        LocalStorage::open(namespace)?
-            .manifest_epochs()?
-            .last()
-            .map(|e| e.0)
-    } else {
-        None
-    };
-    let ctx = CheckContext {
-        pending_committables: pending,
-        namespace_epochs: latest.map(|l| (l, sp.info.epoch)),
-    };
-    check(old, &new, &ctx, actions).map_err(|e| anyhow::anyhow!("{e}"))
+    nop_stream_coordinator::from_savepoint::check_against(
+        sp,
+        plan,
+        &components(plugins),
+        Some(namespace),
+        actions,
+    )
+    .map_err(anyhow::Error::msg)
 }
 
-/// Seeds the checkpoint namespace `namespace` (emptied first) with the savepoint's epoch:
-/// its manifest and segments with the actions applied for `plan`
-/// ([`nop_stream_coordinator::migrate::apply`]: renamed operators and states carry their
-/// new names, dropped states lose their segments, a reshard or a migrate-state rewrites
-/// the segments). Returns the plan fingerprint the manifest carries, which the restore
-/// accepts as an explicit action.
+/// Seeds the checkpoint namespace `namespace` (emptied first) with the savepoint's epoch,
+/// the actions applied for `plan` ([`nop_stream_coordinator::from_savepoint::seed_namespace`];
+/// `migrate-state` runs the new components' `state-migration` exports). Returns the plan
+/// fingerprint the manifest carries, which the restore accepts as an explicit action.
 ///
 /// # Errors
 /// A segment that cannot be read or fails its checksum; a failed migration; I/O failures.
@@ -281,23 +250,39 @@ pub fn seed_namespace(
     plan: &PartitionedPlan,
     plugins: &PluginSet,
 ) -> Result<String> {
-    let migrated = apply_actions(sp, actions, plan, plugins)?;
-    if namespace.exists() {
-        std::fs::remove_dir_all(namespace)?;
-    }
-    let dst = LocalStorage::open(namespace)?;
-    for f in migrated.kept_files() {
-        dst.write_segment(
-            &f,
-            &std::fs::read(sp.dir.join(&f))
-                .with_context(|| format!("copying segment {}", sp.dir.join(&f).display()))?,
-        )?;
-    }
-    for (f, bytes) in &migrated.new_files {
-        dst.write_segment(f, bytes)?;
-    }
-    dst.publish_manifest(&migrated.manifest)?;
-    Ok(migrated.manifest.plan_fingerprint)
+    nop_stream_coordinator::from_savepoint::seed_namespace(
+        sp,
+        namespace,
+        actions,
+        plan,
+        &components(plugins),
+        &mut |op: &str, state: &str, from: u32, entries: &[StateEntry]| {
+            migrate_state(plugins, op, state, from, entries)
+        },
+    )
+    .map_err(anyhow::Error::msg)
+}
+
+/// A `migrate-state` call for `plugins`: the operator's component's `migrate` export.
+fn migrate_state(
+    plugins: &PluginSet,
+    op: &str,
+    state: &str,
+    from: u32,
+    entries: &[StateEntry],
+) -> Result<Vec<Option<Vec<u8>>>, String> {
+    let plugin = plugins
+        .iter()
+        .find(|(id, _)| id.as_str() == op)
+        .map(|(_, p)| p)
+        .ok_or_else(|| format!("the job has no operator `{op}`"))?;
+    let entries = entries
+        .iter()
+        .map(|e| (e.namespace.clone(), e.key.clone(), e.value.clone()))
+        .collect();
+    plugin
+        .migrate_state(op, state, from, entries)
+        .map_err(|e| e.to_string())
 }
 
 /// The savepoint's manifest with `actions` applied for `plan`, and the segment files that
@@ -308,32 +293,16 @@ fn apply_actions(
     plan: &PartitionedPlan,
     plugins: &PluginSet,
 ) -> Result<nop_stream_coordinator::migrate::Migrated> {
-    let meta = snapshot_meta(plan, &components(plugins));
-    let src = LocalStorage::open(&sp.dir)?;
-    let mut read = |s: &nop_stream_checkpoint::SegmentDescriptor| {
-        src.read_range(&s.file, s.offset, s.len)
-            .map_err(|e| e.to_string())
-    };
-    let mut migrate =
-        |op: &str,
-         state: &str,
-         from: u32,
-         entries: &[nop_stream_coordinator::migrate::StateEntry]| {
-            let plugin = plugins
-                .iter()
-                .find(|(id, _)| id.as_str() == op)
-                .map(|(_, p)| p)
-                .ok_or_else(|| format!("the job has no operator `{op}`"))?;
-            let entries = entries
-                .iter()
-                .map(|e| (e.namespace.clone(), e.key.clone(), e.value.clone()))
-                .collect();
-            plugin
-                .migrate_state(op, state, from, entries)
-                .map_err(|e| e.to_string())
-        };
-    nop_stream_coordinator::migrate::apply(&sp.manifest, actions, &meta, &mut read, &mut migrate)
-        .with_context(|| format!("savepoint {}", sp.dir.display()))
+    nop_stream_coordinator::from_savepoint::apply_actions(
+        sp,
+        actions,
+        plan,
+        &components(plugins),
+        &mut |op: &str, state: &str, from: u32, entries: &[StateEntry]| {
+            migrate_state(plugins, op, state, from, entries)
+        },
+    )
+    .map_err(anyhow::Error::msg)
 }
 
 fn components(plugins: &PluginSet) -> BTreeMap<String, String> {

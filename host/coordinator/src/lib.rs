@@ -12,6 +12,7 @@
 
 pub mod compat;
 mod error;
+pub mod from_savepoint;
 pub mod migrate;
 mod report;
 pub mod restore;

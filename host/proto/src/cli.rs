@@ -77,6 +77,24 @@ pub struct JobSubmission {
     pub memory_bytes: Option<u64>,
     /// CPU time per call into a plugin, ms; `None`: the runtime's default.
     pub cpu_ms_per_call: Option<u64>,
+    /// Restore from this savepoint (`job submit --from-savepoint`): a savepoint directory
+    /// the coordinator reaches at this absolute path, or a relative name under the
+    /// coordinator's `savepoints/<job>/`. The coordinator checks it first and refuses
+    /// anything but compatible ([`CliResponse::SavepointRefused`]). A coordinator that
+    /// restarts resumes the job from its checkpoints, never from this again.
+    #[serde(default)]
+    pub from_savepoint: Option<String>,
+    /// With `from_savepoint`: the actions that clear the check's findings, as the JSON of
+    /// the coordinator's `compat::Actions` (postcard does not encode its tagged enum).
+    #[serde(default)]
+    pub actions_json: Option<String>,
+    /// With `from_savepoint`: only run the check, touching nothing; a compatible one is
+    /// answered [`CliResponse::SavepointChecked`]. The CLI asks this first when the
+    /// actions hold a `finalize-sink`, which it carries out itself (with the old sink
+    /// plugin) before it submits for real: the coordinator takes a submitted
+    /// `finalize-sink` as done and drops the sink's pending committables.
+    #[serde(default)]
+    pub check_only: bool,
 }
 
 /// The answer to a [`CliRequest`].
@@ -106,6 +124,21 @@ pub enum CliResponse {
     },
     /// The request was refused; the message says why.
     Error(String),
+    /// A submission from a savepoint was refused by the compatibility check: nothing was
+    /// touched (`job submit --from-savepoint` exits with `exit_code`).
+    SavepointRefused {
+        /// The savepoint, as the coordinator resolved it.
+        savepoint: String,
+        /// The check's exit code: 2 needs action, 3 incompatible.
+        exit_code: u8,
+        /// The coordinator's `compat::Report` as JSON.
+        report_json: String,
+    },
+    /// A `check_only` submission's savepoint check is compatible; nothing was touched.
+    SavepointChecked {
+        /// The coordinator's `compat::Report` as JSON.
+        report_json: String,
+    },
 }
 
 /// One node as the coordinator sees it.

@@ -125,10 +125,22 @@ impl PluginCatalog for RegistryCatalog<'_> {
     }
 }
 
+/// How a launch relates to a savepoint restore.
+#[derive(Debug, Clone, Default)]
+struct Restore {
+    /// The namespace was just seeded from a savepoint.
+    seeded: bool,
+    /// The seeded manifest's plan fingerprint, when it differs from the job's.
+    rescale_from: Option<String>,
+}
+
 /// A job compiled for the cluster.
 struct Compiled {
     plan: Arc<PartitionedPlan>,
     spec: JobSpec,
+    /// The plan fingerprint of a seeded savepoint's manifest that the restore accepts
+    /// ([`nop_stream_coordinator::CoordinatorOptions::rescale_from`]).
+    rescale_from: Option<String>,
 }
 
 impl ClusterCoordinator {
@@ -164,7 +176,11 @@ impl ClusterCoordinator {
                     r.last_nodes.clone(),
                     me.started + me.opts.lease_ttl + Duration::from_secs(1),
                 );
-                if let Err(e) = me.launch(&r.submission, false, Some(expect)) {
+                let restore = Restore {
+                    seeded: false,
+                    rescale_from: r.rescale_from.clone(),
+                };
+                if let Err(e) = me.launch(&r.submission, false, Some(expect), restore) {
                     me.update(&r.job, |rec| {
                         rec.state = JobState::Failed;
                         rec.error = Some(format!("cannot resume after a coordinator restart: {e}"));
@@ -234,6 +250,7 @@ impl ClusterCoordinator {
         Ok(Compiled {
             plan: Arc::new(plan),
             spec,
+            rescale_from: None,
         })
     }
 
@@ -248,14 +265,17 @@ impl ClusterCoordinator {
     }
 
     /// Compiles and starts a job's coordinator thread. `fresh` discards its checkpoints;
-    /// `expect` is the nodes to wait for first (after a coordinator restart).
+    /// `expect` is the nodes to wait for first (after a coordinator restart); `restore`
+    /// says whether its namespace was just seeded from a savepoint.
     fn launch(
         self: &Arc<Self>,
         sub: &JobSubmission,
         fresh: bool,
         expect: Option<(Vec<String>, Instant)>,
+        restore: Restore,
     ) -> Result<JobRecord, String> {
-        let compiled = self.compile(sub)?;
+        let mut compiled = self.compile(sub)?;
+        compiled.rescale_from = restore.rescale_from.clone();
         let job = compiled.plan.job.job_id.to_string();
         if lock(&self.running).contains_key(&job) {
             return Err(format!(
@@ -279,8 +299,10 @@ impl ClusterCoordinator {
         // A job's generations never repeat: its nodes keep the fence of its last run (up to
         // the last generation + 1) and refuse the channels of older generations, so a run in
         // a new checkpoint namespace (`--fresh`, or its checkpoints gone), whose attempts
-        // would count from 1 again, goes on above the last generation deployed.
-        if !resuming && let Some(last) = previous.as_ref().map(|p| p.generation).filter(|g| *g > 0)
+        // would count from 1 again, goes on above the last generation deployed. So does a
+        // namespace just seeded from a savepoint.
+        if (!resuming || restore.seeded)
+            && let Some(last) = previous.as_ref().map(|p| p.generation).filter(|g| *g > 0)
         {
             let last = u32::try_from(last).unwrap_or(u32::MAX);
             storage
@@ -310,6 +332,7 @@ impl ClusterCoordinator {
                 .filter(|_| expect.is_some())
                 .map_or_else(RefusedCounts::default, |p| p.refused),
             last_nodes: previous.map(|p| p.last_nodes).unwrap_or_default(),
+            rescale_from: restore.rescale_from,
         };
         self.jobs.save(&record).map_err(|e| e.to_string())?;
         lock(&self.records).insert(job.clone(), record.clone());
@@ -366,11 +389,8 @@ impl ClusterCoordinator {
                 .map(|(id, c)| (id.clone(), c.sha256.clone()))
                 .collect(),
             savepoints: Some(savepoints),
-            savepoint_dir: self
-                .opts
-                .data
-                .join("savepoints")
-                .join(nop_stream_coordinator::restore::path_component(&job)),
+            savepoint_dir: self.savepoint_dir(&job),
+            rescale_from: compiled.rescale_from.clone(),
             ..Default::default()
         };
         let mut workers = ClusterWorkers::new(
@@ -480,6 +500,135 @@ impl ClusterCoordinator {
         })
     }
 
+    /// Where the job's savepoints go unless a directory is named:
+    /// `<data>/savepoints/<job>`.
+    fn savepoint_dir(&self, job: &str) -> PathBuf {
+        self.opts
+            .data
+            .join("savepoints")
+            .join(nop_stream_coordinator::restore::path_component(job))
+    }
+
+    /// `job submit --from-savepoint` (design §10.4–§10.6), as `nopstream run
+    /// --from-savepoint` does it embedded, with the same code
+    /// ([`nop_stream_coordinator::from_savepoint`]): the savepoint is checked against the
+    /// job compiled from the registry's components; anything but compatible is refused
+    /// with the report, touching nothing. Then the job's checkpoint namespace is replaced
+    /// by the savepoint's epoch with the actions applied (`migrate-state` runs the
+    /// registry's component), and the job starts from it: its state, split cursors and
+    /// pending sink committables. `--fresh` lets it go back past epochs the namespace made
+    /// after the savepoint (`NAMESPACE_ADVANCED`). A check-only submission stops after a
+    /// compatible check.
+    fn submit_from_savepoint(self: &Arc<Self>, sub: &JobSubmission) -> Result<CliResponse, String> {
+        use nop_stream_coordinator::compat::{Action, Actions, Status};
+        use nop_stream_coordinator::from_savepoint;
+        let given = sub.from_savepoint.as_deref().unwrap_or_default();
+        let compiled = self.compile(sub)?;
+        let job = compiled.plan.job.job_id.to_string();
+        if lock(&self.running).contains_key(&job) {
+            return Err(format!(
+                "job `{job}` is running; stop it first (`nopstream stop {job} --savepoint`) \
+                 or cancel it (`nopstream job cancel {job}`)"
+            ));
+        }
+        let dir = if Path::new(given).is_absolute() {
+            PathBuf::from(given)
+        } else {
+            self.savepoint_dir(&job).join(given)
+        };
+        let sp = from_savepoint::open(&dir)?;
+        let actions: Actions = match &sub.actions_json {
+            Some(j) => serde_json::from_str(j).map_err(|e| format!("the actions: {e}"))?,
+            None => Actions::default(),
+        };
+        let namespace = PathBuf::from(&compiled.spec.checkpoint_dir);
+        let components: BTreeMap<String, String> = compiled
+            .spec
+            .components
+            .iter()
+            .map(|(id, c)| (id.clone(), c.sha256.clone()))
+            .collect();
+        // With --fresh the namespace is replaced whatever epochs it holds.
+        let report = from_savepoint::check_against(
+            &sp,
+            &compiled.plan,
+            &components,
+            (!sub.fresh).then_some(namespace.as_path()),
+            &actions,
+        )?;
+        if report.verdict != Status::Compatible {
+            tracing::info!(%job, savepoint = %dir.display(), verdict = %report.verdict, "restore refused");
+            return Ok(CliResponse::SavepointRefused {
+                savepoint: dir.display().to_string(),
+                exit_code: report.verdict.exit_code(),
+                report_json: serde_json::to_string(&report).map_err(|e| e.to_string())?,
+            });
+        }
+        if let Some(a) = actions
+            .actions
+            .iter()
+            .find(|a| matches!(a, Action::Fork { .. }))
+        {
+            return Err(format!(
+                "`{}`: forking into another pipeline lineage is not built for cluster jobs \
+                 yet (`nopstream run --from-savepoint` does it embedded)",
+                a.describe()
+            ));
+        }
+        if sub.check_only {
+            return Ok(CliResponse::SavepointChecked {
+                report_json: serde_json::to_string(&report).map_err(|e| e.to_string())?,
+            });
+        }
+        // A `finalize-sink` was carried out by the submitter (`job submit` runs the old
+        // sink plugin between a check-only request and this one); the seeding drops the
+        // sink's pending committables.
+        let fp = {
+            let mut loaded: HashMap<String, nop_stream_runtime::LoadedPlugin> = HashMap::new();
+            let mut migrate = |op: &str,
+                               state: &str,
+                               from: u32,
+                               entries: &[nop_stream_coordinator::migrate::StateEntry]|
+             -> Result<Vec<Option<Vec<u8>>>, String> {
+                if !loaded.contains_key(op) {
+                    let c = compiled
+                        .spec
+                        .components
+                        .get(op)
+                        .ok_or_else(|| format!("the job has no operator `{op}`"))?;
+                    // The registry's component, compiled by the validator's engine (its
+                    // lock is held only while it loads).
+                    let p = lock(&self.validator)
+                        .load(&c.label, &self.plugins.blob_file(&c.sha256), c.kind)
+                        .map_err(|e| e.to_string())?;
+                    loaded.insert(op.to_owned(), p);
+                }
+                let entries = entries
+                    .iter()
+                    .map(|e| (e.namespace.clone(), e.key.clone(), e.value.clone()))
+                    .collect();
+                loaded[op]
+                    .migrate_state(op, state, from, entries)
+                    .map_err(|e| e.to_string())
+            };
+            from_savepoint::seed_namespace(
+                &sp,
+                &namespace,
+                &actions,
+                &compiled.plan,
+                &components,
+                &mut migrate,
+            )?
+        };
+        tracing::info!(%job, savepoint = %dir.display(), epoch = sp.info.epoch, actions = actions.actions.len(), "restoring a savepoint");
+        let restore = Restore {
+            seeded: true,
+            rescale_from: Some(fp).filter(|fp| *fp != compiled.plan.fingerprint),
+        };
+        let r = self.launch(sub, false, None, restore)?;
+        Ok(CliResponse::Job(Box::new(self.status(&r))))
+    }
+
     fn handle_cli(self: &Arc<Self>, request: CliRequest) -> Result<CliResponse, String> {
         Ok(match request {
             CliRequest::ClusterStatus => {
@@ -497,8 +646,11 @@ impl ClusterCoordinator {
             CliRequest::ListPlugins => {
                 CliResponse::Plugins(self.plugins.list().into_iter().map(|p| p.entry).collect())
             }
+            CliRequest::SubmitJob(sub) if sub.from_savepoint.is_some() => {
+                self.submit_from_savepoint(&sub)?
+            }
             CliRequest::SubmitJob(sub) => {
-                let r = self.launch(&sub, sub.fresh, None)?;
+                let r = self.launch(&sub, sub.fresh, None, Restore::default())?;
                 CliResponse::Job(Box::new(self.status(&r)))
             }
             CliRequest::ListJobs => {

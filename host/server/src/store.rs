@@ -162,6 +162,11 @@ impl PluginStore {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Where the component with this sha256 is stored (it may not exist).
+    pub fn blob_file(&self, sha256: &str) -> PathBuf {
+        self.blob_path(sha256)
+    }
+
     fn blob_path(&self, sha256: &str) -> PathBuf {
         self.dir.join("blobs").join(format!("{sha256}.wasm"))
     }
@@ -359,6 +364,12 @@ pub struct JobRecord {
     /// before it redeploys.
     #[serde(default)]
     pub last_nodes: Vec<String>,
+    /// Set when the job was restored from a savepoint whose plan differs from the job's
+    /// (another parallelism, or actions applied): the plan fingerprint of the seeded
+    /// manifest, which the restore accepts as an explicit action (design §10.5) — also
+    /// after a coordinator restart before the job's first new epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescale_from: Option<String>,
 }
 
 /// Job records under `<data>/jobs/`.

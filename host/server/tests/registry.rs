@@ -234,6 +234,9 @@ fn a_job_naming_a_plugin_the_registry_lacks_is_refused_by_name() {
         fresh: true,
         memory_bytes: None,
         cpu_ms_per_call: None,
+        from_savepoint: None,
+        actions_json: None,
+        check_only: false,
     };
     let e = error_of(s.call(CliRequest::SubmitJob(sub.clone())));
     assert!(

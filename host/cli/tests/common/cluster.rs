@@ -310,6 +310,12 @@ impl Cluster {
     /// Runs the CLI against this cluster: `args`, then `files`, then the cluster flags.
     /// Returns success, stdout and stderr.
     pub fn cli_out(&self, args: &[&str], files: &[PathBuf]) -> (bool, String, String) {
+        let (code, out, err) = self.cli_code(args, files);
+        (code == Some(0), out, err)
+    }
+
+    /// As [`Self::cli_out`], with the exit code.
+    pub fn cli_code(&self, args: &[&str], files: &[PathBuf]) -> (Option<i32>, String, String) {
         let out = Command::new(BIN)
             .args(args)
             .args(files)
@@ -319,7 +325,7 @@ impl Cluster {
             .output()
             .unwrap();
         (
-            out.status.success(),
+            out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
