@@ -30,6 +30,12 @@ bench-postgres *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     target/release/nopstream-bench postgres {{ARGS}}
 
+# Soak (issue 14 item 7): 30 minutes of an unbounded keyed count with 1 s checkpoints and a
+# state TTL; prints RSS, checkpoint and state bytes over time. Not part of any test run.
+soak *ARGS:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    target/release/nopstream-bench soak {{ARGS}}
+
 # Cluster benchmarks (release build): keyed count on a coordinator + 2 node processes vs embedded, the QUIC channel hop vs in-process, recovery after a node SIGKILL.
 bench-cluster:
     cargo build --release -p nop-stream-cli -p nop-stream-bench

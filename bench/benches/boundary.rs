@@ -44,6 +44,7 @@ fn operator(
         owned: 0..128,
         states: plugin.info.states.clone(),
         max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
+        ttl_ms: Vec::new(),
     });
     let opts = InstanceOptions {
         site: Site {

@@ -26,6 +26,7 @@ fn open(dir: &std::path::Path, name: &str) -> KeyedState {
             codec: "u64-le".into(),
         }],
         max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
+        ttl_ms: Vec::new(),
     })
     .expect("open state")
 }

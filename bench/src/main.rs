@@ -18,6 +18,8 @@
 //!   ([`channel`]).
 //! - `checkpoint-cost`: what exactly-once checkpoints cost the keyed count, in CPU
 //!   seconds over interleaved runs and in instructions under callgrind ([`ckpt_cost`]).
+//! - `soak`: an unbounded generated keyed count with 1 s checkpoints and a state TTL for
+//!   N minutes, sampling RSS and checkpoint and state bytes over time ([`soak`]).
 //! - `postgres`: the Postgres workloads of issue 13 ([`pg`]): the postgres-sink alone,
 //!   the multi-row INSERT and COPY floors, JetStream -> Postgres; skipped with a message
 //!   when no server is configured.
@@ -32,6 +34,7 @@ mod floor;
 mod measure;
 mod pg;
 mod report;
+mod soak;
 mod workload;
 
 use std::io::{BufWriter, Write};
@@ -144,6 +147,38 @@ enum Cmd {
         /// Records per batch.
         #[arg(long, default_value_t = 1024)]
         batch_records: u32,
+        /// The `nopstream` binary [default: next to this one].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// Soak (issue 14 item 7): an unbounded generated keyed count with 1 s checkpoints
+    /// and a TTL on its state, sampling RSS, checkpoint and state bytes and durable epochs
+    /// over time; writes `<out>/soak.json`. Not run by any test.
+    Soak {
+        /// Minutes to run.
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 30)]
+        sample_secs: u64,
+        /// Generated records per second.
+        #[arg(long, default_value_t = 200_000)]
+        rate: u64,
+        /// Live auctions at a time.
+        #[arg(long, default_value_t = 10_000)]
+        keys: u32,
+        /// A new auction every this many records (the key space grows without bound).
+        #[arg(long, default_value_t = 100)]
+        rotate_every: u64,
+        /// TTL of the count state, ms.
+        #[arg(long, default_value_t = 60_000)]
+        ttl_ms: u64,
+        /// Run without a TTL (state grows with the key space).
+        #[arg(long)]
+        no_ttl: bool,
         /// The `nopstream` binary [default: next to this one].
         #[arg(long)]
         nopstream: Option<PathBuf>,
@@ -566,6 +601,36 @@ fn dispatch(cli: Cli) -> Result<()> {
             println!("\n{}", report.table());
             report.write(&setup.out)?;
             println!("wrote {}/checkpoint-cost.json", setup.out.display());
+            Ok(())
+        }
+        Cmd::Soak {
+            minutes,
+            sample_secs,
+            rate,
+            keys,
+            rotate_every,
+            ttl_ms,
+            no_ttl,
+            nopstream,
+            out,
+        } => {
+            let setup = soak::Setup {
+                nopstream: nopstream_binary(nopstream)?,
+                out: absolute(&out)?,
+                minutes,
+                sample_secs: sample_secs.max(1),
+                rate: rate.max(1),
+                keys: keys.max(1),
+                rotate_every: rotate_every.max(1),
+                ttl_ms: (!no_ttl).then_some(ttl_ms),
+            };
+            let report = soak::run(&setup)?;
+            print!("{}", report.summary());
+            std::fs::write(
+                setup.out.join("soak.json"),
+                serde_json::to_string_pretty(&report)?,
+            )?;
+            println!("wrote {}/soak.json", setup.out.display());
             Ok(())
         }
         Cmd::Report { out } => {

@@ -64,6 +64,11 @@ pub struct OperatorMeta {
     /// For sinks: the capability and plugin name its transactions follow, e.g.
     /// `two-phase-commit:jsonl-sink`.
     pub sink_protocol: Option<String>,
+    /// Time-to-live in ms of its keyed states that have one, by state name (job-file
+    /// `state_ttl_ms`): their stored values carry a write-time prefix. Absent in metas
+    /// written before TTL existed (none had one).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub state_ttl_ms: std::collections::BTreeMap<String, u64>,
 }
 
 /// One input of an operator.

@@ -505,3 +505,42 @@ fn validate_names_a_bad_on_error_and_refuses_skip_on_an_operator_with_keyed_stat
     let (ok, err) = validate(dir.path());
     assert!(ok, "{err}");
 }
+
+#[test]
+fn state_ttl_names_declared_states_of_operators_only() {
+    let keyed = pipeline(
+        "keyed-aggregate@0.1.0",
+        r#"{ key_field = "k", aggregates = [{ name = "n", fn = "count" }, { name = "s", fn = "sum", field = "v" }] }"#,
+    )
+    .replace(
+        r#"inputs = ["input"]"#,
+        r#"inputs = [{ from = "input", partition = "hash" }]"#,
+    );
+    let with_ttl = |ttl: &str| {
+        keyed.replace(
+            "config = { key_field",
+            &format!("state_ttl_ms = {ttl}\nconfig = {{ key_field"),
+        )
+    };
+    // A state the plugin does not declare, a zero TTL, a TTL on a sink: refused, named.
+    let (dir, file) = job_dir(&with_ttl("{ nope = 1000 }"), 3);
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert_eq!(
+        line_starting(&err, "job.toml: operator[0].state_ttl_ms.nope: "),
+        "job.toml: operator[0].state_ttl_ms.nope: plugin `keyed-aggregate@0.1.0` declares no \
+         keyed state `nope`; it declares `acc`"
+    );
+    std::fs::write(&file, with_ttl("{ acc = 0 }")).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(!ok && err.contains("operator[0].state_ttl_ms.acc"), "{err}");
+    assert!(err.contains("must be >= 1 ms"), "{err}");
+    let on_sink = keyed.replace(
+        "config = { dir = \"/output\" }",
+        "config = { dir = \"/output\" }\nstate_ttl_ms = { acc = 1000 }",
+    );
+    std::fs::write(&file, on_sink).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(!ok && err.contains("sink[0].state_ttl_ms"), "{err}");
+    assert!(err.contains("only operators hold keyed state"), "{err}");
+}

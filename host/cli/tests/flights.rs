@@ -12,6 +12,10 @@ fn repo() -> PathBuf {
 }
 
 fn run(parallelism: u32) -> (Vec<String>, Vec<String>) {
+    run_with(parallelism, &[])
+}
+
+fn run_with(parallelism: u32, extra: &[&str]) -> (Vec<String>, Vec<String>) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let status = Command::new(env!("CARGO_BIN_EXE_nopstream"))
@@ -26,6 +30,7 @@ fn run(parallelism: u32) -> (Vec<String>, Vec<String>) {
         .arg(&out)
         .arg("--work-dir")
         .arg(tmp.path().join("work"))
+        .args(extra)
         .arg(repo().join("examples/flights/flights.toml"))
         .output()
         .unwrap();
@@ -73,4 +78,20 @@ fn flights_per_carrier_matches_independent_computation_at_parallelism_1_and_2() 
         "the run echoes exactly the committed output"
     );
     assert_eq!(echo2, committed2);
+}
+
+#[test]
+fn a_state_ttl_longer_than_the_run_leaves_the_figures_exact() {
+    // Through a Delta overlay: the aggregate's `acc` state gets an hour's TTL, so every
+    // stored accumulator carries a write-time prefix the plugin must never see.
+    let tmp = tempfile::tempdir().unwrap();
+    let delta = tmp.path().join("ttl.toml");
+    std::fs::write(
+        &delta,
+        "[node.per-carrier]\nstate_ttl_ms = { acc = 3600000 }\n",
+    )
+    .unwrap();
+    let delta = delta.display().to_string();
+    let (_, committed) = run_with(2, &["--delta", &delta]);
+    check(&committed, &expected());
 }

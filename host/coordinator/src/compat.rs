@@ -89,6 +89,7 @@ pub fn snapshot_meta(
                     .plugin_info
                     .sink_capability
                     .map(|c| format!("{}:{}", kebab(&format!("{c:?}")), op.plugin_info.name)),
+                state_ttl_ms: op.state_ttl_ms.clone(),
             });
         }
     }
@@ -203,6 +204,10 @@ pub enum Code {
     StateCodecChanged,
     /// A state's kind (value, list, map) changed (incompatible; `drop-state` clears it).
     StateKindChanged,
+    /// A state's time-to-live was turned on or off (needs `drop-state`: the stored values
+    /// gain or lose their write-time prefix); a changed duration is compatible and
+    /// reported.
+    StateTtlChanged,
     /// What decides the keys of a keyed operator changed: the upstream plugin or its
     /// config (incompatible; `drop-state` clears it).
     KeySpecChanged,
@@ -762,6 +767,32 @@ pub fn check(
                             ns.codec.clone(),
                             &["migrate-state", "drop-state"],
                         );
+                    }
+                    let old_ttl = o.state_ttl_ms.get(&s.name).copied();
+                    let new_ttl = n.state_ttl_ms.get(new_name).copied();
+                    if old_ttl != new_ttl {
+                        let show = |t: Option<u64>| {
+                            t.map_or_else(|| "no ttl".to_owned(), |t| format!("ttl {t} ms"))
+                        };
+                        // On or off changes the stored encoding; another duration does not.
+                        let (status, remedies): (Status, &[&str]) =
+                            if old_ttl.is_some() == new_ttl.is_some() {
+                                (Status::Compatible, &[])
+                            } else {
+                                (Status::NeedsAction, &["drop-state"])
+                            };
+                        let mut f = finding(
+                            Code::StateTtlChanged,
+                            status,
+                            Some(&s.name),
+                            show(old_ttl),
+                            show(new_ttl),
+                            remedies,
+                        );
+                        if status != Status::Compatible {
+                            clear(&mut f, &|a| drops(a, &o.operator_id, &s.name));
+                        }
+                        findings.push(f);
                     }
                 }
             }

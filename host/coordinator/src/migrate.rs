@@ -316,7 +316,14 @@ fn rewrite_operator(
             // Nothing stored: nothing to convert.
             continue;
         };
-        migrate_state(op, state, *schema, by_shard, migrate)?;
+        // A TTL state's stored values start with their write time: the plugin converts
+        // what follows it, and the write time stays.
+        let ttl = m
+            .meta
+            .as_ref()
+            .and_then(|meta| meta.operators.iter().find(|o| o.operator_id == op))
+            .is_some_and(|o| o.state_ttl_ms.contains_key(state));
+        migrate_state(op, state, *schema, ttl, by_shard, migrate)?;
         *schema = *to;
     }
     let vertex = vertex.ok_or_else(|| format!("operator `{op}` has no segments"))?;
@@ -376,9 +383,12 @@ fn migrate_state(
     op: &str,
     state: &str,
     from: u32,
+    ttl: bool,
     by_shard: &mut BTreeMap<u32, BTreeMap<Vec<u8>, Vec<u8>>>,
     migrate: &mut MigrateFn<'_>,
 ) -> Result<(), String> {
+    // Bytes of the write-time prefix of a TTL state's values (nop_stream_state).
+    let prefix = if ttl { 8 } else { 0 };
     let all: Vec<(u32, Vec<u8>)> = by_shard
         .iter()
         .flat_map(|(shard, entries)| entries.keys().map(|k| (*shard, k.clone())))
@@ -391,7 +401,10 @@ fn migrate_state(
                 StateEntry {
                     namespace: k[4..4 + n].to_vec(),
                     key: k[4 + n..].to_vec(),
-                    value: by_shard[shard][k].clone(),
+                    value: by_shard[shard][k]
+                        .get(prefix..)
+                        .unwrap_or_default()
+                        .to_vec(),
                 }
             })
             .collect();
@@ -417,7 +430,9 @@ fn migrate_state(
             let entries = by_shard.get_mut(shard).expect("read above");
             match v {
                 Some(v) => {
-                    entries.insert(k.clone(), v);
+                    let mut stored = entries[k].get(..prefix).unwrap_or_default().to_vec();
+                    stored.extend_from_slice(&v);
+                    entries.insert(k.clone(), stored);
                 }
                 None => {
                     entries.remove(k);
@@ -626,6 +641,7 @@ mod tests {
                 keyed: true,
                 inputs: Vec::new(),
                 sink_protocol: None,
+                state_ttl_ms: Default::default(),
             }],
         }
     }

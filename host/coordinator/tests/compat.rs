@@ -38,6 +38,7 @@ fn op(id: &str, plugin: &str, states: Vec<StateDescriptor>, keyed: bool) -> Oper
         keyed,
         inputs: Vec::new(),
         sink_protocol: None,
+        state_ttl_ms: Default::default(),
     }
 }
 
@@ -207,6 +208,16 @@ fn cases() -> Vec<Case> {
             status: Status::NeedsAction,
             remedies: &["migrate-state", "drop-state"],
             change: |m| agg(m).states[0].codec = "json".into(),
+            ctx: CheckContext::default(),
+            clears: drop_acc(),
+        },
+        Case {
+            code: Code::StateTtlChanged,
+            status: Status::NeedsAction,
+            remedies: &["drop-state"],
+            change: |m| {
+                agg(m).state_ttl_ms.insert("acc".into(), 60_000);
+            },
             ctx: CheckContext::default(),
             clears: drop_acc(),
         },
@@ -518,4 +529,25 @@ fn the_text_report_names_operators_plugins_findings_and_the_verdict() {
     let json = serde_json::to_value(&r).unwrap();
     assert_eq!(json["format"], "nopstream.compat-report/v1");
     assert_eq!(json["verdict"], "needs-action");
+}
+
+#[test]
+fn another_ttl_duration_is_compatible_and_reported() {
+    let mut old = base();
+    agg(&mut old).state_ttl_ms.insert("acc".into(), 60_000);
+    let mut new = old.clone();
+    agg(&mut new).state_ttl_ms.insert("acc".into(), 120_000);
+    let r = check(&old, &new, &CheckContext::default(), &Actions::default()).unwrap();
+    let f = only(&r, Code::StateTtlChanged);
+    assert_eq!(f.status, Status::Compatible);
+    assert_eq!(
+        (f.old.as_str(), f.new.as_str()),
+        ("ttl 60000 ms", "ttl 120000 ms")
+    );
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+    // Turning it off again needs the state dropped.
+    let mut off = old.clone();
+    agg(&mut off).state_ttl_ms.clear();
+    let r = check(&old, &off, &CheckContext::default(), &Actions::default()).unwrap();
+    assert_eq!(only(&r, Code::StateTtlChanged).status, Status::NeedsAction);
 }

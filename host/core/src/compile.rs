@@ -117,6 +117,7 @@ pub fn stream_graph(
             watermarks: n.watermarks,
             start_new_chain: n.start_new_chain,
             on_error: n.on_error,
+            state_ttl_ms: n.state_ttl_ms.clone(),
         })
         .collect();
 
@@ -229,6 +230,7 @@ pub fn stream_graph(
     }
 
     check_error_policies(model, &infos, &prefixes, &mut diags);
+    check_state_ttls(model, &infos, &prefixes, &mut diags);
     check_semantic(model, &infos, &prefixes, &mut diags);
     Diagnostics(diags).into_result()?;
     Ok(StreamGraph {
@@ -245,6 +247,39 @@ pub fn stream_graph(
         nodes,
         edges,
     })
+}
+
+/// `state_ttl_ms` names declared keyed states of the operator's plugin only.
+fn check_state_ttls(
+    model: &StreamModel,
+    infos: &[Option<PluginInfo>],
+    prefixes: &[String],
+    diags: &mut Vec<Diagnostic>,
+) {
+    for (i, n) in model.nodes.iter().enumerate() {
+        let Some(info) = &infos[i] else { continue };
+        for name in n.state_ttl_ms.keys() {
+            if !info.states.iter().any(|s| s.name == *name) {
+                let declared: Vec<String> = info
+                    .states
+                    .iter()
+                    .map(|s| format!("`{}`", s.name))
+                    .collect();
+                diags.push(Diagnostic::new(
+                    format!("{}.state_ttl_ms.{name}", prefixes[i]),
+                    format!(
+                        "plugin `{}` declares no keyed state `{name}`; it declares {}",
+                        n.plugin,
+                        if declared.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            declared.join(", ")
+                        }
+                    ),
+                ));
+            }
+        }
+    }
 }
 
 /// `on_error = "skip" | "dead-letter"` (README "Error policy"): the host isolates a

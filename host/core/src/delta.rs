@@ -103,6 +103,9 @@ fn node_field_class(key: &str) -> Option<ChangeClass> {
         "name" | "uid" | "inputs" => ChangeClass::Forbidden,
         "plugin" | "config" => ChangeClass::StateAffecting,
         "parallelism" => ChangeClass::Rescale,
+        // Turning a TTL on or off changes how the state's values are stored; the
+        // savepoint check decides what that needs (STATE_TTL_CHANGED).
+        "state_ttl_ms" => ChangeClass::StateAffecting,
         "grants" | "connections" | "watermarks" | "start_new_chain" | "on_error" => {
             ChangeClass::Replan
         }

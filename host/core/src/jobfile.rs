@@ -59,6 +59,8 @@
 //! on_error = "dead-letter"          # default "fail"; also "skip", "dead-letter" (failed
 //!                                   # records to side output `errors`; operators without
 //!                                   # keyed state only; see ErrorPolicy)
+//! state_ttl_ms = { counts = 3600000 } # optional, operators: time-to-live of declared
+//!                                   # keyed states (processing time since last write)
 //!
 //! [[operator]]
 //! name = "per-carrier"
@@ -945,6 +947,7 @@ fn read_node(
             "watermarks",
             "start_new_chain",
             "on_error",
+            "state_ttl_ms",
         ],
     );
     let mut ns = NodeSpans {
@@ -1289,6 +1292,43 @@ fn read_node(
         })
         .unwrap_or_default();
 
+    let mut state_ttl_ms = std::collections::BTreeMap::new();
+    if let Some(v) = find(t, "state_ttl_ms") {
+        let field = f("state_ttl_ms");
+        match v.get_ref() {
+            _ if kind != PluginKind::Operator => cx.err(
+                Some(v.span()),
+                field,
+                "only operators hold keyed state; state_ttl_ms belongs on an [[operator]]",
+            ),
+            DeValue::Table(tt) => {
+                for (k, item) in tt.iter() {
+                    let name = k.get_ref().to_string();
+                    let sf = format!("{field}.{name}");
+                    if let Some(ms) = get_int(cx, item, &sf, u64::MAX) {
+                        if ms == 0 {
+                            cx.err(
+                                Some(item.span()),
+                                sf,
+                                "must be >= 1 ms (omit the state to keep it forever)",
+                            );
+                        } else {
+                            state_ttl_ms.insert(name, ms);
+                        }
+                    }
+                }
+            }
+            other => cx.err(
+                Some(v.span()),
+                field,
+                format!(
+                    "expected a table {{ <state> = <milliseconds> }}, found {}",
+                    other.type_str()
+                ),
+            ),
+        }
+    }
+
     let node = NodeSpec {
         path: model_path(kind, &name),
         name,
@@ -1303,6 +1343,7 @@ fn read_node(
         watermarks,
         start_new_chain,
         on_error,
+        state_ttl_ms,
     };
     (node, ns)
 }

@@ -163,6 +163,12 @@ pub struct NodeSpec {
     /// (job-file `on_error`); default [`ErrorPolicy::Fail`].
     #[serde(default, skip_serializing_if = "ErrorPolicy::is_fail")]
     pub on_error: ErrorPolicy,
+    /// Operators: time-to-live in milliseconds of declared keyed states, by state name
+    /// (job-file `state_ttl_ms = { counts = 86400000 }`); processing time since the
+    /// entry's last write, Flink's `StateTtlConfig` defaults (see `nop_stream_state`).
+    /// Empty by default: nothing expires.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub state_ttl_ms: BTreeMap<String, u64>,
 }
 
 /// What the host does with a record whose `process` call reports a guest error (a WIT

@@ -70,6 +70,10 @@ pub struct PlannedOperator {
     /// the fingerprint unless it is the default `fail`.
     #[serde(default, skip_serializing_if = "ErrorPolicy::is_fail")]
     pub on_error: ErrorPolicy,
+    /// Time-to-live in ms of declared keyed states, by name (job-file `state_ttl_ms`;
+    /// checked against the plugin's declared states). Enters the fingerprint when set.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub state_ttl_ms: BTreeMap<String, u64>,
 }
 
 /// Logical DAG: one node per operator, edges with their partition policy.

@@ -335,6 +335,12 @@ impl<'a> TaskHost<'a> {
                         ),
                         shard_count: job.state_shard_count,
                         owned: owned.clone(),
+                        ttl_ms: plugin
+                            .info
+                            .states
+                            .iter()
+                            .map(|s| op.state_ttl_ms.get(&s.name).copied())
+                            .collect(),
                         states: plugin.info.states.clone(),
                         max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
                     }

@@ -15,6 +15,19 @@
 //! shard are contiguous (snapshot and restore move shards, not keys, design §10.5). Value
 //! states store the value bytes; list and map states store their whole collection per key
 //! in a length-prefixed encoding ([`codec`]).
+//!
+//! ## State TTL
+//!
+//! A state may have a time-to-live ([`StateConfig::ttl_ms`], job-file `state_ttl_ms`,
+//! issue 14 item 7). Its stored values then start with the processing time of their last
+//! write (`u64` big-endian milliseconds since the Unix epoch, 8 bytes) before the bytes the
+//! plugin wrote; the prefix never reaches the plugin. The semantics are Flink's defaults
+//! (`StateTtlConfig` with `OnCreateAndWrite`, `NeverReturnExpired`, full-snapshot
+//! cleanup): a write (put, append, map update) restarts the entry's lifetime, reads do
+//! not; an entry whose `write time + ttl <= now` reads as absent; every snapshot leaves
+//! expired entries out and deletes them from redb, so neither checkpoints nor the database
+//! keep them. Lists and maps expire as a whole per key and namespace. Time is processing
+//! time ([`KeyedState::set_clock`] replaces the system clock in tests).
 
 pub mod codec;
 
@@ -106,6 +119,10 @@ pub struct StateConfig {
     /// and drops clean ones. Default 1,000,000 (worst case about entries × (key + value +
     /// 64 bytes) of memory).
     pub max_cached_entries: usize,
+    /// Time-to-live in milliseconds per declared state, by handle (same order as
+    /// `states`); `None` or a missing entry: the state never expires. Default: empty (no
+    /// TTL). See the [module docs](self#state-ttl).
+    pub ttl_ms: Vec<Option<u64>>,
 }
 
 impl StateConfig {
@@ -205,6 +222,30 @@ fn composite(shard: u32, namespace: &[u8], key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// Processing time in ms since the Unix epoch.
+pub type Clock = std::sync::Arc<dyn Fn() -> u64 + Send + Sync>;
+
+fn system_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Bytes of the write-time prefix of a TTL state's stored values.
+const TTL_PREFIX: usize = 8;
+
+/// The value bytes of a TTL state's stored `stored` if it has not expired at `now`;
+/// `None` if it has; the whole of `stored` when `ttl` is `None`. A stored value shorter
+/// than the prefix (never written so) reads as expired.
+fn live(stored: &[u8], ttl: Option<u64>, now: u64) -> Option<&[u8]> {
+    let Some(ttl) = ttl else {
+        return Some(stored);
+    };
+    let written = u64::from_be_bytes(stored.get(..TTL_PREFIX)?.try_into().ok()?);
+    (written.saturating_add(ttl) > now).then(|| &stored[TTL_PREFIX..])
+}
+
 struct Slot {
     value: Option<Bytes>,
     dirty: bool,
@@ -222,6 +263,12 @@ pub struct KeyedState {
     states: Vec<StateDescriptor>,
     cache: Vec<StateCache>,
     max_cached_entries: usize,
+    /// TTL per handle (`None`: never expires).
+    ttl: Vec<Option<u64>>,
+    clock: Clock,
+    /// Entries dropped because they expired (reads that found them expired are not
+    /// counted; snapshots' cleanup is).
+    expired_removed: u64,
 }
 
 impl std::fmt::Debug for KeyedState {
@@ -302,7 +349,11 @@ impl KeyedState {
                 });
             }
         }
+        let ttl = (0..config.states.len())
+            .map(|i| config.ttl_ms.get(i).copied().flatten())
+            .collect();
         Ok(KeyedState {
+            ttl,
             db,
             path: config.path,
             shard_count: config.shard_count,
@@ -310,7 +361,33 @@ impl KeyedState {
             states: config.states,
             cache,
             max_cached_entries: config.max_cached_entries,
+            clock: std::sync::Arc::new(system_ms),
+            expired_removed: 0,
         })
+    }
+
+    /// Replaces the processing-time clock TTL uses (tests; default: the system clock).
+    pub fn set_clock(&mut self, clock: Clock) {
+        self.clock = clock;
+    }
+
+    /// The TTL of state `state` in ms, if it has one.
+    pub fn ttl_ms(&self, state: u32) -> Option<u64> {
+        self.ttl.get(state as usize).copied().flatten()
+    }
+
+    /// Entries the snapshots' TTL cleanup removed so far.
+    pub fn expired_removed(&self) -> u64 {
+        self.expired_removed
+    }
+
+    /// `value` as stored for `state`: behind the write-time prefix when it has a TTL.
+    fn stamp(&self, state: u32, value: &[u8], now: u64, out: &mut Bytes) {
+        out.clear();
+        if self.ttl_ms(state).is_some() {
+            out.extend_from_slice(&now.to_be_bytes());
+        }
+        out.extend_from_slice(value);
     }
 
     /// The handle of the declared state `name`, if it was declared with kind `kind`.
@@ -404,6 +481,8 @@ impl KeyedState {
         data.clear();
         ends.clear();
         present.clear();
+        let ttl = self.ttl_ms(state);
+        let now = if ttl.is_some() { (self.clock)() } else { 0 };
         // First pass: serve hits, remember misses with their table keys.
         let mut misses: Vec<(usize, Vec<u8>, Vec<u8>)> = Vec::new();
         let may_miss = self.cache[state as usize].maybe_in_db(namespace);
@@ -412,7 +491,7 @@ impl KeyedState {
             let shard = self.check_key(key)?;
             match map.and_then(|m| m.get(key)) {
                 Some(slot) => {
-                    if let Some(v) = &slot.value {
+                    if let Some(v) = slot.value.as_deref().and_then(|v| live(v, ttl, now)) {
                         data.extend_from_slice(v);
                         present.push(true);
                     } else {
@@ -442,7 +521,7 @@ impl KeyedState {
         let mut start = 0usize;
         for (i, end) in ends.iter().enumerate() {
             if miss < misses.len() && misses[miss].0 == i {
-                if let Some(v) = &loaded[miss] {
+                if let Some(v) = loaded[miss].as_deref().and_then(|v| live(v, ttl, now)) {
                     rebuilt.extend_from_slice(v);
                     present[i] = true;
                 }
@@ -495,6 +574,15 @@ impl KeyedState {
         for key in slices(keys, key_ends) {
             self.check_key(key)?;
         }
+        if self.ttl_ms(state).is_some() {
+            let now = (self.clock)();
+            for (key, value) in slices(keys, key_ends).zip(slices(values, value_ends)) {
+                let mut stored = Bytes::new();
+                self.stamp(state, value, now, &mut stored);
+                self.put_one(state, namespace, key, Some(stored.into_vec()), false)?;
+            }
+            return Ok(());
+        }
         let in_db = self.cache[state as usize].maybe_in_db(namespace);
         let map = self.cache[state as usize].map_mut(namespace);
         for (key, value) in slices(keys, key_ends).zip(slices(values, value_ends)) {
@@ -520,14 +608,21 @@ impl KeyedState {
         Ok(())
     }
 
-    /// Reads the stored bytes of one (state, namespace, key) through the cache.
+    /// Reads the value bytes of one (state, namespace, key) through the cache (without
+    /// the TTL prefix; an expired entry reads as absent).
     fn get_one(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Option<Vec<u8>>> {
         let shard = self.check_key(key)?;
+        let ttl = self.ttl_ms(state);
+        let now = if ttl.is_some() { (self.clock)() } else { 0 };
         if let Some(slot) = self.cache[state as usize]
             .map(namespace)
             .and_then(|m| m.get(key))
         {
-            return Ok(slot.value.as_ref().map(|v| v.to_vec()));
+            return Ok(slot
+                .value
+                .as_deref()
+                .and_then(|v| live(v, ttl, now))
+                .map(<[u8]>::to_vec));
         }
         if !self.cache[state as usize].maybe_in_db(namespace) {
             return Ok(None);
@@ -536,6 +631,10 @@ impl KeyedState {
             .read_db(state, &[composite(shard.0, namespace, key).as_slice()])?
             .pop()
             .flatten();
+        let value = loaded
+            .as_deref()
+            .and_then(|v| live(v, ttl, now))
+            .map(<[u8]>::to_vec);
         self.cache[state as usize].map_mut(namespace).insert(
             Bytes::from_slice(key),
             Slot {
@@ -544,17 +643,28 @@ impl KeyedState {
                 in_db: loaded.is_some(),
             },
         );
-        Ok(loaded)
+        Ok(value)
     }
 
+    /// Stores `value` (plain value bytes unless `stored`: then already as stored, with
+    /// any TTL prefix), or deletes on `None`.
     fn put_one(
         &mut self,
         state: u32,
         namespace: &[u8],
         key: &[u8],
         value: Option<Vec<u8>>,
+        plain: bool,
     ) -> Result<()> {
         self.check_key(key)?;
+        let value = match value {
+            Some(v) if plain && self.ttl_ms(state).is_some() => {
+                let mut stored = Bytes::new();
+                self.stamp(state, &v, (self.clock)(), &mut stored);
+                Some(stored.into_vec())
+            }
+            v => v,
+        };
         let cache = &mut self.cache[state as usize];
         let in_db = cache.maybe_in_db(namespace);
         let existing = cache
@@ -593,7 +703,7 @@ impl KeyedState {
     /// Unknown handle, wrong kind or a key outside the owned shards.
     pub fn value_delete(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<()> {
         self.descriptor(state, StateKind::Value)?;
-        self.put_one(state, namespace, key, None)
+        self.put_one(state, namespace, key, None, true)
     }
 
     /// Removes the values of many keys (laid out flat: `keys` + exclusive `key_ends`).
@@ -613,7 +723,7 @@ impl KeyedState {
             self.check_key(key)?;
         }
         for key in slices(keys, key_ends) {
-            self.put_one(state, namespace, key, None)?;
+            self.put_one(state, namespace, key, None, true)?;
         }
         Ok(())
     }
@@ -632,6 +742,8 @@ impl KeyedState {
     ) -> Result<(Vec<u8>, Vec<u32>, bool)> {
         self.descriptor(state, StateKind::Value)?;
         self.flush(false)?;
+        let ttl = self.ttl_ms(state);
+        let now = (self.clock)();
         let name = self.states[state as usize].name.clone();
         let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&name);
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
@@ -646,13 +758,13 @@ impl KeyedState {
                         .range::<&[u8]>(prefix.as_slice()..)
                         .map_err(|e| db_err(&self.path, e))?;
                     for entry in range {
-                        let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
+                        let (k, v) = entry.map_err(|e| db_err(&self.path, e))?;
                         let k = k.value();
                         if !k.starts_with(&prefix) {
                             break;
                         }
                         let key = &k[prefix.len()..];
-                        if after.is_none_or(|a| key > a) {
+                        if after.is_none_or(|a| key > a) && live(v.value(), ttl, now).is_some() {
                             found.push(key.to_vec());
                         }
                     }
@@ -687,7 +799,7 @@ impl KeyedState {
         self.descriptor(state, StateKind::List)?;
         let mut stored = self.get_one(state, namespace, key)?.unwrap_or_default();
         codec::push_item(&mut stored, value);
-        self.put_one(state, namespace, key, Some(stored))
+        self.put_one(state, namespace, key, Some(stored), true)
     }
 
     /// The list of `key` (empty if none).
@@ -708,7 +820,7 @@ impl KeyedState {
     /// As [`Self::list_append`].
     pub fn list_clear(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<()> {
         self.descriptor(state, StateKind::List)?;
-        self.put_one(state, namespace, key, None)
+        self.put_one(state, namespace, key, None, true)
     }
 
     fn map_load(
@@ -741,7 +853,7 @@ impl KeyedState {
             }
             Some(out)
         };
-        self.put_one(state, namespace, key, value)
+        self.put_one(state, namespace, key, value, true)
     }
 
     /// Sets `user_key` to `value` in the map of `key`.
@@ -822,7 +934,7 @@ impl KeyedState {
         if state as usize >= self.states.len() {
             return Err(StateError::UnknownHandle(state));
         }
-        self.put_one(state, namespace, key, None)
+        self.put_one(state, namespace, key, None, true)
     }
 
     /// Number of entries cached in memory.
@@ -908,15 +1020,68 @@ impl KeyedState {
     /// Snapshot of every owned shard (design §8.1, §8.2): flushes the working set,
     /// then returns one payload per (shard, state) that holds entries, each a sequence of
     /// length-prefixed (`namespace length | namespace | key`, value) pairs in key order
-    /// (codec `kv-lp/1`, see [`codec`]).
+    /// (codec `kv-lp/1`, see [`codec`]). Values are as stored (a TTL state's with their
+    /// write-time prefix); expired entries of TTL states are left out and deleted from
+    /// the database (full-snapshot cleanup).
     ///
     /// # Errors
     /// A database failure.
     pub fn snapshot(&mut self) -> Result<Vec<ShardSnapshot>> {
         self.flush(false)?;
+        let now = (self.clock)();
+        let mut expired: Vec<(usize, Vec<u8>)> = Vec::new();
+        let out = self.snapshot_live(now, &mut expired)?;
+        if !expired.is_empty() {
+            self.remove_expired(&expired)?;
+        }
+        Ok(out)
+    }
+
+    /// Deletes the table keys `expired` (state index, table key) from redb and forgets
+    /// their cached slots (non-durable commit: the next durable one covers it, and a lost
+    /// deletion only repeats).
+    fn remove_expired(&mut self, expired: &[(usize, Vec<u8>)]) -> Result<()> {
+        let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| db_err(&self.path, e))?;
+        for (i, desc) in self.states.iter().enumerate() {
+            if !expired.iter().any(|(s, _)| *s == i) {
+                continue;
+            }
+            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
+            let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
+            for (_, k) in expired.iter().filter(|(s, _)| *s == i) {
+                table
+                    .remove(k.as_slice())
+                    .map_err(|e| db_err(&self.path, e))?;
+            }
+        }
+        txn.commit().map_err(|e| db_err(&self.path, e))?;
+        for (i, k) in expired {
+            // Table key: shard (4) | namespace length (4) | namespace | key.
+            let Some(ns_len) = k
+                .get(4..8)
+                .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
+            else {
+                continue;
+            };
+            if let (Some(ns), Some(key)) = (k.get(8..8 + ns_len), k.get(8 + ns_len..)) {
+                self.cache[*i].remove(ns, key);
+            }
+        }
+        self.expired_removed += expired.len() as u64;
+        Ok(())
+    }
+
+    fn snapshot_live(
+        &self,
+        now: u64,
+        expired: &mut Vec<(usize, Vec<u8>)>,
+    ) -> Result<Vec<ShardSnapshot>> {
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         let mut out = Vec::new();
         for (i, desc) in self.states.iter().enumerate() {
+            let ttl = self.ttl[i];
             let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
             let table = match txn.open_table(def) {
                 Ok(t) => t,
@@ -935,6 +1100,10 @@ impl KeyedState {
                     let k = k.value();
                     if !k.starts_with(&prefix) {
                         break;
+                    }
+                    if live(v.value(), ttl, now).is_none() {
+                        expired.push((i, k.to_vec()));
+                        continue;
                     }
                     codec::push_item(&mut payload, &k[4..]);
                     codec::push_item(&mut payload, v.value());

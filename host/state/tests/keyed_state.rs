@@ -32,6 +32,7 @@ fn config(dir: &std::path::Path, owned: std::ops::Range<u32>, max_cached: usize)
             },
         ],
         max_cached_entries: max_cached,
+        ttl_ms: Vec::new(),
     }
 }
 
