@@ -30,6 +30,11 @@ bench-postgres *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     target/release/nopstream-bench postgres {{ARGS}}
 
+# Checkpoint cost (issue 14 item 3): none / 1 s / 100 ms interleaved, then callgrind.
+bench-checkpoints *ARGS:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    target/release/nopstream-bench checkpoint-cost {{ARGS}}
+
 # Soak (issue 14 item 7): 30 minutes of an unbounded keyed count with 1 s checkpoints and a
 # state TTL; prints RSS, checkpoint and state bytes over time. Not part of any test run.
 soak *ARGS:

@@ -81,6 +81,9 @@ pub struct TimedVariant {
     pub trigger: Trigger,
     /// CPU seconds per round.
     pub cpu_s: Vec<f64>,
+    /// Of which system (kernel) CPU seconds, per round: fsyncs and file writes, which
+    /// callgrind does not count.
+    pub sys_s: Vec<f64>,
     /// Wall seconds (process) per round.
     pub wall_s: Vec<f64>,
     /// Durable epochs per round (the final one included).
@@ -109,9 +112,10 @@ pub struct CountedRun {
     /// `(instructions - instructions(none)) / (epochs - epochs(none))`: what one extra
     /// epoch costs; 0 when it took no extra epoch.
     pub instructions_per_epoch: f64,
-    /// The overhead implied at the timed variant's records per epoch:
-    /// `instructions_per_epoch / (instructions(none) / records × records_per_epoch)`.
-    pub implied_overhead_at_timed_rate: f64,
+    /// The overhead implied at each timed periodic variant's records per epoch (1 s,
+    /// 100 ms), by its label: `instructions_per_epoch / (processing instructions per
+    /// record × records_per_epoch)`. Empty for `none`.
+    pub implied_overhead: Vec<(String, f64)>,
 }
 
 /// The whole report (`checkpoint-cost.json`).
@@ -269,6 +273,7 @@ pub fn run(s: &Setup) -> Result<CostReport> {
     }
     let expected = expected.context("no variant")?;
     let mut cpu = vec![Vec::new(); variants.len()];
+    let mut sys = vec![Vec::new(); variants.len()];
     let mut wall = vec![Vec::new(); variants.len()];
     let mut taken = vec![Vec::new(); variants.len()];
     for round in 0..s.runs {
@@ -283,6 +288,7 @@ pub fn run(s: &Setup) -> Result<CostReport> {
                 child.wall_s
             );
             cpu[i].push(child.cpu_s);
+            sys[i].push(child.sys_s);
             wall[i].push(child.wall_s);
             taken[i].push(epochs);
         }
@@ -304,6 +310,7 @@ pub fn run(s: &Setup) -> Result<CostReport> {
             TimedVariant {
                 trigger: v.trigger,
                 cpu_s: cpu[i].clone(),
+                sys_s: sys[i].clone(),
                 wall_s: wall[i].clone(),
                 epochs: taken[i].clone(),
                 cpu_overhead: ratio(&cpu, i),
@@ -410,18 +417,26 @@ fn counted_runs(s: &Setup, records: u64, timed: &[TimedVariant]) -> Result<(u64,
     Ok((
         startup,
         runs.iter()
-            .enumerate()
-            .map(|(i, &(trigger, ir, epochs))| {
+            .map(|&(trigger, ir, epochs)| {
                 let extra = epochs.saturating_sub(base_epochs) as f64;
                 let per_epoch = if extra > 0.0 {
                     (ir as f64 - base_ir as f64) / extra
                 } else {
                     0.0
                 };
-                let at_rate = if i == 0 {
-                    0.0
+                let implied = if per_epoch > 0.0 {
+                    timed
+                        .iter()
+                        .skip(1)
+                        .map(|t| {
+                            (
+                                t.trigger.label(),
+                                per_epoch / (per_record * t.records_per_epoch),
+                            )
+                        })
+                        .collect()
                 } else {
-                    per_epoch / (per_record * timed[i].records_per_epoch)
+                    Vec::new()
                 };
                 CountedRun {
                     trigger,
@@ -429,7 +444,7 @@ fn counted_runs(s: &Setup, records: u64, timed: &[TimedVariant]) -> Result<(u64,
                     epochs,
                     overhead: (ir as f64 - base_ir as f64) / processing,
                     instructions_per_epoch: per_epoch,
-                    implied_overhead_at_timed_rate: at_rate,
+                    implied_overhead: implied,
                 }
             })
             .collect(),
@@ -441,16 +456,17 @@ impl CostReport {
     pub fn table(&self) -> String {
         let mut s = format!(
             "checkpoint cost, keyed count, {} bids, p=1, median of {} interleaved rounds\n\n\
-             | checkpoints | CPU s (median) | wall s (median) | epochs | records/epoch | CPU overhead | wall overhead |\n\
-             |---|---|---|---|---|---|---|\n",
+             | checkpoints | CPU s (median) | of which system | wall s (median) | epochs | records/epoch | CPU overhead | wall overhead |\n\
+             |---|---|---|---|---|---|---|---|\n",
             self.records, self.runs
         );
         for t in &self.timed {
             let epochs: Vec<f64> = t.epochs.iter().map(|&e| e as f64).collect();
             s += &format!(
-                "| {} | {:.3} | {:.3} | {:.0} | {:.0} | {:+.1} % | {:+.1} % |\n",
+                "| {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:+.1} % | {:+.1} % |\n",
                 t.trigger.label(),
                 median(&t.cpu_s),
+                median(&t.sys_s),
                 median(&t.wall_s),
                 median(&epochs),
                 t.records_per_epoch,
@@ -462,19 +478,23 @@ impl CostReport {
             s += &format!(
                 "\ninstruction counts (callgrind), {n} bids, epochs by record count; start-up \
                  (1,000 bids) {} instructions, left out of the overhead\n\n\
-                 | checkpoints | instructions | epochs | overhead | per extra epoch | implied at the timed rate |\n\
+                 | checkpoints | instructions | epochs | overhead | per extra epoch | implied at the timed runs' records per epoch |\n\
                  |---|---|---|---|---|---|\n",
                 self.startup_instructions
             );
             for c in &self.counted {
                 s += &format!(
-                    "| {} | {} | {} | {:+.2} % | {:.0} | {:+.2} % |\n",
+                    "| {} | {} | {} | {:+.2} % | {:.0} | {} |\n",
                     c.trigger.label(),
                     c.instructions,
                     c.epochs,
                     c.overhead * 100.0,
                     c.instructions_per_epoch,
-                    c.implied_overhead_at_timed_rate * 100.0
+                    c.implied_overhead
+                        .iter()
+                        .map(|(l, o)| format!("{l}: {:+.2} %", o * 100.0))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
             }
             if let Some(e) = &self.counted_error {

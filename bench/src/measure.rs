@@ -15,6 +15,8 @@ pub struct ChildRun {
     pub wall_s: f64,
     /// User + system CPU seconds.
     pub cpu_s: f64,
+    /// System (kernel) CPU seconds, part of `cpu_s`.
+    pub sys_s: f64,
     /// Peak resident set size, MiB.
     pub max_rss_mib: f64,
     /// Standard output.
@@ -81,6 +83,7 @@ pub fn run(mut cmd: Command) -> Result<ChildRun> {
     Ok(ChildRun {
         wall_s,
         cpu_s: secs(usage.ru_utime) + secs(usage.ru_stime),
+        sys_s: secs(usage.ru_stime),
         // Linux reports ru_maxrss in KiB.
         max_rss_mib: usage.ru_maxrss as f64 / 1024.0,
         stdout,
