@@ -147,9 +147,9 @@ fn median(v: &[f64]) -> f64 {
 }
 
 fn label_of(records: u64) -> String {
-    if records % 1_000_000 == 0 {
+    if records.is_multiple_of(1_000_000) {
         format!("{}m", records / 1_000_000)
-    } else if records % 1_000 == 0 {
+    } else if records.is_multiple_of(1_000) {
         format!("{}k", records / 1_000)
     } else {
         records.to_string()

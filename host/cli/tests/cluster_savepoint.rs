@@ -30,9 +30,10 @@ mod common;
 use common::cluster::{
     BIN, Cluster, Timed, check_per_record, committed, job_copy, serial, wait_for,
 };
+use common::files::{blackhole_totals, copy_dir, snapshot};
 use common::flights::{check_per_carrier, expected_per_carrier};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -82,37 +83,6 @@ fn stop_with_savepoint(cluster: &Cluster, id: &str, sp: &Path) -> u64 {
 /// The run report of a finished job.
 fn report(status: &Value) -> Value {
     serde_json::from_str(status["report_json"].as_str().unwrap()).unwrap()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let p = e.unwrap().path();
-        let dst = to.join(p.file_name().unwrap());
-        if p.is_dir() {
-            copy_dir(&p, &dst);
-        } else {
-            std::fs::copy(&p, &dst).unwrap();
-        }
-    }
-}
-
-/// Every file under `dir` with its bytes, to show a directory is untouched.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push((p.clone(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 #[test]
@@ -395,21 +365,6 @@ fn a_schema_bump_restores_with_migrate_state_run_by_the_coordinator() {
         expected,
         "every departure counted once, by v2"
     );
-}
-
-/// The blackhole-sink summaries committed in `out`: records and the sum of their checksums.
-fn blackhole_totals(out: &Path) -> (u64, u64) {
-    let (mut records, mut checksum) = (0, 0u64);
-    for e in std::fs::read_dir(out).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if name.starts_with("summary-") && name.ends_with(".json") {
-            let v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-            records += v["records"].as_u64().unwrap();
-            checksum = checksum.wrapping_add(v["checksum"].as_u64().unwrap());
-        }
-    }
-    (records, checksum)
 }
 
 /// A sink swapped while the savepoint holds its pending transactions (JSONL ->

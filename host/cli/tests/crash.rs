@@ -296,23 +296,6 @@ fn resume_with_a_changed_plan_is_refused() {
     check_per_record(&job.committed());
 }
 
-/// The blackhole sink's committed summaries of `out`, merged: (records, bytes, checksum).
-fn blackhole_total(out: &Path) -> (u64, u64, u64) {
-    let mut total = (0u64, 0u64, 0u64);
-    for e in std::fs::read_dir(out).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if name.starts_with("summary-") && name.ends_with(".json") {
-            let v: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-            total.0 += v["records"].as_u64().unwrap();
-            total.1 += v["bytes"].as_u64().unwrap();
-            total.2 = total.2.wrapping_add(v["checksum"].as_u64().unwrap());
-        }
-    }
-    total
-}
-
 #[test]
 fn generated_input_replays_exactly_after_random_kills() {
     // datagen-source (3 splits, throttled so kills land mid-run) -> bids-parser -> HASH ->
@@ -353,7 +336,7 @@ config = {{ summary_dir = "/output" }}
     let reference = Job::new("crash", "datagen-ref", &text);
     let (ok, log) = reference.run(None);
     assert!(ok, "{log}");
-    let expected = blackhole_total(&reference.out);
+    let expected = common::files::blackhole_totals(&reference.out);
     assert_eq!(expected.0, BIDS, "one count update per generated bid");
     common::job::kill_rounds(
         12,
@@ -362,7 +345,7 @@ config = {{ summary_dir = "/output" }}
         |round| Job::new("crash", &format!("datagen-{round}"), &text),
         |job, round| {
             assert_eq!(
-                blackhole_total(&job.out),
+                common::files::blackhole_totals(&job.out),
                 expected,
                 "round {round}: committed output differs from the uninterrupted run"
             );

@@ -3,6 +3,9 @@
 //! output equal to the uninterrupted run; a key-spec change refused without touching
 //! anything; a removed stateful operator needing `drop-state`.
 
+mod common;
+
+use common::files::{blackhole_totals, copy_dir, snapshot};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -67,24 +70,6 @@ fn committed(out: &Path) -> Vec<String> {
     }
     lines.sort();
     lines
-}
-
-/// Every file under `dir` with its bytes, to show a directory is untouched.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push((p.clone(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 struct Dirs {
@@ -872,19 +857,6 @@ fn a_reshard_migration_writes_a_new_savepoint_that_restores_exactly_and_leaves_t
     assert_eq!(snapshot(&sp), before, "the parent savepoint is untouched");
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let p = e.unwrap().path();
-        let dst = to.join(p.file_name().unwrap());
-        if p.is_dir() {
-            copy_dir(&p, &dst);
-        } else {
-            std::fs::copy(&p, &dst).unwrap();
-        }
-    }
-}
-
 /// Savepoints of every on-disk format so far, committed under `tests/fixtures/savepoints`
 /// (written by `scripts/make-savepoint-fixture.sh`, each with the job file it was taken
 /// with), restore with this host: the check is compatible (a rebuilt component shows as
@@ -1091,22 +1063,6 @@ fn a_schema_bump_needs_migrate_state_and_the_migrated_savepoint_restores_exact_c
         .collect();
     let got = committed(&r.out);
     assert_eq!(got, expected, "every departure counted once, by v2");
-}
-
-/// The blackhole-sink summaries committed in `out`: records and the sum of their checksums.
-fn blackhole_totals(out: &Path) -> (u64, u64) {
-    let (mut records, mut checksum) = (0, 0u64);
-    for e in std::fs::read_dir(out).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if name.starts_with("summary-") && name.ends_with(".json") {
-            let v: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-            records += v["records"].as_u64().unwrap();
-            checksum = checksum.wrapping_add(v["checksum"].as_u64().unwrap());
-        }
-    }
-    (records, checksum)
 }
 
 #[test]

@@ -3,11 +3,13 @@
 //! JetStream, Redis and queue-to-postgres suites), and, for the cluster suites (`cluster`,
 //! `cluster_partition`): a coordinator and node processes of the `nopstream` binary, the
 //! flights jobs they run and the checks of their output ([`cluster`]), and network
-//! namespaces to put nodes in ([`netns`]).
+//! namespaces to put nodes in ([`netns`]); directory snapshots and copies and the
+//! blackhole sink's committed totals ([`files`]).
 
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod cluster;
+pub mod files;
 pub mod flights;
 pub mod job;
 pub mod netns;

@@ -1,0 +1,54 @@
+//! Directories and committed output as the suites compare them: a directory's files with
+//! their bytes (to show it untouched), a recursive copy, and the blackhole sink's
+//! committed summaries merged.
+
+use std::path::{Path, PathBuf};
+
+/// Every file under `dir` with its bytes, sorted by path, to show a directory is untouched.
+pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Copies the tree `from` to `to` (created).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dst = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dst);
+        } else {
+            std::fs::copy(&p, &dst).unwrap();
+        }
+    }
+}
+
+/// The blackhole sink's committed summaries in `out` (`summary-*.json`, one per subtask
+/// and epoch) merged: (records, order-independent checksum).
+pub fn blackhole_totals(out: &Path) -> (u64, u64) {
+    let (mut records, mut checksum) = (0, 0u64);
+    for e in std::fs::read_dir(out).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("summary-") && name.ends_with(".json") {
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            records += v["records"].as_u64().unwrap();
+            checksum = checksum.wrapping_add(v["checksum"].as_u64().unwrap());
+        }
+    }
+    (records, checksum)
+}
