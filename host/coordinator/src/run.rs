@@ -797,6 +797,12 @@ impl<E: TaskError> Driver<'_, E> {
                 self.log(c, EpochState::Committed, None)?;
                 tally.committed.extend(txns);
             }
+            if let Some(c) = self.coord.latest_committed() {
+                // Bookkeeping of epochs up to the latest committed one is done with; an
+                // unbounded job would otherwise keep an entry per epoch for ever.
+                self.created_ms.retain(|e, _| *e > c);
+                self.commit_acks.retain(|e, _| *e > c);
+            }
         }
         Ok(())
     }
