@@ -1,6 +1,7 @@
 //! Directories and committed output as the suites compare them: a directory's files with
-//! their bytes (to show it untouched), a recursive copy, and the blackhole sink's
-//! committed summaries merged.
+//! their bytes (to show it untouched), a recursive copy, the blackhole sink's committed
+//! summaries merged, and the check of an output split between a finalized JSONL sink and
+//! the blackhole sink that replaced it.
 
 use std::path::{Path, PathBuf};
 
@@ -51,4 +52,27 @@ pub fn blackhole_totals(out: &Path) -> (u64, u64) {
         }
     }
     (records, checksum)
+}
+
+/// A sink swapped by `finalize-sink`: every committed JSONL line (`jsonl`, sorted) is in the
+/// sorted `reference` once, and the blackhole sink in `out` got exactly the rest of the
+/// reference, by count and order-independent checksum.
+pub fn check_split_output(jsonl: &[String], reference: &[String], out: &Path) {
+    let mut seen = std::collections::BTreeSet::new();
+    for l in jsonl {
+        assert!(seen.insert(l.clone()), "twice: {l}");
+        assert!(
+            reference.binary_search(l).is_ok(),
+            "not in the reference: {l}"
+        );
+    }
+    let rest: Vec<&String> = reference.iter().filter(|l| !seen.contains(*l)).collect();
+    let expected_sum = rest.iter().fold(0u64, |a, l| {
+        a.wrapping_add(u64::from(blackhole_sink::record_hash(l.as_bytes())))
+    });
+    assert_eq!(
+        blackhole_totals(out),
+        (rest.len() as u64, expected_sum),
+        "the blackhole sink got every record after the savepoint once"
+    );
 }
