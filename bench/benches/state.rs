@@ -24,6 +24,7 @@ fn open(dir: &std::path::Path, name: &str) -> KeyedState {
             kind: StateKind::Value,
             schema_version: 1,
             codec: "u64-le".into(),
+            schema_sha256: None,
         }],
         max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
         ttl_ms: Vec::new(),

@@ -124,6 +124,27 @@ pub trait Context {
     /// [`crate::ErrorCode::State`] if no state of that name was declared.
     fn open_state(&mut self, name: &str) -> Result<StateHandle>;
 
+    /// Opens a non-keyed operator state declared with [`crate::PluginInfo::operator_state`]
+    /// (WIT `operator-state`, `0.2.1`). Its entries are restored before `open`, so `open`
+    /// may read them.
+    ///
+    /// # Errors
+    /// [`crate::ErrorCode::State`] if no operator state of that name was declared.
+    fn open_operator_state(&mut self, name: &str) -> Result<StateHandle>;
+
+    /// The value of entry `id` of an operator state, if any.
+    fn operator_state_get(&mut self, state: StateHandle, id: &str) -> Option<Vec<u8>>;
+
+    /// Sets entry `id` of an operator state. The host traps past 64 MiB of operator state
+    /// per instance.
+    fn operator_state_put(&mut self, state: StateHandle, id: &str, value: &[u8]);
+
+    /// Removes entry `id` of an operator state, if any.
+    fn operator_state_remove(&mut self, state: StateHandle, id: &str);
+
+    /// Every entry of an operator state this subtask holds, ascending by id.
+    fn operator_state_entries(&mut self, state: StateHandle) -> Vec<(String, Vec<u8>)>;
+
     /// Looks up one value per key, in key order, in one host call.
     fn value_get_many(
         &mut self,

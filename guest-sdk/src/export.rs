@@ -4,9 +4,11 @@
 
 use crate::host::HostContext;
 use crate::wit::operator::exports::nop::stream::operator_plugin as wop;
+use crate::wit::operator::nop::stream::operator_state as wopstate;
 use crate::wit::operator::nop::stream::{timers as wtimers, types as wt};
 use crate::wit::sink::exports::nop::stream::sink_plugin as wsink;
 use crate::wit::source::exports::nop::stream::source_plugin as wsrc;
+use crate::wit::state_declarer::exports::nop::stream::state_declarations as wdecl;
 use crate::wit::state_migrator::exports::nop::stream::state_migration as wmig;
 use crate::{
     Batch, CommitOutcome, ErrorCode, Operator, PluginError, PluginInfo, PluginKind, Result, Sink,
@@ -165,6 +167,46 @@ pub fn assert_operator<T: Operator>() {}
 
 /// Compile-time check behind [`crate::export_state_migration!`] off wasm32.
 pub fn assert_state_migration<T: StateMigration>() {}
+
+/// The `state-declarations` export of operator `T` (`0.2.1`): the operator states and
+/// keyed-state schemas of `T::describe()`.
+pub struct DeclarationsExport<T>(PhantomData<T>);
+
+impl<T: Operator> wdecl::Guest for DeclarationsExport<T> {
+    fn declare() -> wdecl::Declarations {
+        let info = T::describe();
+        wdecl::Declarations {
+            operator_states: info
+                .operator_states
+                .into_iter()
+                .map(|d| wopstate::OperatorStateDescriptor {
+                    name: d.name,
+                    schema_version: d.schema_version,
+                    codec: d.codec,
+                    redistribution: match d.redistribution {
+                        crate::Redistribution::SplitRegistry => {
+                            wopstate::Redistribution::SplitRegistry
+                        }
+                        crate::Redistribution::Union => wopstate::Redistribution::Union,
+                        crate::Redistribution::Broadcast => wopstate::Redistribution::Broadcast,
+                        crate::Redistribution::None => wopstate::Redistribution::None,
+                    },
+                    schema: d.schema,
+                })
+                .collect(),
+            keyed_schemas: info
+                .states
+                .into_iter()
+                .filter_map(|s| {
+                    Some(wdecl::StateSchema {
+                        schema: s.schema?,
+                        state: s.name,
+                    })
+                })
+                .collect(),
+        }
+    }
+}
 
 /// The `state-migration` export of a [`StateMigration`] type.
 pub struct MigrationExport<T>(PhantomData<T>);
@@ -389,6 +431,10 @@ macro_rules! export_operator {
             type __NopStreamOperatorExport = $crate::__private::OperatorExport<$ty>;
             $crate::wit::operator::export!(
                 __NopStreamOperatorExport with_types_in $crate::wit::operator
+            );
+            type __NopStreamDeclarationsExport = $crate::__private::DeclarationsExport<$ty>;
+            $crate::wit::state_declarer::export!(
+                __NopStreamDeclarationsExport with_types_in $crate::wit::state_declarer
             );
         };
         #[cfg(not(target_arch = "wasm32"))]

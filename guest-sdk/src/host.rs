@@ -6,7 +6,8 @@
 #[cfg(target_arch = "wasm32")]
 use crate::wit::operator::nop::stream::{log as wlog, metrics as wmetrics};
 use crate::wit::operator::nop::stream::{
-    output as woutput, state as wstate, timers as wtimers, types as wtypes,
+    operator_state as wopstate, output as woutput, state as wstate, timers as wtimers,
+    types as wtypes,
 };
 use crate::{Context, KeyPage, LogLevel, PluginError, Result, StateHandle, TimeDomain, ValueBatch};
 
@@ -66,6 +67,28 @@ impl Context for HostContext {
         wstate::open_state(name)
             .map(StateHandle::from_raw)
             .map_err(PluginError::state)
+    }
+
+    fn open_operator_state(&mut self, name: &str) -> Result<StateHandle> {
+        wopstate::open_operator_state(name)
+            .map(StateHandle::from_raw)
+            .map_err(PluginError::state)
+    }
+
+    fn operator_state_get(&mut self, state: StateHandle, id: &str) -> Option<Vec<u8>> {
+        wopstate::get(state.raw(), id)
+    }
+
+    fn operator_state_put(&mut self, state: StateHandle, id: &str, value: &[u8]) {
+        wopstate::put(state.raw(), id, value);
+    }
+
+    fn operator_state_remove(&mut self, state: StateHandle, id: &str) {
+        wopstate::remove(state.raw(), id);
+    }
+
+    fn operator_state_entries(&mut self, state: StateHandle) -> Vec<(String, Vec<u8>)> {
+        wopstate::entries(state.raw())
     }
 
     fn value_get_many(

@@ -35,6 +35,13 @@ pub struct StateDescriptor {
     pub schema_version: u32,
     /// Name of the value codec, e.g. `postcard` or `json`.
     pub codec: String,
+    /// A canonical description of the values' structure, sent to the host through
+    /// `state-declarations` (WIT `0.2.1`): the savepoint check refuses a restore whose
+    /// plugin stores values of another structure under the same schema version
+    /// (`STATE_SCHEMA_CHANGED`). The typed descriptors ([`crate::ValueState::descriptor`]
+    /// and its kin) derive it from the value type's serde shape; `None` (the default of
+    /// [`StateDescriptor::new`]) is never compared.
+    pub schema: Option<String>,
 }
 
 impl StateDescriptor {
@@ -50,7 +57,15 @@ impl StateDescriptor {
             kind,
             schema_version,
             codec: codec.into(),
+            schema: None,
         }
+    }
+
+    /// The same descriptor with the structure description `schema` (see
+    /// [`StateDescriptor::schema`]).
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
     }
 
     /// A [`StateKind::Value`] state.
@@ -67,6 +82,44 @@ impl StateDescriptor {
     pub fn map(name: impl Into<String>, schema_version: u32, codec: impl Into<String>) -> Self {
         Self::new(name, StateKind::Map, schema_version, codec)
     }
+}
+
+/// How a restore at another parallelism hands out the entries of a non-keyed operator
+/// state (seed §10.5). At the same parallelism every policy but
+/// [`Redistribution::Union`] gives each subtask back exactly its own entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Redistribution {
+    /// The entries of all old subtasks are pooled and dealt in ascending id order round
+    /// robin over the new subtasks: one owner each, balanced (Flink's even-split). Ids
+    /// must be unique across subtasks (e.g. a source partition or file name).
+    SplitRegistry,
+    /// Every new subtask gets every entry of every old subtask, and filters what it needs
+    /// (Flink's union redistribution). Ids must be unique across subtasks.
+    Union,
+    /// Every subtask holds the same entries; a new subtask gets one copy. A restore fails
+    /// if the old copies differ.
+    Broadcast,
+    /// No automatic redistribution: a restore at another parallelism needs a
+    /// `drop-state` action.
+    None,
+}
+
+/// A non-keyed operator state the plugin declares with
+/// [`PluginInfo::operator_state`]: entries by string id that belong to an operator
+/// subtask, not to a key (offsets, rules, a small model). Build it with
+/// [`crate::OperatorState::descriptor`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OperatorStateDescriptor {
+    /// State name, unique among the plugin's keyed and operator states.
+    pub name: String,
+    /// Version of the value encoding.
+    pub schema_version: u32,
+    /// Name of the value codec.
+    pub codec: String,
+    /// How a restore at another parallelism hands out the entries.
+    pub redistribution: Redistribution,
+    /// A canonical description of the values' structure (see [`StateDescriptor::schema`]).
+    pub schema: Option<String>,
 }
 
 /// Consistency level a source offers.
@@ -138,6 +191,9 @@ pub struct PluginInfo {
     /// Semantic model of the operator (a window spec, a CEP pattern) as JSON; it enters
     /// the plan fingerprint (design §9.2). `None` by default.
     pub model: Option<String>,
+    /// Every non-keyed operator state the plugin may open (operators only); none by
+    /// default.
+    pub operator_states: Vec<OperatorStateDescriptor>,
 }
 
 impl PluginInfo {
@@ -153,6 +209,7 @@ impl PluginInfo {
             config_schema: "{}".to_string(),
             side_outputs: Vec::new(),
             model: None,
+            operator_states: Vec::new(),
         }
     }
 
@@ -182,6 +239,12 @@ impl PluginInfo {
     /// Declares one more keyed state.
     pub fn state(mut self, state: StateDescriptor) -> Self {
         self.states.push(state);
+        self
+    }
+
+    /// Declares a non-keyed operator state (see [`crate::OperatorState`]).
+    pub fn operator_state(mut self, state: OperatorStateDescriptor) -> Self {
+        self.operator_states.push(state);
         self
     }
 

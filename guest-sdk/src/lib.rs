@@ -20,10 +20,10 @@ pub mod window;
 pub mod wit;
 
 /// The WIT package this SDK binds to and every component built with it imports and
-/// exports: `nop:stream@0.2.0` (the files in the crate's `wit/`, a copy of the
+/// exports: `nop:stream@0.2.1` (the files in the crate's `wit/`, a copy of the
 /// repository's `wit/`; `wit/CHANGELOG.md` says what each version changed). Hosts that
 /// serve `nop:stream@0.2.x` load it.
-pub const WIT_PACKAGE: &str = "nop:stream@0.2.0";
+pub const WIT_PACKAGE: &str = "nop:stream@0.2.1";
 
 pub use batch::{Batch, RecordRef};
 pub use context::{Context, KeyPage, StateHandle, ValueBatch};
@@ -31,16 +31,16 @@ pub use error::{ErrorCode, PluginError, Result};
 pub use host::{HostContext, counter_add, gauge_set, log};
 
 pub use info::{
-    FiredTimer, LogLevel, PluginInfo, PluginKind, SinkCapability, SourceCapability,
-    StateDescriptor, StateKind, TaskInfo, TimeDomain, TimerGroup,
+    FiredTimer, LogLevel, OperatorStateDescriptor, PluginInfo, PluginKind, Redistribution,
+    SinkCapability, SourceCapability, StateDescriptor, StateKind, TaskInfo, TimeDomain, TimerGroup,
 };
 pub use mock::MockContext;
 pub use plugin::{
     CommitOutcome, Operator, Progress, ReadOutcome, Sink, Source, Split, StateEntry, StateMigration,
 };
 pub use state::{
-    KEYS_PAGE_LIMIT, ListState, ListStateIn, MapState, MapStateIn, POSTCARD, ValueState,
-    ValueStateIn, decode_value, encode_value,
+    KEYS_PAGE_LIMIT, ListState, ListStateIn, MapState, MapStateIn, OperatorState, POSTCARD,
+    ValueState, ValueStateIn, decode_value, encode_value, schema_of,
 };
 
 /// Items the export macros expand to; not part of the API.

@@ -35,6 +35,8 @@ pub struct MockContext {
     // Declared side outputs; `None` accepts any tag (contexts built from bare states).
     side_tags: Option<Vec<String>>,
     side: BTreeMap<String, Batch>,
+    operator_declared: Vec<crate::OperatorStateDescriptor>,
+    operator_values: Vec<BTreeMap<String, Vec<u8>>>,
 }
 
 impl MockContext {
@@ -42,6 +44,8 @@ impl MockContext {
     pub fn new(info: &PluginInfo) -> Self {
         let mut ctx = Self::with_states(info.states.clone());
         ctx.side_tags = Some(info.side_outputs.clone());
+        ctx.operator_values = vec![BTreeMap::new(); info.operator_states.len()];
+        ctx.operator_declared = info.operator_states.clone();
         ctx
     }
 
@@ -63,7 +67,34 @@ impl MockContext {
             processing_time: 0,
             side_tags: None,
             side: BTreeMap::new(),
+            operator_declared: Vec::new(),
+            operator_values: Vec::new(),
         }
+    }
+
+    /// Every entry of operator state `name`, ascending by id (what a snapshot would hold),
+    /// or `None` if no such operator state is declared.
+    pub fn operator_state(&self, name: &str) -> Option<Vec<(String, Vec<u8>)>> {
+        let i = self.operator_declared.iter().position(|d| d.name == name)?;
+        Some(
+            self.operator_values[i]
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+    }
+
+    /// Replaces the entries of operator state `name` (as a restore would before `open`).
+    ///
+    /// # Panics
+    /// If no such operator state is declared.
+    pub fn set_operator_state(&mut self, name: &str, entries: Vec<(String, Vec<u8>)>) {
+        let i = self
+            .operator_declared
+            .iter()
+            .position(|d| d.name == name)
+            .unwrap_or_else(|| panic!("operator state `{name}` is not declared"));
+        self.operator_values[i] = entries.into_iter().collect();
     }
 
     /// Restricts this context to owning shards `owned` of `count`: any keyed access or
@@ -201,6 +232,38 @@ fn split<'a>(buf: &'a [u8], ends: &'a [u32]) -> impl Iterator<Item = &'a [u8]> +
 }
 
 impl Context for MockContext {
+    fn open_operator_state(&mut self, name: &str) -> Result<StateHandle> {
+        match self.operator_declared.iter().position(|d| d.name == name) {
+            Some(i) => Ok(StateHandle::from_raw(i as u32)),
+            None => Err(PluginError::state(format!(
+                "operator state `{name}` was not declared (declared: {:?})",
+                self.operator_declared
+                    .iter()
+                    .map(|d| &d.name)
+                    .collect::<Vec<_>>()
+            ))),
+        }
+    }
+
+    fn operator_state_get(&mut self, state: StateHandle, id: &str) -> Option<Vec<u8>> {
+        self.operator_values[state.raw() as usize].get(id).cloned()
+    }
+
+    fn operator_state_put(&mut self, state: StateHandle, id: &str, value: &[u8]) {
+        self.operator_values[state.raw() as usize].insert(id.to_owned(), value.to_vec());
+    }
+
+    fn operator_state_remove(&mut self, state: StateHandle, id: &str) {
+        self.operator_values[state.raw() as usize].remove(id);
+    }
+
+    fn operator_state_entries(&mut self, state: StateHandle) -> Vec<(String, Vec<u8>)> {
+        self.operator_values[state.raw() as usize]
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
     fn open_state(&mut self, name: &str) -> Result<StateHandle> {
         match self.declared.iter().position(|d| d.name == name) {
             Some(i) => Ok(StateHandle::from_raw(i as u32)),

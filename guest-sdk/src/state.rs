@@ -1,4 +1,5 @@
-//! Typed keyed state over a [`Context`]: [`ValueState`], [`ListState`], [`MapState`].
+//! Typed keyed state over a [`Context`]: [`ValueState`], [`ListState`], [`MapState`];
+//! and typed non-keyed operator state, [`OperatorState`].
 //!
 //! Values (and map user keys) are encoded with `postcard`; the codec name in the
 //! descriptor is [`POSTCARD`]. Changing a value type incompatibly needs a new
@@ -13,7 +14,10 @@
 //! `schema_version` is there to prevent. Encoding panics only if `T`'s `Serialize` impl
 //! is unsupported by postcard (e.g. sequences of unknown length).
 
-use crate::{Context, Result, StateDescriptor, StateHandle, StateKind};
+use crate::{
+    Context, OperatorStateDescriptor, Redistribution, Result, StateDescriptor, StateHandle,
+    StateKind,
+};
 use serde::{Serialize, de::DeserializeOwned};
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -23,6 +27,211 @@ pub const POSTCARD: &str = "postcard";
 
 /// Page size [`ValueState::keys`] asks the host for, in keys.
 pub const KEYS_PAGE_LIMIT: u32 = 1024;
+
+fn described<T: DeserializeOwned>(d: StateDescriptor) -> StateDescriptor {
+    match schema_of::<T>() {
+        Some(schema) => d.with_schema(schema),
+        None => d,
+    }
+}
+
+/// A canonical description of how `postcard` lays out `T`, derived from `T`'s serde
+/// `Deserialize` shape with `serde-reflection`: the typed descriptors send it to the host,
+/// whose savepoint check refuses a restore that stores another layout under the same
+/// schema version (`STATE_SCHEMA_CHANGED`). Names of types, fields and variants are left
+/// out, since postcard does not encode them (renaming a field keeps the layout); field
+/// order, types and variant indices are in. `None` if `T` cannot be traced (e.g. a custom
+/// `Deserialize` that validates its input); such a state is never compared.
+///
+/// ```
+/// use nop_stream_sdk::schema_of;
+/// #[derive(serde::Deserialize)]
+/// struct Acc { count: u64, sum: f64 }
+/// assert_eq!(schema_of::<Acc>().unwrap(), "postcard:(u64,f64)");
+/// assert_eq!(schema_of::<(u64, f64)>(), schema_of::<Acc>());
+/// assert_ne!(schema_of::<(u64, i64)>(), schema_of::<Acc>());
+/// ```
+pub fn schema_of<T: DeserializeOwned>() -> Option<String> {
+    use serde_reflection::{FormatHolder, Samples, Tracer, TracerConfig};
+    let mut tracer = Tracer::new(TracerConfig::default());
+    let samples = Samples::new();
+    let (mut root, _) = tracer.trace_type::<T>(&samples).ok()?;
+    root.normalize().ok()?;
+    let registry = tracer.registry().ok()?;
+    let mut out = String::from("postcard:");
+    render(&root, &registry, &mut Vec::new(), &mut out);
+    Some(out)
+}
+
+fn render(
+    f: &serde_reflection::Format,
+    reg: &serde_reflection::Registry,
+    stack: &mut Vec<String>,
+    out: &mut String,
+) {
+    use serde_reflection::{ContainerFormat as C, Format as F, VariantFormat as V};
+    let list = |items: &[F], stack: &mut Vec<String>, out: &mut String| {
+        out.push('(');
+        for (i, x) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            render(x, reg, stack, out);
+        }
+        out.push(')');
+    };
+    let named =
+        |items: &[serde_reflection::Named<F>], stack: &mut Vec<String>, out: &mut String| {
+            let v: Vec<F> = items.iter().map(|n| n.value.clone()).collect();
+            list(&v, stack, out);
+        };
+    match f {
+        F::TypeName(name) => {
+            if let Some(depth) = stack.iter().position(|n| n == name) {
+                out.push_str(&format!("rec{depth}"));
+                return;
+            }
+            stack.push(name.clone());
+            match reg.get(name) {
+                None => out.push('?'),
+                Some(C::UnitStruct) => out.push_str("()"),
+                Some(C::NewTypeStruct(x)) => render(x, reg, stack, out),
+                Some(C::TupleStruct(xs)) => list(xs, stack, out),
+                Some(C::Struct(xs)) => named(xs, stack, out),
+                Some(C::Enum(vs)) => {
+                    out.push_str("enum{");
+                    for (i, (index, v)) in vs.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        out.push_str(&format!("{index}:"));
+                        match &v.value {
+                            V::Unit => out.push_str("()"),
+                            V::NewType(x) => render(x, reg, stack, out),
+                            V::Tuple(xs) => list(xs, stack, out),
+                            V::Struct(xs) => named(xs, stack, out),
+                            V::Variable(_) => out.push('?'),
+                        }
+                    }
+                    out.push('}');
+                }
+            }
+            stack.pop();
+        }
+        F::Option(x) => {
+            out.push_str("option<");
+            render(x, reg, stack, out);
+            out.push('>');
+        }
+        F::Seq(x) => {
+            out.push_str("seq<");
+            render(x, reg, stack, out);
+            out.push('>');
+        }
+        F::Map { key, value } => {
+            out.push_str("map<");
+            render(key, reg, stack, out);
+            out.push(',');
+            render(value, reg, stack, out);
+            out.push('>');
+        }
+        F::Tuple(xs) => list(xs, stack, out),
+        F::TupleArray { content, size } => {
+            out.push_str(&format!("[{size}]"));
+            render(content, reg, stack, out);
+        }
+        F::Variable(_) => out.push('?'),
+        prim => out.push_str(&format!("{prim:?}").to_lowercase()),
+    }
+}
+
+/// Typed non-keyed operator state (WIT `operator-state`, issue 11, seed §10.5): entries
+/// of `T` by string id that belong to the operator subtask, not to a key — the offsets a
+/// subtask tracks, rules broadcast to every subtask, a small model. The host snapshots
+/// them at every barrier and, on a restore at another parallelism, hands them out by the
+/// declared [`Redistribution`]. Entries are restored before `open`, so `open` may read
+/// them. Values are `postcard`-encoded; all operator states of an instance together may
+/// hold at most 64 MiB.
+///
+/// ```no_run
+/// use nop_stream_sdk::{OperatorState, PluginInfo, Redistribution};
+/// let info = PluginInfo::operator("dedupe", "0.1.0").operator_state(
+///     OperatorState::<u64>::descriptor("seen", 1, Redistribution::Union),
+/// );
+/// ```
+pub struct OperatorState<T> {
+    handle: StateHandle,
+    name: String,
+    _value: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for OperatorState<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorState")
+            .field("name", &self.name)
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> OperatorState<T> {
+    /// The descriptor to declare with [`crate::PluginInfo::operator_state`]: codec
+    /// `postcard`, the schema derived from `T` ([`schema_of`]).
+    pub fn descriptor(
+        name: impl Into<String>,
+        schema_version: u32,
+        redistribution: Redistribution,
+    ) -> OperatorStateDescriptor {
+        OperatorStateDescriptor {
+            name: name.into(),
+            schema_version,
+            codec: POSTCARD.into(),
+            redistribution,
+            schema: schema_of::<T>(),
+        }
+    }
+
+    /// Opens the declared operator state `name`.
+    ///
+    /// # Errors
+    /// Whatever [`Context::open_operator_state`] reports, e.g. an undeclared name.
+    pub fn open(ctx: &mut (impl Context + ?Sized), name: &str) -> Result<Self> {
+        Ok(OperatorState {
+            handle: ctx.open_operator_state(name)?,
+            name: name.to_owned(),
+            _value: PhantomData,
+        })
+    }
+
+    /// The value of entry `id`, if any.
+    pub fn get(&self, ctx: &mut (impl Context + ?Sized), id: &str) -> Option<T> {
+        ctx.operator_state_get(self.handle, id)
+            .map(|v| decode(&self.name, &v))
+    }
+
+    /// Sets entry `id` to `value`.
+    pub fn put(&self, ctx: &mut (impl Context + ?Sized), id: &str, value: &T) {
+        let mut buf = Vec::new();
+        encode_into(&self.name, value, &mut buf);
+        ctx.operator_state_put(self.handle, id, &buf);
+    }
+
+    /// Removes entry `id`, if any.
+    pub fn remove(&self, ctx: &mut (impl Context + ?Sized), id: &str) {
+        ctx.operator_state_remove(self.handle, id);
+    }
+
+    /// Every entry this subtask holds, ascending by id.
+    pub fn entries(&self, ctx: &mut (impl Context + ?Sized)) -> Vec<(String, T)> {
+        ctx.operator_state_entries(self.handle)
+            .into_iter()
+            .map(|(k, v)| {
+                let v = decode(&self.name, &v);
+                (k, v)
+            })
+            .collect()
+    }
+}
 
 #[derive(Default)]
 struct Buffers {
@@ -97,7 +306,12 @@ impl<T> std::fmt::Debug for ValueState<T> {
 impl<T: Serialize + DeserializeOwned> ValueState<T> {
     /// The descriptor to declare in `describe()`: kind value, codec `postcard`.
     pub fn descriptor(name: impl Into<String>, schema_version: u32) -> StateDescriptor {
-        StateDescriptor::new(name, StateKind::Value, schema_version, POSTCARD)
+        described::<T>(StateDescriptor::new(
+            name,
+            StateKind::Value,
+            schema_version,
+            POSTCARD,
+        ))
     }
 
     /// Opens the declared state `name`.
@@ -309,7 +523,12 @@ impl<T> std::fmt::Debug for ListState<T> {
 impl<T: Serialize + DeserializeOwned> ListState<T> {
     /// The descriptor to declare in `describe()`: kind list, codec `postcard`.
     pub fn descriptor(name: impl Into<String>, schema_version: u32) -> StateDescriptor {
-        StateDescriptor::new(name, StateKind::List, schema_version, POSTCARD)
+        described::<T>(StateDescriptor::new(
+            name,
+            StateKind::List,
+            schema_version,
+            POSTCARD,
+        ))
     }
 
     /// Opens the declared state `name`.
@@ -408,7 +627,12 @@ where
 {
     /// The descriptor to declare in `describe()`: kind map, codec `postcard`.
     pub fn descriptor(name: impl Into<String>, schema_version: u32) -> StateDescriptor {
-        StateDescriptor::new(name, StateKind::Map, schema_version, POSTCARD)
+        described::<(K, V)>(StateDescriptor::new(
+            name,
+            StateKind::Map,
+            schema_version,
+            POSTCARD,
+        ))
     }
 
     /// Opens the declared state `name`.

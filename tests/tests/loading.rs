@@ -344,11 +344,11 @@ fn with_wit_version(bytes: &[u8], from: &str, to: &str) -> (Vec<u8>, usize) {
 #[test]
 fn a_component_of_a_wit_version_the_host_does_not_serve_is_refused_naming_both() {
     let served = nop_stream_runtime::WIT_PACKAGE;
-    assert_eq!(served, "nop:stream@0.2.0");
+    assert_eq!(served, "nop:stream@0.2.1");
     let original = std::fs::read(wasm("tally-v1")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     for version in ["0.1.0", "0.9.0", "0.2.9"] {
-        let (bytes, n) = with_wit_version(&original, "0.2.0", version);
+        let (bytes, n) = with_wit_version(&original, "0.2.1", version);
         assert!(n >= 2, "the component names nop:stream interfaces ({n})");
         let path = dir.path().join(format!("tally-{version}.wasm"));
         std::fs::write(&path, bytes).unwrap();
@@ -361,6 +361,47 @@ fn a_component_of_a_wit_version_the_host_does_not_serve_is_refused_naming_both()
             "names both versions: {msg}"
         );
         assert!(msg.contains(&p), "names the file: {msg}");
+    }
+}
+
+/// `nop:stream@0.2.1` is additive: a component whose imports and exports name `0.2.0`
+/// loads on this host (the linker's semver matching), describes itself, and its
+/// `state-declarations` export is still found; so does the same component as built.
+#[test]
+fn a_component_built_against_0_2_0_loads_on_the_0_2_1_host() {
+    let original = std::fs::read(wasm("opstate-probe")).unwrap();
+    let (bytes, n) = with_wit_version(&original, "0.2.1", "0.2.0");
+    assert!(n >= 2, "the component names nop:stream interfaces ({n})");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("probe-0.2.0.wasm");
+    std::fs::write(&path, bytes).unwrap();
+    for p in [path.display().to_string(), wasm("opstate-probe")] {
+        let loaded = registry(dir.path().to_owned())
+            .load(&path_ref(&p), PluginKind::Operator)
+            .unwrap_or_else(|e| panic!("{p}: {e}"));
+        let names: Vec<_> = loaded
+            .info
+            .operator_states
+            .iter()
+            .map(|s| (s.name.as_str(), s.redistribution.to_string()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("split", "split-registry".to_owned()),
+                ("union", "union".to_owned()),
+                ("broadcast", "broadcast".to_owned()),
+                ("none", "none".to_owned())
+            ],
+            "{p}"
+        );
+        assert!(
+            loaded
+                .info
+                .operator_states
+                .iter()
+                .all(|s| s.schema_sha256.is_some())
+        );
     }
 }
 

@@ -56,6 +56,58 @@ pub struct StateDescriptor {
     pub schema_version: u32,
     /// Value codec name, e.g. `postcard`.
     pub codec: String,
+    /// sha256 (hex) of the plugin's description of the values' structure (WIT
+    /// `state-declarations`, `0.2.1`), when it gives one; the savepoint check refuses a
+    /// changed structure under the same schema version (`STATE_SCHEMA_CHANGED`). Absent
+    /// for plugins built before `0.2.1`, and then not compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_sha256: Option<String>,
+}
+
+/// How a restore at another parallelism hands out the entries of a non-keyed operator
+/// state (seed §10.5; WIT `operator-state.redistribution`). At the same parallelism every
+/// policy but [`Redistribution::Union`] gives each subtask back its own entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Redistribution {
+    /// Entries of all old subtasks pooled, dealt in ascending id order round robin over
+    /// the new subtasks (one owner each, balanced; Flink's even-split).
+    SplitRegistry,
+    /// Every new subtask gets every entry of every old subtask.
+    Union,
+    /// Every subtask holds the same entries; a new subtask gets one copy (old copies
+    /// must agree).
+    Broadcast,
+    /// Not redistributable: a restore at another parallelism needs `drop-state`.
+    None,
+}
+
+impl fmt::Display for Redistribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Redistribution::SplitRegistry => "split-registry",
+            Redistribution::Union => "union",
+            Redistribution::Broadcast => "broadcast",
+            Redistribution::None => "none",
+        })
+    }
+}
+
+/// A non-keyed operator state a plugin declares (WIT `state-declarations`, `0.2.1`;
+/// seed §3.5, §10.5): entries by string id per operator subtask.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OperatorStateDescriptor {
+    /// Unique among the plugin's keyed and operator states; part of the state path.
+    pub name: String,
+    /// Version of the value encoding.
+    pub schema_version: u32,
+    /// Value codec name, e.g. `postcard`.
+    pub codec: String,
+    /// How a restore at another parallelism hands out the entries.
+    pub redistribution: Redistribution,
+    /// sha256 (hex) of the plugin's description of the values' structure, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_sha256: Option<String>,
 }
 
 /// Source consistency level (design §6.1).
@@ -141,6 +193,10 @@ pub struct PluginInfo {
     /// (design §9.2).
     #[serde(default)]
     pub model: Option<String>,
+    /// Declared non-keyed operator states (WIT `state-declarations`, `0.2.1`; none for
+    /// components without that export).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operator_states: Vec<OperatorStateDescriptor>,
 }
 
 impl PluginInfo {

@@ -87,7 +87,7 @@ pub struct PendingTransaction {
 }
 
 /// What one task reports for an epoch (design §5.5).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct TaskSnapshot {
     /// Stable task identity (no attempt).
     pub task: TaskId,
@@ -97,6 +97,14 @@ pub struct TaskSnapshot {
     pub end_of_data: bool,
     /// Keyed state and timer segments of every stateful operator of the chain.
     pub segments: Vec<SegmentDescriptor>,
+    /// Non-keyed operator state of the chain's operators (WIT `operator-state`, issue 11):
+    /// one descriptor per operator and declared operator state, its `shard` holding this
+    /// task's subtask index and its StatePath
+    /// `checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/operator/{stateName}` (seed §3.5);
+    /// payload codec `kv-lp/1` with the entry ids as keys. Absent from manifests of jobs
+    /// without operator state (and of hosts before it), so their checksums are unchanged.
+    #[serde(default)]
+    pub operator_state: Vec<SegmentDescriptor>,
     /// Source split cursors (source tasks).
     pub splits: Vec<SplitState>,
     /// Last watermark per input channel (`channel id -> ms`) and of the task.
@@ -114,6 +122,35 @@ pub struct TaskSnapshot {
     pub alignment_ms: u64,
     /// Time to take the snapshot, ms.
     pub duration_ms: u64,
+}
+
+/// JSON (manifests) leaves out an empty `operator_state`, so manifests of jobs without
+/// operator state keep their checksums; compact binary encodings (the control plane's
+/// postcard) always carry every field, since they cannot skip one.
+impl Serialize for TaskSnapshot {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let skip = s.is_human_readable() && self.operator_state.is_empty();
+        let mut st = s.serialize_struct("TaskSnapshot", if skip { 12 } else { 13 })?;
+        st.serialize_field("task", &self.task)?;
+        st.serialize_field("epoch", &self.epoch)?;
+        st.serialize_field("end_of_data", &self.end_of_data)?;
+        st.serialize_field("segments", &self.segments)?;
+        if skip {
+            st.skip_field("operator_state")?;
+        } else {
+            st.serialize_field("operator_state", &self.operator_state)?;
+        }
+        st.serialize_field("splits", &self.splits)?;
+        st.serialize_field("watermarks", &self.watermarks)?;
+        st.serialize_field("ended_inputs", &self.ended_inputs)?;
+        st.serialize_field("pending_transactions", &self.pending_transactions)?;
+        st.serialize_field("sink_operator", &self.sink_operator)?;
+        st.serialize_field("snapshot_bytes", &self.snapshot_bytes)?;
+        st.serialize_field("alignment_ms", &self.alignment_ms)?;
+        st.serialize_field("duration_ms", &self.duration_ms)?;
+        st.end()
+    }
 }
 
 /// Global source enumerator state (design §6.3): every discovered split and its owner.

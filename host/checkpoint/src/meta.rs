@@ -4,7 +4,7 @@
 //! identity, origin, plugin (name@version, component sha256, world), state descriptors, the
 //! partitioning of its inputs, and its sink protocol; plus the semantic mode.
 
-use nop_stream_api::{PluginKind, StateDescriptor};
+use nop_stream_api::{OperatorStateDescriptor, PluginKind, StateDescriptor};
 use serde::{Deserialize, Serialize};
 
 /// Format of [`SnapshotMeta`]. A host refuses to check or restore a manifest whose meta
@@ -18,7 +18,7 @@ pub struct SnapshotMeta {
     pub format: u32,
     /// Version of the host (`nopstream`) that wrote it.
     pub host_version: String,
-    /// WIT packages the host served, e.g. `nop:stream@0.2.0`.
+    /// WIT packages the host served, e.g. `nop:stream@0.2.1`.
     pub wit_packages: Vec<String>,
     /// Fingerprint of the whole PartitionedPlan.
     pub plan_fingerprint: String,
@@ -53,7 +53,7 @@ pub struct OperatorMeta {
     pub plugin: String,
     /// sha256 of the component (hex); empty when unknown.
     pub component_sha256: String,
-    /// The world it exports, with the WIT package: `nop:stream/operator@0.2.0`.
+    /// The world it exports, with the WIT package: `nop:stream/operator@0.2.1`.
     pub world: String,
     /// Keyed state it declares.
     pub states: Vec<StateDescriptor>,
@@ -69,6 +69,10 @@ pub struct OperatorMeta {
     /// written before TTL existed (none had one).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub state_ttl_ms: std::collections::BTreeMap<String, u64>,
+    /// Non-keyed operator states it declares, with their redistribution policies (WIT
+    /// `0.2.1`; absent in metas written before, and for operators without any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operator_states: Vec<OperatorStateDescriptor>,
 }
 
 /// One input of an operator.

@@ -60,6 +60,18 @@ pub fn state_path(
     format!("checkpoint/{namespace}/{epoch}/{operator_id}/{subtask}/{shard}/{state}")
 }
 
+/// The StatePath of a non-keyed operator state of one subtask (seed §3.5):
+/// `checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/operator/{stateName}`.
+pub fn operator_state_path(
+    namespace: &str,
+    epoch: u64,
+    operator_id: &str,
+    subtask: u32,
+    state: &str,
+) -> String {
+    format!("checkpoint/{namespace}/{epoch}/{operator_id}/{subtask}/operator/{state}")
+}
+
 /// The redb database of an operator's subtask under a process's state root.
 pub fn state_db(root: &Path, operator_id: &str, subtask: u32) -> PathBuf {
     root.join(component(operator_id))

@@ -165,7 +165,11 @@ fn write(
     let dst = LocalStorage::open(&tmp)?;
     // Each packed segment file, up to the end of its last referenced range.
     let mut files: BTreeMap<&str, u64> = BTreeMap::new();
-    for s in m.tasks.iter().flat_map(|t| &t.segments) {
+    for s in m
+        .tasks
+        .iter()
+        .flat_map(|t| t.segments.iter().chain(&t.operator_state))
+    {
         let end = files.entry(s.file.as_str()).or_default();
         *end = (*end).max(s.offset + s.len);
     }

@@ -1223,3 +1223,270 @@ fn a_delta_overlay_rescales_a_crashed_job_and_refuses_forbidden_or_unacknowledge
     assert!(t.contains("restoring savepoint"), "{t}");
     assert_eq!(committed(&d.out), reference, "restored 2->3 by a delta");
 }
+
+/// The flights job with `opstate-probe` (non-keyed operator state under every
+/// redistribution policy) in place of the keyed aggregate.
+fn probe_state_job(tag: &str) -> JobFile {
+    job(tag, |t| {
+        let start = t.find("[[operator]]\nname = \"parse\"").unwrap();
+        let end = t.find("[[sink]]").unwrap();
+        let sink = t[end..].replace("inputs = [\"per-carrier\"]", "inputs = [\"probe\"]");
+        format!(
+            "{}[[operator]]\nname = \"parse\"\nplugin = \"flights-mapper@0.1.0\"\ninputs = [\"flights\"]\n\
+             config = {{ key = \"carrier\", fields = [\"year\", \"month\", \"day\", \"carrier\", \"flight\", \"origin\", \"sched_dep_time\", \"dep_delay\"] }}\n\n\
+             [[operator]]\nname = \"probe\"\nplugin = \"opstate-probe@0.1.0\"\ninputs = [\"parse\"]\n\
+             config = {{ split_over = 120, union_over = 300 }}\n\n{sink}",
+            &t[..start],
+        )
+    })
+}
+
+/// Flights delayed over `over` minutes as `<prefix> <natural key> <delay>`, from the CSV
+/// itself (the independent expectation of the probe's split and union states).
+fn delayed_flights(prefix: &str, over: i64) -> Vec<String> {
+    let csv = std::fs::read_to_string(repo().join("examples/flights/data/flights.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |n: &str| {
+        header
+            .iter()
+            .position(|h| h.trim_matches('"') == n)
+            .unwrap()
+    };
+    let key = [
+        "year",
+        "month",
+        "day",
+        "carrier",
+        "flight",
+        "origin",
+        "sched_dep_time",
+    ]
+    .map(col);
+    let delay = col("dep_delay");
+    let mut out = Vec::new();
+    for l in lines {
+        let f: Vec<&str> = l.split(',').map(|x| x.trim_matches('"')).collect();
+        if let Ok(d) = f[delay].parse::<i64>()
+            && d > over
+        {
+            let id: Vec<&str> = key.iter().map(|&i| f[i]).collect();
+            out.push(format!("{prefix} {} {d}", id.join("-")));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Issue 11 "non-keyed operator state with a redistribution policy" (seed §10.5): a
+/// savepoint of `opstate-probe` at p=2 restores at p=2 with every state as it was (the
+/// per-subtask record counts of the `none` state add up to every record exactly once),
+/// and at p=3 only with `drop-state` for the `none` state (the check says
+/// `NON_KEYED_STATE_NOT_REDISTRIBUTABLE`, exit 2); there the split-registry and union
+/// entries are each held by exactly one new subtask (their output equals the delayed
+/// flights from the CSV, nothing lost or doubled) and every new subtask holds the
+/// broadcast copy made at p=2.
+#[test]
+fn operator_state_is_redistributed_by_its_declared_policy_on_a_rescale() {
+    let plugins = plugin_dir(&[("opstate_probe", "opstate-probe@0.1.0")]);
+    let pdir = plugins.path().display().to_string();
+    let with_plugins = |args: &[&str]| {
+        let mut all = vec!["--plugins", pdir.as_str()];
+        all.extend_from_slice(args);
+        nopstream(&all, None)
+    };
+    let j = probe_state_job("opstate");
+    let js = j.0.display().to_string();
+    let d = dirs();
+    let sp = crash_and_promote(&pdir, &j.0, &d, &["-p", "2"]);
+    let sps = sp.display().to_string();
+    let (split, union) = (delayed_flights("S", 120), delayed_flights("U", 300));
+    // The savepoint holds part of the split entries, spread over both subtasks (so the
+    // restores below really redistribute stored entries).
+    let manifest = std::fs::read_dir(sp.join("manifests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "json"))
+        .unwrap();
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    let stored: Vec<u64> = m["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["operator_state"].as_array().cloned().unwrap_or_default())
+        .filter(|s| s["state"] == "split")
+        .map(|s| s["entries"].as_u64().unwrap())
+        .collect();
+    assert_eq!(stored.len(), 2, "one split segment per old subtask");
+    assert!(
+        stored.iter().all(|n| *n > 0) && stored.iter().sum::<u64>() < split.len() as u64,
+        "{stored:?} of {}",
+        split.len()
+    );
+    assert!(
+        split.len() > 1000 && union.len() > 100,
+        "{} {}",
+        split.len(),
+        union.len()
+    );
+    let lines = |out: &Path, prefix: &str| -> Vec<String> {
+        committed(out)
+            .into_iter()
+            .filter(|l| l.starts_with(prefix))
+            .collect()
+    };
+    let restore = |p: &str, actions: Option<&Path>| {
+        let r = dirs();
+        let (rout, rwork) = (r.out.display().to_string(), r.work.display().to_string());
+        let mut args = vec![
+            "run",
+            "--no-progress",
+            "--no-echo",
+            "-p",
+            p,
+            "--output",
+            &rout,
+            "--work-dir",
+            &rwork,
+            "--from-savepoint",
+            &sps,
+        ];
+        let a = actions.map(|a| a.display().to_string());
+        if let Some(a) = &a {
+            args.extend(["--actions", a.as_str()]);
+        }
+        args.push(&js);
+        (with_plugins(&args), r)
+    };
+
+    // Same parallelism: every state as it was.
+    let (o, r) = restore("2", None);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(lines(&r.out, "S "), split);
+    assert_eq!(lines(&r.out, "U "), union);
+    assert_eq!(lines(&r.out, "B "), vec!["B p2"; 2]);
+    let records: u64 = lines(&r.out, "N ")
+        .iter()
+        .map(|l| l[2..].parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(
+        records, 336_776,
+        "every record counted once across the restore"
+    );
+
+    // Another parallelism: the `none` state needs drop-state.
+    let o = with_plugins(&[
+        "savepoint",
+        "check",
+        &sps,
+        "--job",
+        &js,
+        "--work-dir",
+        &d.work.display().to_string(),
+        "-p",
+        "3",
+    ]);
+    let report = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{report}");
+    assert!(
+        report.contains("NON_KEYED_STATE_NOT_REDISTRIBUTABLE none")
+            && !report.contains("NON_KEYED_STATE_NOT_REDISTRIBUTABLE split"),
+        "{report}"
+    );
+    let (o, _) = restore("3", None);
+    assert_eq!(o.status.code(), Some(2), "refused: {}", text(&o));
+    let actions = d.work.join("drop-none.toml");
+    std::fs::write(
+        &actions,
+        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/probe\"\nstate = \"none\"\n",
+    )
+    .unwrap();
+    let (o, r) = restore("3", Some(&actions));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        lines(&r.out, "S "),
+        split,
+        "split entries: each exactly once"
+    );
+    assert_eq!(
+        lines(&r.out, "U "),
+        union,
+        "union entries: each exactly once"
+    );
+    assert_eq!(
+        lines(&r.out, "B "),
+        vec!["B p2"; 3],
+        "the p=2 broadcast copy"
+    );
+    assert_eq!(lines(&r.out, "N ").len(), 3);
+}
+
+/// Issue 11 "schema changed without a version bump": `tally@0.1.1` stores its count as
+/// `i64` where 0.1.0 stored `u64`, both under schema version 1. The check derives each
+/// state's layout from the plugin (`state-declarations`) and refuses the restore
+/// (`STATE_SCHEMA_CHANGED`, exit 3) without touching the savepoint; `drop-state` clears it.
+#[test]
+fn a_state_retyped_without_a_schema_bump_is_refused() {
+    let plugins = plugin_dir(&[
+        ("tally_v1", "tally@0.1.0"),
+        ("tally_retyped", "tally@0.1.1"),
+    ]);
+    let pdir = plugins.path().display().to_string();
+    let v1 = tally_job("retype1", "0.1.0");
+    let v11 = tally_job("retype2", "0.1.1");
+    let d = dirs();
+    let work = d.work.display().to_string();
+    let sp = crash_and_promote(&pdir, &v1.0, &d, &["-p", "2"]);
+    let sps = sp.display().to_string();
+    let before = snapshot(&sp);
+    let v11s = v11.0.display().to_string();
+    let check = |extra: &[&str]| {
+        let mut args = vec![
+            "--plugins",
+            &pdir,
+            "savepoint",
+            "check",
+            &sps,
+            "--job",
+            &v11s,
+            "--work-dir",
+            &work,
+        ];
+        args.extend_from_slice(extra);
+        nopstream(&args, None)
+    };
+    let o = check(&[]);
+    let report = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{report}");
+    assert!(
+        report.contains("STATE_SCHEMA_CHANGED count v1 schema"),
+        "{report}"
+    );
+    assert_eq!(snapshot(&sp), before, "the savepoint is untouched");
+    let actions = d.work.join("drop.toml");
+    std::fs::write(
+        &actions,
+        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/per-carrier\"\nstate = \"count\"\n",
+    )
+    .unwrap();
+    let o = check(&["--actions", &actions.display().to_string()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // The same plugin rebuilt (same layout) stays compatible.
+    let v1s = v1.0.display().to_string();
+    let o = nopstream(
+        &[
+            "--plugins",
+            &pdir,
+            "savepoint",
+            "check",
+            &sps,
+            "--job",
+            &v1s,
+            "--work-dir",
+            &work,
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

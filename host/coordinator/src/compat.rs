@@ -7,7 +7,7 @@
 //! an operator or state that is not there, is an error. The verdict of the job is the worst
 //! status of its operators: exit code 0 compatible, 2 needs action, 3 incompatible.
 
-use nop_stream_api::PartitionPolicy;
+use nop_stream_api::{PartitionPolicy, Redistribution};
 use nop_stream_checkpoint::{InputMeta, META_FORMAT, OperatorMeta, SnapshotMeta};
 use nop_stream_core::PartitionedPlan;
 use serde::{Deserialize, Serialize};
@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// The WIT packages this host serves to components.
-pub const SERVED_WIT: &[&str] = &["nop:stream@0.2.0"];
+pub const SERVED_WIT: &[&str] = &["nop:stream@0.2.1"];
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -90,6 +90,7 @@ pub fn snapshot_meta(
                     .sink_capability
                     .map(|c| format!("{}:{}", kebab(&format!("{c:?}")), op.plugin_info.name)),
                 state_ttl_ms: op.state_ttl_ms.clone(),
+                operator_states: op.plugin_info.operator_states.clone(),
             });
         }
     }
@@ -130,8 +131,18 @@ pub fn state_topology_fingerprint(meta: &SnapshotMeta) -> String {
     let ops: Vec<_> = meta
         .operators
         .iter()
-        .filter(|o| o.keyed || !o.states.is_empty())
-        .map(|o| (&o.operator_id, &o.states, &o.inputs))
+        .filter(|o| o.keyed || !o.states.is_empty() || !o.operator_states.is_empty())
+        .map(|o| {
+            // Operator states enter only when declared, so metas without them keep their
+            // fingerprint.
+            let mut v = serde_json::json!([&o.operator_id, &o.states, &o.inputs]);
+            if !o.operator_states.is_empty() {
+                v.as_array_mut()
+                    .expect("an array")
+                    .push(serde_json::json!(&o.operator_states));
+            }
+            v
+        })
         .collect();
     let doc = serde_json::json!({
         "shards": meta.state_shard_count,
@@ -200,6 +211,14 @@ pub enum Code {
     StateSchemaBumped,
     /// A state's schema version went down (incompatible).
     StateSchemaDowngraded,
+    /// A state's values changed structure under the same schema version: the plugins'
+    /// schema descriptions (WIT `state-declarations`) differ (incompatible; bump the
+    /// schema version and export a migration, or `drop-state`). Not checked when either
+    /// plugin gives no description.
+    StateSchemaChanged,
+    /// A non-keyed operator state without a redistribution policy (`none`) at another
+    /// parallelism (needs `drop-state`, seed §10.5).
+    NonKeyedStateNotRedistributable,
     /// A state's codec changed (needs `migrate-state` or `drop-state`).
     StateCodecChanged,
     /// A state's kind (value, list, map) changed (incompatible; `drop-state` clears it).
@@ -591,7 +610,7 @@ pub fn check(
         .iter()
         .map(|o| o.operator_id.as_str())
         .collect();
-    let stateful = |o: &OperatorMeta| !o.states.is_empty();
+    let stateful = |o: &OperatorMeta| !o.states.is_empty() || !o.operator_states.is_empty();
     let mut operators = Vec::new();
     for n in &new.operators {
         let mut findings = Vec::new();
@@ -759,6 +778,18 @@ pub fn check(
                             &["drop-state"],
                         );
                     }
+                    if ns.schema_version == s.schema_version
+                        && let (Some(a), Some(b)) = (&s.schema_sha256, &ns.schema_sha256)
+                        && a != b
+                    {
+                        state_finding(
+                            Code::StateSchemaChanged,
+                            Status::Incompatible,
+                            format!("v{} schema {}", s.schema_version, short(a)),
+                            format!("v{} schema {}", ns.schema_version, short(b)),
+                            &["drop-state"],
+                        );
+                    }
                     if ns.codec != s.codec {
                         state_finding(
                             Code::StateCodecChanged,
@@ -816,6 +847,14 @@ pub fn check(
                 ));
             }
         }
+        operator_state_findings(
+            (o, n),
+            actions,
+            &used,
+            &clear,
+            &state_renames,
+            &mut findings,
+        );
         // Keys and partitioning of a keyed operator's inputs.
         if n.keyed && stateful(o) {
             for (oi, ni) in o.inputs.iter().zip(&n.inputs) {
@@ -944,6 +983,104 @@ pub fn check(
 
 /// Whether `a` drops `state` of `operator` (or all of the operator's state; `state` ""
 /// asks for the whole operator only).
+/// Findings on the non-keyed operator states of one operator (renamed by
+/// `state_renames`): removed, added, schema and codec changes, and a state without a
+/// redistribution policy at another parallelism (seed §10.5). Operator states have no
+/// `migrate-state`: a changed encoding needs `drop-state`.
+fn operator_state_findings(
+    (o, n): (&OperatorMeta, &OperatorMeta),
+    actions: &Actions,
+    used: &[std::cell::Cell<bool>],
+    clear: &dyn Fn(&mut Finding, &dyn Fn(&Action) -> bool),
+    state_renames: &BTreeMap<&str, &str>,
+    findings: &mut Vec<Finding>,
+) {
+    let renamed =
+        |name: &str| -> String { state_renames.get(name).copied().unwrap_or(name).to_owned() };
+    for s in &o.operator_states {
+        let new_name = renamed(&s.name);
+        let mut push = |code, status, old: String, new: String, remedies: &[&str]| {
+            let mut f = finding(code, status, Some(&s.name), old, new, remedies);
+            clear(&mut f, &|a| drops(a, &o.operator_id, &s.name));
+            findings.push(f);
+        };
+        let Some(ns) = n.operator_states.iter().find(|x| x.name == new_name) else {
+            push(
+                Code::StateRemoved,
+                Status::NeedsAction,
+                format!("operator state {}", s.name),
+                String::new(),
+                &["drop-state", "rename-state"],
+            );
+            continue;
+        };
+        if new_name != s.name
+            && let Some(i) = actions.actions.iter().position(|a| {
+                matches!(a, Action::RenameState { operator, from, .. } if *operator == n.operator_id && *from == s.name)
+            })
+        {
+            used[i].set(true);
+        }
+        if ns.schema_version != s.schema_version || ns.codec != s.codec {
+            push(
+                if ns.codec != s.codec {
+                    Code::StateCodecChanged
+                } else if ns.schema_version > s.schema_version {
+                    Code::StateSchemaBumped
+                } else {
+                    Code::StateSchemaDowngraded
+                },
+                if ns.schema_version < s.schema_version {
+                    Status::Incompatible
+                } else {
+                    Status::NeedsAction
+                },
+                format!("operator state v{} {}", s.schema_version, s.codec),
+                format!("operator state v{} {}", ns.schema_version, ns.codec),
+                &["drop-state"],
+            );
+        } else if let (Some(a), Some(b)) = (&s.schema_sha256, &ns.schema_sha256)
+            && a != b
+        {
+            push(
+                Code::StateSchemaChanged,
+                Status::Incompatible,
+                format!("operator state v{} schema {}", s.schema_version, short(a)),
+                format!("operator state v{} schema {}", ns.schema_version, short(b)),
+                &["drop-state"],
+            );
+        }
+        if o.parallelism != n.parallelism && ns.redistribution == Redistribution::None {
+            push(
+                Code::NonKeyedStateNotRedistributable,
+                Status::NeedsAction,
+                format!("operator state {} at parallelism {}", s.name, o.parallelism),
+                format!("redistribution none at parallelism {}", n.parallelism),
+                &["drop-state"],
+            );
+        }
+    }
+    let dropped_all = actions.actions.iter().any(
+        |a| matches!(a, Action::DropState { operator, state: None } if *operator == o.operator_id),
+    );
+    for s in &n.operator_states {
+        let was = o.operator_states.iter().any(|x| renamed(&x.name) == s.name);
+        if !was || dropped_all {
+            findings.push(finding(
+                Code::StateAdded,
+                Status::Compatible,
+                Some(&s.name),
+                "",
+                format!(
+                    "operator state v{} {} {}",
+                    s.schema_version, s.codec, s.redistribution
+                ),
+                &[],
+            ));
+        }
+    }
+}
+
 fn drops(a: &Action, operator: &str, state: &str) -> bool {
     match a {
         Action::DropState {

@@ -87,7 +87,7 @@ impl Migrated {
             .manifest
             .tasks
             .iter()
-            .flat_map(|t| &t.segments)
+            .flat_map(|t| t.segments.iter().chain(&t.operator_state))
             .filter(|s| !new.contains(s.file.as_str()))
             .map(|s| s.file.clone())
             .collect();
@@ -140,7 +140,8 @@ pub fn apply(
     for t in &mut m.tasks {
         t.task.vertex = nop_stream_api::VertexId::new(rename(t.task.vertex.as_str()));
         t.segments.retain(|s| !dropped(s));
-        for s in &mut t.segments {
+        t.operator_state.retain(|s| !dropped(s));
+        for s in t.segments.iter_mut().chain(&mut t.operator_state) {
             s.operator_id = rename(&s.operator_id);
             let renamed_state = actions.actions.iter().find_map(|a| match a {
                 Action::RenameState { operator, from, to }
@@ -544,6 +545,7 @@ mod tests {
                 epoch: EpochId(7),
                 end_of_data: false,
                 segments,
+                operator_state: Vec::new(),
                 splits: Vec::new(),
                 watermarks: Vec::new(),
                 ended_inputs: Vec::new(),
@@ -637,11 +639,13 @@ mod tests {
                     kind: nop_stream_api::StateKind::Value,
                     schema_version: version,
                     codec: "le".into(),
+                    schema_sha256: None,
                 }],
                 keyed: true,
                 inputs: Vec::new(),
                 sink_protocol: None,
                 state_ttl_ms: Default::default(),
+                operator_states: Vec::new(),
             }],
         }
     }

@@ -7,7 +7,7 @@ use crate::CoordinatorError;
 use nop_stream_api::{PluginKind, Split, TaskId};
 use nop_stream_checkpoint::{EnumeratorState, EpochManifest, STATE_FORMAT_VERSION};
 use nop_stream_core::PartitionedPlan;
-use nop_stream_proto::{SinkSettlement, SplitCursor, TaskRestorePlan};
+use nop_stream_proto::{OperatorStateRestore, SinkSettlement, SplitCursor, TaskRestorePlan};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -75,7 +75,12 @@ pub fn check_restore(
     let stored: BTreeSet<String> = m
         .tasks
         .iter()
-        .flat_map(|t| t.segments.iter().map(|s| s.operator_id.clone()))
+        .flat_map(|t| {
+            t.segments
+                .iter()
+                .chain(&t.operator_state)
+                .map(|s| s.operator_id.clone())
+        })
         .collect();
     if let Some(missing) = stored.difference(&planned).next() {
         return refuse(format!(
@@ -293,6 +298,36 @@ pub fn plan_restore(
                     .collect();
                 if !segs.is_empty() {
                     r.segments.insert(op.operator_id.to_string(), segs);
+                }
+                // Non-keyed operator state: every old subtask's segments; the task takes
+                // its entries by each state's redistribution policy.
+                let old_tasks: Vec<_> = m
+                    .tasks
+                    .iter()
+                    .filter(|t| {
+                        t.operator_state
+                            .iter()
+                            .any(|s| s.operator_id == op.operator_id.as_str())
+                    })
+                    .collect();
+                if !old_tasks.is_empty() {
+                    let old_vertex = &old_tasks[0].task.vertex;
+                    r.operator_state.insert(
+                        op.operator_id.to_string(),
+                        OperatorStateRestore {
+                            old_parallelism: m
+                                .tasks
+                                .iter()
+                                .filter(|t| t.task.vertex == *old_vertex)
+                                .count() as u32,
+                            segments: old_tasks
+                                .iter()
+                                .flat_map(|t| &t.operator_state)
+                                .filter(|s| s.operator_id == op.operator_id.as_str())
+                                .cloned()
+                                .collect(),
+                        },
+                    );
                 }
             }
             out.insert(st.task.clone(), r);

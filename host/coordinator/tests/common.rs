@@ -51,6 +51,7 @@ fn info(name: &str, kind: PluginKind) -> PluginInfo {
                 kind: StateKind::Value,
                 schema_version: 1,
                 codec: "postcard".into(),
+                schema_sha256: None,
             }]
         } else {
             Vec::new()
@@ -60,6 +61,7 @@ fn info(name: &str, kind: PluginKind) -> PluginInfo {
         config_schema: "{}".into(),
         side_outputs: Vec::new(),
         model: None,
+        operator_states: Vec::new(),
     }
 }
 

@@ -2,7 +2,9 @@
 //! savepoint's job, and asserts the code, its status, the remedies offered, that the right
 //! action clears it, and that an action clearing nothing is an error.
 
-use nop_stream_api::{PluginKind, StateDescriptor, StateKind};
+use nop_stream_api::{
+    OperatorStateDescriptor, PluginKind, Redistribution, StateDescriptor, StateKind,
+};
 use nop_stream_checkpoint::{InputMeta, META_FORMAT, OperatorMeta, SnapshotMeta};
 use nop_stream_coordinator::compat::{
     Action, ActionError, Actions, CheckContext, Code, Report, Status, check,
@@ -15,6 +17,7 @@ fn state(name: &str, version: u32) -> StateDescriptor {
         kind: StateKind::Value,
         schema_version: version,
         codec: "postcard".into(),
+        schema_sha256: None,
     }
 }
 
@@ -39,22 +42,29 @@ fn op(id: &str, plugin: &str, states: Vec<StateDescriptor>, keyed: bool) -> Oper
         inputs: Vec::new(),
         sink_protocol: None,
         state_ttl_ms: Default::default(),
+        operator_states: Vec::new(),
     }
 }
 
 /// source -> parse -> HASH -> agg (stateful, keyed) -> sink.
 fn base() -> SnapshotMeta {
-    let mut agg = op(
-        "operators/agg",
-        "keyed-aggregate@0.1.0",
-        vec![state("acc", 1)],
-        true,
-    );
+    let mut acc = state("acc", 1);
+    acc.schema_sha256 = Some("5".repeat(64));
+    let mut agg = op("operators/agg", "keyed-aggregate@0.1.0", vec![acc], true);
     agg.inputs = vec![InputMeta {
         from: "operators/parse".into(),
         output: None,
         partition: "HASH".into(),
         key_source: Some("flights-mapper 0123456789abcdef".into()),
+    }];
+    // A non-keyed operator with operator state that cannot be redistributed.
+    let mut buffer = op("operators/buffer", "buffer@0.1.0", vec![], false);
+    buffer.operator_states = vec![OperatorStateDescriptor {
+        name: "pending".into(),
+        schema_version: 1,
+        codec: "postcard".into(),
+        redistribution: Redistribution::None,
+        schema_sha256: Some("6".repeat(64)),
     }];
     let mut sink = op("sinks/out", "jsonl-sink@0.1.0", vec![], false);
     sink.sink_protocol = Some("two-phase-commit:jsonl-sink".into());
@@ -72,6 +82,7 @@ fn base() -> SnapshotMeta {
             op("operators/parse", "flights-mapper@0.1.0", vec![], false),
             agg,
             sink,
+            buffer,
         ],
     };
     m.state_topology_fingerprint = state_topology_fingerprint(&m);
@@ -115,6 +126,20 @@ struct Case {
     change: fn(&mut SnapshotMeta),
     ctx: CheckContext,
     clears: Option<Action>,
+}
+
+fn buffer(m: &mut SnapshotMeta) -> &mut OperatorMeta {
+    m.operators
+        .iter_mut()
+        .find(|o| o.operator_id == "operators/buffer")
+        .unwrap()
+}
+
+fn drop_pending() -> Option<Action> {
+    Some(Action::DropState {
+        operator: "operators/buffer".into(),
+        state: Some("pending".into()),
+    })
 }
 
 fn drop_acc() -> Option<Action> {
@@ -331,6 +356,22 @@ fn cases() -> Vec<Case> {
                 from: "strict-exactly-once".into(),
                 to: "at-least-once".into(),
             }),
+        },
+        Case {
+            code: Code::StateSchemaChanged,
+            status: Status::Incompatible,
+            remedies: &["drop-state"],
+            change: |m| agg(m).states[0].schema_sha256 = Some("7".repeat(64)),
+            ctx: CheckContext::default(),
+            clears: drop_acc(),
+        },
+        Case {
+            code: Code::NonKeyedStateNotRedistributable,
+            status: Status::NeedsAction,
+            remedies: &["drop-state"],
+            change: |m| buffer(m).parallelism = 3,
+            ctx: CheckContext::default(),
+            clears: drop_pending(),
         },
         Case {
             code: Code::NamespaceAdvanced,
@@ -550,4 +591,44 @@ fn another_ttl_duration_is_compatible_and_reported() {
     agg(&mut off).state_ttl_ms.clear();
     let r = check(&old, &off, &CheckContext::default(), &Actions::default()).unwrap();
     assert_eq!(only(&r, Code::StateTtlChanged).status, Status::NeedsAction);
+}
+
+/// Operator state (issue 11, seed §10.5): a changed layout of an operator state is
+/// refused like a keyed one; a redistributable policy rescales with no finding; a
+/// removed operator state needs an action; an added one is compatible; a description
+/// missing on either side is never compared.
+#[test]
+fn operator_states_are_checked_like_keyed_states() {
+    let mut new = base();
+    buffer(&mut new).operator_states[0].schema_sha256 = Some("8".repeat(64));
+    let r = run(&new, &CheckContext::default(), vec![]).unwrap();
+    assert_eq!(
+        only(&r, Code::StateSchemaChanged).status,
+        Status::Incompatible
+    );
+
+    let mut new = base();
+    buffer(&mut new).operator_states[0].redistribution = Redistribution::SplitRegistry;
+    buffer(&mut new).parallelism = 5;
+    let r = run(&new, &CheckContext::default(), vec![]).unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+
+    let mut new = base();
+    buffer(&mut new).operator_states[0].name = "queued".into();
+    let r = run(&new, &CheckContext::default(), vec![]).unwrap();
+    assert_eq!(only(&r, Code::StateRemoved).status, Status::NeedsAction);
+    assert_eq!(only(&r, Code::StateAdded).status, Status::Compatible);
+    let renamed = Action::RenameState {
+        operator: "operators/buffer".into(),
+        from: "pending".into(),
+        to: "queued".into(),
+    };
+    let r = run(&new, &CheckContext::default(), vec![renamed]).unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+
+    let mut new = base();
+    buffer(&mut new).operator_states[0].schema_sha256 = None;
+    agg(&mut new).states[0].schema_sha256 = None;
+    let r = run(&new, &CheckContext::default(), vec![]).unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
 }

@@ -39,6 +39,7 @@ fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
                 epoch: EpochId(7),
                 end_of_data: false,
                 segments: Vec::new(),
+                operator_state: Vec::new(),
                 splits: Vec::new(),
                 watermarks: st
                     .inputs

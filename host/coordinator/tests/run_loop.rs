@@ -115,6 +115,7 @@ impl Scripted {
             epoch,
             end_of_data: true,
             segments: Vec::new(),
+            operator_state: Vec::new(),
             splits: Vec::new(),
             watermarks: Vec::new(),
             ended_inputs: Vec::new(),

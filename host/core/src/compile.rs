@@ -368,6 +368,7 @@ fn placeholder_info(n: &NodeSpec) -> PluginInfo {
         config_schema: String::new(),
         side_outputs: Vec::new(),
         model: None,
+        operator_states: Vec::new(),
     }
 }
 

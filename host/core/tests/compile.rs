@@ -53,6 +53,7 @@ fn info(name: &str, version: &str, kind: PluginKind) -> PluginInfo {
         config_schema: "{}".into(),
         side_outputs: Vec::new(),
         model: None,
+        operator_states: Vec::new(),
     }
 }
 
@@ -73,6 +74,7 @@ impl Fake {
             kind: StateKind::Value,
             schema_version: 1,
             codec: "postcard".into(),
+            schema_sha256: None,
         });
         f.add(agg);
         f.add(info("jsonl-sink", "0.1.0", PluginKind::Sink));
@@ -624,6 +626,7 @@ fn plugin_metadata_is_checked_against_the_job() {
         i.states.push(StateDescriptor {
             name: "x".into(),
             codec: String::new(),
+            schema_sha256: None,
             ..s
         });
     });
@@ -774,6 +777,7 @@ fn watermarks_belong_to_sources_and_plugins_cannot_use_reserved_state_names() {
             kind: StateKind::Value,
             schema_version: 1,
             codec: "x".into(),
+            schema_sha256: None,
         })
     });
     let d = refused(&model(&ok), &cat);

@@ -179,7 +179,7 @@ pub struct PluginEntry {
     pub size: u64,
     /// Description from `describe()`.
     pub description: String,
-    /// WIT package it was validated against, e.g. `nop:stream@0.2.0`.
+    /// WIT package it was validated against, e.g. `nop:stream@0.2.1`.
     pub wit: String,
     /// When it was stored, ms since the Unix epoch.
     pub stored_ms: u64,

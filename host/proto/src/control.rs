@@ -55,6 +55,10 @@ pub struct TaskRestorePlan {
     /// Keyed-state and timer segments to read, by operator id: exactly those of the shards
     /// the task owns now.
     pub segments: BTreeMap<String, Vec<SegmentDescriptor>>,
+    /// Non-keyed operator state to read, by operator id: the segments of every old subtask
+    /// of the operator, from which the task takes its entries by each state's
+    /// redistribution policy (seed §10.5).
+    pub operator_state: BTreeMap<String, OperatorStateRestore>,
     /// Cursor of every split the manifest knows, by split id.
     pub splits: BTreeMap<String, SplitCursor>,
     /// Watermark per input channel id (ms).
@@ -66,6 +70,16 @@ pub struct TaskRestorePlan {
     /// Durable pre-committed transactions the sink at the tail commits before anything
     /// else (design §7.3, "on recovery").
     pub pending: Vec<PendingTransaction>,
+}
+
+/// The non-keyed operator state of one operator in a manifest (issue 11, seed §10.5).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorStateRestore {
+    /// Parallelism of the operator when the manifest was taken.
+    pub old_parallelism: u32,
+    /// Every old subtask's segments of the operator's states; each descriptor's `shard`
+    /// is the old subtask index.
+    pub segments: Vec<SegmentDescriptor>,
 }
 
 /// A restored split position.

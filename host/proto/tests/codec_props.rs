@@ -128,6 +128,7 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
         epoch: EpochId(3),
         end_of_data: false,
         segments: Vec::new(),
+        operator_state: Vec::new(),
         splits: vec![split(None), split(Some(-5))],
         watermarks: vec![("w".into(), 7)],
         ended_inputs: Vec::new(),

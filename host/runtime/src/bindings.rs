@@ -1,4 +1,4 @@
-//! Generated host bindings of the `nop:stream@0.2.0` worlds. One module per world; the
+//! Generated host bindings of the `nop:stream@0.2.1` worlds. One module per world; the
 //! source and sink worlds reuse the operator world's shared interfaces so one linker and
 //! one set of host implementations serve all three.
 
@@ -67,6 +67,21 @@ pub mod mig {
     });
 }
 
+/// The `state-declarer` world: the optional `state-declarations` export of an operator
+/// component (`0.2.1`), looked up on the operator's pre-instantiated component when it is
+/// loaded.
+pub mod decl {
+    wasmtime::component::bindgen!({
+        world: "state-declarer",
+        path: "../../wit",
+        imports: { default: trappable },
+        with: {
+            "nop:stream/types": crate::bindings::op::nop::stream::types,
+            "nop:stream/operator-state": crate::bindings::op::nop::stream::operator_state,
+        },
+    });
+}
+
 /// The `redis-source` and `redis-sink` worlds share their only extra import,
 /// `nop:redis/streams`; it is linked from here (the rest as for `pg`).
 pub mod redis {
@@ -97,6 +112,7 @@ pub mod nats {
     });
 }
 
+pub use op::nop::stream::operator_state::Redistribution as WitRedistribution;
 pub use op::nop::stream::state::{KeyPage, ValueBatch};
 pub use op::nop::stream::timers::{TimeDomain, TimerGroup};
 pub use op::nop::stream::types::{

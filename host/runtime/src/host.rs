@@ -2,7 +2,9 @@
 //! (backed by [`KeyedState`]), `timers`, `log`, `metrics` (design §16; one capability, one
 //! `impl`).
 
-use crate::bindings::op::nop::stream::{log, metrics, output, state, timers, types};
+use crate::bindings::op::nop::stream::{
+    log, metrics, operator_state, output, state, timers, types,
+};
 use crate::bindings::{KeyPage, LogLevel, TimeDomain, ValueBatch, WitBatch};
 use nop_stream_state::{KeyedState, StateError};
 use std::collections::{BTreeMap, HashMap};
@@ -203,6 +205,8 @@ pub struct StoreData {
     pub(crate) side_tags: Vec<String>,
     /// Side-output records emitted during the current call, in order.
     pub(crate) side: Vec<(String, nop_stream_api::Batch)>,
+    /// Non-keyed operator state (WIT `operator-state`) of the instance.
+    pub(crate) op_state: crate::op_state::OperatorStates,
     /// The `nop:postgres/client` capability: granted connections, GID scope, limits.
     pub(crate) pg: crate::pg::PgState,
     /// The `nop:redis/streams` capability: granted connections, open connections, limits.
@@ -529,6 +533,38 @@ impl state::Host for StoreData {
     fn clear(&mut self, state: u32, namespace: Vec<u8>, key: Vec<u8>) -> wasmtime::Result<()> {
         self.user_handle(state)?;
         self.keyed()?.clear(state, &namespace, &key).map_err(trap)
+    }
+}
+
+impl operator_state::Host for StoreData {
+    fn open_operator_state(&mut self, name: String) -> wasmtime::Result<Result<u32, String>> {
+        Ok(self.op_state.handle(&name).ok_or_else(|| {
+            format!("operator state `{name}` is not declared in the plugin's state declarations")
+        }))
+    }
+
+    fn get(&mut self, state: u32, id: String) -> wasmtime::Result<Option<Vec<u8>>> {
+        self.op_state
+            .get(state, &id)
+            .map_err(|e| wasmtime::Error::new(HostTrap(e)))
+    }
+
+    fn put(&mut self, state: u32, id: String, value: Vec<u8>) -> wasmtime::Result<()> {
+        self.op_state
+            .put(state, id, value)
+            .map_err(|e| wasmtime::Error::new(HostTrap(e)))
+    }
+
+    fn remove(&mut self, state: u32, id: String) -> wasmtime::Result<()> {
+        self.op_state
+            .remove(state, &id)
+            .map_err(|e| wasmtime::Error::new(HostTrap(e)))
+    }
+
+    fn entries(&mut self, state: u32) -> wasmtime::Result<Vec<(String, Vec<u8>)>> {
+        self.op_state
+            .entries(state)
+            .map_err(|e| wasmtime::Error::new(HostTrap(e)))
     }
 }
 

@@ -11,6 +11,7 @@ pub mod job;
 pub mod launch;
 mod limits;
 pub mod nats;
+pub mod op_state;
 mod partition;
 pub mod pg;
 pub mod plugin;
@@ -22,11 +23,11 @@ mod workers;
 
 pub use error::{MAX_RECORD_IN_ERROR, Result, RuntimeError, Site, printable_record};
 
-/// The WIT package (and version) this host serves to components: `nop:stream@0.2.0`
+/// The WIT package (and version) this host serves to components: `nop:stream@0.2.1`
 /// (`wit/`; `wit/CHANGELOG.md` lists the versions). Components built against an older
 /// `0.2.x` link too (the linker matches semver-compatible versions); others are refused
 /// at load naming both versions.
-pub const WIT_PACKAGE: &str = "nop:stream@0.2.0";
+pub const WIT_PACKAGE: &str = "nop:stream@0.2.1";
 pub use host::HostTrap;
 pub use job::{JobProgress, JobReport, PluginSet, RunOptions, run_job};
 pub use launch::{LiveTasks, LocalTaskEvent, PreparedTasks, TaskHost};

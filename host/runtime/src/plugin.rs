@@ -318,6 +318,7 @@ impl PluginHost {
                 config_schema: String::new(),
                 side_outputs: Vec::new(),
                 model: None,
+                operator_states: Vec::new(),
             },
             cache_hit,
             engine: self.engine.clone(),
@@ -342,7 +343,10 @@ impl PluginHost {
             Instance::Source(mut i) => i.describe()?,
             Instance::Sink(mut i) => i.describe()?,
         };
-        let info = convert_info(info);
+        let mut info = convert_info(info);
+        if expected == PluginKind::Operator {
+            loaded.declare(&mut info)?;
+        }
         if info.kind != expected {
             return Err(RuntimeError::DescribeMismatch {
                 plugin: label.to_owned(),
@@ -364,6 +368,7 @@ pub fn timer_descriptor() -> StateDescriptor {
         kind: StateKind::Value,
         schema_version: 1,
         codec: "timer/1".into(),
+        schema_sha256: None,
     }
 }
 
@@ -397,6 +402,7 @@ fn convert_info(w: WitPluginInfo) -> PluginInfo {
                 },
                 schema_version: s.schema_version,
                 codec: s.codec,
+                schema_sha256: None,
             })
             .collect(),
         source_capability: w.source_capability.map(|c| match c {
@@ -417,6 +423,7 @@ fn convert_info(w: WitPluginInfo) -> PluginInfo {
         config_schema: w.config_schema,
         side_outputs: w.side_outputs,
         model: w.model,
+        operator_states: Vec::new(),
     }
 }
 
@@ -431,6 +438,91 @@ pub enum Instance {
 }
 
 impl LoadedPlugin {
+    /// Adds what the component's optional `nop:stream/state-declarations` export (`0.2.1`)
+    /// declares to `info`: its operator states, and the sha256 of each keyed state's
+    /// schema description. A component without the export (built before `0.2.1`) declares
+    /// neither.
+    ///
+    /// # Errors
+    /// [`RuntimeError::DescribeMismatch`] for a declaration that names an undeclared keyed
+    /// state, reuses a state name, or takes a name reserved for the host (`__`); a trap in
+    /// `declare`.
+    fn declare(&self, info: &mut PluginInfo) -> Result<()> {
+        use crate::bindings::WitRedistribution as W;
+        use nop_stream_api::{OperatorStateDescriptor, Redistribution};
+        let Pre::Operator(p) = &self.pre else {
+            return Ok(());
+        };
+        let Ok(pre) = crate::bindings::decl::StateDeclarerPre::new(p.instance_pre().clone()) else {
+            return Ok(());
+        };
+        let site = Site {
+            plugin: self.label.clone(),
+            operator: "declare".into(),
+            subtask: None,
+        };
+        let opts = InstanceOptions {
+            site: site.clone(),
+            limits: Limits::default(),
+            grants: Vec::new(),
+            state: None,
+            pg: None,
+            redis: None,
+            nats: None,
+        };
+        let mut store = self.store(&opts)?;
+        let ctx = CallCtx {
+            site,
+            limits: opts.limits.clone(),
+            writable: Vec::new(),
+        };
+        let inst = pre
+            .instantiate(&mut store)
+            .map_err(|e| classify(&ctx, "instantiate", e, &store))?;
+        let d = inst
+            .nop_stream_state_declarations()
+            .call_declare(&mut store)
+            .map_err(|e| classify(&ctx, "declare", e, &store))?;
+        let bad = |message: String| RuntimeError::DescribeMismatch {
+            plugin: self.label.clone(),
+            message,
+        };
+        let sha = |text: &str| hex::encode(Sha256::digest(text.as_bytes()));
+        for s in d.keyed_schemas {
+            let Some(st) = info.states.iter_mut().find(|st| st.name == s.state) else {
+                return Err(bad(format!(
+                    "its state declarations describe the schema of keyed state `{}`, which describe() does not declare",
+                    s.state
+                )));
+            };
+            st.schema_sha256 = Some(sha(&s.schema));
+        }
+        for o in d.operator_states {
+            if o.name.starts_with("__")
+                || info.states.iter().any(|s| s.name == o.name)
+                || info.operator_states.iter().any(|s| s.name == o.name)
+            {
+                return Err(bad(format!(
+                    "operator state `{}`: the name is reserved (`__`) or already declared",
+                    o.name
+                )));
+            }
+            info.operator_states.push(OperatorStateDescriptor {
+                name: o.name,
+                schema_version: o.schema_version,
+                codec: o.codec,
+                redistribution: match o.redistribution {
+                    W::SplitRegistry => Redistribution::SplitRegistry,
+                    W::Union => Redistribution::Union,
+                    W::Broadcast => Redistribution::Broadcast,
+                    W::None => Redistribution::None,
+                },
+                schema_sha256: o.schema.as_deref().map(sha),
+            });
+        }
+        Ok(())
+    }
+
     /// The plugin's kind.
     pub fn kind(&self) -> PluginKind {
         match self.pre {
@@ -491,6 +583,7 @@ impl LoadedPlugin {
             timer_state,
             side_tags: self.info.side_outputs.clone(),
             side: Vec::new(),
+            op_state: crate::op_state::OperatorStates::new(self.info.operator_states.clone()),
             pg: crate::pg::PgState {
                 access: opts.pg.clone(),
                 open: 0,
@@ -1021,6 +1114,11 @@ impl OperatorInstance {
     /// The keyed state of this instance, if the operator declared any.
     pub fn state_mut(&mut self) -> Option<&mut KeyedState> {
         self.store.data_mut().state.as_mut()
+    }
+
+    /// The non-keyed operator state of this instance (empty if none is declared).
+    pub fn operator_state_mut(&mut self) -> &mut crate::op_state::OperatorStates {
+        &mut self.store.data_mut().op_state
     }
 
     /// Advances the watermark the guest sees to `watermark`, then removes and returns the

@@ -252,6 +252,20 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
     let policies = stage_specs.iter().map(|s| s.on_error).collect();
     for s in &stage_specs {
         let mut inst = s.plugin.instantiate(&s.options)?;
+        // Non-keyed operator state is in place before `open`, so the plugin can read it
+        // there (as Flink's initializeState precedes open).
+        if let Instance::Operator(op) = &mut inst
+            && let Some(r) = restore.operator_state.get(&s.operator_id)
+        {
+            restore_operator_state(
+                op,
+                storage.as_ref(),
+                restore.epoch.map_or(0, |e| e.0),
+                &s.operator_id,
+                r,
+                &s.task_info,
+            )?;
+        }
         match &mut inst {
             Instance::Source(i) => i.open(&s.task_info, &s.config)?,
             Instance::Operator(i) => i.open(&s.task_info, &s.config)?,
@@ -415,6 +429,79 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         }
     }
     Ok(t.report)
+}
+
+/// Reads every old subtask's segments of `operator_id`'s non-keyed operator states and
+/// gives the instance its entries by each state's redistribution policy (seed §10.5,
+/// [`crate::op_state::redistribute`]).
+///
+/// # Errors
+/// [`RuntimeError::Restore`] for a failed read or checksum, a malformed payload, a state
+/// the plugin no longer declares or whose schema version differs, or a refused
+/// redistribution (duplicate ids, differing broadcast copies, a `none` state rescaled).
+fn restore_operator_state(
+    op: &mut crate::plugin::OperatorInstance,
+    storage: &dyn CheckpointStorage,
+    epoch: u64,
+    operator_id: &str,
+    r: &nop_stream_proto::OperatorStateRestore,
+    task: &nop_stream_api::TaskInfo,
+) -> Result<()> {
+    let refuse = |message: String| RuntimeError::Restore { epoch, message };
+    let states = op.operator_state_mut();
+    let descriptors = states.descriptors().to_vec();
+    let mut old: Vec<Vec<Vec<(String, Vec<u8>)>>> =
+        vec![vec![Vec::new(); r.old_parallelism as usize]; descriptors.len()];
+    // States without a segment (new, or dropped by an action) start empty.
+    let mut stored = vec![false; descriptors.len()];
+    for seg in &r.segments {
+        let Some(h) = descriptors.iter().position(|d| d.name == seg.state) else {
+            return Err(refuse(format!(
+                "operator `{operator_id}` no longer declares operator state `{}`",
+                seg.state
+            )));
+        };
+        if descriptors[h].schema_version != seg.schema_version {
+            return Err(refuse(format!(
+                "operator state `{}` of operator `{operator_id}` has schema version {} in the checkpoint but {} in the plugin; drop it with a drop-state action",
+                seg.state, seg.schema_version, descriptors[h].schema_version
+            )));
+        }
+        let bytes = storage
+            .read_range(&seg.file, seg.offset, seg.len)
+            .map_err(|e| refuse(e.to_string()))?;
+        if payload_checksum(&bytes) != seg.checksum {
+            return Err(refuse(format!(
+                "segment {} failed its checksum",
+                seg.state_path
+            )));
+        }
+        let entries = crate::op_state::decode(&bytes)
+            .map_err(|e| refuse(format!("segment {}: {e}", seg.state_path)))?;
+        let Some(slot) = old[h].get_mut(seg.shard as usize) else {
+            return Err(refuse(format!(
+                "segment {} names subtask {} of parallelism {}",
+                seg.state_path, seg.shard, r.old_parallelism
+            )));
+        };
+        *slot = entries;
+        stored[h] = true;
+    }
+    for (h, d) in descriptors.iter().enumerate() {
+        if !stored[h] {
+            continue;
+        }
+        let entries = crate::op_state::redistribute(
+            &d.name,
+            d.redistribution,
+            &old[h],
+            task.subtask_index,
+            task.parallelism,
+        )
+        .map_err(|e| refuse(format!("operator `{operator_id}`: {e}")))?;
+        states.set_entries(h as u32, entries);
+    }
+    Ok(())
 }
 
 /// Reads and verifies the segments `segments` of `operator_id` from checkpoint storage and
@@ -943,8 +1030,9 @@ impl Task {
             sink.begin(&sink_state.txn)?;
             sink_operator = self.operator_ids.last().cloned();
         }
-        // Keyed state and timers, one packed segment file per operator.
+        // Keyed state, timers and operator state, one packed segment file per operator.
         let mut segments = Vec::new();
+        let mut operator_state = Vec::new();
         let mut snapshot_bytes = 0u64;
         let subtask = self.id.subtask.0;
         for i in 0..self.stages.len() {
@@ -964,7 +1052,13 @@ impl Task {
                     parts.push((d.name.clone(), d.schema_version, s));
                 }
             }
-            if parts.is_empty() {
+            let op_parts: Vec<(String, u32, Vec<u8>, u64)> = op
+                .operator_state_mut()
+                .snapshot()
+                .into_iter()
+                .map(|(d, payload, n)| (d.name.clone(), d.schema_version, payload, n))
+                .collect();
+            if parts.is_empty() && op_parts.is_empty() {
                 continue;
             }
             // Scoped by epoch and attempt (= generation): a fenced attempt that still writes
@@ -1001,6 +1095,29 @@ impl Task {
                     entries: s.entries,
                 });
             }
+            for (name, schema, payload, n) in op_parts {
+                let offset = packed.len() as u64;
+                packed.extend_from_slice(&payload);
+                operator_state.push(SegmentDescriptor {
+                    state_path: nop_stream_checkpoint::names::operator_state_path(
+                        &self.namespace,
+                        epoch.0,
+                        &op_id,
+                        subtask,
+                        &name,
+                    ),
+                    operator_id: op_id.clone(),
+                    shard: subtask,
+                    state: name,
+                    file: file.clone(),
+                    offset,
+                    len: payload.len() as u64,
+                    checksum: payload_checksum(&payload),
+                    codec: "kv-lp/1".into(),
+                    schema_version: schema,
+                    entries: n,
+                });
+            }
             snapshot_bytes += packed.len() as u64;
             self.storage
                 .write_segment(&file, &packed)
@@ -1014,6 +1131,7 @@ impl Task {
             epoch,
             end_of_data: self.data_ended,
             segments,
+            operator_state,
             splits: self
                 .splits
                 .iter()

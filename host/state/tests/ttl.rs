@@ -23,6 +23,7 @@ fn descriptors() -> Vec<StateDescriptor> {
             kind,
             schema_version: 1,
             codec: "raw".into(),
+            schema_sha256: None,
         })
         .collect()
 }

@@ -17,6 +17,7 @@ fn snap(t: u32, epoch: u64) -> Box<TaskSnapshot> {
         epoch: EpochId(epoch),
         end_of_data: false,
         segments: Vec::new(),
+        operator_state: Vec::new(),
         splits: Vec::new(),
         watermarks: Vec::new(),
         ended_inputs: Vec::new(),
