@@ -861,7 +861,8 @@ fn a_reshard_migration_writes_a_new_savepoint_that_restores_exactly_and_leaves_t
 /// (written by `scripts/make-savepoint-fixture.sh`, each with the job file it was taken
 /// with), restore with this host: the check is compatible (a rebuilt component shows as
 /// `PLUGIN_LOGIC_CHANGED` with both sha256s, nothing else may differ) and the restored run
-/// at another parallelism commits exactly the uninterrupted run's output.
+/// at another parallelism (3, or the fixture's `parallelism` file) commits exactly the
+/// uninterrupted run's output.
 #[test]
 fn committed_savepoint_fixtures_restore_with_this_host() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/savepoints");
@@ -886,7 +887,11 @@ fn committed_savepoint_fixtures_restore_with_this_host() {
         let d = dirs();
         let sp = d.work.join("fixture");
         copy_dir(&fx, &sp);
-        let o = check(&sp, &j.0, &d, &["-p", "3", "--format", "json"]);
+        // The parallelism to restore at: 3, or the fixture's `parallelism` file.
+        let p = std::fs::read_to_string(fx.join("parallelism"))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "3".into());
+        let o = check(&sp, &j.0, &d, &["-p", &p, "--format", "json"]);
         assert_eq!(o.status.code(), Some(0), "{name}: {}", text(&o));
         let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(report["verdict"], "compatible", "{name}: {report}");
@@ -903,7 +908,7 @@ fn committed_savepoint_fixtures_restore_with_this_host() {
             }
         }
         let sp_dir = sp.display().to_string();
-        let o = run(&j.0, &d, &["-p", "3", "--from-savepoint", &sp_dir], None);
+        let o = run(&j.0, &d, &["-p", &p, "--from-savepoint", &sp_dir], None);
         assert!(o.status.success(), "{name}: {}", text(&o));
         assert!(text(&o).contains("restoring savepoint"), "{}", text(&o));
         assert_eq!(committed(&d.out), reference, "{name}: restored output");
