@@ -233,6 +233,7 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
         from_savepoint,
         actions_json,
         check_only: false,
+        pipeline: None,
     };
     let refused = |resp: CliResponse| -> Result<std::process::ExitCode> {
         match resp {

@@ -402,7 +402,8 @@ enum JobCommand {
         from_savepoint: Option<String>,
         /// With --from-savepoint: the actions file that clears the check's findings
         /// (rename-operator, drop-state, rename-state, init-empty, reshard, migrate-state,
-        /// accept-semantic-change, finalize-sink; fork needs an embedded `run`); an action
+        /// accept-semantic-change, finalize-sink, fork: the job then runs as the new
+        /// pipeline lineage, restored into its own namespace); an action
         /// that clears nothing is an error. A finalize-sink runs the old sink plugin here,
         /// from the plugin path (--plugins), after the coordinator's check and before the
         /// restore, so SP must then be a path this machine reads.

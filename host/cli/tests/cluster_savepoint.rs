@@ -103,6 +103,8 @@ fn a_cluster_savepoint_restores_at_another_parallelism_with_exact_output() {
     let before_sp = snapshot(&sp);
     let at_savepoint = tmp.path().join("out-at-savepoint");
     copy_dir(&out, &at_savepoint);
+    let sp_output = tmp.path().join("out-savepoint-copy");
+    copy_dir(&out, &sp_output);
     let (code, text) = submit_from(&cluster, &job.0, &out, &sp, &["-p", "3"]);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("restoring savepoint"), "{text}");
@@ -144,6 +146,42 @@ fn a_cluster_savepoint_restores_at_another_parallelism_with_exact_output() {
     let status = cluster.wait_finished(&id, Duration::from_secs(300));
     assert_eq!(report(&status)["resumed_from"].as_u64(), Some(epoch));
     check_per_carrier(&committed(&at_savepoint), &expected);
+
+    // Or forked into another pipeline lineage: the advanced namespace is left alone, the
+    // restore goes into the new lineage's namespace, and the output is exact again.
+    let forked_out = tmp.path().join("out-forked");
+    copy_dir(&sp_output, &forked_out);
+    let fork = tmp.path().join("fork.toml");
+    std::fs::write(
+        &fork,
+        "[[action]]\nkind = \"fork\"\nnamespace = \"replay\"\n",
+    )
+    .unwrap();
+    let fork_s = fork.display().to_string();
+    let (code, text) = submit_from(
+        &cluster,
+        &job.0,
+        &forked_out,
+        &sp,
+        &["-p", "2", "--actions", &fork_s],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(epoch));
+    check_per_carrier(&committed(&forked_out), &expected);
+    // A second fork into the same lineage finds its namespace taken.
+    let (code, text) = submit_from(
+        &cluster,
+        &job.0,
+        &forked_out,
+        &sp,
+        &["-p", "2", "--actions", &fork_s],
+    );
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("fork replay") && text.contains("already holds checkpoints"),
+        "{text}"
+    );
 
     // Per record (source cursors, sink transactions): every departure exactly once
     // across a stop at p=2 and a restore at p=3.

@@ -95,6 +95,12 @@ pub struct JobSubmission {
     /// `finalize-sink` as done and drops the sink's pending committables.
     #[serde(default)]
     pub check_only: bool,
+    /// The pipeline lineage to run the job as, in place of the job file's `[job]
+    /// pipeline`: set by the coordinator itself when a restore carries a `fork` action
+    /// (design §3.1: a new checkpoint namespace and new transaction ids), and kept in the
+    /// job's record so a restarted coordinator resumes the fork. `None` from the CLI.
+    #[serde(default)]
+    pub pipeline: Option<String>,
 }
 
 /// The answer to a [`CliRequest`].

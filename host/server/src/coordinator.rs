@@ -209,10 +209,16 @@ impl ClusterCoordinator {
 
     fn compile(&self, sub: &JobSubmission) -> Result<Compiled, String> {
         let model = parse_job_file(&sub.file, &sub.text).map_err(|d| d.to_string())?;
-        let model = match sub.parallelism {
+        let mut model = match sub.parallelism {
             Some(p) => model.with_parallelism(p),
             None => model,
         };
+        if let Some(lineage) = &sub.pipeline {
+            // A fork (design §3.1): another lineage, namespace and transaction ids.
+            model.job.pipeline = lineage.clone();
+            nop_stream_core::validate_model(&model)
+                .map_err(|d| format!("fork {lineage}: not a valid pipeline id: {d}"))?;
+        }
         let stream = stream_graph(&model, &RegistryCatalog(&self.plugins))
             .map_err(|d| d.with_file(&sub.file).to_string())?;
         let plan = partitioned_plan(&job_graph(&stream));
@@ -564,17 +570,41 @@ impl ClusterCoordinator {
                 report_json: serde_json::to_string(&report).map_err(|e| e.to_string())?,
             });
         }
-        if let Some(a) = actions
-            .actions
-            .iter()
-            .find(|a| matches!(a, Action::Fork { .. }))
-        {
-            return Err(format!(
-                "`{}`: forking into another pipeline lineage is not built for cluster jobs \
-                 yet (`nopstream run --from-savepoint` does it embedded)",
-                a.describe()
-            ));
-        }
+        // `fork`: the job runs as another pipeline lineage from here on (its record keeps
+        // the lineage), restored into that lineage's namespace, which must be empty
+        // unless --fresh.
+        let forked: Option<JobSubmission> = actions.actions.iter().find_map(|a| match a {
+            Action::Fork { namespace } => Some(JobSubmission {
+                pipeline: Some(namespace.clone()),
+                ..sub.clone()
+            }),
+            _ => None,
+        });
+        let (sub, compiled, namespace) = match &forked {
+            Some(f) => {
+                let c = self.compile(f)?;
+                let ns = PathBuf::from(&c.spec.checkpoint_dir);
+                let lineage = f.pipeline.as_deref().unwrap_or_default();
+                if !f.fresh
+                    && ns
+                        .join("manifests")
+                        .read_dir()
+                        .is_ok_and(|mut d| d.next().is_some())
+                {
+                    return Err(format!(
+                        "fork {lineage}: namespace {} already holds checkpoints; fork into \
+                         another one, or add --fresh to discard them",
+                        ns.display()
+                    ));
+                }
+                if f.fresh && ns.exists() && !f.check_only {
+                    std::fs::remove_dir_all(&ns).map_err(|e| format!("{}: {e}", ns.display()))?;
+                }
+                tracing::info!(%job, %lineage, "forking into another pipeline lineage");
+                (f, c, ns)
+            }
+            None => (sub, compiled, namespace),
+        };
         if sub.check_only {
             return Ok(CliResponse::SavepointChecked {
                 report_json: serde_json::to_string(&report).map_err(|e| e.to_string())?,

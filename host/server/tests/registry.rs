@@ -237,6 +237,7 @@ fn a_job_naming_a_plugin_the_registry_lacks_is_refused_by_name() {
         from_savepoint: None,
         actions_json: None,
         check_only: false,
+        pipeline: None,
     };
     let e = error_of(s.call(CliRequest::SubmitJob(sub.clone())));
     assert!(
