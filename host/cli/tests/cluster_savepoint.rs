@@ -405,6 +405,90 @@ fn a_schema_bump_restores_with_migrate_state_run_by_the_coordinator() {
     );
 }
 
+/// Non-keyed operator state restored on the cluster (seed §10.5): an embedded savepoint of
+/// `opstate-probe` at p=2 submitted at p=3 is refused for its `none` state (exit 2,
+/// `NON_KEYED_STATE_NOT_REDISTRIBUTABLE`); with `drop-state` the nodes take the
+/// split-registry and union entries exactly once and the broadcast copy made at p=2.
+#[test]
+fn operator_state_is_redistributed_by_its_policy_on_a_cluster_restore() {
+    let _g = serial();
+    let _t = Timed("restore with operator state", Instant::now());
+    let artifacts = Path::new(nop_stream_artifacts::PLUGIN_DIR);
+    let flights =
+        std::fs::read_to_string(common::cluster::repo().join("examples/flights/flights.toml"))
+            .unwrap();
+    let job = common::job::Job::new(
+        "cluster-savepoint",
+        "opstate",
+        &common::flights::probe_state_job_text(flights),
+    );
+    let o = Command::new(BIN)
+        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
+        .args(["--checkpoint-interval-ms", "50", "--output"])
+        .arg(&job.out)
+        .arg("--work-dir")
+        .arg(&job.work)
+        .arg(&job.file)
+        .env("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the failpoint fired");
+    let sp = job.dir.join("sp");
+    let o = Command::new(BIN)
+        .args(["savepoint", "promote"])
+        .arg(&job.file)
+        .arg("--work-dir")
+        .arg(&job.work)
+        .arg("--out")
+        .arg(&sp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let cluster = Cluster::start(2);
+    let (ok, text) = cluster.cli(
+        &["plugin", "upload"],
+        &[artifacts.join("opstate_probe.wasm")],
+    );
+    assert!(ok && text.contains("opstate-probe@0.1.0"), "{text}");
+    let (code, text) = submit_from(&cluster, &job.file, &job.out, &sp, &["-p", "3"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("NON_KEYED_STATE_NOT_REDISTRIBUTABLE none"),
+        "{text}"
+    );
+    let actions = job.dir.join("drop.toml");
+    std::fs::write(
+        &actions,
+        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/probe\"\nstate = \"none\"\n",
+    )
+    .unwrap();
+    let a = actions.display().to_string();
+    let (code, text) = submit_from(
+        &cluster,
+        &job.file,
+        &job.out,
+        &sp,
+        &["-p", "3", "--actions", &a],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let id = cluster.json(&["job", "list"])[0]["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(2));
+    let lines = |prefix: &str| -> Vec<String> {
+        committed(&job.out)
+            .into_iter()
+            .filter(|l| l.starts_with(prefix))
+            .collect()
+    };
+    assert_eq!(lines("S "), common::flights::delayed_flights("S", 120));
+    assert_eq!(lines("U "), common::flights::delayed_flights("U", 300));
+    assert_eq!(lines("B "), vec!["B p2"; 3]);
+}
+
 /// A sink swapped while the savepoint holds its pending transactions (JSONL ->
 /// blackhole-sink, `SINK_PROTOCOL_CHANGED`): refused without an action; with
 /// `finalize-sink`, `job submit` has the coordinator check, commits the pending JSONL

@@ -1229,58 +1229,9 @@ fn a_delta_overlay_rescales_a_crashed_job_and_refuses_forbidden_or_unacknowledge
     assert_eq!(committed(&d.out), reference, "restored 2->3 by a delta");
 }
 
-/// The flights job with `opstate-probe` (non-keyed operator state under every
-/// redistribution policy) in place of the keyed aggregate.
+/// The flights job with `opstate-probe` in place of the keyed aggregate.
 fn probe_state_job(tag: &str) -> JobFile {
-    job(tag, |t| {
-        let start = t.find("[[operator]]\nname = \"parse\"").unwrap();
-        let end = t.find("[[sink]]").unwrap();
-        let sink = t[end..].replace("inputs = [\"per-carrier\"]", "inputs = [\"probe\"]");
-        format!(
-            "{}[[operator]]\nname = \"parse\"\nplugin = \"flights-mapper@0.1.0\"\ninputs = [\"flights\"]\n\
-             config = {{ key = \"carrier\", fields = [\"year\", \"month\", \"day\", \"carrier\", \"flight\", \"origin\", \"sched_dep_time\", \"dep_delay\"] }}\n\n\
-             [[operator]]\nname = \"probe\"\nplugin = \"opstate-probe@0.1.0\"\ninputs = [\"parse\"]\n\
-             config = {{ split_over = 120, union_over = 300 }}\n\n{sink}",
-            &t[..start],
-        )
-    })
-}
-
-/// Flights delayed over `over` minutes as `<prefix> <natural key> <delay>`, from the CSV
-/// itself (the independent expectation of the probe's split and union states).
-fn delayed_flights(prefix: &str, over: i64) -> Vec<String> {
-    let csv = std::fs::read_to_string(repo().join("examples/flights/data/flights.csv")).unwrap();
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let col = |n: &str| {
-        header
-            .iter()
-            .position(|h| h.trim_matches('"') == n)
-            .unwrap()
-    };
-    let key = [
-        "year",
-        "month",
-        "day",
-        "carrier",
-        "flight",
-        "origin",
-        "sched_dep_time",
-    ]
-    .map(col);
-    let delay = col("dep_delay");
-    let mut out = Vec::new();
-    for l in lines {
-        let f: Vec<&str> = l.split(',').map(|x| x.trim_matches('"')).collect();
-        if let Ok(d) = f[delay].parse::<i64>()
-            && d > over
-        {
-            let id: Vec<&str> = key.iter().map(|&i| f[i]).collect();
-            out.push(format!("{prefix} {} {d}", id.join("-")));
-        }
-    }
-    out.sort();
-    out
+    job(tag, common::flights::probe_state_job_text)
 }
 
 /// Issue 11 "non-keyed operator state with a redistribution policy" (seed §10.5): a
@@ -1305,7 +1256,10 @@ fn operator_state_is_redistributed_by_its_declared_policy_on_a_rescale() {
     let d = dirs();
     let sp = crash_and_promote(&pdir, &j.0, &d, &["-p", "2"]);
     let sps = sp.display().to_string();
-    let (split, union) = (delayed_flights("S", 120), delayed_flights("U", 300));
+    let (split, union) = (
+        common::flights::delayed_flights("S", 120),
+        common::flights::delayed_flights("U", 300),
+    );
     // The savepoint holds part of the split entries, spread over both subtasks (so the
     // restores below really redistribute stored entries).
     let manifest = std::fs::read_dir(sp.join("manifests"))

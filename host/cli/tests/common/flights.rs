@@ -133,3 +133,43 @@ pub fn check_per_record(lines: &[String]) {
     assert_eq!(lines.len(), 336_776, "every departure exactly once");
     natural_keys(lines);
 }
+
+/// The flights job text `flights` (examples/flights/flights.toml) with
+/// `tests/plugins/opstate-probe` (non-keyed operator state under every redistribution
+/// policy; split entries for delays over 120 minutes, union entries over 300) in place of
+/// the keyed aggregate.
+pub fn probe_state_job_text(flights: String) -> String {
+    let start = flights.find("[[operator]]\nname = \"parse\"").unwrap();
+    let end = flights.find("[[sink]]").unwrap();
+    let sink = flights[end..].replace("inputs = [\"per-carrier\"]", "inputs = [\"probe\"]");
+    format!(
+        "{}[[operator]]\nname = \"parse\"\nplugin = \"flights-mapper@0.1.0\"\ninputs = [\"flights\"]\n\
+         config = {{ key = \"carrier\", fields = [\"year\", \"month\", \"day\", \"carrier\", \"flight\", \"origin\", \"sched_dep_time\", \"dep_delay\"] }}\n\n\
+         [[operator]]\nname = \"probe\"\nplugin = \"opstate-probe@0.1.0\"\ninputs = [\"parse\"]\n\
+         config = {{ split_over = 120, union_over = 300 }}\n\n{sink}",
+        &flights[..start],
+    )
+}
+
+/// Flights delayed over `over` minutes as `<prefix> <natural key> <delay>` (the key's
+/// fields joined by `-`), sorted: the probe's split (`S`, 120) and union (`U`, 300)
+/// entries, from the CSV itself.
+pub fn delayed_flights(prefix: &str, over: i64) -> Vec<String> {
+    let (header, lines) = csv_lines();
+    let header: Vec<&str> = header.split(',').map(|h| h.trim_matches('"')).collect();
+    let col = |n: &str| header.iter().position(|h| *h == n).unwrap();
+    let key = NATURAL_KEY.map(col);
+    let delay = col("dep_delay");
+    let mut out = Vec::new();
+    for l in &lines {
+        let f: Vec<&str> = l.split(',').map(|x| x.trim_matches('"')).collect();
+        if let Ok(d) = f[delay].parse::<i64>()
+            && d > over
+        {
+            let id: Vec<&str> = key.iter().map(|&i| f[i]).collect();
+            out.push(format!("{prefix} {} {d}", id.join("-")));
+        }
+    }
+    out.sort();
+    out
+}
