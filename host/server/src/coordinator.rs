@@ -26,7 +26,7 @@ use nop_stream_proto::session::{
     ComponentFrame, ComponentRef, Hello, JobSpec, NodeFrame, NodeRequestFrame, SandboxLimits,
 };
 use nop_stream_runtime::{Limits, PluginHost};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -81,9 +81,22 @@ pub struct ClusterCoordinator {
     jobs: JobStore,
     records: Mutex<BTreeMap<String, JobRecord>>,
     running: Mutex<HashMap<String, Running>>,
+    /// Jobs whose checkpoint namespace a `--from-savepoint` submission is replacing (from
+    /// its check until its job runs): any other submission of them is refused meanwhile,
+    /// so no run starts on, and no second restore rewrites, a namespace being seeded.
+    restoring: Mutex<BTreeSet<String>>,
     registry: OnceLock<NodeRegistry>,
     started: Instant,
     me: std::sync::Weak<ClusterCoordinator>,
+}
+
+/// Removes a job from [`ClusterCoordinator::restoring`] when its restore ends, however.
+struct RestoreGuard<'a>(&'a Mutex<BTreeSet<String>>, String);
+
+impl Drop for RestoreGuard<'_> {
+    fn drop(&mut self) {
+        lock(self.0).remove(&self.1);
+    }
 }
 
 impl std::fmt::Debug for ClusterCoordinator {
@@ -165,6 +178,7 @@ impl ClusterCoordinator {
             jobs,
             records: Mutex::new(records.iter().map(|r| (r.job.clone(), r.clone())).collect()),
             running: Mutex::new(HashMap::new()),
+            restoring: Mutex::new(BTreeSet::new()),
             registry: OnceLock::new(),
             started: Instant::now(),
             opts,
@@ -283,6 +297,11 @@ impl ClusterCoordinator {
         let mut compiled = self.compile(sub)?;
         compiled.rescale_from = restore.rescale_from.clone();
         let job = compiled.plan.job.job_id.to_string();
+        if !restore.seeded && lock(&self.restoring).contains(&job) {
+            return Err(format!(
+                "job `{job}` is being restored from a savepoint; submit again once it runs"
+            ));
+        }
         if lock(&self.running).contains_key(&job) {
             return Err(format!(
                 "job `{job}` is running; cancel it first (`nopstream job cancel {job}`)"
@@ -531,6 +550,15 @@ impl ClusterCoordinator {
         let given = sub.from_savepoint.as_deref().unwrap_or_default();
         let compiled = self.compile(sub)?;
         let job = compiled.plan.job.job_id.to_string();
+        // Held until the restored job runs (or this fails): first the guard, then the
+        // running check, so a concurrent restore is refused by one or the other.
+        if !lock(&self.restoring).insert(job.clone()) {
+            return Err(format!(
+                "job `{job}` is being restored from a savepoint by another submission; \
+                 submit again once it runs"
+            ));
+        }
+        let _restoring = RestoreGuard(&self.restoring, job.clone());
         if lock(&self.running).contains_key(&job) {
             return Err(format!(
                 "job `{job}` is running; stop it first (`nopstream stop {job} --savepoint`) \
