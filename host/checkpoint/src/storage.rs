@@ -5,6 +5,7 @@
 //! ```text
 //! <root>/manifests/<epoch, 20 digits>.json   published by temp file + fsync + rename + dir fsync
 //! <root>/epochs.log                          JSON lines: CREATED / DURABLE / COMMITTED / ABORTED
+//!                                            (compacted by retention past LOG_COMPACT_BYTES)
 //! <root>/segments/<epoch>/...                segment files written before the manifest
 //! ```
 
@@ -103,6 +104,8 @@ pub trait CheckpointStorage: Send + Sync {
     /// Keeps the latest `keep` durable epochs and whatever they reference; deletes older
     /// manifests and every segment directory no kept manifest references (orphans of
     /// aborted epochs included) below the newest kept epoch. Returns the deleted epochs.
+    /// A local namespace also compacts its epoch log once it exceeds
+    /// [`LOG_COMPACT_BYTES`], so an unbounded job's log stays bounded.
     ///
     /// # Errors
     /// I/O failure.
@@ -129,6 +132,14 @@ pub trait CheckpointStorage: Send + Sync {
         }
     }
 }
+
+/// Size past which [`LocalStorage`]'s retention compacts `epochs.log` (64 KiB, about 300
+/// epochs at ~200 bytes each): it keeps the records of the retained epochs and of later
+/// ones, and the last records holding the highest epoch and the highest attempt (what
+/// recovery takes from the log: the next epoch and attempt numbers, and whether the final
+/// epoch was committed). Older records go; `nopstream checkpoints` then shows no state for
+/// epochs whose manifests retention deleted anyway.
+pub const LOG_COMPACT_BYTES: u64 = 64 << 10;
 
 /// Local-file checkpoint storage for one namespace.
 #[derive(Debug, Clone)]
@@ -311,6 +322,11 @@ impl CheckpointStorage for LocalStorage {
                 deleted.push(*e);
             }
         }
+        if std::fs::metadata(self.root.join("epochs.log"))
+            .is_ok_and(|m| m.len() > LOG_COMPACT_BYTES)
+        {
+            self.compact_log(oldest_kept)?;
+        }
         // Segment directories are named by epoch; a manifest only references its own.
         let seg_root = self.root.join("segments");
         for entry in std::fs::read_dir(&seg_root).map_err(|e| io(&seg_root, e))? {
@@ -326,6 +342,46 @@ impl CheckpointStorage for LocalStorage {
             }
         }
         Ok(deleted)
+    }
+}
+
+impl LocalStorage {
+    /// Rewrites `epochs.log` without the records of epochs before `oldest_kept`, keeping
+    /// the last with the highest epoch and the last with the highest attempt (see
+    /// [`LOG_COMPACT_BYTES`]).
+    /// Atomic: a temporary file, fsynced, renamed over the log, then the directory
+    /// fsynced; a crash leaves the old log or the new one. Lines that do not parse (a torn
+    /// last line) are dropped, as [`CheckpointStorage::read_log`] skips them anyway.
+    fn compact_log(&self, oldest_kept: EpochId) -> Result<()> {
+        let path = self.root.join("epochs.log");
+        let records = self.read_log()?;
+        // The last record holding the highest epoch, and the last holding the highest
+        // attempt (one of each is all recovery needs of older records).
+        let last_max = |key: fn(&EpochLogRecord) -> u64| {
+            let max = records.iter().map(key).max();
+            records.iter().rposition(|r| Some(key(r)) == max)
+        };
+        let keep = [
+            last_max(|r| r.epoch.0),
+            last_max(|r| u64::from(r.attempt.0)),
+        ];
+        let mut text = Vec::new();
+        for (_, r) in records
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| r.epoch >= oldest_kept || keep.contains(&Some(*i)))
+        {
+            text.extend(serde_json::to_vec(r).map_err(|e| io(&path, e))?);
+            text.push(b'\n');
+        }
+        let tmp = self.root.join("epochs.log.compact");
+        {
+            let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+            f.write_all(&text).map_err(|e| io(&tmp, e))?;
+            f.sync_all().map_err(|e| io(&tmp, e))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        fsync_dir(&self.root)
     }
 }
 
@@ -414,6 +470,60 @@ mod tests {
             s.read_manifest(EpochId(7)),
             Err(StorageError::Corrupt { .. })
         ));
+    }
+
+    #[test]
+    fn retention_compacts_the_epoch_log_and_keeps_what_recovery_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalStorage::open(dir.path()).unwrap();
+        let log = |epoch: u64, state: EpochState, attempt: u32| {
+            s.append_log(&EpochLogRecord {
+                epoch: EpochId(epoch),
+                state,
+                attempt: AttemptId(attempt),
+                at_ms: 1,
+                detail: None,
+            })
+            .unwrap();
+        };
+        // 2,000 epochs of an unbounded job, three retained at a time.
+        for e in 1..=2000u64 {
+            let attempt = if e > 1500 { 2 } else { 1 };
+            log(e, EpochState::Created, attempt);
+            log(e, EpochState::Durable, attempt);
+            s.publish_manifest(&manifest(e)).unwrap();
+            log(e, EpochState::Committed, attempt);
+            s.retain(3).unwrap();
+            let size = std::fs::metadata(dir.path().join("epochs.log"))
+                .unwrap()
+                .len();
+            assert!(size <= LOG_COMPACT_BYTES + 1024, "epoch {e}: {size} bytes");
+        }
+        // An epoch created after the last retention (e.g. before a crash).
+        log(2001, EpochState::Created, 3);
+        let records = s.read_log().unwrap();
+        assert!(records.len() < 2000, "{} records", records.len());
+        assert_eq!(records.iter().map(|r| r.epoch.0).max(), Some(2001));
+        assert_eq!(records.iter().map(|r| r.attempt.0).max(), Some(3));
+        for e in 1998..=2000 {
+            let states: Vec<_> = records
+                .iter()
+                .filter(|r| r.epoch.0 == e)
+                .map(|r| r.state)
+                .collect();
+            assert_eq!(
+                states,
+                [
+                    EpochState::Created,
+                    EpochState::Durable,
+                    EpochState::Committed
+                ],
+                "retained epoch {e} keeps its records in order"
+            );
+        }
+        let mut epochs: Vec<u64> = records.iter().map(|r| r.epoch.0).collect();
+        epochs.dedup();
+        assert!(epochs.windows(2).all(|w| w[0] < w[1]), "append order kept");
     }
 
     #[test]

@@ -107,7 +107,7 @@ pub fn print_summary(report: &JobReport, dirs: &RunDirs) {
     for line in error_policy_lines(report) {
         println!("{line}");
     }
-    println!("  transactions     {} committed", report.committed.len());
+    println!("  transactions     {} committed", report.committed_total);
     dirs.print(&mut std::io::stdout());
 }
 

@@ -5,6 +5,10 @@ use nop_stream_proto::TaskReport;
 use serde::Serialize;
 use std::time::Duration;
 
+/// Most transactions [`JobReport::committed`] lists: the latest ones, so a report of an
+/// unbounded job stays bounded ([`JobReport::committed_total`] counts them all).
+pub const MAX_REPORTED_COMMITS: usize = 10_000;
+
 /// A transaction the job committed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CommittedTransaction {
@@ -39,8 +43,11 @@ pub struct JobReport {
     pub epochs: u64,
     /// Final epoch.
     pub final_epoch: Option<u64>,
-    /// Transactions committed in this run's durable epochs.
+    /// Transactions committed in this run's durable epochs, the latest
+    /// [`MAX_REPORTED_COMMITS`] of them, in commit order.
     pub committed: Vec<CommittedTransaction>,
+    /// Every transaction committed in this run's durable epochs.
+    pub committed_total: u64,
     /// Events of an attempt other than the current one that the coordinator refused
     /// (ACKs, ends of data, commits; design §2.5 "fencing").
     pub refused_stale_events: u64,

@@ -144,6 +144,7 @@ struct RunTally {
     resumed_from: Option<u64>,
     durable_epochs: u64,
     committed: Vec<CommittedTransaction>,
+    committed_total: u64,
     refused_stale: u64,
 }
 
@@ -260,6 +261,7 @@ fn report(
         epochs: tally.durable_epochs,
         final_epoch,
         committed: tally.committed.clone(),
+        committed_total: tally.committed_total,
         refused_stale_events: tally.refused_stale,
         tasks,
         stopped: false,
@@ -795,7 +797,16 @@ impl<E: TaskError> Driver<'_, E> {
                 && let Some(txns) = self.pending_txns.remove(&c)
             {
                 self.log(c, EpochState::Committed, None)?;
+                tally.committed_total += txns.len() as u64;
                 tally.committed.extend(txns);
+                // An unbounded job reports its latest commits only.
+                let over = tally
+                    .committed
+                    .len()
+                    .saturating_sub(crate::report::MAX_REPORTED_COMMITS);
+                if over > 0 {
+                    tally.committed.drain(..over);
+                }
             }
             if let Some(c) = self.coord.latest_committed() {
                 // Bookkeeping of epochs up to the latest committed one is done with; an

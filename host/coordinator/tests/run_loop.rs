@@ -335,6 +335,7 @@ fn a_job_runs_to_its_final_epoch_and_commits_it() {
     );
     // Both sink subtasks' transactions of the final epoch are reported committed, once.
     assert_eq!(report.committed.len(), 2);
+    assert_eq!(report.committed_total, 2);
     assert_eq!(report.tasks.len(), plan.ack_set.len());
     // A second run finds the job finished and deploys nothing.
     let mut again = Scripted::new(plan.clone());
