@@ -983,6 +983,9 @@ pub fn check(
 
 /// Whether `a` drops `state` of `operator` (or all of the operator's state; `state` ""
 /// asks for the whole operator only).
+/// Marks a finding cleared by the first action matching the predicate.
+type ClearFn<'a> = dyn Fn(&mut Finding, &dyn Fn(&Action) -> bool) + 'a;
+
 /// Findings on the non-keyed operator states of one operator (renamed by
 /// `state_renames`): removed, added, schema and codec changes, and a state without a
 /// redistribution policy at another parallelism (seed §10.5). Operator states have no
@@ -991,7 +994,7 @@ fn operator_state_findings(
     (o, n): (&OperatorMeta, &OperatorMeta),
     actions: &Actions,
     used: &[std::cell::Cell<bool>],
-    clear: &dyn Fn(&mut Finding, &dyn Fn(&Action) -> bool),
+    clear: &ClearFn<'_>,
     state_renames: &BTreeMap<&str, &str>,
     findings: &mut Vec<Finding>,
 ) {

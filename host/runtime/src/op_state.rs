@@ -12,6 +12,9 @@ use std::collections::BTreeMap;
 /// (offsets, rules, a model); large data belongs in keyed state, which spills to redb.
 pub const MAX_OPERATOR_STATE_BYTES: usize = 64 << 20;
 
+/// The entries of one operator state of one subtask: (id, value), ascending by id.
+pub type Entries = Vec<(String, Vec<u8>)>;
+
 /// The operator states of one instance.
 #[derive(Debug, Default)]
 pub struct OperatorStates {

@@ -450,7 +450,8 @@ fn restore_operator_state(
     let refuse = |message: String| RuntimeError::Restore { epoch, message };
     let states = op.operator_state_mut();
     let descriptors = states.descriptors().to_vec();
-    let mut old: Vec<Vec<Vec<(String, Vec<u8>)>>> =
+    // Per declared state, per old subtask: its entries.
+    let mut old: Vec<Vec<crate::op_state::Entries>> =
         vec![vec![Vec::new(); r.old_parallelism as usize]; descriptors.len()];
     // States without a segment (new, or dropped by an action) start empty.
     let mut stored = vec![false; descriptors.len()];
