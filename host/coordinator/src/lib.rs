@@ -20,7 +20,7 @@ mod run;
 mod workers;
 
 pub use error::CoordinatorError;
-pub use report::{CommittedTransaction, JobReport};
+pub use report::{CommittedTransaction, JobReport, MAX_REPORTED_COMMITS};
 pub use restore::{check_restore, check_restore_compatible, checkpoint_dir, checkpoint_namespace};
 pub use run::{CoordinatorOptions, SavepointRequest, open_namespace, restart_backoff, run_job};
 pub use workers::{Next, Workers};
