@@ -52,15 +52,63 @@ fn described<T: DeserializeOwned>(d: StateDescriptor) -> StateDescriptor {
 /// assert_ne!(schema_of::<(u64, i64)>(), schema_of::<Acc>());
 /// ```
 pub fn schema_of<T: DeserializeOwned>() -> Option<String> {
-    use serde_reflection::{FormatHolder, Samples, Tracer, TracerConfig};
-    let mut tracer = Tracer::new(TracerConfig::default());
+    use serde_reflection::{ContainerFormat, Error, FormatHolder, Samples, Tracer, TracerConfig};
     let samples = Samples::new();
-    let (mut root, _) = tracer.trace_type::<T>(&samples).ok()?;
-    root.normalize().ok()?;
-    let registry = tracer.registry().ok()?;
-    let mut out = String::from("postcard:");
-    render(&root, &registry, &mut Vec::new(), &mut out);
-    Some(out)
+    // `trace_type` explores every variant of `T` itself only if `T` is an enum; an enum
+    // nested in `T` (a field, an `Option`, a map value) is seen one variant per pass, and
+    // only once its name is known (the registry's `MissingVariants` names it) can a pass
+    // be asked for its next variant. So: trace, learn the incomplete enums' names, trace
+    // again from scratch until every known enum is complete, until none is missing.
+    // (Before, any state type with a nested enum had no description and was never
+    // compared.)
+    let mut enums: Vec<String> = Vec::new();
+    for _ in 0..64 {
+        let mut tracer = Tracer::new(TracerConfig::default());
+        let (mut root, _) = tracer.trace_type::<T>(&samples).ok()?;
+        for _ in 0..4096 {
+            let mut progress = false;
+            for name in &enums {
+                progress |= tracer.check_incomplete_enum(name).is_some();
+            }
+            if !progress {
+                break;
+            }
+            tracer.trace_type_once::<T>(&samples).ok()?;
+        }
+        root.normalize().ok()?;
+        match tracer.registry() {
+            // An enum reached only through another enum's later variant can be left
+            // part-traced (variants found by name but not yet by index, or not at all):
+            // serde-reflection then still returns a registry. No description beats an
+            // incomplete one.
+            Ok(registry) if registry.values().any(|c| match c {
+                ContainerFormat::Enum(vs) => {
+                    vs.is_empty() || vs.keys().any(|&i| i as usize >= vs.len())
+                }
+                _ => false,
+            }) =>
+            {
+                return None;
+            }
+            Ok(registry) => {
+                let mut out = String::from("postcard:");
+                render(&root, &registry, &mut Vec::new(), &mut out);
+                return Some(out);
+            }
+            Err(Error::MissingVariants(missing)) => {
+                let new: Vec<String> = missing
+                    .into_iter()
+                    .filter(|m| !enums.contains(m))
+                    .collect();
+                if new.is_empty() {
+                    return None;
+                }
+                enums.extend(new);
+            }
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 fn render(
