@@ -94,7 +94,8 @@ pub enum Redistribution {
     /// must be unique across subtasks (e.g. a source partition or file name).
     SplitRegistry,
     /// Every new subtask gets every entry of every old subtask, and filters what it needs
-    /// (Flink's union redistribution). Ids must be unique across subtasks.
+    /// (Flink's union redistribution). Ids must be unique across subtasks; copies of an
+    /// id with the same value (a subtask kept every entry it was handed) count once.
     Union,
     /// Every subtask holds the same entries; a new subtask gets one copy. A restore fails
     /// if the old copies differ.

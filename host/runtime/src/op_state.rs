@@ -172,13 +172,14 @@ pub fn decode(mut buf: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
 /// - at the same parallelism, every policy but `union` gives a subtask its own entries;
 /// - `split-registry`: all entries pooled, dealt in ascending id order round robin (the
 ///   `k`-th id goes to subtask `k mod parallelism`);
-/// - `union`: every entry of every old subtask, in (old subtask, id) order;
+/// - `union`: every entry of every old subtask, in (old subtask, id) order (equal copies
+///   of an id held by several old subtasks once);
 /// - `broadcast`: old subtask 0's entries, after checking every old subtask holds the same;
 /// - `none`: refused (the savepoint check asks for `drop-state` first).
 ///
 /// # Errors
-/// A message naming the state and what is wrong: an id held by two old subtasks (split,
-/// union), old copies that differ (broadcast), or a `none` state at another parallelism.
+/// A message naming the state and what is wrong: an id held by two old subtasks with
+/// different values (split, union), old copies that differ (broadcast), or a `none` state at another parallelism.
 pub fn redistribute(
     name: &str,
     policy: Redistribution,
@@ -187,16 +188,24 @@ pub fn redistribute(
     parallelism: u32,
 ) -> Result<Vec<(String, Vec<u8>)>, String> {
     let same = old.len() == parallelism as usize;
+    // Every id once. An id several old subtasks hold with the same value is one entry:
+    // that is what a union restore leaves behind when the plugin keeps what it was handed
+    // (every subtask then snapshots every entry), and refusing it would make the job's own
+    // next checkpoint unrestorable. Copies that differ are refused.
     let unique = || -> Result<BTreeMap<&String, &Vec<u8>>, String> {
         let mut all = BTreeMap::new();
         let mut owner = BTreeMap::new();
         for (i, entries) in old.iter().enumerate() {
             for (k, v) in entries {
-                if let Some(j) = owner.insert(k, i) {
+                if let Some(&j) = owner.get(k) {
+                    if all.get(k) == Some(&v) {
+                        continue;
+                    }
                     return Err(format!(
-                        "operator state `{name}` ({policy}): entry `{k}` is held by old subtasks {j} and {i}; ids must be unique across subtasks"
+                        "operator state `{name}` ({policy}): entry `{k}` is held by old subtasks {j} and {i} with different values; ids must be unique across subtasks"
                     ));
                 }
+                owner.insert(k, i);
                 all.insert(k, v);
             }
         }
@@ -205,7 +214,13 @@ pub fn redistribute(
     match policy {
         Redistribution::Union => {
             unique()?;
-            Ok(old.iter().flatten().cloned().collect())
+            let mut seen = std::collections::BTreeSet::new();
+            Ok(old
+                .iter()
+                .flatten()
+                .filter(|(k, _)| seen.insert(k))
+                .cloned()
+                .collect())
         }
         _ if same => Ok(old[index as usize].clone()),
         Redistribution::SplitRegistry => Ok(unique()?
@@ -264,9 +279,15 @@ mod tests {
         assert!(err.contains("`rules`") && err.contains("0 and 1"), "{err}");
         let err = redistribute("buf", Redistribution::None, &differ, 0, 3).unwrap_err();
         assert!(err.contains("`buf`") && err.contains("drop-state"), "{err}");
-        let dup = vec![e(&["x"]), e(&["x"])];
+        let dup = vec![e(&["x"]), vec![("x".to_string(), b"y".to_vec())]];
         let err = redistribute("off", Redistribution::SplitRegistry, &dup, 0, 3).unwrap_err();
         assert!(err.contains("`x`") && err.contains("0 and 1"), "{err}");
+        // Equal copies of an id count once.
+        let same = vec![e(&["x"]), e(&["x"])];
+        assert_eq!(
+            redistribute("off", Redistribution::SplitRegistry, &same, 0, 3).unwrap(),
+            e(&["x"])
+        );
     }
 
     #[test]
