@@ -82,8 +82,9 @@ pub struct ClusterCoordinator {
     records: Mutex<BTreeMap<String, JobRecord>>,
     running: Mutex<HashMap<String, Running>>,
     /// Jobs whose checkpoint namespace a `--from-savepoint` submission is replacing (from
-    /// its check until its job runs): any other submission of them is refused meanwhile,
-    /// so no run starts on, and no second restore rewrites, a namespace being seeded.
+    /// its check until its job runs), or that a plain submission is starting (until its
+    /// run is in `running`): any other submission of them is refused meanwhile, so no run
+    /// starts on, and no second restore rewrites, a namespace being seeded.
     restoring: Mutex<BTreeSet<String>>,
     registry: OnceLock<NodeRegistry>,
     started: Instant,
@@ -297,11 +298,21 @@ impl ClusterCoordinator {
         let mut compiled = self.compile(sub)?;
         compiled.rescale_from = restore.rescale_from.clone();
         let job = compiled.plan.job.job_id.to_string();
-        if !restore.seeded && lock(&self.restoring).contains(&job) {
-            return Err(format!(
-                "job `{job}` is being restored from a savepoint; submit again once it runs"
-            ));
-        }
+        // A plain submission holds the job in `restoring` too until its run is registered
+        // in `running`: checking the set and inserting into `running` later would let a
+        // restore that starts in between pass its running check and seed the namespace
+        // this run is starting on. (A seeded launch is the restore holding it already.)
+        let _launching = if restore.seeded {
+            None
+        } else {
+            if !lock(&self.restoring).insert(job.clone()) {
+                return Err(format!(
+                    "job `{job}` is being restored from a savepoint or submitted by another \
+                     request; submit again once it runs"
+                ));
+            }
+            Some(RestoreGuard(&self.restoring, job.clone()))
+        };
         if lock(&self.running).contains_key(&job) {
             return Err(format!(
                 "job `{job}` is running; cancel it first (`nopstream job cancel {job}`)"
