@@ -81,12 +81,13 @@ pub fn schema_of<T: DeserializeOwned>() -> Option<String> {
             // part-traced (variants found by name but not yet by index, or not at all):
             // serde-reflection then still returns a registry. No description beats an
             // incomplete one.
-            Ok(registry) if registry.values().any(|c| match c {
-                ContainerFormat::Enum(vs) => {
-                    vs.is_empty() || vs.keys().any(|&i| i as usize >= vs.len())
-                }
-                _ => false,
-            }) =>
+            Ok(registry)
+                if registry.values().any(|c| match c {
+                    ContainerFormat::Enum(vs) => {
+                        vs.is_empty() || vs.keys().any(|&i| i as usize >= vs.len())
+                    }
+                    _ => false,
+                }) =>
             {
                 return None;
             }
@@ -96,10 +97,7 @@ pub fn schema_of<T: DeserializeOwned>() -> Option<String> {
                 return Some(out);
             }
             Err(Error::MissingVariants(missing)) => {
-                let new: Vec<String> = missing
-                    .into_iter()
-                    .filter(|m| !enums.contains(m))
-                    .collect();
+                let new: Vec<String> = missing.into_iter().filter(|m| !enums.contains(m)).collect();
                 if new.is_empty() {
                     return None;
                 }

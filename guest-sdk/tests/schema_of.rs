@@ -39,8 +39,15 @@ fn top_level_enum_is_described() {
 
 #[test]
 fn an_enum_inside_a_struct_is_described() {
-    println!("{:?} {:?}", schema_of::<Session>(), schema_of::<SessionV2>());
-    assert!(schema_of::<Session>().is_some(), "no schema for a struct with an enum field");
+    println!(
+        "{:?} {:?}",
+        schema_of::<Session>(),
+        schema_of::<SessionV2>()
+    );
+    assert!(
+        schema_of::<Session>().is_some(),
+        "no schema for a struct with an enum field"
+    );
     assert_ne!(schema_of::<Session>(), schema_of::<SessionV2>());
 }
 

@@ -981,8 +981,6 @@ pub fn check(
     })
 }
 
-/// Whether `a` drops `state` of `operator` (or all of the operator's state; `state` ""
-/// asks for the whole operator only).
 /// Marks a finding cleared by the first action matching the predicate.
 type ClearFn<'a> = dyn Fn(&mut Finding, &dyn Fn(&Action) -> bool) + 'a;
 
@@ -1084,6 +1082,8 @@ fn operator_state_findings(
     }
 }
 
+/// Whether `a` drops `state` of `operator` (or all of the operator's state; `state` ""
+/// asks for the whole operator only).
 fn drops(a: &Action, operator: &str, state: &str) -> bool {
     match a {
         Action::DropState {
