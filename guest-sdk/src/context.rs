@@ -128,22 +128,39 @@ pub trait Context {
     /// (WIT `operator-state`, `0.2.1`). Its entries are restored before `open`, so `open`
     /// may read them.
     ///
+    /// The provided methods serve contexts without operator state (implementations
+    /// outside the SDK written before it existed): opening fails, so no handle reaches
+    /// the other methods.
+    ///
     /// # Errors
     /// [`crate::ErrorCode::State`] if no operator state of that name was declared.
-    fn open_operator_state(&mut self, name: &str) -> Result<StateHandle>;
+    fn open_operator_state(&mut self, name: &str) -> Result<StateHandle> {
+        Err(crate::PluginError::state(format!(
+            "operator state `{name}`: this context has no operator state"
+        )))
+    }
 
     /// The value of entry `id` of an operator state, if any.
-    fn operator_state_get(&mut self, state: StateHandle, id: &str) -> Option<Vec<u8>>;
+    fn operator_state_get(&mut self, state: StateHandle, id: &str) -> Option<Vec<u8>> {
+        unreachable!("operator state {state:?} (`{id}`) was never opened in this context")
+    }
 
     /// Sets entry `id` of an operator state. The host traps past 64 MiB of operator state
     /// per instance.
-    fn operator_state_put(&mut self, state: StateHandle, id: &str, value: &[u8]);
+    fn operator_state_put(&mut self, state: StateHandle, id: &str, value: &[u8]) {
+        let _ = value;
+        unreachable!("operator state {state:?} (`{id}`) was never opened in this context")
+    }
 
     /// Removes entry `id` of an operator state, if any.
-    fn operator_state_remove(&mut self, state: StateHandle, id: &str);
+    fn operator_state_remove(&mut self, state: StateHandle, id: &str) {
+        unreachable!("operator state {state:?} (`{id}`) was never opened in this context")
+    }
 
     /// Every entry of an operator state this subtask holds, ascending by id.
-    fn operator_state_entries(&mut self, state: StateHandle) -> Vec<(String, Vec<u8>)>;
+    fn operator_state_entries(&mut self, state: StateHandle) -> Vec<(String, Vec<u8>)> {
+        unreachable!("operator state {state:?} was never opened in this context")
+    }
 
     /// Looks up one value per key, in key order, in one host call.
     fn value_get_many(

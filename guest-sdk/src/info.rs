@@ -243,7 +243,9 @@ impl PluginInfo {
         self
     }
 
-    /// Declares a non-keyed operator state (see [`crate::OperatorState`]).
+    /// Declares a non-keyed operator state (see [`crate::OperatorState`]). Operators only:
+    /// sources keep their positions in split cursors and sinks in committables, and the
+    /// host asks only operators for these declarations.
     pub fn operator_state(mut self, state: OperatorStateDescriptor) -> Self {
         self.operator_states.push(state);
         self

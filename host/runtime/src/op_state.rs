@@ -104,17 +104,26 @@ impl OperatorStates {
     }
 
     /// Replaces the entries of state `h` (a restore).
-    pub fn set_entries(&mut self, h: u32, entries: Vec<(String, Vec<u8>)>) {
+    ///
+    /// # Errors
+    /// The instance's entries would exceed [`MAX_OPERATOR_STATE_BYTES`] (a union restore
+    /// hands every subtask every entry); the state is unchanged.
+    pub fn set_entries(&mut self, h: u32, entries: Vec<(String, Vec<u8>)>) -> Result<(), String> {
         let old: usize = self.entries[h as usize]
             .iter()
             .map(|(k, v)| k.len() + v.len())
             .sum();
-        self.bytes -= old;
-        self.bytes += entries
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>();
+        let new: usize = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let bytes = self.bytes - old + new;
+        if bytes > MAX_OPERATOR_STATE_BYTES {
+            return Err(format!(
+                "operator state `{}`: the restored entries would hold {bytes} bytes, over the limit of {MAX_OPERATOR_STATE_BYTES}",
+                self.descriptors[h as usize].name
+            ));
+        }
+        self.bytes = bytes;
         self.entries[h as usize] = entries.into_iter().collect();
+        Ok(())
     }
 
     /// Every declared state with its `kv-lp/1` payload and entry count, in handle order
@@ -238,7 +247,7 @@ pub fn redistribute(
             Ok(old.first().cloned().unwrap_or_default())
         }
         Redistribution::None => Err(format!(
-            "operator state `{name}` declares no redistribution policy (none) and cannot move from parallelism {} to {parallelism}; drop it with a drop-state action",
+            "operator state `{name}` declares no redistribution policy (none) and cannot move from parallelism {} to {parallelism}; restore from a savepoint with a drop-state action for it (`nopstream run --from-savepoint SP --actions A.toml`)",
             old.len()
         )),
     }

@@ -462,6 +462,15 @@ fn restore_operator_state(
                 seg.state
             )));
         };
+        // At the same parallelism only `union` hands a subtask other subtasks' entries:
+        // the rest is not read.
+        if r.old_parallelism == task.parallelism
+            && descriptors[h].redistribution != nop_stream_api::Redistribution::Union
+            && seg.shard != task.subtask_index
+        {
+            stored[h] = true;
+            continue;
+        }
         if descriptors[h].schema_version != seg.schema_version {
             return Err(refuse(format!(
                 "operator state `{}` of operator `{operator_id}` has schema version {} in the checkpoint but {} in the plugin; drop it with a drop-state action",
@@ -500,7 +509,9 @@ fn restore_operator_state(
             task.parallelism,
         )
         .map_err(|e| refuse(format!("operator `{operator_id}`: {e}")))?;
-        states.set_entries(h as u32, entries);
+        states
+            .set_entries(h as u32, entries)
+            .map_err(|e| refuse(format!("operator `{operator_id}`: {e}")))?;
     }
     Ok(())
 }
