@@ -25,7 +25,7 @@ fn open(dir: &std::path::Path, name: &str) -> KeyedState {
             schema_version: 1,
             codec: "u64-le".into(),
         }],
-        max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
+        memory_bytes: None,
         ttl_ms: Vec::new(),
     })
     .expect("open state")

@@ -22,4 +22,4 @@ pub use coordinator::{Command, EpochCoordinator, EpochState, Event};
 pub use manifest::*;
 pub use meta::{InputMeta, META_FORMAT, OperatorMeta, SnapshotMeta};
 pub use savepoint::{SAVEPOINT_FORMAT, SavepointInfo};
-pub use storage::{CheckpointStorage, EpochLogRecord, LocalStorage, StorageError};
+pub use storage::{CheckpointStorage, EpochLogRecord, LocalStorage, SegmentWriter, StorageError};

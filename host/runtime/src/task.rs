@@ -943,30 +943,29 @@ impl Task {
             sink.begin(&sink_state.txn)?;
             sink_operator = self.operator_ids.last().cloned();
         }
-        // Keyed state and timers, one packed segment file per operator.
+        // Keyed state and timers, one packed segment file per operator, written shard by
+        // shard as the state hands them over (a snapshot never sits whole in memory).
         let mut segments = Vec::new();
         let mut snapshot_bytes = 0u64;
         let subtask = self.id.subtask.0;
+        let storage = &self.storage;
         for i in 0..self.stages.len() {
             let Stage::Operator(op) = &mut self.stages[i] else {
                 continue;
             };
             let op_id = self.operator_ids[i].clone();
-            let mut parts: Vec<(String, u32, ShardSnapshot)> = Vec::new();
             op.sync_timers()?;
-            if let Some(ks) = op.state_mut() {
-                let descs = ks.descriptors().to_vec();
-                for s in ks.snapshot().map_err(|e| RuntimeError::Io {
-                    path: format!("state of operator `{}`", self.sites[i].operator),
-                    message: e.to_string(),
-                })? {
-                    let d = &descs[s.state as usize];
-                    parts.push((d.name.clone(), d.schema_version, s));
-                }
-            }
-            if parts.is_empty() {
+            let Some(ks) = op.state_mut() else {
                 continue;
-            }
+            };
+            let descs = ks.descriptors().to_vec();
+            // Read by the state budget test (target `nopstream::state`).
+            tracing::debug!(
+                target: "nopstream::state",
+                task = %self.id, epoch = epoch.0, operator = %op_id,
+                evictions = ks.evictions(), cached_bytes = ks.cached_bytes(),
+                "keyed state at the barrier"
+            );
             // Scoped by epoch and attempt (= generation): a fenced attempt that still writes
             // (a stopped node resumed) never touches a file a manifest of another
             // generation references (design §2.5, "Leases, generations, fencing").
@@ -976,38 +975,47 @@ impl Task {
                 subtask,
                 self.attempt.0,
             );
-            let mut packed = Vec::new();
-            for (name, schema, s) in parts {
-                let offset = packed.len() as u64;
-                packed.extend_from_slice(&s.payload);
+            let mut writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + '_>> = None;
+            let mut offset = 0u64;
+            let namespace = &self.namespace;
+            ks.snapshot_each(&mut |s: ShardSnapshot| {
+                let d = &descs[s.state as usize];
+                let w = match &mut writer {
+                    Some(w) => w,
+                    None => {
+                        writer.insert(storage.segment_writer(&file).map_err(|e| e.to_string())?)
+                    }
+                };
+                w.write(&s.payload).map_err(|e| e.to_string())?;
                 segments.push(SegmentDescriptor {
                     state_path: nop_stream_checkpoint::names::state_path(
-                        &self.namespace,
-                        epoch.0,
-                        &op_id,
-                        subtask,
-                        s.shard.0,
-                        &name,
+                        namespace, epoch.0, &op_id, subtask, s.shard.0, &d.name,
                     ),
                     operator_id: op_id.clone(),
                     shard: s.shard.0,
-                    state: name,
+                    state: d.name.clone(),
                     file: file.clone(),
                     offset,
                     len: s.payload.len() as u64,
                     checksum: payload_checksum(&s.payload),
                     codec: "kv-lp/1".into(),
-                    schema_version: schema,
+                    schema_version: d.schema_version,
                     entries: s.entries,
                 });
-            }
-            snapshot_bytes += packed.len() as u64;
-            self.storage
-                .write_segment(&file, &packed)
-                .map_err(|e| RuntimeError::Io {
+                offset += s.payload.len() as u64;
+                Ok(())
+            })
+            .map_err(|e| RuntimeError::Io {
+                path: format!("state of operator `{}` ({file})", self.sites[i].operator),
+                message: e.to_string(),
+            })?;
+            if let Some(w) = writer {
+                w.finish().map_err(|e| RuntimeError::Io {
                     path: file.clone(),
                     message: e.to_string(),
                 })?;
+            }
+            snapshot_bytes += offset;
         }
         let snapshot = TaskSnapshot {
             task: self.id.clone(),
