@@ -151,9 +151,11 @@ pub struct StateConfig {
 }
 
 /// Bytes the working set counts per cached entry on top of its key and value bytes: two
-/// hash-table buckets (key, slot and control byte). A table grows by doubling once it is
-/// 7/8 full, so it holds between 8/7 and 16/7 buckets per entry; two per entry covers
-/// that up to the worst case just after a growth.
+/// hash-table buckets (key, slot and control byte; 162 bytes on x86-64). A table grows by
+/// doubling once it is 7/8 full, so it holds between 8/7 and 16/7 buckets per entry: two
+/// cover it except just after a growth, when it may hold up to 14 % more than counted
+/// (less whatever of the counted key and value bytes sits inline in the bucket, up to 24
+/// bytes each).
 pub const ENTRY_OVERHEAD_BYTES: usize =
     2 * (std::mem::size_of::<Bytes>() + std::mem::size_of::<Slot>() + 1);
 
