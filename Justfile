@@ -41,6 +41,13 @@ soak *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     target/release/nopstream-bench soak {{ARGS}}
 
+# Large keyed state (issue 14 item 4): the keyed count with 1M and 5M distinct keys and 1 s
+# checkpoints: rec/s, bytes and stall per epoch, peak RSS, a run with the state memory budget
+# at a quarter of the state, recovery after SIGKILL; output checked against an expectation.
+bench-large-state *ARGS:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    target/release/nopstream-bench large-state --budget-fraction 0.25 {{ARGS}}
+
 # Cluster benchmarks (release build): keyed count on a coordinator + 2 node processes vs embedded, the QUIC channel hop vs in-process, recovery after a node SIGKILL.
 bench-cluster:
     cargo build --release -p nop-stream-cli -p nop-stream-bench

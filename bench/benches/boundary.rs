@@ -43,7 +43,7 @@ fn operator(
         shard_count: 128,
         owned: 0..128,
         states: plugin.info.states.clone(),
-        max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
+        memory_bytes: None,
         ttl_ms: Vec::new(),
     });
     let opts = InstanceOptions {

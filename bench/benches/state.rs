@@ -26,7 +26,7 @@ fn open(dir: &std::path::Path, name: &str) -> KeyedState {
             codec: "u64-le".into(),
             schema_sha256: None,
         }],
-        max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
+        memory_bytes: None,
         ttl_ms: Vec::new(),
     })
     .expect("open state")

@@ -20,6 +20,9 @@
 //!   seconds over interleaved runs and in instructions under callgrind ([`ckpt_cost`]).
 //! - `soak`: an unbounded generated keyed count with 1 s checkpoints and a state TTL for
 //!   N minutes, sampling RSS and checkpoint and state bytes over time ([`soak`]).
+//! - `large-state`: the keyed count with 1M and 5M distinct keys and 1 s checkpoints:
+//!   throughput, bytes and stall per epoch, peak RSS, a byte-budgeted working set, and
+//!   recovery after SIGKILL with the state built ([`large_state`]).
 //! - `postgres`: the Postgres workloads of issue 13 ([`pg`]): the postgres-sink alone,
 //!   the multi-row INSERT and COPY floors, JetStream -> Postgres; skipped with a message
 //!   when no server is configured.
@@ -31,6 +34,7 @@ mod cluster;
 mod cluster_bench;
 mod epochs;
 mod floor;
+mod large_state;
 mod measure;
 mod pg;
 mod report;
@@ -179,6 +183,37 @@ enum Cmd {
         /// Run without a TTL (state grows with the key space).
         #[arg(long)]
         no_ttl: bool,
+        /// The `nopstream` binary [default: next to this one].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// Large keyed state (issue 14 item 4): the keyed count over generated bids with
+    /// many distinct keys and 1 s checkpoints; per size records/s, bytes and stall per
+    /// epoch, peak RSS, a run with a working-set budget, and recovery after a SIGKILL
+    /// with the state built; every run's output checked against a native expectation;
+    /// writes `<out>/large-state.json`.
+    LargeState {
+        /// Distinct auctions per size, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000_000u32, 5_000_000])]
+        keys: Vec<u32>,
+        /// Bids per auction.
+        #[arg(long, default_value_t = 3)]
+        bids_per_key: u64,
+        /// Also run with `state_memory_bytes` at this fraction of the full state size.
+        #[arg(long)]
+        budget_fraction: Option<f64>,
+        /// Kill the recovery run once a durable epoch holds this fraction of the keys.
+        #[arg(long, default_value_t = 0.8)]
+        kill_fraction: f64,
+        /// Skip the recovery run.
+        #[arg(long)]
+        no_recovery: bool,
+        /// Records per batch.
+        #[arg(long, default_value_t = 1024)]
+        batch_records: u32,
         /// The `nopstream` binary [default: next to this one].
         #[arg(long)]
         nopstream: Option<PathBuf>,
@@ -631,6 +666,46 @@ fn dispatch(cli: Cli) -> Result<()> {
                 serde_json::to_string_pretty(&report)?,
             )?;
             println!("wrote {}/soak.json", setup.out.display());
+            Ok(())
+        }
+        Cmd::LargeState {
+            keys,
+            bids_per_key,
+            budget_fraction,
+            kill_fraction,
+            no_recovery,
+            batch_records,
+            nopstream,
+            out,
+        } => {
+            ensure!(
+                !keys.is_empty() && keys.iter().all(|&k| k > 0),
+                "--keys: give at least one size, each at least 1"
+            );
+            ensure!(
+                budget_fraction.is_none_or(|f| f > 0.0),
+                "--budget-fraction must be positive"
+            );
+            ensure!(
+                kill_fraction > 0.0 && kill_fraction <= 1.0,
+                "--kill-fraction must be in (0, 1]"
+            );
+            let setup = large_state::Setup {
+                nopstream: nopstream_binary(nopstream)?,
+                out: absolute(&out)?,
+                keys,
+                bids_per_key: bids_per_key.max(1),
+                budget_fraction,
+                kill_fraction: (!no_recovery).then_some(kill_fraction),
+                batch_records,
+            };
+            let report = large_state::run(&setup)?;
+            println!("\n{}", report.table());
+            std::fs::write(
+                setup.out.join("large-state.json"),
+                serde_json::to_string_pretty(&report)?,
+            )?;
+            println!("wrote {}/large-state.json", setup.out.display());
             Ok(())
         }
         Cmd::Report { out } => {

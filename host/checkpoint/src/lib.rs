@@ -23,5 +23,5 @@ pub use manifest::*;
 pub use meta::{InputMeta, META_FORMAT, OperatorMeta, SnapshotMeta};
 pub use savepoint::{SAVEPOINT_FORMAT, SavepointInfo};
 pub use storage::{
-    CheckpointStorage, EpochLogRecord, LOG_COMPACT_BYTES, LocalStorage, StorageError,
+    CheckpointStorage, EpochLogRecord, LOG_COMPACT_BYTES, LocalStorage, SegmentWriter, StorageError,
 };

@@ -65,6 +65,22 @@ pub trait CheckpointStorage: Send + Sync {
     /// I/O failure.
     fn write_segment(&self, rel: &str, bytes: &[u8]) -> Result<()>;
 
+    /// Opens the segment file `rel` to be written in parts ([`SegmentWriter`]); it is
+    /// durable and visible whole once [`SegmentWriter::finish`] returns, and absent if
+    /// the writer is dropped unfinished. The default buffers the parts in memory and
+    /// calls [`Self::write_segment`] at the finish; [`LocalStorage`] streams them to a
+    /// temporary file, so a large snapshot need not fit in memory.
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn segment_writer<'a>(&'a self, rel: &str) -> Result<Box<dyn SegmentWriter + 'a>> {
+        Ok(Box::new(BufferedSegment {
+            storage: self,
+            rel: rel.to_owned(),
+            bytes: Vec::new(),
+        }))
+    }
+
     /// Reads `len` bytes at `offset` of a segment file.
     ///
     /// # Errors
@@ -147,6 +163,71 @@ pub struct LocalStorage {
     root: PathBuf,
 }
 
+/// A segment file being written in parts ([`CheckpointStorage::segment_writer`]).
+pub trait SegmentWriter {
+    /// Appends `bytes`.
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn write(&mut self, bytes: &[u8]) -> Result<()>;
+
+    /// Makes the file durable and visible under its name.
+    ///
+    /// # Errors
+    /// I/O failure.
+    fn finish(self: Box<Self>) -> Result<()>;
+}
+
+/// The default [`SegmentWriter`]: parts collected in memory, written at the finish.
+struct BufferedSegment<'a, S: ?Sized> {
+    storage: &'a S,
+    rel: String,
+    bytes: Vec<u8>,
+}
+
+impl<S: CheckpointStorage + ?Sized> SegmentWriter for BufferedSegment<'_, S> {
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.bytes.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Result<()> {
+        self.storage.write_segment(&self.rel, &self.bytes)
+    }
+}
+
+/// [`LocalStorage`]'s [`SegmentWriter`]: a buffered temporary file beside the target,
+/// fsynced and renamed at the finish (as [`LocalStorage::write_segment`] does at once);
+/// removed if dropped unfinished.
+struct FileSegment {
+    path: PathBuf,
+    tmp: PathBuf,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl SegmentWriter for FileSegment {
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let f = self.file.as_mut().expect("open until finished");
+        f.write_all(bytes).map_err(|e| io(&self.tmp, e))
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        let f = self.file.take().expect("open until finished");
+        let f = f.into_inner().map_err(|e| io(&self.tmp, e.error()))?;
+        f.sync_all().map_err(|e| io(&self.tmp, e))?;
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| io(&self.path, e))?;
+        fsync_dir(self.path.parent().unwrap_or(Path::new(".")))
+    }
+}
+
+impl Drop for FileSegment {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 fn io(path: &Path, e: impl std::fmt::Display) -> StorageError {
     StorageError::Io {
         path: path.to_owned(),
@@ -210,6 +291,19 @@ impl CheckpointStorage for LocalStorage {
 
     fn write_segment(&self, rel: &str, bytes: &[u8]) -> Result<()> {
         Self::write_durably(&self.root.join(rel), bytes)
+    }
+
+    fn segment_writer<'a>(&'a self, rel: &str) -> Result<Box<dyn SegmentWriter + 'a>> {
+        let path = self.root.join(rel);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let file = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+        Ok(Box::new(FileSegment {
+            path,
+            tmp,
+            file: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+        }))
     }
 
     fn read_range(&self, rel: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -443,6 +537,27 @@ mod tests {
             )
         );
         assert_eq!(s.read_range("segments/1/op/0.seg", 0, 60).unwrap(), [7; 60]);
+    }
+
+    #[test]
+    fn a_segment_written_in_parts_appears_whole_at_the_finish_and_not_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalStorage::open(dir.path()).unwrap();
+        let rel = "segments/3/op/0.a1.seg";
+        let mut w = s.segment_writer(rel).unwrap();
+        w.write(b"hello ").unwrap();
+        w.write(b"world").unwrap();
+        assert!(!dir.path().join(rel).exists());
+        w.finish().unwrap();
+        assert_eq!(s.read_range(rel, 6, 5).unwrap(), b"world");
+        // Dropped unfinished: neither the file nor its temporary remains.
+        let mut w = s.segment_writer("segments/4/op/0.a1.seg").unwrap();
+        w.write(b"partial").unwrap();
+        drop(w);
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("segments/4/op"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]

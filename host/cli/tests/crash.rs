@@ -352,3 +352,103 @@ config = {{ summary_dir = "/output" }}
         },
     );
 }
+
+#[test]
+fn a_tiny_state_memory_budget_keeps_the_output_exact_through_kills() {
+    // Regression for the byte budget of the keyed working set (issue 14 item 4): 20,000
+    // auctions at parallelism 2 with `state_memory_bytes` of 1 MiB (512 KiB a subtask, a
+    // working set of a few thousand entries) flush and evict all the time; the committed
+    // output, uninterrupted and through SIGKILLs, equals the run without a budget.
+    const BIDS: u64 = 60_000;
+    let job = |budget: &str| {
+        format!(
+            r#"[job]
+name = "budget"
+parallelism = 2
+checkpoint_interval_ms = 50
+{budget}
+
+[[source]]
+name = "bids"
+plugin = "datagen-source@0.1.0"
+config = {{ records = {BIDS}, splits = 2, keys = 20000, records_per_second = 40000 }}
+
+[[operator]]
+name = "parse"
+plugin = "bids-parser@0.1.0"
+inputs = ["bids"]
+
+[[operator]]
+name = "count"
+plugin = "keyed-count@0.1.0"
+inputs = [{{ from = "parse", partition = "hash" }}]
+
+[[sink]]
+name = "out"
+plugin = "blackhole-sink@0.1.0"
+inputs = ["count"]
+grants = [{{ guest = "/output", host = "$OUTPUT", writable = true }}]
+config = {{ summary_dir = "/output" }}
+"#
+        )
+    };
+    let reference = Job::new("crash", "budget-ref", &job(""));
+    let (ok, log) = reference.run(None);
+    assert!(ok, "{log}");
+    let expected = common::files::blackhole_totals(&reference.out);
+    assert_eq!(expected.0, BIDS, "one count update per generated bid");
+
+    let text = job("state_memory_bytes = \"1MiB\"");
+    let mut budgeted = Job::new("crash", "budget-1mib", &text);
+    budgeted
+        .env
+        .push(("RUST_LOG".into(), "warn,nopstream::state=debug".into()));
+    let (ok, log) = budgeted.run(None);
+    assert!(ok, "{log}");
+    assert_eq!(common::files::blackhole_totals(&budgeted.out), expected);
+    // The budget was in force: the working set was trimmed, and never counted more than
+    // the working-set share (3/4 of 512 KiB) at a barrier.
+    // Without ANSI escapes (tracing colours field names).
+    let mut plain = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| c.is_ascii_alphabetic());
+        } else {
+            plain.push(c);
+        }
+    }
+    let evictions: Vec<(u64, u64)> = plain
+        .lines()
+        .filter(|l| l.contains("keyed state at the barrier"))
+        .filter_map(|l| {
+            let field = |k: &str| {
+                let at = l.find(&format!("{k}="))? + k.len() + 1;
+                l[at..].split_whitespace().next()?.parse::<u64>().ok()
+            };
+            Some((field("evictions")?, field("cached_bytes")?))
+        })
+        .collect();
+    assert!(!evictions.is_empty(), "{log}");
+    assert!(evictions.iter().any(|(n, _)| *n > 0), "{evictions:?}");
+    assert!(
+        evictions
+            .iter()
+            .all(|(_, bytes)| *bytes <= 3 * (512 << 10) / 4),
+        "{evictions:?}"
+    );
+
+    common::job::kill_rounds(
+        6,
+        1_500,
+        0xb0d9,
+        |round| Job::new("crash", &format!("budget-{round}"), &text),
+        |job, round| {
+            assert_eq!(
+                common::files::blackhole_totals(&job.out),
+                expected,
+                "round {round}: committed output differs from the run without a budget"
+            );
+        },
+    );
+}

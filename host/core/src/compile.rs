@@ -241,6 +241,7 @@ pub fn stream_graph(
             semantic: job.semantic,
             checkpoint_interval_ms: job.checkpoint_interval_ms,
             checkpoint_every_records: job.checkpoint_every_records,
+            state_memory_bytes: job.state_memory_bytes,
             state_shard_count: job.state_shards,
             batch_records: job.batch_records,
         },

@@ -91,9 +91,10 @@ fn job_field_class(key: &str) -> Option<ChangeClass> {
         "state_shards" => ChangeClass::StateAffecting,
         // Decided by the modes' order (see `apply_delta`).
         "semantic" => ChangeClass::Replan,
-        "checkpoint_interval_ms" | "checkpoint_every_records" | "batch_records" => {
-            ChangeClass::Replan
-        }
+        "checkpoint_interval_ms"
+        | "checkpoint_every_records"
+        | "batch_records"
+        | "state_memory_bytes" => ChangeClass::Replan,
         _ => return None,
     })
 }

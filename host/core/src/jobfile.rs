@@ -22,6 +22,10 @@
 //! checkpoint_every_records = 500000 # optional: also an epoch per this many records read
 //!                                   # by the sources together; >= 1
 //! batch_records = 1024              # default 1024; 1..=65536
+//! state_memory_bytes = "256MiB"     # optional: memory budget of the job's keyed state,
+//!                                   # split over its stateful subtasks; an integer (bytes)
+//!                                   # or a string with B, KiB, MiB, GiB, KB, MB or GB;
+//!                                   # >= 1 MiB
 //!
 //! [connections.pg]                  # a named connection (a node reaches it only if granted)
 //! kind = "postgres"                 # postgres, nats or redis
@@ -114,6 +118,8 @@ use toml::de::{DeTable, DeValue};
 pub const DEFAULT_PARALLELISM: u32 = 1;
 /// Default of `job.state_shards` (design §3.4: fixed for the job's life).
 pub const DEFAULT_STATE_SHARDS: u32 = 128;
+/// Smallest `job.state_memory_bytes` a job file may set, in bytes (1 MiB).
+pub const MIN_STATE_MEMORY_BYTES: u64 = 1 << 20;
 /// Default of `job.batch_records`.
 pub const DEFAULT_BATCH_RECORDS: u32 = 1024;
 /// Largest allowed `job.batch_records`.
@@ -552,6 +558,45 @@ fn get_int(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str, max: u64) -> 
     }
 }
 
+/// A byte size: an integer, or a string `<n><unit>` with unit `B`, `KiB`, `MiB`, `GiB`
+/// (powers of 1024) or `KB`, `MB`, `GB` (powers of 1000); spaces between are allowed.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let n: u64 = t[..digits].parse().ok()?;
+    let unit: u64 = match t[digits..].trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
+fn get_size(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str) -> Option<u64> {
+    match v.get_ref() {
+        DeValue::String(s) => {
+            let n = parse_size(s);
+            if n.is_none() {
+                cx.err(
+                    Some(v.span()),
+                    field,
+                    format!(
+                        "`{s}` is not a size; expected an integer number of bytes or a \
+                         string like \"256MiB\" (units B, KiB, MiB, GiB, KB, MB, GB)"
+                    ),
+                );
+            }
+            n
+        }
+        _ => get_int(cx, v, field, u64::MAX),
+    }
+}
+
 fn get_u32(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str) -> Option<u32> {
     get_int(cx, v, field, u64::from(u32::MAX)).map(|n| n as u32)
 }
@@ -566,6 +611,7 @@ fn placeholder_job() -> JobSpec {
         semantic: SemanticMode::default(),
         checkpoint_interval_ms: None,
         checkpoint_every_records: None,
+        state_memory_bytes: None,
         batch_records: DEFAULT_BATCH_RECORDS,
     }
 }
@@ -581,6 +627,7 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
         "checkpoint_interval_ms",
         "checkpoint_every_records",
         "batch_records",
+        "state_memory_bytes",
     ];
     check_keys(cx, t, "job", KEYS);
     spans.job_table = Some(span.clone());
@@ -627,6 +674,9 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
     }
     if let Some(v) = find(t, "checkpoint_every_records") {
         job.checkpoint_every_records = get_int(cx, v, "job.checkpoint_every_records", u64::MAX);
+    }
+    if let Some(v) = find(t, "state_memory_bytes") {
+        job.state_memory_bytes = get_size(cx, v, "job.state_memory_bytes");
     }
     if let Some(v) = find(t, "semantic")
         && let Some(s) = get_str(cx, v, "job.semantic")
@@ -1530,6 +1580,18 @@ fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
             "must be >= 1 (omit it to disable periodic checkpoints)".into(),
         );
     }
+    if let Some(bytes) = job.state_memory_bytes
+        && bytes < MIN_STATE_MEMORY_BYTES
+    {
+        push(
+            "job.state_memory_bytes".into(),
+            job_span("state_memory_bytes"),
+            format!(
+                "must be at least {MIN_STATE_MEMORY_BYTES} bytes (1 MiB), found {bytes} \
+                 (omit it for the default budget)"
+            ),
+        );
+    }
     if job.checkpoint_every_records == Some(0) {
         push(
             "job.checkpoint_every_records".into(),
@@ -1941,6 +2003,30 @@ config = { dir = "/output" }
     const MINIMAL_JOB: &str = "[job]\nname = \"j\"\n";
 
     #[test]
+    fn state_memory_bytes_takes_an_integer_or_a_size_with_a_unit() {
+        for (text, bytes) in [
+            ("268435456", 256 << 20),
+            ("\"256MiB\"", 256 << 20),
+            ("\"2 GiB\"", 2 << 30),
+            ("\"1500KB\"", 1_500_000),
+            ("\"1048576B\"", 1 << 20),
+        ] {
+            let m = parse_job_file(
+                "job.toml",
+                &format!("{MINIMAL_JOB}state_memory_bytes = {text}\n"),
+            )
+            .unwrap_or_else(|e| panic!("{text}: {e:?}"));
+            assert_eq!(m.job.state_memory_bytes, Some(bytes), "{text}");
+        }
+        let m = parse_job_file("job.toml", MINIMAL_JOB).unwrap();
+        assert_eq!(m.job.state_memory_bytes, None);
+        assert_eq!(parse_size("3 MB"), Some(3_000_000));
+        assert_eq!(parse_size("3 mb"), None);
+        assert_eq!(parse_size("MiB"), None);
+        assert_eq!(parse_size("99999999999999999999GiB"), None);
+    }
+
+    #[test]
     fn parses_the_full_example() {
         let m = parse_job_file("job.toml", EXAMPLE).unwrap();
         assert_eq!(m.job.name, "flights-per-carrier");
@@ -2167,6 +2253,21 @@ config = { dir = "/output" }
             (
                 format!("{MINIMAL_JOB}checkpoint_every_records = 0\n"),
                 "job.checkpoint_every_records",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}state_memory_bytes = 1000\n"),
+                "job.state_memory_bytes",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}state_memory_bytes = \"lots\"\n"),
+                "job.state_memory_bytes",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}state_memory_bytes = \"12 TB\"\n"),
+                "job.state_memory_bytes",
                 3,
             ),
             (

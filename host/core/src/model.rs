@@ -68,6 +68,12 @@ pub struct JobSpec {
     /// to compare instruction counts under valgrind (issue 14, item 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_records: Option<u64>,
+    /// Memory budget of the job's keyed state in bytes (job file `state_memory_bytes`, an
+    /// integer or a string such as `"256MiB"`); default none: every stateful subtask
+    /// keeps the default budget. Split evenly over the job's stateful operator subtasks;
+    /// see `nop_stream_state::StateConfig::memory_bytes` for what it counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_memory_bytes: Option<u64>,
     /// Records per batch; default 1024.
     pub batch_records: u32,
 }

@@ -28,6 +28,10 @@ pub struct JobMeta {
     /// together; `None` disables record-count checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_records: Option<u64>,
+    /// Memory budget of the job's keyed state in bytes, split evenly over its stateful
+    /// operator subtasks; `None`: the default budget per subtask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_memory_bytes: Option<u64>,
     /// Number of state shards of every keyed vertex (design §3.4); stable for the job's life.
     pub state_shard_count: u32,
     /// Maximum records per batch a source reads or a task forwards.

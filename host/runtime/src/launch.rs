@@ -81,6 +81,33 @@ impl<'a> TaskHost<'a> {
         })
     }
 
+    /// `job.state_memory_bytes` split evenly over the job's stateful operator subtasks
+    /// (operators whose plugin declares state, times their parallelism); `None` without
+    /// a budget.
+    fn state_memory_per_subtask(&self) -> Option<u64> {
+        let budget = self.plan.job.state_memory_bytes?;
+        let stateful: u64 = self
+            .plan
+            .vertices
+            .iter()
+            .map(|v| {
+                let ops = v
+                    .operators
+                    .iter()
+                    .filter(|op| {
+                        op.kind == PluginKind::Operator
+                            && self
+                                .plugins
+                                .get(&op.operator_id)
+                                .is_some_and(|p| !p.info.states.is_empty())
+                    })
+                    .count() as u64;
+                ops * u64::from(v.parallelism)
+            })
+            .sum();
+        Some(budget / stateful.max(1))
+    }
+
     fn task_info(
         &self,
         op: &PlannedOperator,
@@ -342,7 +369,7 @@ impl<'a> TaskHost<'a> {
                             .map(|s| op.state_ttl_ms.get(&s.name).copied())
                             .collect(),
                         states: plugin.info.states.clone(),
-                        max_cached_entries: StateConfig::DEFAULT_MAX_CACHED_ENTRIES,
+                        memory_bytes: self.state_memory_per_subtask(),
                     }
                 });
             stages.push(StageSpec {

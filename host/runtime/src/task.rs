@@ -1042,35 +1042,28 @@ impl Task {
             sink.begin(&sink_state.txn)?;
             sink_operator = self.operator_ids.last().cloned();
         }
-        // Keyed state, timers and operator state, one packed segment file per operator.
+        // Keyed state, timers and operator state, one packed segment file per operator,
+        // written shard by shard as the state hands them over (a snapshot never sits
+        // whole in memory).
         let mut segments = Vec::new();
         let mut operator_state = Vec::new();
         let mut snapshot_bytes = 0u64;
         let subtask = self.id.subtask.0;
+        let storage = &self.storage;
         for i in 0..self.stages.len() {
             let Stage::Operator(op) = &mut self.stages[i] else {
                 continue;
             };
             let op_id = self.operator_ids[i].clone();
-            let mut parts: Vec<(String, u32, ShardSnapshot)> = Vec::new();
             op.sync_timers()?;
-            if let Some(ks) = op.state_mut() {
-                let descs = ks.descriptors().to_vec();
-                for s in ks.snapshot().map_err(|e| RuntimeError::Io {
-                    path: format!("state of operator `{}`", self.sites[i].operator),
-                    message: e.to_string(),
-                })? {
-                    let d = &descs[s.state as usize];
-                    parts.push((d.name.clone(), d.schema_version, s));
-                }
-            }
             let op_parts: Vec<(String, u32, Vec<u8>, u64)> = op
                 .operator_state_mut()
                 .snapshot()
                 .into_iter()
                 .map(|(d, payload, n)| (d.name.clone(), d.schema_version, payload, n))
                 .collect();
-            if parts.is_empty() && op_parts.is_empty() {
+            let keyed = op.state_mut();
+            if keyed.is_none() && op_parts.is_empty() {
                 continue;
             }
             // Scoped by epoch and attempt (= generation): a fenced attempt that still writes
@@ -1082,41 +1075,64 @@ impl Task {
                 subtask,
                 self.attempt.0,
             );
-            let mut packed = Vec::new();
-            for (name, schema, s) in parts {
-                let offset = packed.len() as u64;
-                packed.extend_from_slice(&s.payload);
-                segments.push(SegmentDescriptor {
-                    state_path: nop_stream_checkpoint::names::state_path(
-                        &self.namespace,
-                        epoch.0,
-                        &op_id,
-                        subtask,
-                        s.shard.0,
-                        &name,
-                    ),
-                    operator_id: op_id.clone(),
-                    shard: s.shard.0,
-                    state: name,
-                    file: file.clone(),
-                    offset,
-                    len: s.payload.len() as u64,
-                    checksum: payload_checksum(&s.payload),
-                    codec: "kv-lp/1".into(),
-                    schema_version: schema,
-                    entries: s.entries,
-                });
+            let mut writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + '_>> = None;
+            let mut offset = 0u64;
+            let namespace = &self.namespace;
+            let io = |e: String| RuntimeError::Io {
+                path: format!("state of operator `{}` ({file})", self.sites[i].operator),
+                message: e,
+            };
+            if let Some(ks) = keyed {
+                let descs = ks.descriptors().to_vec();
+                // Read by the state budget test (target `nopstream::state`).
+                tracing::debug!(
+                    target: "nopstream::state",
+                    task = %self.id, epoch = epoch.0, operator = %op_id,
+                    evictions = ks.evictions(), cached_bytes = ks.cached_bytes(),
+                    "keyed state at the barrier"
+                );
+                ks.snapshot_each(&mut |s: ShardSnapshot| {
+                    let d = &descs[s.state as usize];
+                    let w = match &mut writer {
+                        Some(w) => w,
+                        None => {
+                            writer.insert(storage.segment_writer(&file).map_err(|e| e.to_string())?)
+                        }
+                    };
+                    w.write(&s.payload).map_err(|e| e.to_string())?;
+                    segments.push(SegmentDescriptor {
+                        state_path: nop_stream_checkpoint::names::state_path(
+                            namespace, epoch.0, &op_id, subtask, s.shard.0, &d.name,
+                        ),
+                        operator_id: op_id.clone(),
+                        shard: s.shard.0,
+                        state: d.name.clone(),
+                        file: file.clone(),
+                        offset,
+                        len: s.payload.len() as u64,
+                        checksum: payload_checksum(&s.payload),
+                        codec: "kv-lp/1".into(),
+                        schema_version: d.schema_version,
+                        entries: s.entries,
+                    });
+                    offset += s.payload.len() as u64;
+                    Ok(())
+                })
+                .map_err(|e| io(e.to_string()))?;
             }
             for (name, schema, payload, n) in op_parts {
-                let offset = packed.len() as u64;
-                packed.extend_from_slice(&payload);
+                let w = match &mut writer {
+                    Some(w) => w,
+                    None => writer.insert(
+                        storage
+                            .segment_writer(&file)
+                            .map_err(|e| io(e.to_string()))?,
+                    ),
+                };
+                w.write(&payload).map_err(|e| io(e.to_string()))?;
                 operator_state.push(SegmentDescriptor {
                     state_path: nop_stream_checkpoint::names::operator_state_path(
-                        &self.namespace,
-                        epoch.0,
-                        &op_id,
-                        subtask,
-                        &name,
+                        namespace, epoch.0, &op_id, subtask, &name,
                     ),
                     operator_id: op_id.clone(),
                     shard: subtask,
@@ -1129,14 +1145,15 @@ impl Task {
                     schema_version: schema,
                     entries: n,
                 });
+                offset += payload.len() as u64;
             }
-            snapshot_bytes += packed.len() as u64;
-            self.storage
-                .write_segment(&file, &packed)
-                .map_err(|e| RuntimeError::Io {
+            if let Some(w) = writer {
+                w.finish().map_err(|e| RuntimeError::Io {
                     path: file.clone(),
                     message: e.to_string(),
                 })?;
+            }
+            snapshot_bytes += offset;
         }
         let snapshot = TaskSnapshot {
             task: self.id.clone(),

@@ -28,6 +28,22 @@
 //! expired entries out and deletes them from redb, so neither checkpoints nor the database
 //! keep them. Lists and maps expire as a whole per key and namespace. Time is processing
 //! time ([`KeyedState::set_clock`] replaces the system clock in tests).
+//!
+//! ## Memory budget
+//!
+//! [`StateConfig::memory_bytes`] bounds the subtask's state memory (job file
+//! `state_memory_bytes`, split over the job's stateful subtasks; issue 14 item 4). Three
+//! quarters go to the working set, one quarter to redb's page cache (which redb keeps at
+//! or below its configured size, read and write buffers together). The working set counts
+//! per cached entry its key and value bytes plus [`ENTRY_OVERHEAD_BYTES`] (the hash
+//! table's bucket at its worst-case load, see there), and per namespace its bytes plus
+//! [`NAMESPACE_OVERHEAD_BYTES`]. Whenever an operation leaves the working set above its
+//! share, the state writes every dirty entry to redb (one non-durable transaction) and
+//! drops clean entries until the working set is at most half its share; later reads of
+//! dropped entries go to redb. The hash tables keep their capacity, so the memory they
+//! hold is that of the largest working set, which the budget bounds. Without a budget
+//! (`None`) the working set keeps every entry touched since the attempt began, and redb
+//! its default 1 GiB cache.
 
 pub mod codec;
 
@@ -78,6 +94,14 @@ pub enum StateError {
     /// A stored collection could not be decoded.
     #[error("corrupt stored value in state `{0}`")]
     Corrupt(String),
+    /// The consumer of a streamed snapshot ([`KeyedState::snapshot_each`]) failed.
+    #[error("snapshot of state `{state}`: {message}")]
+    Snapshot {
+        /// State whose shard was being handed over.
+        state: String,
+        /// The consumer's message.
+        message: String,
+    },
     /// The database failed.
     #[error("state database {path}: {message}")]
     Database {
@@ -115,19 +139,37 @@ pub struct StateConfig {
     pub owned: Range<u32>,
     /// Declared states; handles are indexes into this list.
     pub states: Vec<StateDescriptor>,
-    /// Working-set budget in entries; past it, a [`KeyedState::flush`] writes dirty entries
-    /// and drops clean ones. Default 1,000,000 (worst case about entries × (key + value +
-    /// 64 bytes) of memory).
-    pub max_cached_entries: usize,
+    /// Memory budget of this subtask's state in bytes: three quarters for the working
+    /// set, one quarter for redb's page cache (see the [module docs](self#memory-budget)).
+    /// `None` (the default): no budget, the working set holds every entry touched since
+    /// the attempt began and redb caches up to 1 GiB.
+    pub memory_bytes: Option<u64>,
     /// Time-to-live in milliseconds per declared state, by handle (same order as
     /// `states`); `None` or a missing entry: the state never expires. Default: empty (no
     /// TTL). See the [module docs](self#state-ttl).
     pub ttl_ms: Vec<Option<u64>>,
 }
 
-impl StateConfig {
-    /// Default working-set budget in entries.
-    pub const DEFAULT_MAX_CACHED_ENTRIES: usize = 1_000_000;
+/// Bytes the working set counts per cached entry on top of its key and value bytes: two
+/// hash-table buckets (key, slot and control byte; 162 bytes on x86-64). A table grows by
+/// doubling once it is 7/8 full, so it holds between 8/7 and 16/7 buckets per entry: two
+/// cover it except just after a growth, when it may hold up to 14 % more than counted
+/// (less whatever of the counted key and value bytes sits inline in the bucket, up to 24
+/// bytes each).
+pub const ENTRY_OVERHEAD_BYTES: usize =
+    2 * (std::mem::size_of::<Bytes>() + std::mem::size_of::<Slot>() + 1);
+
+/// Bytes the working set counts per namespace with cached entries, on top of the
+/// namespace bytes: its own hash table header, its key in the table of namespaces, and
+/// the table's first allocation.
+pub const NAMESPACE_OVERHEAD_BYTES: usize = 256;
+
+/// Smallest redb page cache a budget leaves redb, bytes (256 KiB).
+const MIN_REDB_CACHE_BYTES: u64 = 256 << 10;
+
+/// Bytes the working set counts for `key` cached with `value`.
+fn entry_cost(key_len: usize, value: Option<&Bytes>) -> usize {
+    key_len + value.map_or(0, |v| v.len()) + ENTRY_OVERHEAD_BYTES
 }
 
 /// Key or value bytes of the working set, inline up to 24 bytes: a lookup compares the
@@ -154,6 +196,8 @@ struct StateCache {
     in_db: std::collections::HashSet<Vec<u8>, foldhash::fast::RandomState>,
     /// The table held entries when the database was opened: any namespace may be there.
     opened_non_empty: bool,
+    /// Bytes this cache counts against the budget (see [`entry_cost`]).
+    bytes: usize,
 }
 
 impl StateCache {
@@ -172,8 +216,16 @@ impl StateCache {
         if !self.namespaced.contains_key(namespace) {
             self.namespaced
                 .insert(namespace.to_vec(), SlotMap::default());
+            self.bytes += namespace.len() + NAMESPACE_OVERHEAD_BYTES;
         }
         self.namespaced.get_mut(namespace).expect("just inserted")
+    }
+
+    /// Inserts a new slot (the key must not be cached), counting it.
+    fn insert(&mut self, namespace: &[u8], key: Bytes, slot: Slot) {
+        let cost = entry_cost(key.len(), slot.value.as_ref());
+        self.map_mut(namespace).insert(key, slot);
+        self.bytes += cost;
     }
 
     fn len(&self) -> usize {
@@ -184,6 +236,31 @@ impl StateCache {
     fn clear(&mut self) {
         self.plain.clear();
         self.namespaced.clear();
+        self.bytes = 0;
+    }
+
+    /// Drops clean entries until the cache counts at most `target` bytes (or no clean
+    /// entry is left). Arbitrary order: hash order, which is random per process.
+    fn evict_to(&mut self, target: usize) {
+        let mut bytes = self.bytes;
+        let keep = |bytes: &mut usize, k: &Bytes, s: &mut Slot| {
+            if *bytes <= target || s.dirty {
+                return true;
+            }
+            *bytes -= entry_cost(k.len(), s.value.as_ref());
+            false
+        };
+        self.plain.retain(|k, s| keep(&mut bytes, k, s));
+        self.namespaced.retain(|ns, m| {
+            m.retain(|k, s| keep(&mut bytes, k, s));
+            if m.is_empty() {
+                bytes -= ns.len() + NAMESPACE_OVERHEAD_BYTES;
+                false
+            } else {
+                true
+            }
+        });
+        self.bytes = bytes;
     }
 
     /// Whether redb may hold entries of `namespace`.
@@ -193,13 +270,20 @@ impl StateCache {
 
     /// Removes the slot of `key` (a delete of a value redb never held).
     fn remove(&mut self, namespace: &[u8], key: &[u8]) {
-        if namespace.is_empty() {
-            self.plain.remove(key);
+        let removed = if namespace.is_empty() {
+            self.plain.remove(key)
         } else if let Some(m) = self.namespaced.get_mut(namespace) {
-            m.remove(key);
+            let removed = m.remove(key);
             if m.is_empty() {
                 self.namespaced.remove(namespace);
+                self.bytes -= namespace.len() + NAMESPACE_OVERHEAD_BYTES;
             }
+            removed
+        } else {
+            None
+        };
+        if let Some(slot) = removed {
+            self.bytes -= entry_cost(key.len(), slot.value.as_ref());
         }
     }
 
@@ -262,7 +346,10 @@ pub struct KeyedState {
     owned: Range<u32>,
     states: Vec<StateDescriptor>,
     cache: Vec<StateCache>,
-    max_cached_entries: usize,
+    /// Working-set share of the budget, bytes (`None`: no budget).
+    working_set_bytes: Option<usize>,
+    /// Times the working set went over its share and was flushed and trimmed.
+    evictions: u64,
     /// TTL per handle (`None`: never expires).
     ttl: Vec<Option<u64>>,
     clock: Clock,
@@ -331,7 +418,13 @@ impl KeyedState {
         if let Some(dir) = config.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| db_err(&config.path, e))?;
         }
-        let db = Database::create(&config.path).map_err(|e| db_err(&config.path, e))?;
+        let mut builder = Database::builder();
+        if let Some(budget) = config.memory_bytes {
+            builder.set_cache_size((budget / 4).max(MIN_REDB_CACHE_BYTES) as usize);
+        }
+        let db = builder
+            .create(&config.path)
+            .map_err(|e| db_err(&config.path, e))?;
         // A reopened database may hold entries of any namespace.
         let mut cache = Vec::with_capacity(config.states.len());
         {
@@ -360,7 +453,10 @@ impl KeyedState {
             owned: config.owned,
             states: config.states,
             cache,
-            max_cached_entries: config.max_cached_entries,
+            working_set_bytes: config
+                .memory_bytes
+                .map(|b| usize::try_from(b - b / 4).unwrap_or(usize::MAX)),
+            evictions: 0,
             clock: std::sync::Arc::new(system_ms),
             expired_removed: 0,
         })
@@ -534,9 +630,10 @@ impl KeyedState {
         }
         *data = rebuilt;
         *ends = rebuilt_ends;
-        let map = self.cache[state as usize].map_mut(namespace);
+        let cache = &mut self.cache[state as usize];
         for ((_, key, _), value) in misses.into_iter().zip(loaded) {
-            map.insert(
+            cache.insert(
+                namespace,
                 Bytes::from_vec(key),
                 Slot {
                     in_db: value.is_some(),
@@ -545,7 +642,7 @@ impl KeyedState {
                 },
             );
         }
-        Ok(())
+        self.maybe_evict()
     }
 
     /// Stores one value per key.
@@ -583,17 +680,23 @@ impl KeyedState {
             }
             return Ok(());
         }
-        let in_db = self.cache[state as usize].maybe_in_db(namespace);
-        let map = self.cache[state as usize].map_mut(namespace);
+        let cache = &mut self.cache[state as usize];
+        let in_db = cache.maybe_in_db(namespace);
+        // Counted apart and added once: `map` borrows the cache.
+        let (mut added, mut removed) = (0usize, 0usize);
+        let map = cache.map_mut(namespace);
         for (key, value) in slices(keys, key_ends).zip(slices(values, value_ends)) {
             match map.get_mut(key) {
                 Some(slot) => {
                     let v = slot.value.get_or_insert_with(Bytes::new);
+                    removed += v.len();
+                    added += value.len();
                     v.clear();
                     v.extend_from_slice(value);
                     slot.dirty = true;
                 }
                 None => {
+                    added += key.len() + value.len() + ENTRY_OVERHEAD_BYTES;
                     map.insert(
                         Bytes::from_slice(key),
                         Slot {
@@ -605,7 +708,8 @@ impl KeyedState {
                 }
             }
         }
-        Ok(())
+        cache.bytes = cache.bytes + added - removed;
+        self.maybe_evict()
     }
 
     /// Reads the value bytes of one (state, namespace, key) through the cache (without
@@ -635,7 +739,8 @@ impl KeyedState {
             .as_deref()
             .and_then(|v| live(v, ttl, now))
             .map(<[u8]>::to_vec);
-        self.cache[state as usize].map_mut(namespace).insert(
+        self.cache[state as usize].insert(
+            namespace,
             Bytes::from_slice(key),
             Slot {
                 value: loaded.as_deref().map(Bytes::from_slice),
@@ -643,6 +748,7 @@ impl KeyedState {
                 in_db: loaded.is_some(),
             },
         );
+        self.maybe_evict()?;
         Ok(value)
     }
 
@@ -680,11 +786,15 @@ impl KeyedState {
                     .map_mut(namespace)
                     .get_mut(key)
                     .expect("checked above");
+                let old = slot.value.as_ref().map_or(0, |v| v.len());
                 slot.value = value.map(Bytes::from_vec);
                 slot.dirty = true;
+                let new = slot.value.as_ref().map_or(0, |v| v.len());
+                cache.bytes = cache.bytes + new - old;
             }
             (None, value) => {
-                cache.map_mut(namespace).insert(
+                cache.insert(
+                    namespace,
                     Bytes::from_slice(key),
                     Slot {
                         value: value.map(Bytes::from_vec),
@@ -694,7 +804,7 @@ impl KeyedState {
                 );
             }
         }
-        Ok(())
+        self.maybe_evict()
     }
 
     /// Removes the value of `key`.
@@ -942,16 +1052,40 @@ impl KeyedState {
         self.cache.iter().map(StateCache::len).sum()
     }
 
-    /// Flushes if the working set exceeds its budget; call between batches.
+    /// Bytes the working set counts against the budget (key and value bytes plus
+    /// [`ENTRY_OVERHEAD_BYTES`] per entry and [`NAMESPACE_OVERHEAD_BYTES`] per namespace).
+    pub fn cached_bytes(&self) -> usize {
+        self.cache.iter().map(|c| c.bytes).sum()
+    }
+
+    /// Times the working set went over its share of the budget and was flushed and
+    /// trimmed.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// If the working set counts more than its share of the budget: writes every dirty
+    /// entry to redb (non-durable) and drops clean entries until it counts at most half
+    /// its share. Every operation that adds to the working set calls it; without a budget
+    /// it does nothing.
     ///
     /// # Errors
     /// A database failure.
     pub fn maybe_evict(&mut self) -> Result<()> {
-        if self.cached_entries() > self.max_cached_entries {
-            self.flush(false)?;
-            for c in &mut self.cache {
-                c.clear();
-            }
+        let Some(share) = self.working_set_bytes else {
+            return Ok(());
+        };
+        if self.cached_bytes() <= share {
+            return Ok(());
+        }
+        self.flush(false)?;
+        self.evictions += 1;
+        // Every state keeps at most half of its part of the working set.
+        let total = self.cached_bytes().max(1);
+        let target = share / 2;
+        for c in &mut self.cache {
+            let part = (c.bytes as u128 * target as u128 / total as u128) as usize;
+            c.evict_to(part);
         }
         Ok(())
     }
@@ -980,6 +1114,7 @@ impl KeyedState {
                 plain,
                 namespaced,
                 in_db,
+                bytes,
                 ..
             } = cache;
             let maps = std::iter::once((&[][..], plain))
@@ -1009,9 +1144,20 @@ impl KeyedState {
                     in_db.insert(ns.to_vec());
                 }
                 // Flushed deletes need no slot any more.
-                map.retain(|_, s| s.value.is_some() || s.dirty);
+                map.retain(|k, s| {
+                    let keep = s.value.is_some() || s.dirty;
+                    if !keep {
+                        *bytes -= entry_cost(k.len(), None);
+                    }
+                    keep
+                });
             }
-            namespaced.retain(|_, m| !m.is_empty());
+            namespaced.retain(|ns, m| {
+                if m.is_empty() {
+                    *bytes -= ns.len() + NAMESPACE_OVERHEAD_BYTES;
+                }
+                !m.is_empty()
+            });
         }
         txn.commit().map_err(|e| db_err(&self.path, e))?;
         Ok(())
@@ -1027,14 +1173,34 @@ impl KeyedState {
     /// # Errors
     /// A database failure.
     pub fn snapshot(&mut self) -> Result<Vec<ShardSnapshot>> {
+        let mut out = Vec::new();
+        self.snapshot_each(&mut |s| {
+            out.push(s);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// [`Self::snapshot`], handing each (shard, state) payload to `consume` as soon as it
+    /// is built instead of collecting them, so a snapshot holds one shard's payload in
+    /// memory at a time (the budget of [`StateConfig::memory_bytes`] does not cover a
+    /// whole snapshot). Payloads come in state, then shard order.
+    ///
+    /// # Errors
+    /// A database failure, or [`StateError::Snapshot`] with the message `consume`
+    /// returned (the snapshot stops there).
+    pub fn snapshot_each(
+        &mut self,
+        consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
+    ) -> Result<()> {
         self.flush(false)?;
         let now = (self.clock)();
         let mut expired: Vec<(usize, Vec<u8>)> = Vec::new();
-        let out = self.snapshot_live(now, &mut expired)?;
+        self.snapshot_live(now, &mut expired, consume)?;
         if !expired.is_empty() {
             self.remove_expired(&expired)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Deletes the table keys `expired` (state index, table key) from redb and forgets
@@ -1077,9 +1243,9 @@ impl KeyedState {
         &self,
         now: u64,
         expired: &mut Vec<(usize, Vec<u8>)>,
-    ) -> Result<Vec<ShardSnapshot>> {
+        consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
+    ) -> Result<()> {
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
-        let mut out = Vec::new();
         for (i, desc) in self.states.iter().enumerate() {
             let ttl = self.ttl[i];
             let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
@@ -1110,16 +1276,20 @@ impl KeyedState {
                     entries += 1;
                 }
                 if entries > 0 {
-                    out.push(ShardSnapshot {
+                    consume(ShardSnapshot {
                         shard: StateShardId(shard),
                         state: i as u32,
                         entries,
                         payload,
-                    });
+                    })
+                    .map_err(|message| StateError::Snapshot {
+                        state: desc.name.clone(),
+                        message,
+                    })?;
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Loads shard payloads produced by [`Self::snapshot`] (possibly by another subtask

@@ -2,11 +2,17 @@
 
 use nop_stream_api::{StateDescriptor, StateKind};
 use nop_stream_core::shard_of;
-use nop_stream_state::{KeyedState, StateConfig, StateError};
+use nop_stream_state::{ENTRY_OVERHEAD_BYTES, KeyedState, StateConfig, StateError};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
-fn config(dir: &std::path::Path, owned: std::ops::Range<u32>, max_cached: usize) -> StateConfig {
+/// A state of three kinds; `max_cached`: working-set budget in entries of a one-byte key
+/// and value (`None`: no budget).
+fn config(
+    dir: &std::path::Path,
+    owned: std::ops::Range<u32>,
+    max_cached: Option<usize>,
+) -> StateConfig {
     StateConfig {
         path: dir.join("s.redb"),
         shard_count: 16,
@@ -34,7 +40,8 @@ fn config(dir: &std::path::Path, owned: std::ops::Range<u32>, max_cached: usize)
                 schema_sha256: None,
             },
         ],
-        max_cached_entries: max_cached,
+        // Three quarters of the budget go to the working set.
+        memory_bytes: max_cached.map(|n| (n * (2 + ENTRY_OVERHEAD_BYTES) * 4 / 3) as u64),
         ttl_ms: Vec::new(),
     }
 }
@@ -68,7 +75,7 @@ fn get(s: &mut KeyedState, ns: &[u8], keys: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> 
 #[test]
 fn key_outside_owned_shards_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = KeyedState::open(config(dir.path(), 0..8, 100)).unwrap();
+    let mut s = KeyedState::open(config(dir.path(), 0..8, None)).unwrap();
     let outside = (0u32..1000)
         .map(|i| i.to_string().into_bytes())
         .find(|k| shard_of(k, 16).0 >= 8)
@@ -84,7 +91,7 @@ fn key_outside_owned_shards_is_refused() {
 #[test]
 fn wrong_kind_and_unknown_handle_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
+    let mut s = KeyedState::open(config(dir.path(), 0..16, None)).unwrap();
     assert!(matches!(
         s.list_append(0, b"", b"k", b"x"),
         Err(StateError::WrongKind { .. })
@@ -101,7 +108,7 @@ fn wrong_kind_and_unknown_handle_are_refused() {
 fn state_survives_flush_and_reopen_and_keys_list_in_order() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
+        let mut s = KeyedState::open(config(dir.path(), 0..16, None)).unwrap();
         let keys: Vec<Vec<u8>> = ["b", "a", "c"]
             .iter()
             .map(|k| k.as_bytes().to_vec())
@@ -115,7 +122,7 @@ fn state_survives_flush_and_reopen_and_keys_list_in_order() {
         s.map_put(2, b"", b"a", b"b", b"2").unwrap();
         s.flush(true).unwrap();
     }
-    let mut s = KeyedState::open(config(dir.path(), 0..16, 100)).unwrap();
+    let mut s = KeyedState::open(config(dir.path(), 0..16, None)).unwrap();
     assert_eq!(
         get(
             &mut s,
@@ -178,7 +185,7 @@ proptest! {
     #[test]
     fn value_state_matches_btreemap_model(ops in proptest::collection::vec(op(), 1..60)) {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = KeyedState::open(config(dir.path(), 0..16, 4)).unwrap();
+        let mut s = KeyedState::open(config(dir.path(), 0..16, Some(4))).unwrap();
         let mut model: BTreeMap<(u8, u8), Vec<u8>> = BTreeMap::new();
         for op in ops {
             match op {
@@ -228,7 +235,7 @@ fn snapshot_moves_shards_between_subtasks() {
     let keys: Vec<Vec<u8>> = (0u32..200).map(|i| format!("k{i}").into_bytes()).collect();
     let mut snaps = Vec::new();
     for (name, owned) in [("a", 0..8), ("b", 8..16)] {
-        let mut cfg = config(&dir.path().join(name), owned.clone(), 1000);
+        let mut cfg = config(&dir.path().join(name), owned.clone(), None);
         cfg.path = dir.path().join(name).join("s.redb");
         let mut s = KeyedState::open(cfg).unwrap();
         for k in keys.iter().filter(|k| owned.contains(&shard_of(k, 16).0)) {
@@ -239,7 +246,7 @@ fn snapshot_moves_shards_between_subtasks() {
         snaps.extend(s.snapshot().unwrap());
     }
     assert!(snaps.iter().all(|s| s.entries > 0));
-    let mut all = KeyedState::open(config(&dir.path().join("c"), 0..16, 1000)).unwrap();
+    let mut all = KeyedState::open(config(&dir.path().join("c"), 0..16, None)).unwrap();
     all.restore(&snaps).unwrap();
     assert_eq!(
         get(&mut all, b"", &keys),
@@ -248,7 +255,7 @@ fn snapshot_moves_shards_between_subtasks() {
     assert_eq!(all.list_get(1, b"n", b"k7").unwrap(), vec![b"x".to_vec()]);
     assert_eq!(all.stored_entries().unwrap(), 400);
     // A subtask refuses shards it does not own.
-    let mut half = KeyedState::open(config(&dir.path().join("d"), 0..8, 1000)).unwrap();
+    let mut half = KeyedState::open(config(&dir.path().join("d"), 0..8, None)).unwrap();
     assert!(matches!(
         half.restore(&snaps),
         Err(StateError::KeyOutsideShards { .. })

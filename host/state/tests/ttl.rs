@@ -36,7 +36,7 @@ fn open(path: &std::path::Path, clock: &Arc<AtomicU64>) -> KeyedState {
         shard_count: SHARDS,
         owned: 0..SHARDS,
         states: descriptors(),
-        max_cached_entries: 1_000,
+        memory_bytes: None,
         ttl_ms: vec![Some(100), Some(100), Some(100), None],
     })
     .unwrap();
