@@ -80,6 +80,44 @@ fn stop_with_savepoint(cluster: &Cluster, id: &str, sp: &Path) -> u64 {
     info["epoch"].as_u64().unwrap()
 }
 
+/// An embedded run of `job` at p=2 with 50 ms epochs (its plugins searched in `plugins`
+/// too), crashed by a failpoint right after its second durable epoch, that epoch promoted
+/// to the savepoint `<job dir>/sp`, which is returned.
+fn embedded_savepoint(job: &common::job::Job, plugins: Option<&Path>) -> std::path::PathBuf {
+    let with_plugins = |c: &mut Command| {
+        if let Some(p) = plugins {
+            c.arg("--plugins").arg(p);
+        }
+    };
+    let mut c = Command::new(BIN);
+    with_plugins(&mut c);
+    let o = c
+        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
+        .args(["--checkpoint-interval-ms", "50", "--output"])
+        .arg(&job.out)
+        .arg("--work-dir")
+        .arg(&job.work)
+        .arg(&job.file)
+        .env("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the failpoint fired");
+    let sp = job.dir.join("sp");
+    let mut c = Command::new(BIN);
+    with_plugins(&mut c);
+    let o = c
+        .args(["savepoint", "promote"])
+        .arg(&job.file)
+        .arg("--work-dir")
+        .arg(&job.work)
+        .arg("--out")
+        .arg(&sp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    sp
+}
+
 /// The run report of a finished job.
 fn report(status: &Value) -> Value {
     serde_json::from_str(status["report_json"].as_str().unwrap()).unwrap()
@@ -337,32 +375,7 @@ fn a_schema_bump_restores_with_migrate_state_run_by_the_coordinator() {
     let v1 = common::job::Job::new("cluster-savepoint", "tally1", &tally("0.1.0"));
     let v2 = common::job::Job::new("cluster-savepoint", "tally2", &tally("0.2.0"));
     // An embedded run of v1 at p=2, crashed after its second durable epoch, promoted.
-    let o = Command::new(BIN)
-        .arg("--plugins")
-        .arg(plugins.path())
-        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
-        .args(["--checkpoint-interval-ms", "50", "--output"])
-        .arg(&v1.out)
-        .arg("--work-dir")
-        .arg(&v1.work)
-        .arg(&v1.file)
-        .env("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")
-        .output()
-        .unwrap();
-    assert!(!o.status.success(), "the failpoint fired");
-    let sp = v1.dir.join("sp");
-    let o = Command::new(BIN)
-        .arg("--plugins")
-        .arg(plugins.path())
-        .args(["savepoint", "promote"])
-        .arg(&v1.file)
-        .arg("--work-dir")
-        .arg(&v1.work)
-        .arg("--out")
-        .arg(&sp)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sp = embedded_savepoint(&v1, Some(plugins.path()));
 
     let cluster = Cluster::start(2);
     let (ok, text) = cluster.cli(&["plugin", "upload"], &[artifacts.join("tally_v2.wasm")]);
@@ -422,28 +435,7 @@ fn operator_state_is_redistributed_by_its_policy_on_a_cluster_restore() {
         "opstate",
         &common::flights::probe_state_job_text(flights),
     );
-    let o = Command::new(BIN)
-        .args(["run", "--no-progress", "--no-echo", "-p", "2"])
-        .args(["--checkpoint-interval-ms", "50", "--output"])
-        .arg(&job.out)
-        .arg("--work-dir")
-        .arg(&job.work)
-        .arg(&job.file)
-        .env("NOPSTREAM_FAILPOINTS", "after-manifest-publish=2")
-        .output()
-        .unwrap();
-    assert!(!o.status.success(), "the failpoint fired");
-    let sp = job.dir.join("sp");
-    let o = Command::new(BIN)
-        .args(["savepoint", "promote"])
-        .arg(&job.file)
-        .arg("--work-dir")
-        .arg(&job.work)
-        .arg("--out")
-        .arg(&sp)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sp = embedded_savepoint(&job, None);
 
     let cluster = Cluster::start(2);
     let (ok, text) = cluster.cli(

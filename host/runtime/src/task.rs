@@ -431,6 +431,20 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
     Ok(t.report)
 }
 
+/// The payload `seg` points at, its checksum verified; the message names the segment.
+fn read_segment(
+    storage: &dyn CheckpointStorage,
+    seg: &SegmentDescriptor,
+) -> std::result::Result<Vec<u8>, String> {
+    let bytes = storage
+        .read_range(&seg.file, seg.offset, seg.len)
+        .map_err(|e| e.to_string())?;
+    if payload_checksum(&bytes) != seg.checksum {
+        return Err(format!("segment {} failed its checksum", seg.state_path));
+    }
+    Ok(bytes)
+}
+
 /// Reads every old subtask's segments of `operator_id`'s non-keyed operator states and
 /// gives the instance its entries by each state's redistribution policy (seed §10.5,
 /// [`crate::op_state::redistribute`]).
@@ -477,15 +491,7 @@ fn restore_operator_state(
                 seg.state, seg.schema_version, descriptors[h].schema_version
             )));
         }
-        let bytes = storage
-            .read_range(&seg.file, seg.offset, seg.len)
-            .map_err(|e| refuse(e.to_string()))?;
-        if payload_checksum(&bytes) != seg.checksum {
-            return Err(refuse(format!(
-                "segment {} failed its checksum",
-                seg.state_path
-            )));
-        }
+        let bytes = read_segment(storage, seg).map_err(refuse)?;
         let entries = crate::op_state::decode(&bytes)
             .map_err(|e| refuse(format!("segment {}: {e}", seg.state_path)))?;
         let Some(slot) = old[h].get_mut(seg.shard as usize) else {
@@ -544,15 +550,7 @@ fn read_shards(
                 seg.state, seg.schema_version, states[i].schema_version
             )));
         }
-        let bytes = storage
-            .read_range(&seg.file, seg.offset, seg.len)
-            .map_err(|e| refuse(e.to_string()))?;
-        if payload_checksum(&bytes) != seg.checksum {
-            return Err(refuse(format!(
-                "segment {} failed its checksum",
-                seg.state_path
-            )));
-        }
+        let bytes = read_segment(storage, seg).map_err(refuse)?;
         out.push(ShardSnapshot {
             shard: nop_stream_api::StateShardId(seg.shard),
             state: i as u32,
