@@ -118,6 +118,26 @@ fn embedded_savepoint(job: &common::job::Job, plugins: Option<&Path>) -> std::pa
     sp
 }
 
+/// Writes `actions` to `file`, submits `job` from `sp` at p=3 with it (output `out`),
+/// waits for the job to finish and checks it resumed from the savepoint's epoch 2.
+fn restore_with_actions(
+    cluster: &Cluster,
+    (job, out, sp): (&Path, &Path, &Path),
+    file: &Path,
+    actions: &str,
+) {
+    std::fs::write(file, actions).unwrap();
+    let a = file.display().to_string();
+    let (code, text) = submit_from(cluster, job, out, sp, &["-p", "3", "--actions", &a]);
+    assert_eq!(code, Some(0), "{text}");
+    let id = cluster.json(&["job", "list"])[0]["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(2));
+}
+
 /// The run report of a finished job.
 fn report(status: &Value) -> Value {
     serde_json::from_str(status["report_json"].as_str().unwrap()).unwrap()
@@ -386,27 +406,12 @@ fn a_schema_bump_restores_with_migrate_state_run_by_the_coordinator() {
         text.contains("STATE_SCHEMA_BUMPED count v1 -> v2  -> migrate-state | drop-state"),
         "{text}"
     );
-    let actions = v1.dir.join("migrate.toml");
-    std::fs::write(
-        &actions,
-        "[[action]]\nkind = \"migrate-state\"\noperator = \"operators/per-carrier\"\nstate = \"count\"\n",
-    )
-    .unwrap();
-    let a = actions.display().to_string();
-    let (code, text) = submit_from(
+    restore_with_actions(
         &cluster,
-        &v2.file,
-        &v1.out,
-        &sp,
-        &["-p", "3", "--actions", &a],
+        (&v2.file, &v1.out, &sp),
+        &v1.dir.join("migrate.toml"),
+        "[[action]]\nkind = \"migrate-state\"\noperator = \"operators/per-carrier\"\nstate = \"count\"\n",
     );
-    assert_eq!(code, Some(0), "{text}");
-    let id = cluster.json(&["job", "list"])[0]["job"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let status = cluster.wait_finished(&id, Duration::from_secs(300));
-    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(2));
     let expected: Vec<String> = expected_per_carrier()
         .into_iter()
         .map(|(c, e)| format!("{c} {} v0.2.0", e.flights))
@@ -449,27 +454,12 @@ fn operator_state_is_redistributed_by_its_policy_on_a_cluster_restore() {
         text.contains("NON_KEYED_STATE_NOT_REDISTRIBUTABLE none"),
         "{text}"
     );
-    let actions = job.dir.join("drop.toml");
-    std::fs::write(
-        &actions,
-        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/probe\"\nstate = \"none\"\n",
-    )
-    .unwrap();
-    let a = actions.display().to_string();
-    let (code, text) = submit_from(
+    restore_with_actions(
         &cluster,
-        &job.file,
-        &job.out,
-        &sp,
-        &["-p", "3", "--actions", &a],
+        (&job.file, &job.out, &sp),
+        &job.dir.join("drop.toml"),
+        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/probe\"\nstate = \"none\"\n",
     );
-    assert_eq!(code, Some(0), "{text}");
-    let id = cluster.json(&["job", "list"])[0]["job"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let status = cluster.wait_finished(&id, Duration::from_secs(300));
-    assert_eq!(report(&status)["resumed_from"].as_u64(), Some(2));
     let lines = |prefix: &str| -> Vec<String> {
         committed(&job.out)
             .into_iter()

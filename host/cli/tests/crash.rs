@@ -296,24 +296,21 @@ fn resume_with_a_changed_plan_is_refused() {
     check_per_record(&job.committed());
 }
 
-#[test]
-fn generated_input_replays_exactly_after_random_kills() {
-    // datagen-source (3 splits, throttled so kills land mid-run) -> bids-parser -> HASH ->
-    // keyed-count (one (auction, running count) update per bid) -> blackhole-sink at
-    // parallelism 2. Every auction's counts 1..n appear once each, so the committed
-    // multiset, and the sink's order-independent checksum, is the same for any run that
-    // neither loses nor repeats a bid.
-    const BIDS: u64 = 150_000;
-    let text = format!(
+/// The job text of datagen-source (config `source`) -> bids-parser -> HASH -> keyed-count
+/// -> blackhole-sink at parallelism 2 with 50 ms epochs, named `name`, with `job_extra`
+/// lines in its `[job]` table.
+fn bids_count_job(name: &str, job_extra: &str, source: &str) -> String {
+    format!(
         r#"[job]
-name = "datagen-crash"
+name = "{name}"
 parallelism = 2
 checkpoint_interval_ms = 50
+{job_extra}
 
 [[source]]
 name = "bids"
 plugin = "datagen-source@0.1.0"
-config = {{ records = {BIDS}, splits = 3, keys = 500, rotate_every = 50, records_per_second = 100000 }}
+config = {{ {source} }}
 
 [[operator]]
 name = "parse"
@@ -332,6 +329,23 @@ inputs = ["count"]
 grants = [{{ guest = "/output", host = "$OUTPUT", writable = true }}]
 config = {{ summary_dir = "/output" }}
 "#
+    )
+}
+
+#[test]
+fn generated_input_replays_exactly_after_random_kills() {
+    // datagen-source (3 splits, throttled so kills land mid-run) -> bids-parser -> HASH ->
+    // keyed-count (one (auction, running count) update per bid) -> blackhole-sink at
+    // parallelism 2. Every auction's counts 1..n appear once each, so the committed
+    // multiset, and the sink's order-independent checksum, is the same for any run that
+    // neither loses nor repeats a bid.
+    const BIDS: u64 = 150_000;
+    let text = bids_count_job(
+        "datagen-crash",
+        "",
+        &format!(
+            "records = {BIDS}, splits = 3, keys = 500, rotate_every = 50, records_per_second = 100000"
+        ),
     );
     let reference = Job::new("crash", "datagen-ref", &text);
     let (ok, log) = reference.run(None);
@@ -361,35 +375,10 @@ fn a_tiny_state_memory_budget_keeps_the_output_exact_through_kills() {
     // output, uninterrupted and through SIGKILLs, equals the run without a budget.
     const BIDS: u64 = 60_000;
     let job = |budget: &str| {
-        format!(
-            r#"[job]
-name = "budget"
-parallelism = 2
-checkpoint_interval_ms = 50
-{budget}
-
-[[source]]
-name = "bids"
-plugin = "datagen-source@0.1.0"
-config = {{ records = {BIDS}, splits = 2, keys = 20000, records_per_second = 40000 }}
-
-[[operator]]
-name = "parse"
-plugin = "bids-parser@0.1.0"
-inputs = ["bids"]
-
-[[operator]]
-name = "count"
-plugin = "keyed-count@0.1.0"
-inputs = [{{ from = "parse", partition = "hash" }}]
-
-[[sink]]
-name = "out"
-plugin = "blackhole-sink@0.1.0"
-inputs = ["count"]
-grants = [{{ guest = "/output", host = "$OUTPUT", writable = true }}]
-config = {{ summary_dir = "/output" }}
-"#
+        bids_count_job(
+            "budget",
+            budget,
+            &format!("records = {BIDS}, splits = 2, keys = 20000, records_per_second = 40000"),
         )
     };
     let reference = Job::new("crash", "budget-ref", &job(""));
