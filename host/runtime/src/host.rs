@@ -28,24 +28,29 @@ pub const MAX_LOG_LINE: usize = 4096;
 /// One registered timer: (domain, timestamp, key, namespace).
 pub type TimerEntry = (u8, i64, Vec<u8>, Vec<u8>);
 
-type FastHash = foldhash::fast::RandomState;
+/// A timer key kept inline up to 24 bytes (the keys of the SDK's operators are 8).
+type InlineKey = smallvec::SmallVec<[u8; 24]>;
+/// A timer namespace kept inline up to 16 bytes (a window's is 16, CEP's 3).
+type InlineNamespace = smallvec::SmallVec<[u8; 16]>;
 
 /// The keys of one (domain, timestamp, namespace), each with whether it is written to
-/// the `__timers` state yet.
-type KeySet = HashMap<Box<[u8]>, bool, FastHash>;
+/// the `__timers` state yet: inline while there is one (CEP holds one timer per key, at
+/// its own deadline), a hash set beyond (windows: every key of a window at its end).
+enum TimerKeys {
+    One(InlineKey, bool),
+    Many(HashMap<InlineKey, bool, foldhash::fast::RandomState>),
+}
 
-/// The timers of one (domain, timestamp): per namespace, its keys.
-type TimerBucket = HashMap<Box<[u8]>, KeySet, FastHash>;
-
-/// The in-memory index of registered timers: per (domain, timestamp), per namespace, the
-/// set of keys, each with whether it is written to the `__timers` state yet.
-/// Registration is an integer-keyed B-tree step plus two hash lookups and allocates only
-/// for a new timer (a repeated registration is a lookup). Due timers come out grouped
-/// per (timestamp, namespace), namespaces and keys in ascending byte order, so firing
-/// order is deterministic.
+/// The in-memory index of registered timers: one ordered map from (domain, timestamp,
+/// namespace) to its keys. A registration is one B-tree step (per call of
+/// `register-keys`, not per key) plus one hash lookup per key, and allocates nothing for
+/// a known timer, nor for a new one whose (timestamp, namespace) holds no other key (keys
+/// up to 24 bytes and namespaces up to 16 are inline; tree nodes are shared). Due timers
+/// come out grouped per (timestamp, namespace), namespaces and keys in ascending byte
+/// order, so firing order is deterministic and independent of registration order.
 #[derive(Default)]
 pub(crate) struct TimerIndex {
-    buckets: BTreeMap<(u8, i64), TimerBucket>,
+    groups: BTreeMap<(u8, i64, InlineNamespace), TimerKeys>,
     len: usize,
 }
 
@@ -55,19 +60,34 @@ pub(crate) struct DueGroup {
     pub(crate) domain: u8,
     pub(crate) timestamp: i64,
     pub(crate) namespace: Box<[u8]>,
-    pub(crate) keys: Vec<(Box<[u8]>, bool)>,
+    pub(crate) keys: Vec<(InlineKey, bool)>,
+}
+
+impl TimerKeys {
+    /// Adds `key` unless present; whether it was added.
+    fn add(&mut self, key: &[u8], persisted: bool) -> bool {
+        match self {
+            TimerKeys::One(k, _) if k.as_slice() == key => false,
+            TimerKeys::One(k, p) => {
+                let mut set = HashMap::with_capacity_and_hasher(2, Default::default());
+                set.insert(std::mem::take(k), *p);
+                set.insert(InlineKey::from_slice(key), persisted);
+                *self = TimerKeys::Many(set);
+                true
+            }
+            TimerKeys::Many(set) => {
+                if set.contains_key(key) {
+                    false
+                } else {
+                    set.insert(InlineKey::from_slice(key), persisted);
+                    true
+                }
+            }
+        }
+    }
 }
 
 impl TimerIndex {
-    /// The key set of (domain, timestamp, namespace), created if absent.
-    fn key_set(&mut self, domain: u8, timestamp: i64, namespace: &[u8]) -> &mut KeySet {
-        let bucket = self.buckets.entry((domain, timestamp)).or_default();
-        if !bucket.contains_key(namespace) {
-            bucket.insert(namespace.into(), KeySet::default());
-        }
-        bucket.get_mut(namespace).expect("just inserted")
-    }
-
     /// Adds a timer (`persisted`: already in the `__timers` state); a duplicate keeps
     /// the existing entry.
     pub(crate) fn insert(
@@ -78,11 +98,13 @@ impl TimerIndex {
         namespace: &[u8],
         persisted: bool,
     ) {
-        let set = self.key_set(domain, timestamp, namespace);
-        if !set.contains_key(key) {
-            set.insert(key.into(), persisted);
-            self.len += 1;
-        }
+        self.insert_many(
+            domain,
+            timestamp,
+            namespace,
+            std::iter::once(key),
+            persisted,
+        );
     }
 
     /// Adds the (not yet persisted) timers of `keys` for one (domain, timestamp,
@@ -94,15 +116,34 @@ impl TimerIndex {
         namespace: &[u8],
         keys: impl Iterator<Item = &'k [u8]>,
     ) {
-        let set = self.key_set(domain, timestamp, namespace);
-        let mut added = 0;
+        self.insert_many(domain, timestamp, namespace, keys, false);
+    }
+
+    fn insert_many<'k>(
+        &mut self,
+        domain: u8,
+        timestamp: i64,
+        namespace: &[u8],
+        mut keys: impl Iterator<Item = &'k [u8]>,
+        persisted: bool,
+    ) {
+        use std::collections::btree_map::Entry;
+        let group = (domain, timestamp, InlineNamespace::from_slice(namespace));
+        let set = match self.groups.entry(group) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let Some(first) = keys.next() else {
+                    return;
+                };
+                self.len += 1;
+                e.insert(TimerKeys::One(InlineKey::from_slice(first), persisted))
+            }
+        };
         for key in keys {
-            if !set.contains_key(key) {
-                set.insert(key.into(), false);
-                added += 1;
+            if set.add(key, persisted) {
+                self.len += 1;
             }
         }
-        self.len += added;
     }
 
     /// Removes a timer; `Some(persisted)` if it was registered.
@@ -113,14 +154,18 @@ impl TimerIndex {
         key: &[u8],
         namespace: &[u8],
     ) -> Option<bool> {
-        let bucket = self.buckets.get_mut(&(domain, timestamp))?;
-        let set = bucket.get_mut(namespace)?;
-        let persisted = set.remove(key)?;
-        if set.is_empty() {
-            bucket.remove(namespace);
-            if bucket.is_empty() {
-                self.buckets.remove(&(domain, timestamp));
+        let group = (domain, timestamp, InlineNamespace::from_slice(namespace));
+        let set = self.groups.get_mut(&group)?;
+        let (persisted, now_empty) = match set {
+            TimerKeys::One(k, p) if k.as_slice() == key => (*p, true),
+            TimerKeys::One(..) => return None,
+            TimerKeys::Many(keys) => {
+                let p = keys.remove(key)?;
+                (p, keys.is_empty())
             }
+        };
+        if now_empty {
+            self.groups.remove(&group);
         }
         self.len -= 1;
         Some(persisted)
@@ -130,34 +175,45 @@ impl TimerIndex {
     /// (timestamp, namespace): groups in timestamp then namespace order, keys ascending.
     pub(crate) fn pop_due(&mut self, domain: u8, up_to: i64) -> Vec<DueGroup> {
         let mut due = Vec::new();
-        while let Some((&(d, ts), _)) = self.buckets.range((domain, i64::MIN)..).next() {
+        loop {
+            let Some(entry) = self
+                .groups
+                .range((domain, i64::MIN, InlineNamespace::new())..)
+                .next()
+            else {
+                break;
+            };
+            let (d, ts) = (entry.0.0, entry.0.1);
             if d != domain || ts > up_to {
                 break;
             }
-            let bucket = self.buckets.remove(&(d, ts)).expect("just seen");
-            let mut groups: Vec<(Box<[u8]>, KeySet)> = bucket.into_iter().collect();
-            groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            for (namespace, set) in groups {
-                let mut keys: Vec<(Box<[u8]>, bool)> = set.into_iter().collect();
-                keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                self.len -= keys.len();
-                due.push(DueGroup {
-                    domain: d,
-                    timestamp: ts,
-                    namespace,
-                    keys,
-                });
-            }
+            let group = entry.0.clone();
+            let set = self.groups.remove(&group).expect("just seen");
+            let keys = match set {
+                TimerKeys::One(k, p) => vec![(k, p)],
+                TimerKeys::Many(set) => {
+                    let mut keys: Vec<(InlineKey, bool)> = set.into_iter().collect();
+                    keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                    keys
+                }
+            };
+            self.len -= keys.len();
+            due.push(DueGroup {
+                domain: d,
+                timestamp: ts,
+                namespace: group.2.as_slice().into(),
+                keys,
+            });
         }
         due
     }
 
     /// Whether any timer of `domain` is registered.
     pub(crate) fn has_domain(&self, domain: u8) -> bool {
-        self.buckets
-            .range((domain, i64::MIN)..)
+        self.groups
+            .range((domain, i64::MIN, InlineNamespace::new())..)
             .next()
-            .is_some_and(|((d, _), _)| *d == domain)
+            .is_some_and(|((d, _, _), _)| *d == domain)
     }
 
     /// Number of registered timers.
@@ -165,13 +221,18 @@ impl TimerIndex {
         self.len
     }
 
-    /// Every (domain, timestamp, namespace) with its keys, in (domain, timestamp) order.
-    pub(crate) fn groups_mut(
+    /// Every timer as (domain, timestamp, namespace, key, persisted flag), grouped per
+    /// (domain, timestamp, namespace) in that order; keys within a group unordered.
+    pub(crate) fn entries_mut(
         &mut self,
-    ) -> impl Iterator<Item = ((u8, i64), &[u8], &mut KeySet)> + '_ {
-        self.buckets
-            .iter_mut()
-            .flat_map(|(dt, b)| b.iter_mut().map(move |(ns, set)| (*dt, ns.as_ref(), set)))
+    ) -> impl Iterator<Item = (u8, i64, &[u8], &[u8], &mut bool)> + '_ {
+        self.groups.iter_mut().flat_map(|((d, ts, ns), set)| {
+            let keys: Box<dyn Iterator<Item = (&InlineKey, &mut bool)>> = match set {
+                TimerKeys::One(k, p) => Box::new(std::iter::once((&*k, p))),
+                TimerKeys::Many(keys) => Box::new(keys.iter_mut()),
+            };
+            keys.map(move |(k, p)| (*d, *ts, ns.as_slice(), k.as_slice(), p))
+        })
     }
 }
 
@@ -278,22 +339,39 @@ impl StoreData {
         let mut keys: Vec<u8> = Vec::new();
         let mut key_ends: Vec<u32> = Vec::new();
         let mut value_ends: Vec<u32> = Vec::new();
-        for ((d, ts), namespace, set) in self.timers.groups_mut() {
+        let mut group: Option<(u8, i64, Vec<u8>)> = None;
+        let mut flush = |group: &Option<(u8, i64, Vec<u8>)>,
+                         keys: &mut Vec<u8>,
+                         key_ends: &mut Vec<u32>|
+         -> Result<(), StateError> {
+            if let Some((d, ts, namespace)) = group
+                && !key_ends.is_empty()
+            {
+                value_ends.clear();
+                value_ends.resize(key_ends.len(), 0);
+                let ns = timer_namespace(*d, *ts, namespace);
+                ks.value_put_many(h, &ns, keys, key_ends, &[], &value_ends)?;
+            }
             keys.clear();
             key_ends.clear();
-            for (key, persisted) in set.iter_mut().filter(|(_, p)| !**p) {
-                keys.extend_from_slice(key);
-                key_ends.push(keys.len() as u32);
-                *persisted = true;
-            }
-            if key_ends.is_empty() {
+            Ok(())
+        };
+        for (d, ts, namespace, key, persisted) in self.timers.entries_mut() {
+            if *persisted {
                 continue;
             }
-            value_ends.clear();
-            value_ends.resize(key_ends.len(), 0);
-            let ns = timer_namespace(d, ts, namespace);
-            ks.value_put_many(h, &ns, &keys, &key_ends, &[], &value_ends)?;
+            let same = group
+                .as_ref()
+                .is_some_and(|(gd, gts, gns)| *gd == d && *gts == ts && gns == namespace);
+            if !same {
+                flush(&group, &mut keys, &mut key_ends)?;
+                group = Some((d, ts, namespace.to_vec()));
+            }
+            keys.extend_from_slice(key);
+            key_ends.push(keys.len() as u32);
+            *persisted = true;
         }
+        flush(&group, &mut keys, &mut key_ends)?;
         Ok(())
     }
 
@@ -755,6 +833,71 @@ mod tests {
                 })
             })
             .collect()
+    }
+
+    proptest::proptest! {
+        /// The index against a model (an ordered set of (domain, timestamp, namespace,
+        /// key) with a flag): any sequence of registrations, removals and pops gives the
+        /// same answers, the same due timers in the same order and the same count, with
+        /// single-key and many-key groups mixed.
+        #[test]
+        fn timer_index_matches_an_ordered_model(
+            ops in proptest::collection::vec(
+                (0u8..4, 0u8..2, 0i64..6, 0u8..3, 0u8..5, proptest::bool::ANY),
+                1..300,
+            )
+        ) {
+            use std::collections::BTreeMap as Model;
+            let mut ix = TimerIndex::default();
+            let mut model: Model<(u8, i64, Vec<u8>, Vec<u8>), bool> = Model::new();
+            for (op, d, ts, ns, key, flag) in ops {
+                let ns = vec![b'n'; usize::from(ns)];
+                let key = vec![key; usize::from(key % 3) + 1];
+                match op {
+                    0 | 1 => {
+                        ix.insert(d, ts, &key, &ns, flag);
+                        model.entry((d, ts, ns, key)).or_insert(flag);
+                    }
+                    2 => {
+                        let got = ix.remove(d, ts, &key, &ns);
+                        proptest::prop_assert_eq!(got, model.remove(&(d, ts, ns, key)));
+                    }
+                    _ => {
+                        let got = flat(&ix.pop_due(d, ts));
+                        let due: Vec<_> = model
+                            .keys()
+                            .filter(|k| k.0 == d && k.1 <= ts)
+                            .cloned()
+                            .collect();
+                        let want: Vec<FlatTimer> = due
+                            .iter()
+                            .map(|k| {
+                                let p = model.remove(k).expect("listed");
+                                (k.0, k.1, k.2.clone(), k.3.clone(), p)
+                            })
+                            .collect();
+                        proptest::prop_assert_eq!(got, want);
+                    }
+                }
+                proptest::prop_assert_eq!(ix.len(), model.len());
+                for dd in 0..2u8 {
+                    proptest::prop_assert_eq!(
+                        ix.has_domain(dd),
+                        model.keys().any(|k| k.0 == dd)
+                    );
+                }
+            }
+            let mut all: Vec<_> = ix
+                .entries_mut()
+                .map(|(d, ts, ns, k, p)| (d, ts, ns.to_vec(), k.to_vec(), *p))
+                .collect();
+            all.sort();
+            let want: Vec<_> = model
+                .iter()
+                .map(|(k, p)| (k.0, k.1, k.2.clone(), k.3.clone(), *p))
+                .collect();
+            proptest::prop_assert_eq!(all, want);
+        }
     }
 
     #[test]

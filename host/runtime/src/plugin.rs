@@ -111,6 +111,24 @@ impl std::fmt::Debug for LoadedPlugin {
     }
 }
 
+/// Environment variable that makes the engine tell a sampling profiler where each plugin
+/// function's compiled code lies: `perfmap` writes `/tmp/perf-PID.map` (read by
+/// `perf report`), `none` or unset turns it off. Any other value is refused at start-up,
+/// naming the variable. Profiling costs nothing while the run is not sampled, but leaves
+/// one map file per process behind.
+pub const PROFILE_ENV: &str = "NOPSTREAM_WASM_PROFILE";
+
+/// The profiler set by [`PROFILE_ENV`].
+fn profiling_strategy() -> Result<Option<wasmtime::ProfilingStrategy>> {
+    match std::env::var(PROFILE_ENV).ok().as_deref() {
+        None | Some("") | Some("none") => Ok(None),
+        Some("perfmap") => Ok(Some(wasmtime::ProfilingStrategy::PerfMap)),
+        Some(other) => Err(RuntimeError::Internal(format!(
+            "{PROFILE_ENV}={other:?}: expected `perfmap` or `none`"
+        ))),
+    }
+}
+
 impl PluginHost {
     /// Creates the engine (epoch interruption on, one ticker thread incrementing the epoch
     /// every [`TICK_MS`] ms) and the linker. `cache_dir`: where compiled components are
@@ -122,6 +140,9 @@ impl PluginHost {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model(true);
+        if let Some(strategy) = profiling_strategy()? {
+            config.profiler(strategy);
+        }
         let engine = Engine::new(&config).map_err(|e| RuntimeError::Internal(e.to_string()))?;
         let weak = engine.weak();
         std::thread::Builder::new()
@@ -1151,10 +1172,8 @@ impl OperatorInstance {
     /// Every registered timer as (domain code, timestamp, key, namespace).
     pub fn timers(&mut self) -> Vec<crate::host::TimerEntry> {
         let mut out = Vec::with_capacity(self.store.data().timers.len());
-        for ((d, ts), ns, set) in self.store.data_mut().timers.groups_mut() {
-            for k in set.keys() {
-                out.push((d, ts, k.to_vec(), ns.to_vec()));
-            }
+        for (d, ts, ns, k, _) in self.store.data_mut().timers.entries_mut() {
+            out.push((d, ts, k.to_vec(), ns.to_vec()));
         }
         out.sort();
         out
