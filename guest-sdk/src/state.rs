@@ -510,7 +510,21 @@ impl<T: Serialize + DeserializeOwned> ValueStateIn<'_, T> {
 
     /// Stores every `(key, value)` in this namespace in one host call.
     pub fn put_many(&self, ctx: &mut (impl Context + ?Sized), entries: &[(&[u8], T)]) {
-        if entries.is_empty() {
+        self.put_many_refs(ctx, entries.iter().map(|(k, v)| (*k, v)));
+    }
+
+    /// [`Self::put_many`] over borrowed values (an operator that keeps its values
+    /// decoded in memory writes them back without moving or cloning them). Nothing is
+    /// sent when `entries` is empty.
+    pub fn put_many_refs<'v>(
+        &self,
+        ctx: &mut (impl Context + ?Sized),
+        entries: impl IntoIterator<Item = (&'v [u8], &'v T)>,
+    ) where
+        T: 'v,
+    {
+        let mut entries = entries.into_iter().peekable();
+        if entries.peek().is_none() {
             return;
         }
         let mut guard = self.state.buffers.borrow_mut();

@@ -26,8 +26,17 @@
 //! timestamps), so out-of-order arrival within the watermark gives the same matches as
 //! sorted input. A further timer at `start + within` prunes partial matches (design §8.4:
 //! timers are state). When a key has no partial match and no queued event, all its CEP
-//! state and timers are deleted. Nothing durable lives in the instance, so an instance
-//! may be dropped after any call and re-opened on the restored state.
+//! state and timers are deleted.
+//!
+//! Between checkpoints the instance keeps the keys it has read decoded, with their timers
+//! in an in-memory queue, and works on that copy; `prepare_checkpoint` (and `finish`)
+//! write every changed key back to the three states and move each key's one host timer
+//! to its current time, so at every barrier host state and timers are exact, and an
+//! instance may be dropped after `prepare_checkpoint` and re-opened on the restored state
+//! (the runtime only restores from checkpoints). Past [`MAX_CACHED_KEYS`] keys the copy
+//! is written back and dropped between checkpoints too. (Until December 2026,
+//! every call read and wrote the states and moved the timers; the state layout is
+//! unchanged, so savepoints restore across the change.)
 //!
 //! # Semantics in brief
 //! - `within(w)`: a partial match is pruned when event time reaches `start + w`
@@ -53,8 +62,8 @@ mod tests;
 use std::collections::BTreeMap;
 
 pub use operator::{
-    BUFFER_STATE, CEP_NAMESPACE, CepOperator, DecodeFn, EmitFn, LATE, LateEvents, NFA_STATE,
-    QUEUE_STATE, STATE_SCHEMA, TIMED_OUT,
+    BUFFER_STATE, CEP_NAMESPACE, CepOperator, DecodeFn, EmitFn, LATE, LateEvents, MAX_CACHED_KEYS,
+    NFA_STATE, QUEUE_STATE, STATE_SCHEMA, TIMED_OUT,
 };
 pub use pattern::{AfterMatchSkip, Contiguity, Pattern, StageKind};
 

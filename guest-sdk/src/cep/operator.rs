@@ -1,7 +1,7 @@
 //! [`CepOperator`]: runs a [`Pattern`] per record key on host keyed state and event-time
 //! timers (design §9.2, §8.4).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -65,13 +65,19 @@ type KeyEvents<'a, E> = (&'a [u8], Vec<(i64, E)>);
 ///   emit fn).
 /// - Declare the states, side outputs and model with [`CepOperator::declare`].
 ///
-/// Cost: host calls are batched per call, not per record: `process` reads and writes
-/// the queues and NFA values of all keys of the batch with one `value-get-many` /
-/// `value-put-many` each, and `on_timers` does the same for the keys with a due timer
-/// (queue, NFA value, shared buffer). Each key holds exactly one CEP timer, at its
-/// earliest queued event or partial-match deadline. Memory per key is bounded by its
-/// queued events plus the events referenced by its partial matches. Without `within`,
-/// partial matches of a pattern that cannot complete are kept forever (as in Flink).
+/// Cost: a key's queue, partial matches and shared buffer are read from host state
+/// once (one batched `value-get-many` per state for the keys of a call) and then kept
+/// decoded in the instance, with the key's timer in an in-memory queue; records, the
+/// watermark and host timers work on that copy. At every checkpoint
+/// (`prepare_checkpoint`, [`CepOperator::flush`]) the changed keys are written back with
+/// one batched put (and delete) per state, and each key's one host timer is moved to its
+/// current time with one `retime-keys` call, so the host state and timers are exact at
+/// every barrier and a restore needs nothing else. Past [`MAX_CACHED_KEYS`] keys the
+/// copy is written back and dropped (also between checkpoints). Each key holds exactly
+/// one CEP timer, at its earliest queued event or partial-match deadline. Memory per key
+/// is bounded by its queued events plus the events referenced by its partial matches.
+/// Without `within`, partial matches of a pattern that cannot complete are kept forever
+/// (as in Flink).
 pub struct CepOperator<E> {
     pattern: Pattern<E>,
     decode: DecodeFn<E>,
@@ -84,9 +90,35 @@ pub struct CepOperator<E> {
     nfa: ValueState<NfaState>,
     buffer: ValueState<Buffer<E>>,
     queue: ValueState<Queue<E>>,
-    /// Keys advanced by `on_timers` that `on_watermark` brings up to the watermark.
-    /// Keys `on_timers` advanced, with the event time they were advanced to.
-    touched: Vec<(Vec<u8>, i64)>,
+    /// The keys read from host state since they were last dropped, decoded.
+    cache: HashMap<Vec<u8>, KeyEntry<E>, foldhash::fast::FixedState>,
+    /// The cached keys' timers in firing order: (event time, key).
+    due: BTreeSet<(i64, Vec<u8>)>,
+}
+
+/// Keys a [`CepOperator`] keeps decoded in memory before it writes them back and drops
+/// them, between checkpoints too (at most this many keys, plus one call's new keys).
+pub const MAX_CACHED_KEYS: usize = 65_536;
+
+/// One key's CEP state, decoded, with its write-back bookkeeping.
+struct KeyEntry<E> {
+    queue: Queue<E>,
+    nfa: NfaState,
+    buffer: Buffer<E>,
+    /// Changed since it was last read or written back.
+    dirty: bool,
+    /// Host state holds the key (so an emptied key must be deleted there).
+    stored: bool,
+    /// The key's CEP timer as registered at the host.
+    host_timer: Option<i64>,
+    /// The key's timer now: its earliest queued event or partial-match deadline.
+    timer: Option<i64>,
+}
+
+impl<E> KeyEntry<E> {
+    fn is_empty(&self) -> bool {
+        self.nfa.runs.is_empty() && self.queue.is_empty()
+    }
 }
 
 impl<E> std::fmt::Debug for CepOperator<E> {
@@ -144,7 +176,8 @@ where
             nfa: ValueState::open(ctx, NFA_STATE)?,
             buffer: ValueState::open(ctx, BUFFER_STATE)?,
             queue: ValueState::open(ctx, QUEUE_STATE)?,
-            touched: Vec::new(),
+            cache: HashMap::default(),
+            due: BTreeSet::new(),
         })
     }
 
@@ -230,22 +263,16 @@ where
         }
         if !groups.is_empty() {
             let keys: Vec<&[u8]> = groups.iter().map(|(k, _)| *k).collect();
-            let queues = self.queue.in_namespace(CEP_NAMESPACE).get_many(ctx, &keys);
-            let nfas = self.nfa.in_namespace(CEP_NAMESPACE).get_many(ctx, &keys);
-            let mut puts: Vec<(&[u8], Queue<E>)> = Vec::with_capacity(groups.len());
-            let mut retimes = Retimes::default();
-            for (((key, events), queue), nfa) in groups.into_iter().zip(queues).zip(nfas) {
-                let mut queue = queue.unwrap_or_default();
-                let before = self.next_timer(queue.keys().next().copied(), nfa.as_ref());
+            self.load(ctx, &keys, false);
+            for (key, events) in groups {
+                let entry = self.cache.get_mut(key).expect("loaded");
                 for (ts, e) in events {
-                    queue.entry(ts).or_default().push(e);
+                    entry.queue.entry(ts).or_default().push(e);
                 }
-                let after = self.next_timer(queue.keys().next().copied(), nfa.as_ref());
-                retimes.push(key, before, after);
-                puts.push((key, queue));
+                entry.dirty = true;
+                Self::retime(&self.pattern, &mut self.due, key, entry);
             }
-            retimes.apply(ctx);
-            self.queue.in_namespace(CEP_NAMESPACE).put_many(ctx, &puts);
+            self.spill_if_full(ctx);
         }
         if !late.is_empty() {
             self.late_events += late.len() as u64;
@@ -259,11 +286,15 @@ where
 
     /// The event time of a key's one CEP timer: its earliest queued event or partial
     /// match deadline, whichever comes first.
-    fn next_timer(&self, first_queued: Option<i64>, nfa: Option<&NfaState>) -> Option<i64> {
+    fn next_timer(
+        pattern: &Pattern<E>,
+        first_queued: Option<i64>,
+        nfa: Option<&NfaState>,
+    ) -> Option<i64> {
         let deadline = nfa.and_then(|n| {
             n.runs
                 .iter()
-                .filter_map(|r| KeyNfa::deadline(&self.pattern, r))
+                .filter_map(|r| KeyNfa::deadline(pattern, r))
                 .min()
         });
         match (first_queued, deadline) {
@@ -272,42 +303,107 @@ where
         }
     }
 
-    /// Feeds the keys of due CEP timers through the NFA up to the timer time (or the
-    /// context's watermark if later); non-CEP timers are ignored.
+    /// Recomputes a cached key's timer and moves it in the in-memory timer queue.
+    fn retime(
+        pattern: &Pattern<E>,
+        due: &mut BTreeSet<(i64, Vec<u8>)>,
+        key: &[u8],
+        entry: &mut KeyEntry<E>,
+    ) {
+        let next = Self::next_timer(
+            pattern,
+            entry.queue.keys().next().copied(),
+            Some(&entry.nfa),
+        );
+        if next == entry.timer {
+            return;
+        }
+        if let Some(old) = entry.timer {
+            due.remove(&(old, key.to_vec()));
+        }
+        if let Some(new) = next {
+            due.insert((new, key.to_vec()));
+        }
+        entry.timer = next;
+    }
+
+    /// Reads the keys of `keys` that are not cached from host state (one batched get
+    /// per state) into the cache. Their host timer is at their timer (the state and the
+    /// timer are written back together), or gone if `fired`.
+    fn load(&mut self, ctx: &mut (impl Context + ?Sized), keys: &[&[u8]], fired: bool) {
+        let missing: Vec<&[u8]> = keys
+            .iter()
+            .copied()
+            .filter(|k| !self.cache.contains_key(*k))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let nfas = self.nfa.in_namespace(CEP_NAMESPACE).get_many(ctx, &missing);
+        let queues = self
+            .queue
+            .in_namespace(CEP_NAMESPACE)
+            .get_many(ctx, &missing);
+        let buffers = self
+            .buffer
+            .in_namespace(CEP_NAMESPACE)
+            .get_many(ctx, &missing);
+        for (((key, nfa), queue), buffer) in missing.into_iter().zip(nfas).zip(queues).zip(buffers)
+        {
+            let stored = nfa.is_some() || queue.is_some() || buffer.is_some();
+            let queue = queue.unwrap_or_default();
+            let nfa = nfa.unwrap_or_default();
+            let timer = Self::next_timer(&self.pattern, queue.keys().next().copied(), Some(&nfa));
+            if let Some(t) = timer {
+                self.due.insert((t, key.to_vec()));
+            }
+            self.cache.insert(
+                key.to_vec(),
+                KeyEntry {
+                    queue,
+                    nfa,
+                    buffer: buffer.unwrap_or_default(),
+                    dirty: false,
+                    stored,
+                    host_timer: if fired { None } else { timer },
+                    timer,
+                },
+            );
+        }
+    }
+
+    /// Runs the keys of due CEP timers up to the watermark (or the latest due timer, if
+    /// later); non-CEP timers are ignored.
     ///
     /// # Errors
-    /// Whatever the emit fns report; nothing is written then.
+    /// Whatever the emit fns report (the task then fails and recovers from the last
+    /// checkpoint).
     pub fn on_timers(
         &mut self,
         ctx: &mut (impl Context + ?Sized),
         timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
-        let wm = ctx.current_watermark();
-        // Keys in order of their first due timer, each with its latest due time.
-        let mut index: HashMap<&[u8], usize, foldhash::fast::FixedState> = HashMap::default();
-        let mut keys: Vec<(&[u8], i64)> = Vec::new();
+        let mut upto = ctx.current_watermark();
+        let mut fired: Vec<&[u8]> = Vec::new();
         for g in timers.iter().filter(|g| Self::is_cep_timer(g)) {
-            for key in g.iter_keys() {
-                match index.get(key) {
-                    Some(&i) => keys[i].1 = keys[i].1.max(g.timestamp),
-                    None => {
-                        index.insert(key, keys.len());
-                        keys.push((key, g.timestamp));
-                    }
-                }
+            upto = upto.max(g.timestamp);
+            fired.extend(g.iter_keys());
+        }
+        if fired.is_empty() {
+            return Ok(());
+        }
+        self.load(ctx, &fired, true);
+        for key in fired {
+            if let Some(entry) = self.cache.get_mut(key) {
+                // The host fired (and so dropped) the key's one timer.
+                entry.host_timer = None;
             }
         }
-        let due: Vec<(&[u8], i64)> = keys.into_iter().map(|(k, ts)| (k, ts.max(wm))).collect();
-        self.advance_keys(ctx, &due, true, out)?;
-        self.touched
-            .extend(due.iter().map(|(k, upto)| (k.to_vec(), *upto)));
-        Ok(())
+        self.advance_due(ctx, upto, out)
     }
 
-    /// Brings the keys touched by the preceding `on_timers` up to `watermark` when they
-    /// were advanced to less (the host shows the new watermark while timers fire, so
-    /// normally none are).
+    /// Runs every cached key whose timer is at or before `watermark`.
     ///
     /// # Errors
     /// Whatever the emit fns report.
@@ -317,88 +413,122 @@ where
         watermark: i64,
         out: &mut Batch,
     ) -> Result<()> {
-        let touched = std::mem::take(&mut self.touched);
-        let behind: Vec<(&[u8], i64)> = touched
-            .iter()
-            .filter(|(_, upto)| *upto < watermark)
-            .map(|(k, _)| (k.as_slice(), watermark))
-            .collect();
-        if !behind.is_empty() {
-            // Their one timer is still registered (it is not due), so it stays.
-            self.advance_keys(ctx, &behind, false, out)?;
+        self.advance_due(ctx, watermark, out)
+    }
+
+    /// Brings the cached keys up to the context's watermark, then writes every changed
+    /// key back to host state and moves each key's host timer to its current time; call
+    /// from `prepare_checkpoint` and `finish`.
+    ///
+    /// # Errors
+    /// Whatever the emit fns report; nothing is written then.
+    pub fn flush(&mut self, ctx: &mut (impl Context + ?Sized), out: &mut Batch) -> Result<()> {
+        let wm = ctx.current_watermark();
+        self.advance_due(ctx, wm, out)?;
+        self.write_back(ctx);
+        if self.cache.len() > MAX_CACHED_KEYS {
+            self.cache.clear();
+            self.due.clear();
         }
         Ok(())
     }
 
-    /// Flushes keys still cached from `on_timers` (normally none) up to the context's
-    /// watermark; call from `prepare_checkpoint` and `finish`.
-    ///
-    /// # Errors
-    /// Whatever the emit fns report.
-    pub fn flush(&mut self, ctx: &mut (impl Context + ?Sized), out: &mut Batch) -> Result<()> {
-        let wm = ctx.current_watermark();
-        self.on_watermark(ctx, wm, out)
+    /// Writes back and drops the cache once it holds more than [`MAX_CACHED_KEYS`]
+    /// keys (the host state and timers are then exact, as at a checkpoint).
+    fn spill_if_full(&mut self, ctx: &mut (impl Context + ?Sized)) {
+        if self.cache.len() > MAX_CACHED_KEYS {
+            self.write_back(ctx);
+            self.cache.clear();
+            self.due.clear();
+        }
     }
 
-    /// Processes each `(key, t)`: the key's queued events and timeouts up to event time
-    /// `t` in time order (timeouts first on equal times), then writes every key's state
-    /// back with one batched put per state. `fired`: the key's timer just fired (so it
-    /// is no longer registered).
-    fn advance_keys(
-        &mut self,
-        ctx: &mut (impl Context + ?Sized),
-        due: &[(&[u8], i64)],
-        fired: bool,
-        out: &mut Batch,
-    ) -> Result<()> {
-        if due.is_empty() {
-            return Ok(());
-        }
-        let keys: Vec<&[u8]> = due.iter().map(|(k, _)| *k).collect();
-        let nfa_state = self.nfa.in_namespace(CEP_NAMESPACE);
-        let queue_state = self.queue.in_namespace(CEP_NAMESPACE);
-        let buffer_state = self.buffer.in_namespace(CEP_NAMESPACE);
-        let nfas = nfa_state.get_many(ctx, &keys);
-        let queues = queue_state.get_many(ctx, &keys);
-        let buffers = buffer_state.get_many(ctx, &keys);
-
-        // Everything is computed before state is touched, so an emit error changes
-        // nothing (the task then fails and recovers from the last epoch).
-        let mark = out.len();
-        let mut timed_out = Batch::new();
-        let mut nfa_puts: Vec<(&[u8], NfaState)> = Vec::new();
-        let mut queue_puts: Vec<(&[u8], Queue<E>)> = Vec::new();
-        let mut buffer_puts: Vec<(&[u8], Buffer<E>)> = Vec::new();
+    /// Writes every dirty key back (one batched put per state, one batched delete per
+    /// state for emptied keys) and moves every host timer that differs from its key's
+    /// timer (one `retime-keys` call). Emptied keys leave the cache.
+    fn write_back(&mut self, ctx: &mut (impl Context + ?Sized)) {
         let mut deletes: Vec<u8> = Vec::new();
         let mut delete_ends: Vec<u32> = Vec::new();
         let mut retimes = Retimes::default();
-        for ((((key, t), nfa), queue), buffer) in due.iter().zip(nfas).zip(queues).zip(buffers) {
-            let (key, t) = (*key, *t);
-            let mut queue = queue.unwrap_or_default();
-            let had_state = nfa.is_some() || !queue.is_empty();
-            let before = if fired {
-                None
-            } else {
-                self.next_timer(queue.keys().next().copied(), nfa.as_ref())
-            };
+        let mut emptied: Vec<Vec<u8>> = Vec::new();
+        for (key, entry) in &mut self.cache {
+            retimes.push(key, entry.host_timer, entry.timer);
+            entry.host_timer = entry.timer;
+            if !entry.dirty {
+                continue;
+            }
+            if entry.is_empty() {
+                debug_assert!(entry.buffer.is_empty(), "no run but buffered events");
+                if entry.stored {
+                    deletes.extend_from_slice(key);
+                    delete_ends.push(deletes.len() as u32);
+                }
+                emptied.push(key.clone());
+            }
+        }
+        let puts = || self.cache.iter().filter(|(_, e)| e.dirty && !e.is_empty());
+        let nfa_state = self.nfa.in_namespace(CEP_NAMESPACE);
+        let queue_state = self.queue.in_namespace(CEP_NAMESPACE);
+        let buffer_state = self.buffer.in_namespace(CEP_NAMESPACE);
+        nfa_state.put_many_refs(ctx, puts().map(|(k, e)| (k.as_slice(), &e.nfa)));
+        queue_state.put_many_refs(ctx, puts().map(|(k, e)| (k.as_slice(), &e.queue)));
+        buffer_state.put_many_refs(ctx, puts().map(|(k, e)| (k.as_slice(), &e.buffer)));
+        nfa_state.delete_many_flat(ctx, &deletes, &delete_ends);
+        queue_state.delete_many_flat(ctx, &deletes, &delete_ends);
+        buffer_state.delete_many_flat(ctx, &deletes, &delete_ends);
+        retimes.apply(ctx);
+        for entry in self.cache.values_mut() {
+            if entry.dirty {
+                entry.dirty = false;
+                entry.stored = true;
+            }
+        }
+        for key in emptied {
+            self.cache.remove(&key);
+        }
+    }
+
+    /// Runs each cached key whose timer is at or before `upto`, in timer then key
+    /// order: its queued events and timeouts up to event time `upto` in time order
+    /// (timeouts first on equal times). Outputs go to `out` (matches) and the
+    /// [`TIMED_OUT`] side output.
+    fn advance_due(
+        &mut self,
+        ctx: &mut (impl Context + ?Sized),
+        upto: i64,
+        out: &mut Batch,
+    ) -> Result<()> {
+        let mut timed_out = Batch::new();
+        let mut outputs = Vec::new();
+        while let Some((t, _)) = self.due.first()
+            && *t <= upto
+        {
+            let (_, key) = self.due.pop_first().expect("just seen");
+            let entry = self.cache.get_mut(&key).expect("a due key is cached");
+            entry.timer = None;
             let mut k = KeyNfa {
-                state: nfa.unwrap_or_default(),
-                buffer: buffer.unwrap_or_default(),
+                state: std::mem::take(&mut entry.nfa),
+                buffer: std::mem::take(&mut entry.buffer),
                 report_timeouts: !self.discard_timed_out,
             };
-            let mut outputs = Vec::new();
-            let later = queue.split_off(&t.saturating_add(1));
-            for (ts, events) in std::mem::take(&mut queue) {
-                k.advance_time(&self.pattern, key, ts, &mut outputs);
+            let later = entry.queue.split_off(&upto.saturating_add(1));
+            for (ts, events) in std::mem::replace(&mut entry.queue, later) {
+                k.advance_time(&self.pattern, &key, ts, &mut outputs);
                 for e in events {
-                    k.process_event(&self.pattern, key, ts, e, &mut outputs);
+                    k.process_event(&self.pattern, &key, ts, e, &mut outputs);
                 }
             }
-            let queue = later;
-            k.advance_time(&self.pattern, key, t, &mut outputs);
+            k.advance_time(&self.pattern, &key, upto, &mut outputs);
             k.collect_garbage();
-            for o in &outputs {
-                let (m, target, f) = match o {
+            entry.nfa = k.state;
+            entry.buffer = k.buffer;
+            entry.dirty = true;
+            Self::retime(&self.pattern, &mut self.due, &key, entry);
+            if entry.is_empty() && !entry.stored && entry.host_timer.is_none() {
+                self.cache.remove(&key);
+            }
+            for o in outputs.drain(..) {
+                let (m, target, f) = match &o {
                     Output::Matched(m) => (m, &mut *out, &self.emit),
                     Output::TimedOut(m) => (
                         m,
@@ -406,37 +536,12 @@ where
                         self.emit_timed_out.as_ref().unwrap_or(&self.emit),
                     ),
                 };
-                if let Err(e) = target.push_with(Some(key), Some(m.end_ts), |buf| f(m, buf)) {
-                    out.truncate(mark);
-                    return Err(e);
-                }
-            }
-            let after = self.next_timer(queue.keys().next().copied(), Some(&k.state));
-            retimes.push(key, before, after);
-            if k.state.runs.is_empty() && queue.is_empty() {
-                debug_assert!(k.buffer.is_empty(), "no run but buffered events");
-                if had_state {
-                    deletes.extend_from_slice(key);
-                    delete_ends.push(deletes.len() as u32);
-                }
-            } else {
-                nfa_puts.push((key, k.state));
-                queue_puts.push((key, queue));
-                buffer_puts.push((key, k.buffer));
+                target.push_with(Some(&key), Some(m.end_ts), |buf| f(m, buf))?;
             }
         }
         if !timed_out.is_empty() {
             ctx.side_output(TIMED_OUT, &timed_out);
         }
-        nfa_state.delete_many_flat(ctx, &deletes, &delete_ends);
-        queue_state.delete_many_flat(ctx, &deletes, &delete_ends);
-        buffer_state.delete_many_flat(ctx, &deletes, &delete_ends);
-        if !nfa_puts.is_empty() {
-            nfa_state.put_many(ctx, &nfa_puts);
-            queue_state.put_many(ctx, &queue_puts);
-            buffer_state.put_many(ctx, &buffer_puts);
-        }
-        retimes.apply(ctx);
         Ok(())
     }
 }

@@ -86,8 +86,13 @@ fn run_batches(
         }
         collect(&mut outs.matches, &out);
     };
-    let reopen = |ctx: &mut MockContext, op: &mut CepOperator<Ev>| {
+    // A restore starts from a checkpoint, and a checkpoint first runs
+    // `prepare_checkpoint` (here `flush`), which writes the cached keys back.
+    let reopen = |ctx: &mut MockContext, op: &mut CepOperator<Ev>, outs: &mut Outs| {
         if restore {
+            let mut out = Batch::new();
+            op.flush(ctx, &mut out).unwrap();
+            collect(&mut outs.matches, &out);
             let mut fresh = ctx.clone();
             *op = open(&mut fresh, pattern(), LateEvents::SideOutput);
             *ctx = fresh;
@@ -102,9 +107,9 @@ fn run_batches(
         let mut out = Batch::new();
         op.process(&mut ctx, &input, &mut out).unwrap();
         assert!(out.is_empty());
-        reopen(&mut ctx, &mut op);
+        reopen(&mut ctx, &mut op, &mut outs);
         step(&mut ctx, &mut op, max_ts.saturating_sub(lag), &mut outs);
-        reopen(&mut ctx, &mut op);
+        reopen(&mut ctx, &mut op, &mut outs);
     }
     step(&mut ctx, &mut op, i64::MAX, &mut outs);
     let mut out = Batch::new();
@@ -364,11 +369,19 @@ fn timed_out_side_output_carries_key_and_last_timestamp() {
     input.push_record(Some(b"k1"), Some(1_000), b"a1");
     input.push_record(Some(b"k1"), Some(1_050), b"b1");
     op.process(&mut ctx, &input, &mut Batch::new()).unwrap();
+    // Checkpoints (flush) write each key's timer to the host: first at its earliest
+    // queued event, then at its partial match's deadline.
     let mut out = Batch::new();
+    op.flush(&mut ctx, &mut out).unwrap();
+    assert_eq!(
+        ctx.registered_timers(),
+        vec![FiredTimer::event_time(b"k1", CEP_NAMESPACE, 1_000)]
+    );
     let t = ctx.fire_due_event_timers(1_099);
     op.on_timers(&mut ctx, &t, &mut out).unwrap();
     op.on_watermark(&mut ctx, 1_099, &mut out).unwrap();
     assert!(ctx.take_side_output(TIMED_OUT).is_empty());
+    op.flush(&mut ctx, &mut out).unwrap();
     let t = ctx.fire_due_event_timers(1_100);
     assert_eq!(
         crate::TimerGroup::flatten(&t),
@@ -382,7 +395,10 @@ fn timed_out_side_output_carries_key_and_last_timestamp() {
     assert_eq!(to.key(0), Some(&b"k1"[..]));
     assert_eq!(to.timestamp(0), Some(1_050));
     assert_eq!(to.record(0), b"a1 b1");
+    // The next checkpoint deletes the finished key's state and leaves no timer.
+    op.flush(&mut ctx, &mut out).unwrap();
     assert_eq!(ctx.state_entry_count(), 0);
+    assert!(ctx.registered_timers().is_empty());
 }
 
 use crate::FiredTimer;
@@ -793,4 +809,56 @@ fn model_json_names_everything_that_defines_the_pattern() {
         vec![TIMED_OUT.to_string(), LATE.to_string()]
     );
     assert_eq!(info.states.len(), 3);
+}
+
+/// More keys than [`MAX_CACHED_KEYS`] in one call: the decoded copy is written back and
+/// dropped (state and one host timer per key), the next call reads the keys back from
+/// host state, and the host timers fire them: every key still matches exactly once,
+/// and a checkpoint leaves no state and no timer behind.
+#[test]
+fn keys_past_the_cache_limit_are_written_back_and_read_again() {
+    let p = || {
+        Pattern::begin("a")
+            .where_("is_a", is('a'))
+            .next("b")
+            .where_("is_b", is('b'))
+            .within(100)
+    };
+    let n = MAX_CACHED_KEYS + 10;
+    let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
+    let mut ctx = MockContext::new(&info);
+    let mut op = open(&mut ctx, p(), LateEvents::Drop);
+    let batch = |label: &str, ts: i64| {
+        let mut b = Batch::new();
+        for k in &keys {
+            b.push_record(Some(k.as_bytes()), Some(ts), label.as_bytes());
+        }
+        b
+    };
+    op.process(&mut ctx, &batch("a", 10), &mut Batch::new())
+        .unwrap();
+    // Written back past the limit: one queue entry and one timer per key at the host.
+    assert_eq!(ctx.registered_timers().len(), n);
+    op.process(&mut ctx, &batch("b", 20), &mut Batch::new())
+        .unwrap();
+    let mut out = Batch::new();
+    let timers = ctx.fire_due_event_timers(30);
+    op.on_timers(&mut ctx, &timers, &mut out).unwrap();
+    op.on_watermark(&mut ctx, 30, &mut out).unwrap();
+    let mut matched: Vec<String> = out
+        .iter()
+        .map(|r| {
+            assert_eq!(r.data, b"a b");
+            String::from_utf8(r.key.unwrap().to_vec()).unwrap()
+        })
+        .collect();
+    matched.sort();
+    let mut want = keys.clone();
+    want.sort();
+    assert_eq!(matched, want);
+    op.flush(&mut ctx, &mut out).unwrap();
+    assert_eq!(out.len(), n);
+    assert_eq!(ctx.state_entry_count(), 0);
+    assert!(ctx.registered_timers().is_empty());
 }

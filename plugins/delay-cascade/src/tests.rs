@@ -44,8 +44,13 @@ fn run(flights: &[Flight], batch: usize, lag: i64, restore: bool) -> Run {
             raw.push(String::from_utf8(r.data.to_vec()).unwrap());
         }
     };
-    let reopen = |ctx: &mut MockContext, op: &mut DelayCascade| {
+    // A restore starts from a checkpoint, and a checkpoint first runs
+    // `prepare_checkpoint`, which writes the CEP runtime's cached keys back.
+    let reopen = |ctx: &mut MockContext, op: &mut DelayCascade, raw: &mut Vec<String>| {
         if restore {
+            let mut out = Batch::new();
+            op.prepare_checkpoint(ctx, 0, &mut out).unwrap();
+            collect(&out, raw);
             let mut fresh = ctx.clone();
             *op = DelayCascade::open(&mut fresh, &task, CONFIG).unwrap();
             *ctx = fresh;
@@ -67,9 +72,9 @@ fn run(flights: &[Flight], batch: usize, lag: i64, restore: bool) -> Run {
         }
         let mut out = Batch::new();
         op.process(&mut ctx, 0, &input, &mut out).unwrap();
-        reopen(&mut ctx, &mut op);
+        reopen(&mut ctx, &mut op, &mut raw);
         wm_step(&mut ctx, &mut op, max_ts - lag, &mut raw);
-        reopen(&mut ctx, &mut op);
+        reopen(&mut ctx, &mut op, &mut raw);
     }
     wm_step(&mut ctx, &mut op, i64::MAX, &mut raw);
     let mut out = Batch::new();

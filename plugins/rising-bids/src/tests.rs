@@ -80,6 +80,10 @@ fn cep(bids: &[(i64, i64, i64)], batch: usize, lag: i64, reopen: bool) -> Vec<St
         op.process(&mut ctx, 0, &b, &mut out).unwrap();
         collect(&out);
         if reopen {
+            // Re-open as a restore from a checkpoint would: after prepare_checkpoint.
+            let mut out = Batch::new();
+            op.prepare_checkpoint(&mut ctx, 0, &mut out).unwrap();
+            collect(&out);
             op = RisingBids::open(&mut ctx, &task, "{}").unwrap();
         }
         collect(&step(&mut ctx, &mut op, max_ts - 1 - lag));
