@@ -80,7 +80,10 @@ pub struct JobSpec {
     /// epoch once they are durable. `false`: the task thread writes them itself, as
     /// before. Left out of the serialised model when `true`, so fingerprints of jobs that
     /// do not set it are unchanged.
-    #[serde(default = "crate::model::yes", skip_serializing_if = "crate::model::is_true")]
+    #[serde(
+        default = "crate::model::yes",
+        skip_serializing_if = "crate::model::is_true"
+    )]
     pub async_snapshots: bool,
     /// Records per batch; default 1024.
     pub batch_records: u32,

@@ -35,7 +35,10 @@ pub struct JobMeta {
     /// Whether keyed-state snapshots run asynchronously (job file `async_snapshots`,
     /// default `true`; see `StreamModel`'s `JobSpec::async_snapshots`). Left out of the
     /// serialised plan when `true`.
-    #[serde(default = "crate::model::yes", skip_serializing_if = "crate::model::is_true")]
+    #[serde(
+        default = "crate::model::yes",
+        skip_serializing_if = "crate::model::is_true"
+    )]
     pub async_snapshots: bool,
     /// Number of state shards of every keyed vertex (design §3.4); stable for the job's life.
     pub state_shard_count: u32,

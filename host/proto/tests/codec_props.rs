@@ -171,7 +171,10 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
     assert_eq!(serde_json::to_string(&reread).unwrap(), old_json);
     let new_json = serde_json::to_string(&timed).unwrap();
     assert!(new_json.contains("\"async_ms\":1234"), "{new_json}");
-    assert_eq!(serde_json::from_str::<TaskSnapshot>(&new_json).unwrap(), timed);
+    assert_eq!(
+        serde_json::from_str::<TaskSnapshot>(&new_json).unwrap(),
+        timed
+    );
     let json = serde_json::to_string(&split(None)).unwrap();
     assert!(!json.contains("max_timestamp"), "{json}");
     assert!(

@@ -717,6 +717,9 @@ struct OperatorSnapshot {
     operator_state: Vec<(String, u32, Vec<u8>, u64)>,
 }
 
+/// The expired TTL keys each operator's snapshot scan left out, by stage index.
+type ExpiredByStage = Vec<(usize, ExpiredKeys)>;
+
 /// Where a task's segment files go.
 struct SegmentTarget {
     storage: Arc<dyn CheckpointStorage>,
@@ -742,7 +745,7 @@ fn write_segments(
     parts: Vec<OperatorSnapshot>,
     snapshot: &mut TaskSnapshot,
     abort: &AtomicBool,
-) -> Result<Vec<(usize, ExpiredKeys)>> {
+) -> Result<ExpiredByStage> {
     let epoch = snapshot.epoch.0;
     let subtask = target.subtask;
     let namespace = target.namespace.as_str();
@@ -848,7 +851,7 @@ fn write_segments(
 /// outlives the task; an abandoned snapshot sends no Ack.
 struct InFlightSnapshot {
     epoch: EpochId,
-    handle: Option<std::thread::JoinHandle<Result<Vec<(usize, ExpiredKeys)>>>>,
+    handle: Option<std::thread::JoinHandle<Result<ExpiredByStage>>>,
     abort: Arc<AtomicBool>,
 }
 
@@ -860,7 +863,7 @@ impl InFlightSnapshot {
     }
 
     /// Waits for the thread; its expired keys by stage, or its error.
-    fn join(&mut self, task: &TaskId) -> Result<Vec<(usize, ExpiredKeys)>> {
+    fn join(&mut self, task: &TaskId) -> Result<ExpiredByStage> {
         let Some(handle) = self.handle.take() else {
             return Ok(Vec::new());
         };
@@ -1457,7 +1460,7 @@ impl Task {
     }
 
     /// Deletes the expired TTL entries a synchronous snapshot found, at once.
-    fn remove_expired(&mut self, expired: Vec<(usize, ExpiredKeys)>) -> Result<()> {
+    fn remove_expired(&mut self, expired: ExpiredByStage) -> Result<()> {
         for (stage, keys) in expired {
             if let Stage::Operator(op) = &mut self.stages[stage]
                 && let Some(ks) = op.state_mut()

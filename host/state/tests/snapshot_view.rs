@@ -104,17 +104,15 @@ fn a_view_holds_the_writes_before_it_and_none_after() {
     let (payloads, expired) = write_elsewhere(view);
     assert!(expired.is_empty());
     let want: BTreeMap<Vec<u8>, Vec<u8>> = (0..150u32)
-        .map(|i| {
-            (
-                i.to_be_bytes().to_vec(),
-                format!("before-{i}").into_bytes(),
-            )
-        })
+        .map(|i| (i.to_be_bytes().to_vec(), format!("before-{i}").into_bytes()))
         .collect();
     assert_eq!(entries(&payloads), want);
     assert_eq!(payloads.iter().map(|p| p.entries).sum::<u64>(), 150);
     // The live state has the later writes.
-    assert_eq!(get(&mut s, &3u32.to_be_bytes()).as_deref(), Some(&b"after"[..]));
+    assert_eq!(
+        get(&mut s, &3u32.to_be_bytes()).as_deref(),
+        Some(&b"after"[..])
+    );
     assert_eq!(get(&mut s, &13u32.to_be_bytes()), None);
     assert_eq!(s.stored_entries().unwrap(), 190);
     // A second view sees them.
