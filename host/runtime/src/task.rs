@@ -1241,7 +1241,8 @@ impl Task {
             let waited = Instant::now();
             let previous = self.in_flight.as_ref().map(|f| f.epoch);
             self.join_snapshot()?;
-            // Read by tests and benches (target `nopstream::snapshot`).
+            // The wait this barrier spent on the previous epoch's background part (often
+            // ~0: it has sent its Ack and is only exiting); part of `duration_ms`.
             tracing::debug!(
                 target: "nopstream::snapshot",
                 task = %self.id, epoch = epoch.0, previous = previous.map(|e| e.0),
