@@ -214,6 +214,9 @@ enum Cmd {
         /// Records per batch.
         #[arg(long, default_value_t = 1024)]
         batch_records: u32,
+        /// Run with `async_snapshots = false` (segments written on the task thread).
+        #[arg(long)]
+        sync_snapshots: bool,
         /// The `nopstream` binary [default: next to this one].
         #[arg(long)]
         nopstream: Option<PathBuf>,
@@ -675,6 +678,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             kill_fraction,
             no_recovery,
             batch_records,
+            sync_snapshots,
             nopstream,
             out,
         } => {
@@ -698,6 +702,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 budget_fraction,
                 kill_fraction: (!no_recovery).then_some(kill_fraction),
                 batch_records,
+                sync_snapshots,
             };
             let report = large_state::run(&setup)?;
             println!("\n{}", report.table());

@@ -9,7 +9,9 @@
 //! `commit-reply-lost` (error: the commit happened but its reply is dropped),
 //! `expire-transaction` (error: the transaction vanishes before commit),
 //! `savepoint-write` (each step of writing a savepoint directory: every segment file,
-//! the manifest, `savepoint.json`, the final rename).
+//! the manifest, `savepoint.json`, the final rename), `async-snapshot-write` (each segment
+//! file of a task's snapshot, written but not yet durable; on the background snapshot
+//! thread with asynchronous snapshots).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

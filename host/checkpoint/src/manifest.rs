@@ -120,18 +120,30 @@ pub struct TaskSnapshot {
     pub snapshot_bytes: u64,
     /// Time from the first barrier to the last one of the task (alignment), ms.
     pub alignment_ms: u64,
-    /// Time to take the snapshot, ms.
+    /// Time the task thread spent on the snapshot, ms: the stall in which it processed
+    /// nothing (operators' prepare, sink pre-commit, the keyed state's flush and frozen
+    /// view, operator state; with synchronous snapshots also the scan and segment writes).
     pub duration_ms: u64,
+    /// Time of the background part of an asynchronous snapshot, ms: from the frozen view
+    /// to the segment files being durable (scan, writes, fsync), including any wait for
+    /// the background thread to start. `0` for synchronous snapshots; absent from
+    /// manifests when `0`, so manifests written before it keep their checksums.
+    #[serde(default)]
+    pub async_ms: u64,
 }
 
-/// JSON (manifests) leaves out an empty `operator_state`, so manifests of jobs without
-/// operator state keep their checksums; compact binary encodings (the control plane's
-/// postcard) always carry every field, since they cannot skip one.
+/// JSON (manifests) leaves out an empty `operator_state` and a zero `async_ms`, so
+/// manifests of jobs without operator state (and written before `async_ms`) keep their
+/// checksums; compact binary encodings (the control plane's postcard) always carry every
+/// field, since they cannot skip one.
 impl Serialize for TaskSnapshot {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let skip = s.is_human_readable() && self.operator_state.is_empty();
-        let mut st = s.serialize_struct("TaskSnapshot", if skip { 12 } else { 13 })?;
+        let readable = s.is_human_readable();
+        let skip = readable && self.operator_state.is_empty();
+        let skip_async = readable && self.async_ms == 0;
+        let fields = 14 - usize::from(skip) - usize::from(skip_async);
+        let mut st = s.serialize_struct("TaskSnapshot", fields)?;
         st.serialize_field("task", &self.task)?;
         st.serialize_field("epoch", &self.epoch)?;
         st.serialize_field("end_of_data", &self.end_of_data)?;
@@ -149,6 +161,11 @@ impl Serialize for TaskSnapshot {
         st.serialize_field("snapshot_bytes", &self.snapshot_bytes)?;
         st.serialize_field("alignment_ms", &self.alignment_ms)?;
         st.serialize_field("duration_ms", &self.duration_ms)?;
+        if skip_async {
+            st.skip_field("async_ms")?;
+        } else {
+            st.serialize_field("async_ms", &self.async_ms)?;
+        }
         st.end()
     }
 }

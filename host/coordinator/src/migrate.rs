@@ -554,6 +554,7 @@ mod tests {
                 snapshot_bytes: 0,
                 alignment_ms: 0,
                 duration_ms: 0,
+                async_ms: 0,
             });
         }
         let mut m = EpochManifest {

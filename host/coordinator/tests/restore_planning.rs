@@ -52,6 +52,7 @@ fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
                 snapshot_bytes: 0,
                 alignment_ms: 0,
                 duration_ms: 0,
+                async_ms: 0,
             };
             if vi == agg {
                 let op = &v.operators[0].operator_id;

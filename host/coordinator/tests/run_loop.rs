@@ -132,6 +132,7 @@ impl Scripted {
             snapshot_bytes: 0,
             alignment_ms: 0,
             duration_ms: 0,
+            async_ms: 0,
         }
     }
 }

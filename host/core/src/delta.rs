@@ -94,7 +94,8 @@ fn job_field_class(key: &str) -> Option<ChangeClass> {
         "checkpoint_interval_ms"
         | "checkpoint_every_records"
         | "batch_records"
-        | "state_memory_bytes" => ChangeClass::Replan,
+        | "state_memory_bytes"
+        | "async_snapshots" => ChangeClass::Replan,
         _ => return None,
     })
 }

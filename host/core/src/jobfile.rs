@@ -26,6 +26,9 @@
 //!                                   # split over its stateful subtasks; an integer (bytes)
 //!                                   # or a string with B, KiB, MiB, GiB, KB, MB or GB;
 //!                                   # >= 1 MiB
+//! async_snapshots = true            # default true: keyed-state snapshots are written by a
+//!                                   # background thread after the barrier; false: on the
+//!                                   # task thread, which stalls for the whole write
 //!
 //! [connections.pg]                  # a named connection (a node reaches it only if granted)
 //! kind = "postgres"                 # postgres, nats or redis
@@ -612,6 +615,7 @@ fn placeholder_job() -> JobSpec {
         checkpoint_interval_ms: None,
         checkpoint_every_records: None,
         state_memory_bytes: None,
+        async_snapshots: true,
         batch_records: DEFAULT_BATCH_RECORDS,
     }
 }
@@ -628,6 +632,7 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
         "checkpoint_every_records",
         "batch_records",
         "state_memory_bytes",
+        "async_snapshots",
     ];
     check_keys(cx, t, "job", KEYS);
     spans.job_table = Some(span.clone());
@@ -677,6 +682,11 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
     }
     if let Some(v) = find(t, "state_memory_bytes") {
         job.state_memory_bytes = get_size(cx, v, "job.state_memory_bytes");
+    }
+    if let Some(v) = find(t, "async_snapshots")
+        && let Some(b) = get_bool(cx, v, "job.async_snapshots")
+    {
+        job.async_snapshots = b;
     }
     if let Some(v) = find(t, "semantic")
         && let Some(s) = get_str(cx, v, "job.semantic")
@@ -2001,6 +2011,30 @@ config = { dir = "/output" }
     }
 
     const MINIMAL_JOB: &str = "[job]\nname = \"j\"\n";
+
+    #[test]
+    fn async_snapshots_defaults_to_true_and_stays_out_of_the_serialised_model() {
+        let m = parse_job_file("job.toml", MINIMAL_JOB).unwrap();
+        assert!(m.job.async_snapshots);
+        let json = serde_json::to_string(&m.job).unwrap();
+        assert!(!json.contains("async_snapshots"), "{json}");
+        let m = parse_job_file(
+            "job.toml",
+            &format!("{MINIMAL_JOB}async_snapshots = false\n"),
+        )
+        .unwrap();
+        assert!(!m.job.async_snapshots);
+        let json = serde_json::to_string(&m.job).unwrap();
+        assert!(json.contains("\"async_snapshots\":false"), "{json}");
+        let back: crate::model::JobSpec = serde_json::from_str(&json).unwrap();
+        assert!(!back.async_snapshots);
+        let e = parse_job_file(
+            "job.toml",
+            &format!("{MINIMAL_JOB}async_snapshots = \"yes\"\n"),
+        )
+        .unwrap_err();
+        assert!(format!("{e:?}").contains("job.async_snapshots"), "{e:?}");
+    }
 
     #[test]
     fn state_memory_bytes_takes_an_integer_or_a_size_with_a_unit() {

@@ -74,6 +74,17 @@ pub struct JobSpec {
     /// see `nop_stream_state::StateConfig::memory_bytes` for what it counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_memory_bytes: Option<u64>,
+    /// Whether keyed-state snapshots run asynchronously (job file `async_snapshots`,
+    /// default `true`): the task thread flushes the working set and takes a frozen view
+    /// at the barrier, and a background thread writes the segments and acknowledges the
+    /// epoch once they are durable. `false`: the task thread writes them itself, as
+    /// before. Left out of the serialised model when `true`, so fingerprints of jobs that
+    /// do not set it are unchanged.
+    #[serde(
+        default = "crate::model::yes",
+        skip_serializing_if = "crate::model::is_true"
+    )]
+    pub async_snapshots: bool,
     /// Records per batch; default 1024.
     pub batch_records: u32,
 }
@@ -376,4 +387,15 @@ pub fn structural_operator_id(
     h.update(ordinal.to_le_bytes());
     let digest = hex::encode(h.finalize());
     OperatorId::new(format!("struct-{}", &digest[..20]))
+}
+
+/// `true` (a serde default).
+pub(crate) fn yes() -> bool {
+    true
+}
+
+/// Whether `b` is `true` (serde: leave a default-true flag out).
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_true(b: &bool) -> bool {
+    *b
 }

@@ -32,6 +32,14 @@ pub struct JobMeta {
     /// operator subtasks; `None`: the default budget per subtask.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_memory_bytes: Option<u64>,
+    /// Whether keyed-state snapshots run asynchronously (job file `async_snapshots`,
+    /// default `true`; see `StreamModel`'s `JobSpec::async_snapshots`). Left out of the
+    /// serialised plan when `true`.
+    #[serde(
+        default = "crate::model::yes",
+        skip_serializing_if = "crate::model::is_true"
+    )]
+    pub async_snapshots: bool,
     /// Number of state shards of every keyed vertex (design §3.4); stable for the job's life.
     pub state_shard_count: u32,
     /// Maximum records per batch a source reads or a task forwards.

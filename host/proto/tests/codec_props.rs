@@ -137,6 +137,7 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
         snapshot_bytes: 0,
         alignment_ms: 0,
         duration_ms: 0,
+        async_ms: 0,
     };
     let e: TaskEvent = TaskEvent::Ack {
         attempt: AttemptId(2),
@@ -148,6 +149,32 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
         panic!("not an ack");
     };
     assert_eq!(*got, snapshot);
+    // `async_ms` crosses the control plane, and JSON leaves it out only when zero: a
+    // manifest written before the field re-serialises to the same bytes (checksum).
+    let timed = TaskSnapshot {
+        async_ms: 1_234,
+        ..snapshot.clone()
+    };
+    let e: TaskEvent = TaskEvent::Ack {
+        attempt: AttemptId(2),
+        snapshot: Box::new(timed.clone()),
+    };
+    let back: TaskEvent =
+        decode(&encode(&e, MAX_CONTROL_FRAME).unwrap(), MAX_CONTROL_FRAME).unwrap();
+    let TaskEvent::Ack { snapshot: got, .. } = back else {
+        panic!("not an ack");
+    };
+    assert_eq!(got.async_ms, 1_234);
+    let old_json = serde_json::to_string(&snapshot).unwrap();
+    assert!(!old_json.contains("async_ms"), "{old_json}");
+    let reread: TaskSnapshot = serde_json::from_str(&old_json).unwrap();
+    assert_eq!(serde_json::to_string(&reread).unwrap(), old_json);
+    let new_json = serde_json::to_string(&timed).unwrap();
+    assert!(new_json.contains("\"async_ms\":1234"), "{new_json}");
+    assert_eq!(
+        serde_json::from_str::<TaskSnapshot>(&new_json).unwrap(),
+        timed
+    );
     let json = serde_json::to_string(&split(None)).unwrap();
     assert!(!json.contains("max_timestamp"), "{json}");
     assert!(

@@ -438,6 +438,7 @@ impl<'a> TaskHost<'a> {
             commands,
             progress: Arc::clone(&self.progress),
             cancel: Arc::clone(cancel),
+            async_snapshots: job.async_snapshots,
         })
     }
 }

@@ -5,6 +5,12 @@
 //! cursors; multi-input tasks align barriers, holding back channels that already
 //! delivered the current barrier; sinks pre-commit at the barrier, begin the next
 //! transaction at once, and commit only when told that an epoch is durable.
+//!
+//! Snapshots are asynchronous by default ([`TaskSpec::async_snapshots`]): at the barrier
+//! the task thread takes a frozen view of each operator's keyed state and forwards the
+//! barrier; a snapshot thread (one per task and epoch, at most one alive per task) writes
+//! the segment files, makes them durable and only then sends the Ack. A later barrier, the
+//! end of data and the task's finish wait for it; a failing task stops and joins it.
 
 use crate::error::{Result, RuntimeError, Site, printable_record};
 use crate::error_policy;
@@ -26,7 +32,7 @@ use nop_stream_checkpoint::{
 };
 use nop_stream_core::{DEAD_LETTER_OUTPUT, ErrorPolicy, WatermarkSpec};
 use nop_stream_proto::TaskRestorePlan;
-use nop_stream_state::ShardSnapshot;
+use nop_stream_state::{ExpiredKeys, ShardSnapshot, SnapshotView};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -87,6 +93,9 @@ pub(crate) struct TaskSpec {
     pub commands: Receiver<TaskCommand>,
     pub progress: Arc<JobProgress>,
     pub cancel: Arc<AtomicBool>,
+    /// Keyed-state snapshots are written by a background thread after the barrier (job
+    /// file `async_snapshots`, default `true`).
+    pub async_snapshots: bool,
 }
 
 enum Stage {
@@ -156,6 +165,11 @@ struct SinkState {
 }
 
 struct Task {
+    /// The background part of the last epoch's snapshot, if not joined yet. First field:
+    /// dropped (aborted and joined) before the operators and their state databases.
+    in_flight: Option<InFlightSnapshot>,
+    /// See [`TaskSpec::async_snapshots`].
+    async_snapshots: bool,
     id: TaskId,
     attempt: AttemptId,
     stages: Vec<Stage>,
@@ -245,6 +259,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         commands,
         progress,
         cancel,
+        async_snapshots,
     } = spec;
     let mut stages = Vec::with_capacity(stage_specs.len());
     let mut sites = Vec::with_capacity(stage_specs.len());
@@ -340,6 +355,8 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         })
         .collect();
     let mut t = Task {
+        in_flight: None,
+        async_snapshots,
         id: task.clone(),
         attempt,
         stages,
@@ -412,6 +429,8 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         });
     }
     t.run()?;
+    // The last epoch's segments are durable and acknowledged before the task finishes.
+    t.join_snapshot()?;
     for (stage, site) in t.stages.iter_mut().zip(&t.sites) {
         match stage {
             Stage::Source(i) => i.close()?,
@@ -683,6 +702,197 @@ fn with_record(mut error: RuntimeError, data: &[u8]) -> RuntimeError {
     error
 }
 
+/// What one stateful operator of the chain hands to [`write_segments`] at a barrier.
+struct OperatorSnapshot {
+    /// Index of the operator's stage in the chain.
+    stage: usize,
+    /// Operator name (job file), for errors.
+    operator: String,
+    operator_id: String,
+    /// Segment file, relative to the storage root.
+    file: String,
+    /// The keyed state's frozen view and its state descriptors (by handle).
+    keyed: Option<(SnapshotView, Vec<nop_stream_api::StateDescriptor>)>,
+    /// Operator state: (state name, schema version, `kv-lp/1` payload, entries).
+    operator_state: Vec<(String, u32, Vec<u8>, u64)>,
+}
+
+/// The expired TTL keys each operator's snapshot scan left out, by stage index.
+type ExpiredByStage = Vec<(usize, ExpiredKeys)>;
+
+/// Where a task's segment files go.
+struct SegmentTarget {
+    storage: Arc<dyn CheckpointStorage>,
+    namespace: String,
+    subtask: u32,
+}
+
+/// Writes one packed segment file per operator of `parts` (keyed state and timers shard
+/// by shard as the view hands them over, so a snapshot never sits whole in memory; then
+/// the operator state), makes each durable ([`nop_stream_checkpoint::SegmentWriter::finish`])
+/// and fills `snapshot`'s segments, operator state and `snapshot_bytes`. Returns the
+/// expired TTL keys each operator's scan left out, by stage. Runs on the task thread
+/// (synchronous snapshots) or on the snapshot thread; stops early once `abort` is set.
+///
+/// Failpoint `async-snapshot-write`: hit once per file, after its payloads are written and
+/// before it is made durable.
+///
+/// # Errors
+/// [`RuntimeError::Io`] naming the operator and the file: a state database, storage or
+/// failpoint failure, or the abort.
+fn write_segments(
+    target: &SegmentTarget,
+    parts: Vec<OperatorSnapshot>,
+    snapshot: &mut TaskSnapshot,
+    abort: &AtomicBool,
+) -> Result<ExpiredByStage> {
+    let epoch = snapshot.epoch.0;
+    let subtask = target.subtask;
+    let namespace = target.namespace.as_str();
+    let mut expired_by_stage = Vec::new();
+    for part in parts {
+        let OperatorSnapshot {
+            stage,
+            operator,
+            operator_id: op_id,
+            file,
+            keyed,
+            operator_state,
+        } = part;
+        let io = |e: String| RuntimeError::Io {
+            path: format!("state of operator `{operator}` ({file})"),
+            message: e,
+        };
+        let mut writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + '_>> = None;
+        let mut offset = 0u64;
+        if let Some((view, descs)) = keyed {
+            let segments = &mut snapshot.segments;
+            let expired = view
+                .write(&mut |s: ShardSnapshot| {
+                    if abort.load(Ordering::Relaxed) {
+                        return Err("snapshot abandoned: the task is stopping".into());
+                    }
+                    let d = &descs[s.state as usize];
+                    let w = match &mut writer {
+                        Some(w) => w,
+                        None => writer.insert(
+                            target
+                                .storage
+                                .segment_writer(&file)
+                                .map_err(|e| e.to_string())?,
+                        ),
+                    };
+                    w.write(&s.payload).map_err(|e| e.to_string())?;
+                    segments.push(SegmentDescriptor {
+                        state_path: nop_stream_checkpoint::names::state_path(
+                            namespace, epoch, &op_id, subtask, s.shard.0, &d.name,
+                        ),
+                        operator_id: op_id.clone(),
+                        shard: s.shard.0,
+                        state: d.name.clone(),
+                        file: file.clone(),
+                        offset,
+                        len: s.payload.len() as u64,
+                        checksum: payload_checksum(&s.payload),
+                        codec: "kv-lp/1".into(),
+                        schema_version: d.schema_version,
+                        entries: s.entries,
+                    });
+                    offset += s.payload.len() as u64;
+                    Ok(())
+                })
+                .map_err(|e| io(e.to_string()))?;
+            if !expired.is_empty() {
+                expired_by_stage.push((stage, expired));
+            }
+        }
+        for (name, schema, payload, n) in operator_state {
+            let w = match &mut writer {
+                Some(w) => w,
+                None => writer.insert(
+                    target
+                        .storage
+                        .segment_writer(&file)
+                        .map_err(|e| io(e.to_string()))?,
+                ),
+            };
+            w.write(&payload).map_err(|e| io(e.to_string()))?;
+            snapshot.operator_state.push(SegmentDescriptor {
+                state_path: nop_stream_checkpoint::names::operator_state_path(
+                    namespace, epoch, &op_id, subtask, &name,
+                ),
+                operator_id: op_id.clone(),
+                shard: subtask,
+                state: name,
+                file: file.clone(),
+                offset,
+                len: payload.len() as u64,
+                checksum: payload_checksum(&payload),
+                codec: "kv-lp/1".into(),
+                schema_version: schema,
+                entries: n,
+            });
+            offset += payload.len() as u64;
+        }
+        if let Some(w) = writer {
+            if failpoint::hit("async-snapshot-write") {
+                return Err(io("failpoint `async-snapshot-write` fired".into()));
+            }
+            w.finish().map_err(|e| io(e.to_string()))?;
+        }
+        snapshot.snapshot_bytes += offset;
+    }
+    Ok(expired_by_stage)
+}
+
+/// The background part of one epoch's snapshot ([`write_segments`] on its own thread,
+/// then the Ack). Dropping it without [`InFlightSnapshot::join`] (a task failing or
+/// cancelled) asks the thread to stop at the next shard and waits for it, so no write
+/// outlives the task; an abandoned snapshot sends no Ack.
+struct InFlightSnapshot {
+    epoch: EpochId,
+    handle: Option<std::thread::JoinHandle<Result<ExpiredByStage>>>,
+    abort: Arc<AtomicBool>,
+}
+
+impl InFlightSnapshot {
+    fn is_finished(&self) -> bool {
+        self.handle
+            .as_ref()
+            .is_none_or(std::thread::JoinHandle::is_finished)
+    }
+
+    /// Waits for the thread; its expired keys by stage, or its error.
+    fn join(&mut self, task: &TaskId) -> Result<ExpiredByStage> {
+        let Some(handle) = self.handle.take() else {
+            return Ok(Vec::new());
+        };
+        match handle.join() {
+            Ok(r) => r,
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(RuntimeError::Internal(format!(
+                    "task {task}: the snapshot thread of epoch {} panicked: {msg}",
+                    self.epoch
+                )))
+            }
+        }
+    }
+}
+
+impl Drop for InFlightSnapshot {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            self.abort.store(true, Ordering::Relaxed);
+            let _ = handle.join();
+        }
+    }
+}
+
 impl Task {
     fn send(&self, e: TaskEvent) {
         let _ = self.events.send(e);
@@ -717,6 +927,7 @@ impl Task {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Cancelled);
             }
+            self.poll_snapshot()?;
             self.fire_processing_timers()?;
             if self.is_source() && !self.data_ended {
                 while let Ok(cmd) = self.commands.try_recv() {
@@ -1014,8 +1225,31 @@ impl Task {
     }
 
     /// Takes the snapshot of `epoch` and forwards its barrier (design §5.3–§5.5).
+    ///
+    /// The task thread does the synchronous part: waits for the previous epoch's
+    /// background part if it is still running (at most one in flight), lets operators
+    /// prepare, pre-commits the sink, then per stateful operator syncs timers, copies its
+    /// operator state and takes a frozen view of its keyed state
+    /// ([`nop_stream_state::KeyedState::snapshot_view`]: a flush and a redb read
+    /// transaction). It then forwards the barrier and goes on processing, while a
+    /// background thread ([`write_segments`]) writes one segment file per operator, makes
+    /// it durable, and only then sends the Ack. With `async_snapshots = false` the task
+    /// thread does that last part itself before forwarding the barrier.
     fn checkpoint(&mut self, epoch: EpochId, alignment_ms: u64) -> Result<()> {
         let started = Instant::now();
+        if self.in_flight.is_some() {
+            let waited = Instant::now();
+            let previous = self.in_flight.as_ref().map(|f| f.epoch);
+            self.join_snapshot()?;
+            // The wait this barrier spent on the previous epoch's background part (often
+            // ~0: it has sent its Ack and is only exiting); part of `duration_ms`.
+            tracing::debug!(
+                target: "nopstream::snapshot",
+                task = %self.id, epoch = epoch.0, previous = previous.map(|e| e.0),
+                wait_ms = waited.elapsed().as_secs_f64() * 1000.0,
+                "waited for the previous epoch's snapshot"
+            );
+        }
         // Operators flush what they cache and emit what must precede the barrier.
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
@@ -1040,30 +1274,22 @@ impl Task {
             sink.begin(&sink_state.txn)?;
             sink_operator = self.operator_ids.last().cloned();
         }
-        // Keyed state, timers and operator state, one packed segment file per operator,
-        // written shard by shard as the state hands them over (a snapshot never sits
-        // whole in memory).
-        let mut segments = Vec::new();
-        let mut operator_state = Vec::new();
-        let mut snapshot_bytes = 0u64;
+        // Per stateful operator: timers into keyed state, the operator state's payloads
+        // (small, in memory) and a frozen view of the keyed state.
         let subtask = self.id.subtask.0;
-        let storage = &self.storage;
+        let mut parts = Vec::new();
         for i in 0..self.stages.len() {
             let Stage::Operator(op) = &mut self.stages[i] else {
                 continue;
             };
             let op_id = self.operator_ids[i].clone();
             op.sync_timers()?;
-            let op_parts: Vec<(String, u32, Vec<u8>, u64)> = op
+            let operator_state: Vec<(String, u32, Vec<u8>, u64)> = op
                 .operator_state_mut()
                 .snapshot()
                 .into_iter()
                 .map(|(d, payload, n)| (d.name.clone(), d.schema_version, payload, n))
                 .collect();
-            let keyed = op.state_mut();
-            if keyed.is_none() && op_parts.is_empty() {
-                continue;
-            }
             // Scoped by epoch and attempt (= generation): a fenced attempt that still writes
             // (a stopped node resumed) never touches a file a manifest of another
             // generation references (design §2.5, "Leases, generations, fencing").
@@ -1073,92 +1299,39 @@ impl Task {
                 subtask,
                 self.attempt.0,
             );
-            let mut writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + '_>> = None;
-            let mut offset = 0u64;
-            let namespace = &self.namespace;
-            let io = |e: String| RuntimeError::Io {
-                path: format!("state of operator `{}` ({file})", self.sites[i].operator),
-                message: e,
+            let keyed = match op.state_mut() {
+                Some(ks) => {
+                    // Read by the state budget test (target `nopstream::state`).
+                    tracing::debug!(
+                        target: "nopstream::state",
+                        task = %self.id, epoch = epoch.0, operator = %op_id,
+                        evictions = ks.evictions(), cached_bytes = ks.cached_bytes(),
+                        "keyed state at the barrier"
+                    );
+                    let view = ks.snapshot_view().map_err(|e| RuntimeError::Io {
+                        path: format!("state of operator `{}` ({file})", self.sites[i].operator),
+                        message: e.to_string(),
+                    })?;
+                    Some((view, ks.descriptors().to_vec()))
+                }
+                None if operator_state.is_empty() => continue,
+                None => None,
             };
-            if let Some(ks) = keyed {
-                let descs = ks.descriptors().to_vec();
-                // Read by the state budget test (target `nopstream::state`).
-                tracing::debug!(
-                    target: "nopstream::state",
-                    task = %self.id, epoch = epoch.0, operator = %op_id,
-                    evictions = ks.evictions(), cached_bytes = ks.cached_bytes(),
-                    "keyed state at the barrier"
-                );
-                ks.snapshot_each(&mut |s: ShardSnapshot| {
-                    let d = &descs[s.state as usize];
-                    let w = match &mut writer {
-                        Some(w) => w,
-                        None => {
-                            writer.insert(storage.segment_writer(&file).map_err(|e| e.to_string())?)
-                        }
-                    };
-                    w.write(&s.payload).map_err(|e| e.to_string())?;
-                    segments.push(SegmentDescriptor {
-                        state_path: nop_stream_checkpoint::names::state_path(
-                            namespace, epoch.0, &op_id, subtask, s.shard.0, &d.name,
-                        ),
-                        operator_id: op_id.clone(),
-                        shard: s.shard.0,
-                        state: d.name.clone(),
-                        file: file.clone(),
-                        offset,
-                        len: s.payload.len() as u64,
-                        checksum: payload_checksum(&s.payload),
-                        codec: "kv-lp/1".into(),
-                        schema_version: d.schema_version,
-                        entries: s.entries,
-                    });
-                    offset += s.payload.len() as u64;
-                    Ok(())
-                })
-                .map_err(|e| io(e.to_string()))?;
-            }
-            for (name, schema, payload, n) in op_parts {
-                let w = match &mut writer {
-                    Some(w) => w,
-                    None => writer.insert(
-                        storage
-                            .segment_writer(&file)
-                            .map_err(|e| io(e.to_string()))?,
-                    ),
-                };
-                w.write(&payload).map_err(|e| io(e.to_string()))?;
-                operator_state.push(SegmentDescriptor {
-                    state_path: nop_stream_checkpoint::names::operator_state_path(
-                        namespace, epoch.0, &op_id, subtask, &name,
-                    ),
-                    operator_id: op_id.clone(),
-                    shard: subtask,
-                    state: name,
-                    file: file.clone(),
-                    offset,
-                    len: payload.len() as u64,
-                    checksum: payload_checksum(&payload),
-                    codec: "kv-lp/1".into(),
-                    schema_version: schema,
-                    entries: n,
-                });
-                offset += payload.len() as u64;
-            }
-            if let Some(w) = writer {
-                w.finish().map_err(|e| RuntimeError::Io {
-                    path: file.clone(),
-                    message: e.to_string(),
-                })?;
-            }
-            snapshot_bytes += offset;
+            parts.push(OperatorSnapshot {
+                stage: i,
+                operator: self.sites[i].operator.clone(),
+                operator_id: op_id,
+                file,
+                keyed,
+                operator_state,
+            });
         }
-        let snapshot = TaskSnapshot {
+        let mut snapshot = TaskSnapshot {
             task: self.id.clone(),
             epoch,
             end_of_data: self.data_ended,
-            segments,
-            operator_state,
+            segments: Vec::new(),
+            operator_state: Vec::new(),
             splits: self
                 .splits
                 .iter()
@@ -1187,18 +1360,119 @@ impl Task {
                 .map(|s| s.pending.clone())
                 .unwrap_or_default(),
             sink_operator,
-            snapshot_bytes,
+            snapshot_bytes: 0,
             alignment_ms,
-            duration_ms: started.elapsed().as_millis() as u64,
+            duration_ms: 0,
+            async_ms: 0,
         };
+        let target = SegmentTarget {
+            storage: Arc::clone(&self.storage),
+            namespace: self.namespace.clone(),
+            subtask,
+        };
+        if !self.async_snapshots || parts.iter().all(|p| p.keyed.is_none()) {
+            // Synchronous: nothing to scan, or asked for.
+            let never = AtomicBool::new(false);
+            let expired = write_segments(&target, parts, &mut snapshot, &never)?;
+            self.remove_expired(expired)?;
+            snapshot.duration_ms = started.elapsed().as_millis() as u64;
+            for out in &mut self.outputs {
+                out.broadcast(&Message::Barrier(epoch))?;
+            }
+            self.report.epochs += 1;
+            self.send(TaskEvent::Ack {
+                attempt: self.attempt,
+                snapshot: Box::new(snapshot),
+            });
+            return Ok(());
+        }
+        snapshot.duration_ms = started.elapsed().as_millis() as u64;
         for out in &mut self.outputs {
             out.broadcast(&Message::Barrier(epoch))?;
         }
         self.report.epochs += 1;
-        self.send(TaskEvent::Ack {
-            attempt: self.attempt,
-            snapshot: Box::new(snapshot),
+        let abort = Arc::new(AtomicBool::new(false));
+        let events = self.events.clone();
+        let attempt = self.attempt;
+        let stop = Arc::clone(&abort);
+        let handed_over = Instant::now();
+        let handle = std::thread::Builder::new()
+            .name(format!("snapshot {}", self.id))
+            .spawn(move || {
+                let expired = write_segments(&target, parts, &mut snapshot, &stop)?;
+                snapshot.async_ms = handed_over.elapsed().as_millis() as u64;
+                // Only now, with every segment file durable, may the coordinator count
+                // this task in.
+                let _ = events.send(TaskEvent::Ack {
+                    attempt,
+                    snapshot: Box::new(snapshot),
+                });
+                Ok(expired)
+            })
+            .map_err(|e| {
+                RuntimeError::Internal(format!(
+                    "task {}: cannot start the snapshot thread of epoch {epoch}: {e}",
+                    self.id
+                ))
+            })?;
+        self.in_flight = Some(InFlightSnapshot {
+            epoch,
+            handle: Some(handle),
+            abort,
         });
+        Ok(())
+    }
+
+    /// Joins the background part of the last snapshot if it has finished (the main loop
+    /// calls it every round), so a failure there fails the task soon.
+    ///
+    /// # Errors
+    /// The background part's error (naming the operator and the segment file).
+    fn poll_snapshot(&mut self) -> Result<()> {
+        if self
+            .in_flight
+            .as_ref()
+            .is_some_and(InFlightSnapshot::is_finished)
+        {
+            self.join_snapshot()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the background part of the last snapshot, if any, and queues the expired
+    /// TTL entries it found for deletion at the operators' next flush.
+    ///
+    /// # Errors
+    /// The background part's error (naming the operator and the segment file), or
+    /// [`RuntimeError::Internal`] if it panicked.
+    fn join_snapshot(&mut self) -> Result<()> {
+        let Some(mut in_flight) = self.in_flight.take() else {
+            return Ok(());
+        };
+        let expired = in_flight.join(&self.id)?;
+        for (stage, keys) in expired {
+            if let Stage::Operator(op) = &mut self.stages[stage]
+                && let Some(ks) = op.state_mut()
+            {
+                ks.remove_expired_later(keys);
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the expired TTL entries a synchronous snapshot found, at once.
+    fn remove_expired(&mut self, expired: ExpiredByStage) -> Result<()> {
+        for (stage, keys) in expired {
+            if let Stage::Operator(op) = &mut self.stages[stage]
+                && let Some(ks) = op.state_mut()
+            {
+                ks.remove_expired_later(keys);
+                ks.flush(false).map_err(|e| RuntimeError::Io {
+                    path: format!("state of operator `{}`", self.sites[stage].operator),
+                    message: e.to_string(),
+                })?;
+            }
+        }
         Ok(())
     }
 
@@ -1223,6 +1497,8 @@ impl Task {
         for out in &mut self.outputs {
             out.broadcast(&Message::End)?;
         }
+        // The coordinator hears of the end only once the last snapshot is acknowledged.
+        self.join_snapshot()?;
         self.data_ended = true;
         self.send(TaskEvent::EndOfData {
             attempt: self.attempt,

@@ -26,8 +26,10 @@
 //! cleanup): a write (put, append, map update) restarts the entry's lifetime, reads do
 //! not; an entry whose `write time + ttl <= now` reads as absent; every snapshot leaves
 //! expired entries out and deletes them from redb, so neither checkpoints nor the database
-//! keep them. Lists and maps expire as a whole per key and namespace. Time is processing
-//! time ([`KeyedState::set_clock`] replaces the system clock in tests).
+//! keep them (an asynchronous snapshot's scan only collects them; the next flush deletes
+//! those still expired, see [`KeyedState::remove_expired_later`]). Lists and maps expire
+//! as a whole per key and namespace. Time is processing time ([`KeyedState::set_clock`]
+//! replaces the system clock in tests).
 //!
 //! ## Memory budget
 //!
@@ -123,6 +125,122 @@ pub struct ShardSnapshot {
     pub entries: u64,
     /// `kv-lp/1` payload.
     pub payload: Vec<u8>,
+}
+
+/// A frozen, point-in-time view of one subtask's keyed state, made by
+/// [`KeyedState::snapshot_view`] for an asynchronous snapshot: an open redb read
+/// transaction (an MVCC snapshot) plus what the scan needs to know (state names, TTLs,
+/// owned shards, the processing time expiry is judged at). It is `Send`, and holding it
+/// blocks neither writes nor flushes of the state it came from; redb keeps the pages of
+/// its version until it is dropped (so the database file may grow by up to the state's
+/// size while one is held).
+pub struct SnapshotView {
+    txn: redb::ReadTransaction,
+    path: PathBuf,
+    names: Vec<String>,
+    ttl: Vec<Option<u64>>,
+    owned: Range<u32>,
+    now: u64,
+}
+
+impl std::fmt::Debug for SnapshotView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotView")
+            .field("path", &self.path)
+            .field("owned", &self.owned)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Table keys of TTL entries a [`SnapshotView::write`] left out because they had expired;
+/// hand them to [`KeyedState::remove_expired_later`] so redb drops them too.
+#[derive(Debug, Default)]
+pub struct ExpiredKeys {
+    /// (state index, table key).
+    keys: Vec<(usize, Vec<u8>)>,
+    /// Processing time (ms since the Unix epoch) they were judged expired at.
+    now: u64,
+}
+
+impl ExpiredKeys {
+    /// Number of expired entries found.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether none were found.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+impl SnapshotView {
+    /// Scans every owned shard of every state of the view and hands one payload per
+    /// (shard, state) that holds entries to `consume`, in state then shard order, each a
+    /// sequence of length-prefixed (`namespace length | namespace | key`, value) pairs in
+    /// key order (codec `kv-lp/1`, see [`codec`]); one shard's payload is in memory at a
+    /// time. Values are as stored (a TTL state's with their write-time prefix); entries of
+    /// TTL states expired at the view's time are left out and returned, for
+    /// [`KeyedState::remove_expired_later`]. Consumes the view (its read transaction ends
+    /// here).
+    ///
+    /// # Errors
+    /// A database failure, or [`StateError::Snapshot`] with the message `consume`
+    /// returned (the scan stops there).
+    pub fn write(
+        self,
+        consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
+    ) -> Result<ExpiredKeys> {
+        let mut expired = ExpiredKeys {
+            keys: Vec::new(),
+            now: self.now,
+        };
+        for (i, name) in self.names.iter().enumerate() {
+            let ttl = self.ttl[i];
+            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
+            let table = match self.txn.open_table(def) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => continue,
+                Err(e) => return Err(db_err(&self.path, e)),
+            };
+            for shard in self.owned.clone() {
+                let prefix = shard.to_be_bytes();
+                let mut payload = Vec::new();
+                let mut entries = 0u64;
+                let range = table
+                    .range::<&[u8]>(prefix.as_slice()..)
+                    .map_err(|e| db_err(&self.path, e))?;
+                for entry in range {
+                    let (k, v) = entry.map_err(|e| db_err(&self.path, e))?;
+                    let k = k.value();
+                    if !k.starts_with(&prefix) {
+                        break;
+                    }
+                    if live(v.value(), ttl, self.now).is_none() {
+                        expired.keys.push((i, k.to_vec()));
+                        continue;
+                    }
+                    codec::push_item(&mut payload, &k[4..]);
+                    codec::push_item(&mut payload, v.value());
+                    entries += 1;
+                }
+                if entries > 0 {
+                    consume(ShardSnapshot {
+                        shard: StateShardId(shard),
+                        state: i as u32,
+                        entries,
+                        payload,
+                    })
+                    .map_err(|message| StateError::Snapshot {
+                        state: name.clone(),
+                        message,
+                    })?;
+                }
+            }
+        }
+        Ok(expired)
+    }
 }
 
 /// Result alias of this crate.
@@ -356,6 +474,9 @@ pub struct KeyedState {
     /// Entries dropped because they expired (reads that found them expired are not
     /// counted; snapshots' cleanup is).
     expired_removed: u64,
+    /// Table keys a snapshot found expired, deleted by the next flush if still expired
+    /// ([`KeyedState::remove_expired_later`]).
+    pending_expired: Vec<ExpiredKeys>,
 }
 
 impl std::fmt::Debug for KeyedState {
@@ -459,6 +580,7 @@ impl KeyedState {
             evictions: 0,
             clock: std::sync::Arc::new(system_ms),
             expired_removed: 0,
+            pending_expired: Vec::new(),
         })
     }
 
@@ -1096,7 +1218,10 @@ impl KeyedState {
     /// # Errors
     /// A database failure.
     pub fn flush(&mut self, durable: bool) -> Result<()> {
-        if !durable && !self.cache.iter().any(StateCache::any_dirty) {
+        if !durable
+            && self.pending_expired.is_empty()
+            && !self.cache.iter().any(StateCache::any_dirty)
+        {
             return Ok(());
         }
         let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
@@ -1159,8 +1284,56 @@ impl KeyedState {
                 !m.is_empty()
             });
         }
+        let removed = self.delete_still_expired(&txn)?;
         txn.commit().map_err(|e| db_err(&self.path, e))?;
+        for (i, k) in &removed {
+            // Table key: shard (4) | namespace length (4) | namespace | key.
+            let Some(ns_len) = k
+                .get(4..8)
+                .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
+            else {
+                continue;
+            };
+            if let (Some(ns), Some(key)) = (k.get(8..8 + ns_len), k.get(8 + ns_len..)) {
+                self.cache[*i].remove(ns, key);
+            }
+        }
+        self.expired_removed += removed.len() as u64;
         Ok(())
+    }
+
+    /// Deletes, inside `txn` (after the dirty entries were written there), every pending
+    /// expired table key whose stored value is still expired at the time its snapshot
+    /// judged it (a key written since then is live and stays); returns the deleted
+    /// (state index, table key) pairs.
+    fn delete_still_expired(
+        &mut self,
+        txn: &redb::WriteTransaction,
+    ) -> Result<Vec<(usize, Vec<u8>)>> {
+        let mut removed = Vec::new();
+        for batch in std::mem::take(&mut self.pending_expired) {
+            for (i, desc) in self.states.iter().enumerate() {
+                let Some(ttl) = self.ttl[i] else { continue };
+                if !batch.keys.iter().any(|(s, _)| *s == i) {
+                    continue;
+                }
+                let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
+                let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
+                for (_, k) in batch.keys.iter().filter(|(s, _)| *s == i) {
+                    let expired = table
+                        .get(k.as_slice())
+                        .map_err(|e| db_err(&self.path, e))?
+                        .is_some_and(|v| live(v.value(), Some(ttl), batch.now).is_none());
+                    if expired {
+                        table
+                            .remove(k.as_slice())
+                            .map_err(|e| db_err(&self.path, e))?;
+                        removed.push((i, k.clone()));
+                    }
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Snapshot of every owned shard (design §8.1, §8.2): flushes the working set,
@@ -1184,7 +1357,9 @@ impl KeyedState {
     /// [`Self::snapshot`], handing each (shard, state) payload to `consume` as soon as it
     /// is built instead of collecting them, so a snapshot holds one shard's payload in
     /// memory at a time (the budget of [`StateConfig::memory_bytes`] does not cover a
-    /// whole snapshot). Payloads come in state, then shard order.
+    /// whole snapshot). Payloads come in state, then shard order. Synchronous: it is
+    /// [`Self::snapshot_view`], [`SnapshotView::write`] on this thread, then the expired
+    /// entries' deletion at once.
     ///
     /// # Errors
     /// A database failure, or [`StateError::Snapshot`] with the message `consume`
@@ -1193,103 +1368,47 @@ impl KeyedState {
         &mut self,
         consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
     ) -> Result<()> {
+        let view = self.snapshot_view()?;
+        let expired = view.write(consume)?;
+        self.remove_expired_later(expired);
+        self.flush(false)
+    }
+
+    /// The synchronous half of an asynchronous snapshot (design §7, "Asynchronous
+    /// snapshots"): flushes the working set (and any expired keys pending from the last
+    /// snapshot) to redb in one non-durable transaction, then opens a redb read
+    /// transaction on the result. The returned view sees exactly the state as of this
+    /// call: redb is MVCC, so writes and flushes made afterwards (including the budget's
+    /// evictions) go on without changing it, and the pages of the old version are freed
+    /// only once the view is dropped. The view is `Send`: [`SnapshotView::write`] may run
+    /// on another thread while this state keeps serving the task.
+    ///
+    /// Expired entries of TTL states are judged at this call's processing time.
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn snapshot_view(&mut self) -> Result<SnapshotView> {
         self.flush(false)?;
-        let now = (self.clock)();
-        let mut expired: Vec<(usize, Vec<u8>)> = Vec::new();
-        self.snapshot_live(now, &mut expired, consume)?;
-        if !expired.is_empty() {
-            self.remove_expired(&expired)?;
-        }
-        Ok(())
-    }
-
-    /// Deletes the table keys `expired` (state index, table key) from redb and forgets
-    /// their cached slots (non-durable commit: the next durable one covers it, and a lost
-    /// deletion only repeats).
-    fn remove_expired(&mut self, expired: &[(usize, Vec<u8>)]) -> Result<()> {
-        let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
-        txn.set_durability(redb::Durability::None)
-            .map_err(|e| db_err(&self.path, e))?;
-        for (i, desc) in self.states.iter().enumerate() {
-            if !expired.iter().any(|(s, _)| *s == i) {
-                continue;
-            }
-            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
-            let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
-            for (_, k) in expired.iter().filter(|(s, _)| *s == i) {
-                table
-                    .remove(k.as_slice())
-                    .map_err(|e| db_err(&self.path, e))?;
-            }
-        }
-        txn.commit().map_err(|e| db_err(&self.path, e))?;
-        for (i, k) in expired {
-            // Table key: shard (4) | namespace length (4) | namespace | key.
-            let Some(ns_len) = k
-                .get(4..8)
-                .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
-            else {
-                continue;
-            };
-            if let (Some(ns), Some(key)) = (k.get(8..8 + ns_len), k.get(8 + ns_len..)) {
-                self.cache[*i].remove(ns, key);
-            }
-        }
-        self.expired_removed += expired.len() as u64;
-        Ok(())
-    }
-
-    fn snapshot_live(
-        &self,
-        now: u64,
-        expired: &mut Vec<(usize, Vec<u8>)>,
-        consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
-    ) -> Result<()> {
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
-        for (i, desc) in self.states.iter().enumerate() {
-            let ttl = self.ttl[i];
-            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
-            let table = match txn.open_table(def) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => continue,
-                Err(e) => return Err(db_err(&self.path, e)),
-            };
-            for shard in self.owned.clone() {
-                let prefix = shard.to_be_bytes();
-                let mut payload = Vec::new();
-                let mut entries = 0u64;
-                let range = table
-                    .range::<&[u8]>(prefix.as_slice()..)
-                    .map_err(|e| db_err(&self.path, e))?;
-                for entry in range {
-                    let (k, v) = entry.map_err(|e| db_err(&self.path, e))?;
-                    let k = k.value();
-                    if !k.starts_with(&prefix) {
-                        break;
-                    }
-                    if live(v.value(), ttl, now).is_none() {
-                        expired.push((i, k.to_vec()));
-                        continue;
-                    }
-                    codec::push_item(&mut payload, &k[4..]);
-                    codec::push_item(&mut payload, v.value());
-                    entries += 1;
-                }
-                if entries > 0 {
-                    consume(ShardSnapshot {
-                        shard: StateShardId(shard),
-                        state: i as u32,
-                        entries,
-                        payload,
-                    })
-                    .map_err(|message| StateError::Snapshot {
-                        state: desc.name.clone(),
-                        message,
-                    })?;
-                }
-            }
+        Ok(SnapshotView {
+            txn,
+            path: self.path.clone(),
+            names: self.states.iter().map(|d| d.name.clone()).collect(),
+            ttl: self.ttl.clone(),
+            owned: self.owned.clone(),
+            now: (self.clock)(),
+        })
+    }
+
+    /// Queues the expired keys a [`SnapshotView::write`] found for deletion by the next
+    /// [`Self::flush`] (the next barrier's, an eviction's, or any other), in that flush's
+    /// transaction. A key is deleted only if its stored value is still expired at the
+    /// time the snapshot judged it, so a key written after the view was taken stays.
+    /// Until then the entries stay in redb but read as absent, as every expired entry does.
+    pub fn remove_expired_later(&mut self, expired: ExpiredKeys) {
+        if !expired.keys.is_empty() {
+            self.pending_expired.push(expired);
         }
-        Ok(())
     }
 
     /// Loads shard payloads produced by [`Self::snapshot`] (possibly by another subtask

@@ -26,6 +26,7 @@ fn snap(t: u32, epoch: u64) -> Box<TaskSnapshot> {
         snapshot_bytes: 0,
         alignment_ms: 0,
         duration_ms: 0,
+        async_ms: 0,
     })
 }
 
