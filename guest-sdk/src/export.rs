@@ -495,11 +495,8 @@ macro_rules! export_sink {
 }
 
 /// Inside `impl Operator for T { … }`: forwards `process` and `on_timers` to the
-/// [`crate::window::WindowOperator`] in field `$field`, and calls its `flush` from
-/// `prepare_checkpoint` and `finish` (which writes back cached accumulators,
-/// [`crate::window::Aggregating::cached`]); that is all a window plugin needs besides
-/// `describe` and `open`. A plugin that defines its own `prepare_checkpoint` or `finish`
-/// forwards by hand instead and calls `flush` there.
+/// [`crate::window::WindowOperator`] in field `$field`, which is all a window plugin
+/// needs besides `describe` and `open`.
 ///
 /// ```ignore
 /// impl Operator for MyWindow {
@@ -512,25 +509,6 @@ macro_rules! export_sink {
 macro_rules! window_operator_hooks {
     ($field:ident) => {
         $crate::__process_and_timer_hooks!($field);
-
-        fn prepare_checkpoint(
-            &mut self,
-            ctx: &mut dyn $crate::Context,
-            _epoch: u64,
-            _out: &mut $crate::Batch,
-        ) -> $crate::Result<()> {
-            self.$field.flush(ctx);
-            Ok(())
-        }
-
-        fn finish(
-            &mut self,
-            ctx: &mut dyn $crate::Context,
-            _out: &mut $crate::Batch,
-        ) -> $crate::Result<()> {
-            self.$field.flush(ctx);
-            Ok(())
-        }
     };
 }
 

@@ -3,9 +3,6 @@
 //! [`WindowFunction`] wrappers ([`Aggregating`], [`Processing`]) that store their
 //! per-window contents in host state.
 
-use std::collections::HashMap;
-
-use foldhash::fast::FixedState;
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::{ACC_STATE, CONTENTS_STATE, FunctionKind, Window};
@@ -228,13 +225,6 @@ pub trait WindowFunction {
         Ok(())
     }
 
-    /// Writes back whatever the function keeps in the instance between checkpoints;
-    /// the window operator calls it from `prepare_checkpoint` and `finish`
-    /// ([`super::WindowOperator::flush`]). Default: nothing is kept, nothing to do.
-    fn flush(&mut self, ctx: &mut dyn Context) {
-        let _ = ctx;
-    }
-
     /// Clears the window state in `ns` of every key laid out flat in `keys` /
     /// `key_ends`. Default: [`Self::clear`] per key.
     fn clear_many(&mut self, ctx: &mut dyn Context, keys: &[u8], key_ends: &[u32], ns: &[u8]) {
@@ -255,27 +245,7 @@ pub struct Aggregating<A: AggregateFunction, P = EmitResult> {
     process: P,
     kind: FunctionKind,
     acc: Option<ValueState<A::Acc>>,
-    /// With [`Aggregating::cached`]: accumulators per window namespace, then key, and
-    /// how to copy one (a window may fire more than once).
-    cache: Option<AccCache<A::Acc>>,
-    clone_acc: Option<fn(&A::Acc) -> A::Acc>,
 }
-
-/// Accumulators an [`Aggregating`] keeps between checkpoints: per window namespace, per
-/// key, the accumulator with whether it changed since it was last written back and
-/// whether host state holds it.
-type AccCache<T> = HashMap<Vec<u8>, HashMap<Vec<u8>, CachedAcc<T>, FixedState>, FixedState>;
-
-/// One cached accumulator.
-struct CachedAcc<T> {
-    acc: T,
-    dirty: bool,
-    stored: bool,
-}
-
-/// Accumulators an [`Aggregating::cached`] function keeps in the instance before it
-/// writes them back and drops them, between checkpoints too.
-pub const MAX_CACHED_ACCUMULATORS: usize = 65_536;
 
 impl<A: AggregateFunction + std::fmt::Debug, P: std::fmt::Debug> std::fmt::Debug
     for Aggregating<A, P>
@@ -304,31 +274,12 @@ impl<A: AggregateFunction, P> Aggregating<A, P> {
             process,
             kind: FunctionKind::Aggregate,
             acc: None,
-            cache: None,
-            clone_acc: None,
         }
     }
 
     /// The aggregate function.
     pub fn function(&self) -> &A {
         &self.agg
-    }
-
-    /// Keeps accumulators decoded in the instance between checkpoints instead of
-    /// reading and writing host state for every batch: a window's accumulators are read
-    /// once, updated in memory, and written back (one batched put per window) when the
-    /// window operator's [`super::WindowOperator::flush`] runs, which the plugin must
-    /// call from `prepare_checkpoint` and `finish` ([`crate::window_operator_hooks!`]
-    /// does). Accumulators of a window that fires and is cleared before the next
-    /// checkpoint never reach host state. Past [`MAX_CACHED_ACCUMULATORS`] they are
-    /// written back and dropped between checkpoints too. The state layout is unchanged.
-    pub fn cached(mut self) -> Self
-    where
-        A::Acc: Clone,
-    {
-        self.cache = Some(HashMap::default());
-        self.clone_acc = Some(<A::Acc as Clone>::clone);
-        self
     }
 }
 
@@ -347,8 +298,6 @@ impl<R: ReduceFunction, P> Aggregating<ReduceAggregate<R>, P> {
             process,
             kind: FunctionKind::Reduce,
             acc: None,
-            cache: None,
-            clone_acc: None,
         }
     }
 }
@@ -419,84 +368,26 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
     ) {
         let state = self.acc.as_ref().expect("window function used before open");
         let state = state.in_namespace(ns);
-        let Some(cache) = self.cache.as_mut() else {
-            let keys: Vec<&[u8]> = groups.iter().map(|g| g.key).collect();
-            let stored = state.get_many(ctx, &keys);
-            let entries: Vec<(&[u8], A::Acc)> = groups
-                .iter()
-                .zip(stored)
-                .map(|(g, acc)| {
-                    let mut acc = acc.unwrap_or_else(|| self.agg.create_accumulator());
-                    for &r in g.records {
-                        let input = inputs[r as usize]
-                            .as_ref()
-                            .expect("operator decodes every grouped record");
-                        self.agg.add(&mut acc, input);
-                    }
-                    (g.key, acc)
-                })
-                .collect();
-            state.put_many(ctx, &entries);
-            return;
-        };
-        let window = cache.entry(ns.to_vec()).or_default();
-        let missing: Vec<&[u8]> = groups
+        let keys: Vec<&[u8]> = groups.iter().map(|g| g.key).collect();
+        let stored = state.get_many(ctx, &keys);
+        let entries: Vec<(&[u8], A::Acc)> = groups
             .iter()
-            .map(|g| g.key)
-            .filter(|k| !window.contains_key(*k))
+            .zip(stored)
+            .map(|(g, acc)| {
+                let mut acc = acc.unwrap_or_else(|| self.agg.create_accumulator());
+                for &r in g.records {
+                    let input = inputs[r as usize]
+                        .as_ref()
+                        .expect("operator decodes every grouped record");
+                    self.agg.add(&mut acc, input);
+                }
+                (g.key, acc)
+            })
             .collect();
-        if !missing.is_empty() {
-            for (key, acc) in missing.iter().zip(state.get_many(ctx, &missing)) {
-                let stored = acc.is_some();
-                window.insert(
-                    key.to_vec(),
-                    CachedAcc {
-                        acc: acc.unwrap_or_else(|| self.agg.create_accumulator()),
-                        dirty: false,
-                        stored,
-                    },
-                );
-            }
-        }
-        for g in groups {
-            let slot = window.get_mut(g.key).expect("just loaded");
-            for &r in g.records {
-                let input = inputs[r as usize]
-                    .as_ref()
-                    .expect("operator decodes every grouped record");
-                self.agg.add(&mut slot.acc, input);
-            }
-            slot.dirty = true;
-        }
-        if cache.values().map(HashMap::len).sum::<usize>() > MAX_CACHED_ACCUMULATORS {
-            self.write_back(ctx);
-            if let Some(c) = self.cache.as_mut() {
-                c.clear();
-            }
-        }
-    }
-
-    fn flush(&mut self, ctx: &mut dyn Context) {
-        self.write_back(ctx);
-        if let Some(c) = self.cache.as_mut()
-            && c.values().map(HashMap::len).sum::<usize>() > MAX_CACHED_ACCUMULATORS
-        {
-            c.clear();
-        }
+        state.put_many(ctx, &entries);
     }
 
     fn merge(&mut self, ctx: &mut dyn Context, key: &[u8], target: &[u8], source: &[u8]) {
-        // Merges (session windows) work on host state: write the cache back first and
-        // drop the two windows' entries of the key.
-        if self.cache.is_some() {
-            self.write_back(ctx);
-            let cache = self.cache.as_mut().expect("checked");
-            for ns in [target, source] {
-                if let Some(w) = cache.get_mut(ns) {
-                    w.remove(key);
-                }
-            }
-        }
         let state = self.acc.as_ref().expect("window function used before open");
         let Some(src) = state.in_namespace(source).get(ctx, key) else {
             return;
@@ -520,17 +411,22 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
         ns: &[u8],
         out: &mut Batch,
     ) -> Result<()> {
-        let mut key_ends = [0u32];
-        key_ends[0] = key.len() as u32;
-        self.fire_many(ctx, key, &key_ends, window, ns, out)
+        let state = self.acc.as_ref().expect("window function used before open");
+        let Some(acc) = state.in_namespace(ns).get(ctx, key) else {
+            return Ok(());
+        };
+        let result = self.agg.get_result(acc);
+        let mut output = WindowOutput::new(out, key, window.max_timestamp());
+        self.process
+            .process(key, window, std::slice::from_ref(&result), &mut output)
     }
 
     fn clear(&mut self, ctx: &mut dyn Context, key: &[u8], ns: &[u8]) {
-        self.clear_many(ctx, key, &[key.len() as u32], ns);
+        let state = self.acc.as_ref().expect("window function used before open");
+        state.in_namespace(ns).delete(ctx, key);
     }
 
-    /// One batched read of the accumulators not cached, then the process function per
-    /// present key.
+    /// One batched read of the accumulators, then the process function per present key.
     fn fire_many(
         &mut self,
         ctx: &mut dyn Context,
@@ -541,32 +437,15 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
         out: &mut Batch,
     ) -> Result<()> {
         let state = self.acc.as_ref().expect("window function used before open");
-        let state = state.in_namespace(ns);
-        let cached = self.cache.as_ref().and_then(|c| c.get(ns));
-        let mut missing: Vec<&[u8]> = Vec::new();
+        let accs = state.in_namespace(ns).get_many_flat(ctx, keys, key_ends);
         let mut start = 0usize;
-        for &end in key_ends {
+        for (acc, &end) in accs.into_iter().zip(key_ends) {
             let key = &keys[start..end as usize];
             start = end as usize;
-            if cached.is_none_or(|w| !w.contains_key(key)) {
-                missing.push(key);
-            }
-        }
-        let mut read = state.get_many(ctx, &missing).into_iter();
-        let mut start = 0usize;
-        for &end in key_ends {
-            let key = &keys[start..end as usize];
-            start = end as usize;
-            let result = match cached.and_then(|w| w.get(key)) {
-                Some(slot) => {
-                    let copy = self.clone_acc.expect("set with the cache");
-                    self.agg.get_result(copy(&slot.acc))
-                }
-                None => match read.next().flatten() {
-                    Some(acc) => self.agg.get_result(acc),
-                    None => continue,
-                },
+            let Some(acc) = acc else {
+                continue;
             };
+            let result = self.agg.get_result(acc);
             let mut output = WindowOutput::new(out, key, window.max_timestamp());
             self.process
                 .process(key, window, std::slice::from_ref(&result), &mut output)?;
@@ -574,63 +453,10 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
         Ok(())
     }
 
-    /// One batched delete (of the keys host state may hold).
+    /// One batched delete.
     fn clear_many(&mut self, ctx: &mut dyn Context, keys: &[u8], key_ends: &[u32], ns: &[u8]) {
         let state = self.acc.as_ref().expect("window function used before open");
-        let Some(cache) = self.cache.as_mut() else {
-            state.in_namespace(ns).delete_many_flat(ctx, keys, key_ends);
-            return;
-        };
-        let mut window = cache.remove(ns);
-        let mut deletes: Vec<u8> = Vec::new();
-        let mut delete_ends: Vec<u32> = Vec::new();
-        let mut start = 0usize;
-        for &end in key_ends {
-            let key = &keys[start..end as usize];
-            start = end as usize;
-            // A key the cache does not know may be in host state; a cached one is there
-            // only if it was read from or written back to it.
-            let stored = window
-                .as_mut()
-                .and_then(|w| w.remove(key))
-                .is_none_or(|slot| slot.stored);
-            if stored {
-                deletes.extend_from_slice(key);
-                delete_ends.push(deletes.len() as u32);
-            }
-        }
-        if let Some(w) = window
-            && !w.is_empty()
-        {
-            cache.insert(ns.to_vec(), w);
-        }
-        state
-            .in_namespace(ns)
-            .delete_many_flat(ctx, &deletes, &delete_ends);
-    }
-}
-
-impl<A: AggregateFunction, P> Aggregating<A, P> {
-    /// Writes every changed cached accumulator back (one batched put per window).
-    fn write_back(&mut self, ctx: &mut dyn Context) {
-        let (Some(cache), Some(state)) = (self.cache.as_mut(), self.acc.as_ref()) else {
-            return;
-        };
-        for (ns, window) in cache.iter_mut() {
-            state.in_namespace(ns).put_many_refs(
-                ctx,
-                window
-                    .iter()
-                    .filter(|(_, s)| s.dirty)
-                    .map(|(k, s)| (k.as_slice(), &s.acc)),
-            );
-            for slot in window.values_mut() {
-                if slot.dirty {
-                    slot.dirty = false;
-                    slot.stored = true;
-                }
-            }
-        }
+        state.in_namespace(ns).delete_many_flat(ctx, keys, key_ends);
     }
 }
 

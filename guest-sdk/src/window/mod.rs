@@ -101,9 +101,8 @@ mod operator;
 mod tests;
 
 pub use function::{
-    AggregateFunction, Aggregating, EmitResult, KeyGroup, MAX_CACHED_ACCUMULATORS,
-    ProcessWindowFunction, Processing, ReduceAggregate, ReduceFunction, WindowFunction,
-    WindowOutput,
+    AggregateFunction, Aggregating, EmitResult, KeyGroup, ProcessWindowFunction, Processing,
+    ReduceAggregate, ReduceFunction, WindowFunction, WindowOutput,
 };
 pub use operator::{MergeEntry, WindowOperator};
 

@@ -22,11 +22,8 @@ pub struct MergeEntry {
 }
 
 /// A keyed window operator (design §9.1): see the [module docs](super) for semantics and
-/// state layout. Plugins hold one and forward `process` and `on_timers` to it, and
-/// call [`WindowOperator::flush`] from `prepare_checkpoint` and `finish`
-/// ([`crate::window_operator_hooks!`] does all three). Between checkpoints it keeps
-/// nothing but scratch buffers, and the accumulators of an [`super::Aggregating::cached`]
-/// function.
+/// state layout. Plugins hold one and forward `process` and `on_timers` to it; it keeps
+/// nothing but scratch buffers between calls.
 pub struct WindowOperator<F: WindowFunction> {
     spec: WindowSpec,
     function: F,
@@ -505,13 +502,6 @@ impl<F: WindowFunction> WindowOperator<F> {
         if cleanup != max {
             timers.push(TimerOp::Delete(key, w, cleanup));
         }
-    }
-
-    /// Writes back what the window function keeps in the instance
-    /// ([`super::Aggregating::cached`]); call from `prepare_checkpoint` and `finish`
-    /// ([`crate::window_operator_hooks!`] does). Nothing to do for other functions.
-    pub fn flush(&mut self, ctx: &mut dyn Context) {
-        self.function.flush(ctx);
     }
 
     /// Handles due timers (in the order given): a timer at a window's max timestamp fires

@@ -173,10 +173,8 @@ impl<F: WindowFunction> Harness<F> {
         collect(&out, &mut self.out);
     }
 
-    /// Drops the instance and opens a fresh one on a copy of the durable state, as a
-    /// restore from a checkpoint does (after `prepare_checkpoint`, which flushes).
+    /// Drops the instance and opens a fresh one on a copy of the durable state.
     fn restore(&mut self) {
-        self.op.flush(&mut self.ctx);
         self.ctx = self.ctx.clone();
         self.op = (self.make)(&mut self.ctx);
     }
@@ -205,20 +203,6 @@ fn agg_op(
     }
 }
 
-/// [`agg_op`] with the accumulators cached in the instance between checkpoints.
-fn cached_agg_op(
-    spec: WindowSpec,
-) -> impl Fn(&mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>> {
-    move |ctx| {
-        WindowOperator::open(
-            ctx,
-            spec,
-            Aggregating::with_process(SumCount, Describe).cached(),
-        )
-        .unwrap()
-    }
-}
-
 const SLIDING: WindowSpec = WindowSpec::sliding(10, 4);
 const TUMBLING: WindowSpec = WindowSpec::tumbling(10);
 const SESSION: WindowSpec = WindowSpec::session(10);
@@ -231,15 +215,6 @@ fn tumbling_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, De
 }
 fn session_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>> {
     agg_op(SESSION)(ctx)
-}
-fn cached_sliding_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>> {
-    cached_agg_op(SLIDING)(ctx)
-}
-fn cached_tumbling_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>> {
-    cached_agg_op(TUMBLING)(ctx)
-}
-fn cached_session_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>> {
-    cached_agg_op(SESSION)(ctx)
 }
 
 /// A deterministic pseudo-random sequence (xorshift64*).
@@ -354,8 +329,6 @@ fn tumbling_and_sliding_match_a_naive_reference_with_out_of_order_and_late_data(
     for (make, spec) in [
         (tumbling_op as fn(&mut MockContext) -> _, TUMBLING),
         (sliding_op, SLIDING),
-        (cached_tumbling_op, TUMBLING),
-        (cached_sliding_op, SLIDING),
     ] {
         for (seed, batch, lag) in [(1, 7, 20), (2, 50, 5), (3, 1, 40), (4, 13, 0)] {
             let recs = random_records(seed, 400, 5, 60);
@@ -390,12 +363,6 @@ fn sliding_window_restored_at_every_boundary_equals_the_uninterrupted_run() {
     assert!(straight.len() > 100);
     assert_eq!(straight, restored);
     assert_eq!(late_a, late_b);
-    // Cached accumulators, with and without restores, emit the same.
-    for restore in [false, true] {
-        let (cached, late_c, _) = run_fixed(cached_sliding_op, &recs, 17, 30, restore);
-        assert_eq!(straight, cached, "cached, restore {restore}");
-        assert_eq!(late_a, late_c);
-    }
 }
 
 #[test]
@@ -603,13 +570,8 @@ fn sessions_match_a_naive_reference_and_survive_restores() {
             })
             .collect();
         let want = reference_sessions(&recs, 10);
-        for (restore, make) in [
-            (false, session_op as fn(&mut MockContext) -> _),
-            (true, session_op),
-            (false, cached_session_op),
-            (true, cached_session_op),
-        ] {
-            let mut h = Harness::new(FunctionKind::Aggregate, make);
+        for restore in [false, true] {
+            let mut h = Harness::new(FunctionKind::Aggregate, session_op);
             for (b, chunk) in recs.chunks(batch).enumerate() {
                 let refs: Vec<(&str, i64, i64)> =
                     chunk.iter().map(|(k, t, v)| (k.as_str(), *t, *v)).collect();
@@ -935,28 +897,4 @@ fn unkeyed_input_is_one_key_and_emit_result_passes_through() {
     assert_eq!(out.key(0), Some(&b""[..]));
     assert_eq!(out.timestamp(0), Some(9));
     assert_eq!(ctx.state_entry_count(), 0);
-}
-
-/// More cached accumulators than [`MAX_CACHED_ACCUMULATORS`]: they are written back and
-/// dropped, the next batch reads them back from host state, and the window fires every
-/// key with both batches counted; nothing is left behind.
-#[test]
-fn cached_accumulators_past_the_limit_are_written_back_and_read_again() {
-    let n = crate::window::MAX_CACHED_ACCUMULATORS + 10;
-    let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
-    let mut h = Harness::new(FunctionKind::Aggregate, cached_tumbling_op);
-    let first: Vec<(&str, i64, i64)> = keys.iter().map(|k| (k.as_str(), 1, 2)).collect();
-    h.feed(&first);
-    // Written back past the limit.
-    assert_eq!(h.ctx.state_entry_count(), n);
-    let second: Vec<(&str, i64, i64)> = keys.iter().map(|k| (k.as_str(), 3, 5)).collect();
-    h.feed(&second);
-    h.watermark(i64::MAX);
-    let got = parse_outputs(&h.out);
-    assert_eq!(got.len(), n);
-    for k in &keys {
-        assert_eq!(got[&(k.clone(), Window::new(0, 10))], (2, 7), "{k}");
-    }
-    h.op.flush(&mut h.ctx);
-    h.assert_clean();
 }

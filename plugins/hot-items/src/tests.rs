@@ -97,12 +97,6 @@ fn pipeline(bids: &[(i64, i64)], batch: usize, reopen: bool) -> Vec<String> {
         }
         step(&mut wc, &mut hi, &mut c1, &mut c2, Some(b), max_ts - 1);
         if reopen {
-            // As a restore from a checkpoint: prepare_checkpoint (which writes
-            // window-count's cached accumulators back) comes first.
-            let mut out = Batch::new();
-            wc.prepare_checkpoint(&mut c1, 0, &mut out).unwrap();
-            hi.prepare_checkpoint(&mut c2, 0, &mut out).unwrap();
-            assert!(out.is_empty());
             wc = WindowCountOp::open(&mut c1, &task, &wc_cfg).unwrap();
             hi = HotItems::open(&mut c2, &task, &hi_cfg).unwrap();
         }

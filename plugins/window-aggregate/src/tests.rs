@@ -49,10 +49,7 @@ fn run(
         for r in ctx.take_side_output(LATE_OUTPUT).iter() {
             late.push_record(r.key, r.timestamp, r.data);
         }
-        // A fresh instance after every batch, as after a restore from a checkpoint:
-        // nothing may live in the guest past prepare_checkpoint (which writes the cached
-        // accumulators back).
-        op.prepare_checkpoint(&mut ctx, 0, &mut out).unwrap();
+        // A fresh instance after every batch: nothing may live in the guest.
         op = WindowAggregate::open(&mut ctx, &TaskInfo::for_tests(), cfg).unwrap();
         step(&mut ctx, &mut op, wm(i), &mut out);
     }

@@ -159,11 +159,7 @@ impl Operator for WindowCountOp {
             .to_spec(FunctionKind::Aggregate)
             .map_err(|e| PluginError::invalid_config(format!("window-count config: {e}")))?;
         Ok(Self {
-            op: WindowOperator::open(
-                ctx,
-                spec,
-                Aggregating::with_process(Count, EmitBinary).cached(),
-            )?,
+            op: WindowOperator::open(ctx, spec, Aggregating::with_process(Count, EmitBinary))?,
         })
     }
 
