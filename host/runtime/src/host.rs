@@ -175,14 +175,11 @@ impl TimerIndex {
     /// (timestamp, namespace): groups in timestamp then namespace order, keys ascending.
     pub(crate) fn pop_due(&mut self, domain: u8, up_to: i64) -> Vec<DueGroup> {
         let mut due = Vec::new();
-        loop {
-            let Some(entry) = self
-                .groups
-                .range((domain, i64::MIN, InlineNamespace::new())..)
-                .next()
-            else {
-                break;
-            };
+        while let Some(entry) = self
+            .groups
+            .range((domain, i64::MIN, InlineNamespace::new())..)
+            .next()
+        {
             let (d, ts) = (entry.0.0, entry.0.1);
             if d != domain || ts > up_to {
                 break;
