@@ -544,3 +544,44 @@ fn state_ttl_names_declared_states_of_operators_only() {
     assert!(!ok && err.contains("sink[0].state_ttl_ms"), "{err}");
     assert!(err.contains("only operators hold keyed state"), "{err}");
 }
+
+/// A profiler setting the engine does not know is refused before anything runs, naming
+/// the variable and the value; `none` runs as usual.
+#[test]
+fn run_refuses_an_unknown_wasm_profiler_naming_the_variable() {
+    let (dir, file) = job_dir(&pipeline("fault-trap@0.1.0", "{ after = 100 }"), 3);
+    let file = file.display().to_string();
+    let args = [
+        "run",
+        "--no-progress",
+        "--output",
+        "out",
+        "--work-dir",
+        "work",
+        file.as_str(),
+    ];
+    let with = |value: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_nopstream"))
+            .current_dir(dir.path())
+            .env(
+                "NOPSTREAM_CACHE",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-cli-cache"),
+            )
+            .env("NOPSTREAM_WASM_PROFILE", value)
+            .args(args)
+            .output()
+            .expect("run nopstream");
+        let (out, err) = text(&o);
+        (o.status.success(), out, err)
+    };
+    let (ok, out, err) = with("vtune-please");
+    assert!(!ok, "must fail:\n{out}\n{err}");
+    assert!(
+        err.contains("NOPSTREAM_WASM_PROFILE=\"vtune-please\": expected `perfmap` or `none`"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(visible_outputs(dir.path()).is_empty());
+    let (ok, out, err) = with("none");
+    assert!(ok, "{out}\n{err}");
+}
