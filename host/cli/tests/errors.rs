@@ -17,12 +17,18 @@ fn wasm(package: &str) -> String {
 
 /// Runs `nopstream args...` in `dir` with a compiled-component cache under the target dir.
 fn nopstream(dir: &Path, args: &[&str]) -> Output {
+    nopstream_with_env(dir, args, &[])
+}
+
+/// [`nopstream`] with extra environment variables.
+fn nopstream_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_nopstream"))
         .current_dir(dir)
         .env(
             "NOPSTREAM_CACHE",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-cli-cache"),
         )
+        .envs(env.iter().copied())
         .args(args)
         .output()
         .expect("run nopstream")
@@ -77,6 +83,16 @@ config = {{ dir = "/output" }}
 
 /// Runs the job file and returns (exit success, stdout, stderr); output into `dir/out`.
 fn run(dir: &Path, file: &Path, extra: &[&str]) -> (bool, String, String) {
+    run_with_env(dir, file, extra, &[])
+}
+
+/// [`run`] with extra environment variables.
+fn run_with_env(
+    dir: &Path,
+    file: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (bool, String, String) {
     let file = file.display().to_string();
     let mut args = vec![
         "run",
@@ -88,7 +104,7 @@ fn run(dir: &Path, file: &Path, extra: &[&str]) -> (bool, String, String) {
     ];
     args.extend_from_slice(extra);
     args.push(&file);
-    let o = nopstream(dir, &args);
+    let o = nopstream_with_env(dir, &args, env);
     let (out, err) = text(&o);
     (o.status.success(), out, err)
 }
@@ -550,30 +566,8 @@ fn state_ttl_names_declared_states_of_operators_only() {
 #[test]
 fn run_refuses_an_unknown_wasm_profiler_naming_the_variable() {
     let (dir, file) = job_dir(&pipeline("fault-trap@0.1.0", "{ after = 100 }"), 3);
-    let file = file.display().to_string();
-    let args = [
-        "run",
-        "--no-progress",
-        "--output",
-        "out",
-        "--work-dir",
-        "work",
-        file.as_str(),
-    ];
-    let with = |value: &str| {
-        let o = Command::new(env!("CARGO_BIN_EXE_nopstream"))
-            .current_dir(dir.path())
-            .env(
-                "NOPSTREAM_CACHE",
-                Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-cli-cache"),
-            )
-            .env("NOPSTREAM_WASM_PROFILE", value)
-            .args(args)
-            .output()
-            .expect("run nopstream");
-        let (out, err) = text(&o);
-        (o.status.success(), out, err)
-    };
+    let with =
+        |value: &str| run_with_env(dir.path(), &file, &[], &[("NOPSTREAM_WASM_PROFILE", value)]);
     let (ok, out, err) = with("vtune-please");
     assert!(!ok, "must fail:\n{out}\n{err}");
     assert!(

@@ -763,8 +763,31 @@ fn write_segments(
             path: format!("state of operator `{operator}` ({file})"),
             message: e,
         };
-        let mut writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + '_>> = None;
-        let mut offset = 0u64;
+        let mut out = SegmentAppender {
+            storage: &*target.storage,
+            file: &file,
+            writer: None,
+            offset: 0,
+        };
+        // What every payload's descriptor shares: where it lies in the file.
+        let descriptor = |state_path: String,
+                          shard: u32,
+                          state: String,
+                          (offset, payload): (u64, &[u8]),
+                          schema_version: u32,
+                          entries: u64| SegmentDescriptor {
+            state_path,
+            operator_id: op_id.clone(),
+            shard,
+            state,
+            file: file.clone(),
+            offset,
+            len: payload.len() as u64,
+            checksum: payload_checksum(payload),
+            codec: "kv-lp/1".into(),
+            schema_version,
+            entries,
+        };
         if let Some((view, descs)) = keyed {
             let segments = &mut snapshot.segments;
             let expired = view
@@ -773,32 +796,17 @@ fn write_segments(
                         return Err("snapshot abandoned: the task is stopping".into());
                     }
                     let d = &descs[s.state as usize];
-                    let w = match &mut writer {
-                        Some(w) => w,
-                        None => writer.insert(
-                            target
-                                .storage
-                                .segment_writer(&file)
-                                .map_err(|e| e.to_string())?,
-                        ),
-                    };
-                    w.write(&s.payload).map_err(|e| e.to_string())?;
-                    segments.push(SegmentDescriptor {
-                        state_path: nop_stream_checkpoint::names::state_path(
+                    let at = out.append(&s.payload)?;
+                    segments.push(descriptor(
+                        nop_stream_checkpoint::names::state_path(
                             namespace, epoch, &op_id, subtask, s.shard.0, &d.name,
                         ),
-                        operator_id: op_id.clone(),
-                        shard: s.shard.0,
-                        state: d.name.clone(),
-                        file: file.clone(),
-                        offset,
-                        len: s.payload.len() as u64,
-                        checksum: payload_checksum(&s.payload),
-                        codec: "kv-lp/1".into(),
-                        schema_version: d.schema_version,
-                        entries: s.entries,
-                    });
-                    offset += s.payload.len() as u64;
+                        s.shard.0,
+                        d.name.clone(),
+                        (at, &s.payload),
+                        d.schema_version,
+                        s.entries,
+                    ));
                     Ok(())
                 })
                 .map_err(|e| io(e.to_string()))?;
@@ -807,34 +815,20 @@ fn write_segments(
             }
         }
         for (name, schema, payload, n) in operator_state {
-            let w = match &mut writer {
-                Some(w) => w,
-                None => writer.insert(
-                    target
-                        .storage
-                        .segment_writer(&file)
-                        .map_err(|e| io(e.to_string()))?,
-                ),
-            };
-            w.write(&payload).map_err(|e| io(e.to_string()))?;
-            snapshot.operator_state.push(SegmentDescriptor {
-                state_path: nop_stream_checkpoint::names::operator_state_path(
+            let at = out.append(&payload).map_err(io)?;
+            snapshot.operator_state.push(descriptor(
+                nop_stream_checkpoint::names::operator_state_path(
                     namespace, epoch, &op_id, subtask, &name,
                 ),
-                operator_id: op_id.clone(),
-                shard: subtask,
-                state: name,
-                file: file.clone(),
-                offset,
-                len: payload.len() as u64,
-                checksum: payload_checksum(&payload),
-                codec: "kv-lp/1".into(),
-                schema_version: schema,
-                entries: n,
-            });
-            offset += payload.len() as u64;
+                subtask,
+                name,
+                (at, &payload),
+                schema,
+                n,
+            ));
         }
-        if let Some(w) = writer {
+        let offset = out.offset;
+        if let Some(w) = out.writer {
             if failpoint::hit("async-snapshot-write") {
                 return Err(io("failpoint `async-snapshot-write` fired".into()));
             }
@@ -843,6 +837,33 @@ fn write_segments(
         snapshot.snapshot_bytes += offset;
     }
     Ok(expired_by_stage)
+}
+
+/// One operator's segment file, opened at its first payload (an operator with nothing
+/// to snapshot writes no file), with the offset of the next payload.
+struct SegmentAppender<'a> {
+    storage: &'a dyn CheckpointStorage,
+    file: &'a str,
+    writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + 'a>>,
+    offset: u64,
+}
+
+impl SegmentAppender<'_> {
+    /// Appends `payload`; returns its offset in the file.
+    fn append(&mut self, payload: &[u8]) -> std::result::Result<u64, String> {
+        let w = match &mut self.writer {
+            Some(w) => w,
+            None => self.writer.insert(
+                self.storage
+                    .segment_writer(self.file)
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        w.write(payload).map_err(|e| e.to_string())?;
+        let at = self.offset;
+        self.offset += payload.len() as u64;
+        Ok(at)
+    }
 }
 
 /// The background part of one epoch's snapshot ([`write_segments`] on its own thread,
