@@ -217,6 +217,9 @@ enum Cmd {
         /// Run with `async_snapshots = false` (segments written on the task thread).
         #[arg(long)]
         sync_snapshots: bool,
+        /// Run with `incremental_snapshots = false` (every epoch a full snapshot).
+        #[arg(long)]
+        full_snapshots: bool,
         /// The `nopstream` binary [default: next to this one].
         #[arg(long)]
         nopstream: Option<PathBuf>,
@@ -679,6 +682,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             no_recovery,
             batch_records,
             sync_snapshots,
+            full_snapshots,
             nopstream,
             out,
         } => {
@@ -703,6 +707,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 kill_fraction: (!no_recovery).then_some(kill_fraction),
                 batch_records,
                 sync_snapshots,
+                full_snapshots,
             };
             let report = large_state::run(&setup)?;
             println!("\n{}", report.table());

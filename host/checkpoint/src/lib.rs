@@ -15,6 +15,7 @@ pub mod failpoint;
 pub mod manifest;
 pub mod meta;
 pub mod names;
+pub mod payload;
 pub mod savepoint;
 pub mod storage;
 

@@ -421,7 +421,25 @@ impl CheckpointStorage for LocalStorage {
         {
             self.compact_log(oldest_kept)?;
         }
-        // Segment directories are named by epoch; a manifest only references its own.
+        // Segment directories are named by epoch. A manifest references its own and, with
+        // incremental snapshots, those of the full snapshot and deltas its chains build on:
+        // a directory stays while a kept manifest references it.
+        let mut referenced = BTreeSet::new();
+        for e in &kept {
+            for t in self.read_manifest(*e)?.tasks {
+                for s in t.segments.iter().chain(&t.operator_state) {
+                    if let Some(dir) = s
+                        .file
+                        .strip_prefix("segments/")
+                        .and_then(|f| f.split('/').next())
+                        .and_then(|d| d.parse::<u64>().ok())
+                    {
+                        referenced.insert(EpochId(dir));
+                    }
+                }
+            }
+        }
+        let newest_kept = *kept.iter().last().expect("non-empty");
         let seg_root = self.root.join("segments");
         for entry in std::fs::read_dir(&seg_root).map_err(|e| io(&seg_root, e))? {
             let entry = entry.map_err(|e| io(&seg_root, e))?;
@@ -429,9 +447,7 @@ impl CheckpointStorage for LocalStorage {
                 continue;
             };
             let epoch = EpochId(epoch);
-            if epoch < oldest_kept
-                || (!kept.contains(&epoch) && epoch < *kept.iter().last().expect("non-empty"))
-            {
+            if epoch < newest_kept && !kept.contains(&epoch) && !referenced.contains(&epoch) {
                 std::fs::remove_dir_all(entry.path()).map_err(|e| io(&entry.path(), e))?;
             }
         }
@@ -666,6 +682,76 @@ mod tests {
             segs,
             vec!["3", "5", "6"],
             "kept epochs and the in-flight one stay; orphan 4 goes"
+        );
+    }
+
+    #[test]
+    fn retention_keeps_the_segments_a_kept_chain_references() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LocalStorage::open(dir.path()).unwrap();
+        let descriptor = |epoch: u64| crate::SegmentDescriptor {
+            state_path: format!("checkpoint/j.main/{epoch}/op/0/0/v"),
+            operator_id: "op".into(),
+            shard: 0,
+            state: "v".into(),
+            file: format!("segments/{epoch}/op/0.a1.seg"),
+            offset: 0,
+            len: 1,
+            checksum: crate::payload_checksum(b"x"),
+            codec: if epoch == 2 {
+                crate::payload::KV_CODEC
+            } else {
+                crate::payload::KV_DELTA_CODEC
+            }
+            .into(),
+            schema_version: 1,
+            entries: 1,
+        };
+        for e in 1..=6u64 {
+            s.write_segment(&format!("segments/{e}/op/0.a1.seg"), b"x")
+                .unwrap();
+            let mut m = manifest(e);
+            // Epoch 2 is a full snapshot; 3..=6 are deltas on top of it (4 aborted).
+            let chain: Vec<_> = (2..=e.max(2)).filter(|&c| c != 4).map(descriptor).collect();
+            m.tasks.push(crate::TaskSnapshot {
+                task: nop_stream_api::TaskId {
+                    job: "j".into(),
+                    pipeline: "main".into(),
+                    vertex: "v".into(),
+                    subtask: nop_stream_api::SubtaskIndex(0),
+                },
+                epoch: EpochId(e),
+                end_of_data: false,
+                segments: chain,
+                operator_state: Vec::new(),
+                splits: Vec::new(),
+                watermarks: Vec::new(),
+                ended_inputs: Vec::new(),
+                pending_transactions: Vec::new(),
+                sink_operator: None,
+                snapshot_bytes: 1,
+                alignment_ms: 0,
+                duration_ms: 0,
+                async_ms: 0,
+            });
+            m.seal();
+            if e != 4 {
+                s.publish_manifest(&m).unwrap();
+            }
+        }
+        assert_eq!(
+            s.retain(1).unwrap(),
+            vec![EpochId(1), EpochId(2), EpochId(3), EpochId(5)]
+        );
+        let mut segs: Vec<String> = std::fs::read_dir(dir.path().join("segments"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        segs.sort();
+        assert_eq!(
+            segs,
+            vec!["2", "3", "5", "6"],
+            "the chain of epoch 6 (full 2, deltas 3, 5, 6) stays; 1 and the aborted 4 go"
         );
     }
 

@@ -29,7 +29,7 @@
 use crate::CoordinatorError;
 use crate::compat::{Action, Actions};
 use nop_stream_api::StateShardId;
-use nop_stream_checkpoint::{EpochManifest, SegmentDescriptor, SnapshotMeta, names};
+use nop_stream_checkpoint::{EpochManifest, SegmentDescriptor, SnapshotMeta, names, payload};
 use nop_stream_core::{owner_of, shard_of};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -67,7 +67,7 @@ pub fn no_migration(
 
 /// The payload codec [`apply`] understands (length-prefixed `key, value` items, the key
 /// being `namespace length (u32 BE) | namespace | record key`).
-pub const KV_CODEC: &str = "kv-lp/1";
+pub const KV_CODEC: &str = payload::KV_CODEC;
 
 /// What [`apply`] produced.
 #[derive(Debug, Clone)]
@@ -273,12 +273,6 @@ fn rewrite_operator(
     for t in &m.tasks {
         for s in t.segments.iter().filter(|s| s.operator_id == op) {
             vertex.get_or_insert_with(|| t.task.vertex.clone());
-            if s.codec != KV_CODEC {
-                return Err(format!(
-                    "segment {}: codec `{}` cannot be rewritten (only {KV_CODEC})",
-                    s.state_path, s.codec
-                ));
-            }
             let bytes = read(s).map_err(|e| format!("segment {}: {e}", s.state_path))?;
             if nop_stream_checkpoint::payload_checksum(&bytes) != s.checksum {
                 return Err(format!("segment {} failed its checksum", s.state_path));
@@ -292,18 +286,20 @@ fn rewrite_operator(
                     s.state, schema, s.schema_version
                 ));
             }
-            for (k, v) in pairs(&bytes)
-                .ok_or_else(|| format!("segment {} is truncated or malformed", s.state_path))?
+            // A full payload, or a delta on top of what the payloads before it in the
+            // operator's chain left (manifest order is chain order, oldest first).
+            let delta = s.codec == payload::KV_DELTA_CODEC;
+            for (k, v) in payload::decode(&s.codec, &bytes)
+                .map_err(|e| format!("segment {}: {e}", s.state_path))?
             {
                 let key = record_key(k)
                     .ok_or_else(|| format!("segment {}: malformed entry key", s.state_path))?;
-                let shard = shard_of(key, shards).0;
-                if by_shard
-                    .entry(shard)
-                    .or_default()
-                    .insert(k.to_vec(), v.to_vec())
-                    .is_some()
-                {
+                let shard = by_shard.entry(shard_of(key, shards).0).or_default();
+                let Some(v) = v else {
+                    shard.remove(k);
+                    continue;
+                };
+                if shard.insert(k.to_vec(), v.to_vec()).is_some() && !delta {
                     return Err(format!(
                         "state `{}` of operator `{op}` holds a key twice (segment {})",
                         s.state, s.state_path
@@ -340,8 +336,8 @@ fn rewrite_operator(
             let offset = packed.len() as u64;
             let start = packed.len();
             for (k, v) in &entries {
-                push_item(&mut packed, k);
-                push_item(&mut packed, v);
+                payload::push_item(&mut packed, k);
+                payload::push_item(&mut packed, v);
             }
             let payload = &packed[start..];
             let owner = owner_of(StateShardId(shard), shards, old_parallelism).0;
@@ -445,25 +441,6 @@ fn migrate_state(
     Ok(())
 }
 
-fn push_item(out: &mut Vec<u8>, item: &[u8]) {
-    out.extend_from_slice(&(item.len() as u32).to_le_bytes());
-    out.extend_from_slice(item);
-}
-
-/// The `key, value` items of a `kv-lp/1` payload; `None` if truncated or odd.
-fn pairs(mut buf: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
-    let mut items = Vec::new();
-    while !buf.is_empty() {
-        let len = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?) as usize;
-        items.push(buf.get(4..4 + len)?);
-        buf = &buf[4 + len..];
-    }
-    if items.len() % 2 != 0 {
-        return None;
-    }
-    Some(items.chunks(2).map(|c| (c[0], c[1])).collect())
-}
-
 /// The record key of an entry key `namespace length (u32 BE) | namespace | key`.
 fn record_key(k: &[u8]) -> Option<&[u8]> {
     let n = u32::from_be_bytes(k.get(..4)?.try_into().ok()?) as usize;
@@ -510,8 +487,8 @@ mod tests {
                     for ((st, k), v) in entries {
                         let key = record_key(k).unwrap();
                         if st == state && shard_of(key, shards).0 == shard {
-                            push_item(&mut packed, k);
-                            push_item(&mut packed, v);
+                            payload::push_item(&mut packed, k);
+                            payload::push_item(&mut packed, v);
                             n += 1;
                         }
                     }
@@ -601,7 +578,7 @@ mod tests {
         for s in m.tasks.iter().flat_map(|t| &t.segments) {
             let bytes = reader(&all)(s).unwrap();
             assert_eq!(payload_checksum(&bytes), s.checksum);
-            let ps = pairs(&bytes).unwrap();
+            let ps = payload::entries(&bytes).unwrap();
             assert_eq!(ps.len() as u64, s.entries);
             for (k, v) in ps {
                 let key = record_key(k).unwrap();
@@ -708,6 +685,91 @@ mod tests {
             let mut files3 = files2.clone();
             files3.extend(back.new_files.iter().cloned());
             prop_assert_eq!(payloads(&back.manifest, &files3), payloads(&m, &files));
+        }
+    }
+
+    /// Appends to every task of `m` a `kv-delta/1` segment per (state, owned shard) with
+    /// the changes of `changes` ((state, entry key) -> new value, or `None`: deleted), as
+    /// an incremental snapshot extends its chain.
+    fn add_delta(
+        m: &mut EpochManifest,
+        files: &mut BTreeMap<String, Vec<u8>>,
+        changes: &BTreeMap<(String, Vec<u8>), Option<Vec<u8>>>,
+    ) {
+        let shards = m.state_shard_count;
+        let p = m.tasks.len() as u32;
+        for (i, t) in m.tasks.iter_mut().enumerate() {
+            let i = i as u32;
+            let owned = nop_stream_core::shards_of(SubtaskIndex(i), shards, p);
+            let file = names::segment_file(8, "count", i, 1);
+            let mut packed = Vec::new();
+            for state in ["counts", "__timers"] {
+                for shard in owned.clone() {
+                    let start = packed.len();
+                    let mut n = 0;
+                    for ((st, k), v) in changes {
+                        if st == state && shard_of(record_key(k).unwrap(), shards).0 == shard {
+                            payload::push_change(&mut packed, k, v.as_deref());
+                            n += 1;
+                        }
+                    }
+                    if n == 0 {
+                        continue;
+                    }
+                    let bytes = &packed[start..];
+                    t.segments.push(SegmentDescriptor {
+                        state_path: names::state_path("ns", 8, "count", i, shard, state),
+                        operator_id: "count".into(),
+                        shard,
+                        state: state.into(),
+                        file: file.clone(),
+                        offset: start as u64,
+                        len: bytes.len() as u64,
+                        checksum: payload_checksum(bytes),
+                        codec: payload::KV_DELTA_CODEC.into(),
+                        schema_version: 1,
+                        entries: n,
+                    });
+                }
+            }
+            files.insert(file, packed);
+        }
+        m.seal();
+    }
+
+    proptest! {
+        /// A reshard of a chain (full payloads, then a delta of puts and deletes, some of
+        /// keys the full payloads lack) writes full payloads of exactly the folded state.
+        #[test]
+        fn reshard_folds_an_incremental_chain(
+            entries in entries_strategy(),
+            changed in entries_strategy(),
+            deletes in proptest::collection::vec(any::<prop::sample::Index>(), 0..20),
+            s in 1u32..20,
+            s2 in 1u32..20,
+            p in 1u32..4,
+        ) {
+            let p = p.min(s);
+            let (mut m, mut files) = manifest(&entries, s, p);
+            let mut changes: BTreeMap<_, _> =
+                changed.into_iter().map(|(k, v)| (k, Some(v))).collect();
+            let keys: Vec<_> = entries.keys().cloned().collect();
+            if !keys.is_empty() {
+                for d in deletes {
+                    changes.insert(d.get(&keys).clone(), None);
+                }
+            }
+            add_delta(&mut m, &mut files, &changes);
+            let mut expected = entries.clone();
+            for (k, v) in &changes {
+                match v {
+                    Some(v) => expected.insert(k.clone(), v.clone()),
+                    None => expected.remove(k),
+                };
+            }
+            let a = apply(&m, &reshard(s2), &meta(1), &mut reader(&files), &mut no_migration).unwrap();
+            prop_assert!(a.manifest.tasks.iter().flat_map(|t| &t.segments).all(|d| d.codec == KV_CODEC));
+            prop_assert_eq!(&contents(&a.manifest, &files, &a.new_files), &expected);
         }
     }
 

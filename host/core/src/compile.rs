@@ -243,6 +243,7 @@ pub fn stream_graph(
             checkpoint_every_records: job.checkpoint_every_records,
             state_memory_bytes: job.state_memory_bytes,
             async_snapshots: job.async_snapshots,
+            incremental_snapshots: job.incremental_snapshots,
             state_shard_count: job.state_shards,
             batch_records: job.batch_records,
         },

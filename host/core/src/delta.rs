@@ -95,7 +95,8 @@ fn job_field_class(key: &str) -> Option<ChangeClass> {
         | "checkpoint_every_records"
         | "batch_records"
         | "state_memory_bytes"
-        | "async_snapshots" => ChangeClass::Replan,
+        | "async_snapshots"
+        | "incremental_snapshots" => ChangeClass::Replan,
         _ => return None,
     })
 }

@@ -29,6 +29,9 @@
 //! async_snapshots = true            # default true: keyed-state snapshots are written by a
 //!                                   # background thread after the barrier; false: on the
 //!                                   # task thread, which stalls for the whole write
+//! incremental_snapshots = true      # default true: an epoch writes only the keys changed
+//!                                   # since the last snapshot (full again once the deltas
+//!                                   # outweigh it); false: every epoch is full
 //!
 //! [connections.pg]                  # a named connection (a node reaches it only if granted)
 //! kind = "postgres"                 # postgres, nats or redis
@@ -616,6 +619,7 @@ fn placeholder_job() -> JobSpec {
         checkpoint_every_records: None,
         state_memory_bytes: None,
         async_snapshots: true,
+        incremental_snapshots: true,
         batch_records: DEFAULT_BATCH_RECORDS,
     }
 }
@@ -633,6 +637,7 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
         "batch_records",
         "state_memory_bytes",
         "async_snapshots",
+        "incremental_snapshots",
     ];
     check_keys(cx, t, "job", KEYS);
     spans.job_table = Some(span.clone());
@@ -687,6 +692,11 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
         && let Some(b) = get_bool(cx, v, "job.async_snapshots")
     {
         job.async_snapshots = b;
+    }
+    if let Some(v) = find(t, "incremental_snapshots")
+        && let Some(b) = get_bool(cx, v, "job.incremental_snapshots")
+    {
+        job.incremental_snapshots = b;
     }
     if let Some(v) = find(t, "semantic")
         && let Some(s) = get_str(cx, v, "job.semantic")
@@ -2034,6 +2044,31 @@ config = { dir = "/output" }
         )
         .unwrap_err();
         assert!(format!("{e:?}").contains("job.async_snapshots"), "{e:?}");
+    }
+
+    #[test]
+    fn incremental_snapshots_defaults_to_true_and_stays_out_of_the_serialised_model() {
+        let m = parse_job_file("job.toml", MINIMAL_JOB).unwrap();
+        assert!(m.job.incremental_snapshots);
+        let json = serde_json::to_string(&m.job).unwrap();
+        assert!(!json.contains("incremental_snapshots"), "{json}");
+        let m = parse_job_file(
+            "job.toml",
+            &format!("{MINIMAL_JOB}incremental_snapshots = false\n"),
+        )
+        .unwrap();
+        assert!(!m.job.incremental_snapshots);
+        let json = serde_json::to_string(&m.job).unwrap();
+        assert!(json.contains("\"incremental_snapshots\":false"), "{json}");
+        let e = parse_job_file(
+            "job.toml",
+            &format!("{MINIMAL_JOB}incremental_snapshots = 1\n"),
+        )
+        .unwrap_err();
+        assert!(
+            format!("{e:?}").contains("job.incremental_snapshots"),
+            "{e:?}"
+        );
     }
 
     #[test]

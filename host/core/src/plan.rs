@@ -40,6 +40,14 @@ pub struct JobMeta {
         skip_serializing_if = "crate::model::is_true"
     )]
     pub async_snapshots: bool,
+    /// Whether keyed-state snapshots are incremental (job file `incremental_snapshots`,
+    /// default `true`; see `StreamModel`'s `JobSpec::incremental_snapshots`). Left out of
+    /// the serialised plan when `true`.
+    #[serde(
+        default = "crate::model::yes",
+        skip_serializing_if = "crate::model::is_true"
+    )]
+    pub incremental_snapshots: bool,
     /// Number of state shards of every keyed vertex (design §3.4); stable for the job's life.
     pub state_shard_count: u32,
     /// Maximum records per batch a source reads or a task forwards.

@@ -439,6 +439,7 @@ impl<'a> TaskHost<'a> {
             progress: Arc::clone(&self.progress),
             cancel: Arc::clone(cancel),
             async_snapshots: job.async_snapshots,
+            incremental_snapshots: job.incremental_snapshots,
         })
     }
 }

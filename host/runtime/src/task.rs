@@ -11,6 +11,14 @@
 //! barrier; a snapshot thread (one per task and epoch, at most one alive per task) writes
 //! the segment files, makes them durable and only then sends the Ack. A later barrier, the
 //! end of data and the task's finish wait for it; a failing task stops and joins it.
+//!
+//! Snapshots are incremental by default ([`TaskSpec::incremental_snapshots`]): an
+//! operator's keyed state hands over, per state and shard, only the keys written or
+//! deleted since its previous snapshot (`kv-delta/1`), and its descriptors in the manifest
+//! are its chain: the last full snapshot's, then every delta since, oldest first. A full
+//! snapshot starts a new chain once the deltas together are as large as the full one (so
+//! a restore never reads more than twice the state) or [`MAX_DELTAS`] long, and always
+//! after a restore (the task does not know the chain it was restored from).
 
 use crate::error::{Result, RuntimeError, Site, printable_record};
 use crate::error_policy;
@@ -26,6 +34,7 @@ use nop_stream_api::{AttemptId, ChannelId, EpochId, TaskId};
 use nop_stream_api::{Batch, Split, TaskInfo};
 use nop_stream_checkpoint::alignment::{Aligner, Alignment as AlignOutcome};
 use nop_stream_checkpoint::failpoint;
+use nop_stream_checkpoint::payload;
 use nop_stream_checkpoint::{
     CheckpointStorage, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot,
     payload_checksum,
@@ -96,6 +105,33 @@ pub(crate) struct TaskSpec {
     /// Keyed-state snapshots are written by a background thread after the barrier (job
     /// file `async_snapshots`, default `true`).
     pub async_snapshots: bool,
+    /// Keyed-state snapshots are incremental (job file `incremental_snapshots`, default
+    /// `true`; see the [module docs](self)).
+    pub incremental_snapshots: bool,
+}
+
+/// Longest chain of deltas after a full snapshot before the next full one (issue 14
+/// item 4): bounds the segments a restore opens even when deltas are tiny.
+pub const MAX_DELTAS: u32 = 16;
+
+/// One operator's keyed-state chain as of its last snapshot: the descriptors a manifest
+/// lists for it (a full snapshot's payloads, then each delta's, oldest first).
+#[derive(Debug, Clone, Default)]
+struct Chain {
+    descriptors: Vec<SegmentDescriptor>,
+    /// Bytes of the full snapshot's payloads.
+    full_bytes: u64,
+    /// Bytes of the deltas' payloads.
+    delta_bytes: u64,
+    /// Deltas in the chain.
+    deltas: u32,
+}
+
+impl Chain {
+    /// Whether the next snapshot may be a delta on top of this chain.
+    fn extendable(&self) -> bool {
+        self.deltas < MAX_DELTAS && self.delta_bytes < self.full_bytes
+    }
 }
 
 enum Stage {
@@ -170,6 +206,9 @@ struct Task {
     in_flight: Option<InFlightSnapshot>,
     /// See [`TaskSpec::async_snapshots`].
     async_snapshots: bool,
+    /// Per stage, its keyed-state chain as of the last joined snapshot (`None`: no
+    /// snapshot yet, or not incremental).
+    chains: Vec<Option<Chain>>,
     id: TaskId,
     attempt: AttemptId,
     stages: Vec<Stage>,
@@ -260,6 +299,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         progress,
         cancel,
         async_snapshots,
+        incremental_snapshots,
     } = spec;
     let mut stages = Vec::with_capacity(stage_specs.len());
     let mut sites = Vec::with_capacity(stage_specs.len());
@@ -330,6 +370,13 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             "task state restored"
         );
     }
+    for stage in &mut stages {
+        if let Stage::Operator(op) = stage
+            && let Some(ks) = op.state_mut()
+        {
+            ks.set_incremental(incremental_snapshots);
+        }
+    }
     failpoint::hit("during-restore");
     for c in &mut inputs {
         if let Some(w) = restore.watermarks.get(&c.id.to_string()) {
@@ -354,9 +401,11 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             }
         })
         .collect();
+    let chains = vec![None; stages.len()];
     let mut t = Task {
         in_flight: None,
         async_snapshots,
+        chains,
         id: task.clone(),
         attempt,
         stages,
@@ -569,12 +618,25 @@ fn read_shards(
                 seg.state, seg.schema_version, states[i].schema_version
             )));
         }
+        let delta = match seg.codec.as_str() {
+            payload::KV_CODEC => false,
+            payload::KV_DELTA_CODEC => true,
+            other => {
+                return Err(refuse(format!(
+                    "segment {} has payload codec `{other}`; this host reads {} and {}",
+                    seg.state_path,
+                    payload::KV_CODEC,
+                    payload::KV_DELTA_CODEC
+                )));
+            }
+        };
         let bytes = read_segment(storage, seg).map_err(refuse)?;
         out.push(ShardSnapshot {
             shard: nop_stream_api::StateShardId(seg.shard),
             state: i as u32,
             entries: seg.entries,
             payload: bytes,
+            delta,
         });
     }
     Ok(out)
@@ -713,12 +775,25 @@ struct OperatorSnapshot {
     file: String,
     /// The keyed state's frozen view and its state descriptors (by handle).
     keyed: Option<(SnapshotView, Vec<nop_stream_api::StateDescriptor>)>,
+    /// The chain a delta view extends (its descriptors come first in the manifest);
+    /// unused for a full view.
+    chain: Chain,
     /// Operator state: (state name, schema version, `kv-lp/1` payload, entries).
     operator_state: Vec<(String, u32, Vec<u8>, u64)>,
 }
 
-/// The expired TTL keys each operator's snapshot scan left out, by stage index.
-type ExpiredByStage = Vec<(usize, ExpiredKeys)>;
+/// What one operator's snapshot leaves for the task thread once written.
+struct WrittenStage {
+    /// Index of the operator's stage in the chain.
+    stage: usize,
+    /// The expired TTL keys its scan left out.
+    expired: ExpiredKeys,
+    /// Its keyed-state chain as this snapshot left it (`None`: no keyed state).
+    chain: Option<Chain>,
+}
+
+/// What [`write_segments`] leaves for the task thread, per operator.
+type Written = Vec<WrittenStage>;
 
 /// Where a task's segment files go.
 struct SegmentTarget {
@@ -745,11 +820,11 @@ fn write_segments(
     parts: Vec<OperatorSnapshot>,
     snapshot: &mut TaskSnapshot,
     abort: &AtomicBool,
-) -> Result<ExpiredByStage> {
+) -> Result<Written> {
     let epoch = snapshot.epoch.0;
     let subtask = target.subtask;
     let namespace = target.namespace.as_str();
-    let mut expired_by_stage = Vec::new();
+    let mut written = Vec::new();
     for part in parts {
         let OperatorSnapshot {
             stage,
@@ -757,6 +832,7 @@ fn write_segments(
             operator_id: op_id,
             file,
             keyed,
+            chain,
             operator_state,
         } = part;
         let io = |e: String| RuntimeError::Io {
@@ -775,7 +851,8 @@ fn write_segments(
                           state: String,
                           (offset, payload): (u64, &[u8]),
                           schema_version: u32,
-                          entries: u64| SegmentDescriptor {
+                          entries: u64,
+                          codec: &str| SegmentDescriptor {
             state_path,
             operator_id: op_id.clone(),
             shard,
@@ -784,12 +861,20 @@ fn write_segments(
             offset,
             len: payload.len() as u64,
             checksum: payload_checksum(payload),
-            codec: "kv-lp/1".into(),
+            codec: codec.into(),
             schema_version,
             entries,
         };
         if let Some((view, descs)) = keyed {
-            let segments = &mut snapshot.segments;
+            // A delta extends the chain; a full snapshot starts a new one.
+            let mut chain = if view.is_delta() {
+                chain
+            } else {
+                Chain::default()
+            };
+            let delta = view.is_delta();
+            let segments = &mut chain.descriptors;
+            let (mut full_bytes, mut delta_bytes) = (0u64, 0u64);
             let expired = view
                 .write(&mut |s: ShardSnapshot| {
                     if abort.load(Ordering::Relaxed) {
@@ -797,6 +882,11 @@ fn write_segments(
                     }
                     let d = &descs[s.state as usize];
                     let at = out.append(&s.payload)?;
+                    *if s.delta {
+                        &mut delta_bytes
+                    } else {
+                        &mut full_bytes
+                    } += s.payload.len() as u64;
                     segments.push(descriptor(
                         nop_stream_checkpoint::names::state_path(
                             namespace, epoch, &op_id, subtask, s.shard.0, &d.name,
@@ -806,13 +896,26 @@ fn write_segments(
                         (at, &s.payload),
                         d.schema_version,
                         s.entries,
+                        if s.delta {
+                            payload::KV_DELTA_CODEC
+                        } else {
+                            payload::KV_CODEC
+                        },
                     ));
                     Ok(())
                 })
                 .map_err(|e| io(e.to_string()))?;
-            if !expired.is_empty() {
-                expired_by_stage.push((stage, expired));
+            chain.full_bytes += full_bytes;
+            chain.delta_bytes += delta_bytes;
+            if delta && delta_bytes > 0 {
+                chain.deltas += 1;
             }
+            snapshot.segments.extend(chain.descriptors.iter().cloned());
+            written.push(WrittenStage {
+                stage,
+                expired,
+                chain: Some(chain),
+            });
         }
         for (name, schema, payload, n) in operator_state {
             let at = out.append(&payload).map_err(io)?;
@@ -825,6 +928,7 @@ fn write_segments(
                 (at, &payload),
                 schema,
                 n,
+                payload::KV_CODEC,
             ));
         }
         let offset = out.offset;
@@ -836,7 +940,7 @@ fn write_segments(
         }
         snapshot.snapshot_bytes += offset;
     }
-    Ok(expired_by_stage)
+    Ok(written)
 }
 
 /// One operator's segment file, opened at its first payload (an operator with nothing
@@ -872,7 +976,7 @@ impl SegmentAppender<'_> {
 /// outlives the task; an abandoned snapshot sends no Ack.
 struct InFlightSnapshot {
     epoch: EpochId,
-    handle: Option<std::thread::JoinHandle<Result<ExpiredByStage>>>,
+    handle: Option<std::thread::JoinHandle<Result<Written>>>,
     abort: Arc<AtomicBool>,
 }
 
@@ -884,7 +988,7 @@ impl InFlightSnapshot {
     }
 
     /// Waits for the thread; its expired keys by stage, or its error.
-    fn join(&mut self, task: &TaskId) -> Result<ExpiredByStage> {
+    fn join(&mut self, task: &TaskId) -> Result<Written> {
         let Some(handle) = self.handle.take() else {
             return Ok(Vec::new());
         };
@@ -1329,10 +1433,19 @@ impl Task {
                         evictions = ks.evictions(), cached_bytes = ks.cached_bytes(),
                         "keyed state at the barrier"
                     );
-                    let view = ks.snapshot_view().map_err(|e| RuntimeError::Io {
+                    let io = |e: nop_stream_state::StateError| RuntimeError::Io {
                         path: format!("state of operator `{}` ({file})", self.sites[i].operator),
                         message: e.to_string(),
-                    })?;
+                    };
+                    // A delta when the chain may grow and the state knows its changes.
+                    let delta = match &self.chains[i] {
+                        Some(c) if c.extendable() => ks.delta_view().map_err(io)?,
+                        _ => None,
+                    };
+                    let view = match delta {
+                        Some(v) => v,
+                        None => ks.snapshot_view().map_err(io)?,
+                    };
                     Some((view, ks.descriptors().to_vec()))
                 }
                 None if operator_state.is_empty() => continue,
@@ -1344,6 +1457,7 @@ impl Task {
                 operator_id: op_id,
                 file,
                 keyed,
+                chain: self.chains[i].take().unwrap_or_default(),
                 operator_state,
             });
         }
@@ -1470,24 +1584,27 @@ impl Task {
         let Some(mut in_flight) = self.in_flight.take() else {
             return Ok(());
         };
-        let expired = in_flight.join(&self.id)?;
-        for (stage, keys) in expired {
-            if let Stage::Operator(op) = &mut self.stages[stage]
+        let written = in_flight.join(&self.id)?;
+        for w in written {
+            self.chains[w.stage] = w.chain;
+            if let Stage::Operator(op) = &mut self.stages[w.stage]
                 && let Some(ks) = op.state_mut()
             {
-                ks.remove_expired_later(keys);
+                ks.remove_expired_later(w.expired);
             }
         }
         Ok(())
     }
 
     /// Deletes the expired TTL entries a synchronous snapshot found, at once.
-    fn remove_expired(&mut self, expired: ExpiredByStage) -> Result<()> {
-        for (stage, keys) in expired {
+    fn remove_expired(&mut self, written: Written) -> Result<()> {
+        for w in written {
+            let stage = w.stage;
+            self.chains[stage] = w.chain;
             if let Stage::Operator(op) = &mut self.stages[stage]
                 && let Some(ks) = op.state_mut()
             {
-                ks.remove_expired_later(keys);
+                ks.remove_expired_later(w.expired);
                 ks.flush(false).map_err(|e| RuntimeError::Io {
                     path: format!("state of operator `{}`", self.sites[stage].operator),
                     message: e.to_string(),

@@ -50,9 +50,11 @@
 pub mod codec;
 
 use nop_stream_api::{StateDescriptor, StateKind, StateShardId};
+use nop_stream_checkpoint::payload;
 use nop_stream_core::shard_of;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
+use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -121,10 +123,13 @@ pub struct ShardSnapshot {
     pub shard: StateShardId,
     /// State handle (index into the declared states).
     pub state: u32,
-    /// Number of entries.
+    /// Number of entries (of a delta: changes, puts and deletes).
     pub entries: u64,
-    /// `kv-lp/1` payload.
+    /// Payload: full (`kv-lp/1`) or, when `delta`, the changes since the subtask's
+    /// previous snapshot (`kv-delta/1`); see [`nop_stream_checkpoint::payload`].
     pub payload: Vec<u8>,
+    /// Whether `payload` is a delta (`kv-delta/1`) rather than a full payload (`kv-lp/1`).
+    pub delta: bool,
 }
 
 /// A frozen, point-in-time view of one subtask's keyed state, made by
@@ -141,6 +146,9 @@ pub struct SnapshotView {
     ttl: Vec<Option<u64>>,
     owned: Range<u32>,
     now: u64,
+    /// A delta view ([`KeyedState::delta_view`]): per state, the table keys written or
+    /// deleted since the previous view, sorted. `None`: a full view.
+    delta: Option<Vec<Vec<Vec<u8>>>>,
 }
 
 impl std::fmt::Debug for SnapshotView {
@@ -149,6 +157,7 @@ impl std::fmt::Debug for SnapshotView {
             .field("path", &self.path)
             .field("owned", &self.owned)
             .field("now", &self.now)
+            .field("delta", &self.delta.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -196,6 +205,10 @@ impl SnapshotView {
             keys: Vec::new(),
             now: self.now,
         };
+        if let Some(delta) = &self.delta {
+            self.write_delta(delta, consume)?;
+            return Ok(expired);
+        }
         for (i, name) in self.names.iter().enumerate() {
             let ttl = self.ttl[i];
             let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
@@ -231,6 +244,7 @@ impl SnapshotView {
                         state: i as u32,
                         entries,
                         payload,
+                        delta: false,
                     })
                     .map_err(|message| StateError::Snapshot {
                         state: name.clone(),
@@ -240,6 +254,65 @@ impl SnapshotView {
             }
         }
         Ok(expired)
+    }
+
+    /// Whether this is a delta view ([`KeyedState::delta_view`]).
+    pub fn is_delta(&self) -> bool {
+        self.delta.is_some()
+    }
+
+    /// [`Self::write`] of a delta view: per state and shard, one `kv-delta/1` payload of
+    /// the changed keys, each a put of its value as of the view or, when the view holds
+    /// no live value (deleted, or expired at the view's time), a delete.
+    fn write_delta(
+        &self,
+        delta: &[Vec<Vec<u8>>],
+        consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
+    ) -> Result<()> {
+        for (i, name) in self.names.iter().enumerate() {
+            let keys = &delta[i];
+            if keys.is_empty() {
+                continue;
+            }
+            let ttl = self.ttl[i];
+            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
+            let table = match self.txn.open_table(def) {
+                Ok(t) => Some(t),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(db_err(&self.path, e)),
+            };
+            // Keys are sorted, so each shard's keys are contiguous.
+            let mut rest = &keys[..];
+            while let Some(first) = rest.first() {
+                let prefix: [u8; 4] = first[..4].try_into().expect("table keys hold a shard");
+                let n = rest.iter().take_while(|k| k.starts_with(&prefix)).count();
+                let (group, tail) = rest.split_at(n);
+                rest = tail;
+                let mut payload = Vec::new();
+                for k in group {
+                    let stored = match &table {
+                        Some(t) => t.get(k.as_slice()).map_err(|e| db_err(&self.path, e))?,
+                        None => None,
+                    };
+                    let value = stored
+                        .as_ref()
+                        .and_then(|v| live(v.value(), ttl, self.now).map(|_| v.value()));
+                    payload::push_change(&mut payload, &k[4..], value);
+                }
+                consume(ShardSnapshot {
+                    shard: StateShardId(u32::from_be_bytes(prefix)),
+                    state: i as u32,
+                    entries: n as u64,
+                    payload,
+                    delta: true,
+                })
+                .map_err(|message| StateError::Snapshot {
+                    state: name.clone(),
+                    message,
+                })?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -281,6 +354,10 @@ pub const ENTRY_OVERHEAD_BYTES: usize =
 /// namespace bytes: its own hash table header, its key in the table of namespaces, and
 /// the table's first allocation.
 pub const NAMESPACE_OVERHEAD_BYTES: usize = 256;
+
+/// Bytes the change tracking of incremental snapshots counts per changed key on top of
+/// its bytes (the hash set's bucket and the key's heap allocation header).
+const CHANGED_OVERHEAD_BYTES: usize = 48;
 
 /// Smallest redb page cache a budget leaves redb, bytes (256 KiB).
 const MIN_REDB_CACHE_BYTES: u64 = 256 << 10;
@@ -477,6 +554,14 @@ pub struct KeyedState {
     /// Table keys a snapshot found expired, deleted by the next flush if still expired
     /// ([`KeyedState::remove_expired_later`]).
     pending_expired: Vec<ExpiredKeys>,
+    /// Whether [`KeyedState::snapshot_view`] starts tracking changes for delta views.
+    incremental: bool,
+    /// Table keys written or deleted in redb since the last view, per state; `None`: not
+    /// tracked (no view yet, after a restore, or dropped past `changed_limit`), so the next
+    /// view must be full.
+    changed: Option<Vec<HashSet<Vec<u8>>>>,
+    /// Bytes `changed` counts (key bytes plus [`CHANGED_OVERHEAD_BYTES`] per key).
+    changed_bytes: usize,
 }
 
 impl std::fmt::Debug for KeyedState {
@@ -581,6 +666,9 @@ impl KeyedState {
             clock: std::sync::Arc::new(system_ms),
             expired_removed: 0,
             pending_expired: Vec::new(),
+            incremental: false,
+            changed: None,
+            changed_bytes: 0,
         })
     }
 
@@ -1264,6 +1352,12 @@ impl KeyedState {
                         }
                     }
                     slot.dirty = false;
+                    if let Some(changed) = &mut self.changed {
+                        let len = table_key.len();
+                        if changed[i].insert(table_key) {
+                            self.changed_bytes += len + CHANGED_OVERHEAD_BYTES;
+                        }
+                    }
                 }
                 if wrote && !in_db.contains(ns) {
                     in_db.insert(ns.to_vec());
@@ -1286,6 +1380,23 @@ impl KeyedState {
         }
         let removed = self.delete_still_expired(&txn)?;
         txn.commit().map_err(|e| db_err(&self.path, e))?;
+        if let Some(changed) = &mut self.changed {
+            for (i, k) in &removed {
+                if changed[*i].insert(k.clone()) {
+                    self.changed_bytes += k.len() + CHANGED_OVERHEAD_BYTES;
+                }
+            }
+        }
+        // Tracking more changed keys than half the working set's share would break the
+        // budget's bound: drop them; the next snapshot is full.
+        if self.changed.is_some()
+            && self
+                .working_set_bytes
+                .is_some_and(|share| self.changed_bytes > share / 2)
+        {
+            self.changed = None;
+            self.changed_bytes = 0;
+        }
         for (i, k) in &removed {
             // Table key: shard (4) | namespace length (4) | namespace | key.
             let Some(ns_len) = k
@@ -1389,6 +1500,61 @@ impl KeyedState {
     /// A database failure.
     pub fn snapshot_view(&mut self) -> Result<SnapshotView> {
         self.flush(false)?;
+        if self.incremental {
+            self.changed = Some(vec![HashSet::new(); self.states.len()]);
+            self.changed_bytes = 0;
+        }
+        self.view(None)
+    }
+
+    /// The synchronous half of an incremental snapshot (issue 14 item 4): like
+    /// [`Self::snapshot_view`], but the view covers only the table keys written or deleted
+    /// since the previous view, and [`SnapshotView::write`] hands over `kv-delta/1`
+    /// payloads of them (a put of the value as of this call, or a delete). Applied in
+    /// order on top of the previous view's payloads (and its own predecessors'), they give
+    /// this view's state. `None` when the changes are not known: incremental snapshots are
+    /// off ([`Self::set_incremental`]), no view was taken since the state was opened or
+    /// restored, or more changed keys accumulated than the memory budget allows tracking;
+    /// take a full [`Self::snapshot_view`] then.
+    ///
+    /// Expired entries are not looked for, except among the changed keys (which become
+    /// deletes): a full snapshot drops the rest.
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn delta_view(&mut self) -> Result<Option<SnapshotView>> {
+        if self.changed.is_none() {
+            return Ok(None);
+        }
+        self.flush(false)?;
+        let Some(changed) = self.changed.as_mut() else {
+            // The flush went past the tracking limit.
+            return Ok(None);
+        };
+        let keys = changed
+            .iter_mut()
+            .map(|set| {
+                let mut keys: Vec<Vec<u8>> = set.drain().collect();
+                keys.sort_unstable();
+                keys
+            })
+            .collect();
+        self.changed_bytes = 0;
+        self.view(Some(keys)).map(Some)
+    }
+
+    /// Turns change tracking for [`Self::delta_view`] on or off (default off). Tracking
+    /// starts at the next [`Self::snapshot_view`]; turning it off drops what was tracked.
+    pub fn set_incremental(&mut self, on: bool) {
+        self.incremental = on;
+        if !on {
+            self.changed = None;
+            self.changed_bytes = 0;
+        }
+    }
+
+    /// A read transaction on the database as it is, with what a scan needs.
+    fn view(&self, delta: Option<Vec<Vec<Vec<u8>>>>) -> Result<SnapshotView> {
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         Ok(SnapshotView {
             txn,
@@ -1397,6 +1563,7 @@ impl KeyedState {
             ttl: self.ttl.clone(),
             owned: self.owned.clone(),
             now: (self.clock)(),
+            delta,
         })
     }
 
@@ -1411,13 +1578,21 @@ impl KeyedState {
         }
     }
 
-    /// Loads shard payloads produced by [`Self::snapshot`] (possibly by another subtask
-    /// when shards moved, design §10.5) into the database, durably. Entries of shards this
-    /// subtask does not own are refused.
+    /// Loads shard payloads produced by [`Self::snapshot`] or [`SnapshotView::write`]
+    /// (possibly by another subtask when shards moved, design §10.5) into the database,
+    /// durably, in one write transaction. A full payload's entries are inserted; a delta
+    /// payload ([`ShardSnapshot::delta`]) applies its puts and deletes, so the payloads of
+    /// one (shard, state) must come in chain order: the full one, then its deltas, oldest
+    /// first. Entries of shards this subtask does not own are refused. Tracked changes are
+    /// forgotten: the next snapshot is full ([`Self::delta_view`] returns `None`).
     ///
     /// # Errors
     /// Unknown state, a foreign shard, a corrupt payload or a database failure.
     pub fn restore(&mut self, shards: &[ShardSnapshot]) -> Result<()> {
+        // What the restored database holds is not the previous view's state plus tracked
+        // changes: the next snapshot is full.
+        self.changed = None;
+        self.changed_bytes = 0;
         let txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
         for s in shards {
             let desc = self
@@ -1431,13 +1606,27 @@ impl KeyedState {
                     owned: self.owned.clone(),
                 });
             }
-            let pairs =
-                codec::pairs(&s.payload).ok_or_else(|| StateError::Corrupt(desc.name.clone()))?;
+            let codec = if s.delta {
+                payload::KV_DELTA_CODEC
+            } else {
+                payload::KV_CODEC
+            };
+            let pairs = payload::decode(codec, &s.payload)
+                .map_err(|_| StateError::Corrupt(desc.name.clone()))?;
             let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
             let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
             let mut key = Vec::new();
             let known = &mut self.cache[s.state as usize].in_db;
             for (k, v) in pairs {
+                key.clear();
+                key.extend_from_slice(&s.shard.0.to_be_bytes());
+                key.extend_from_slice(k);
+                let Some(v) = v else {
+                    table
+                        .remove(key.as_slice())
+                        .map_err(|e| db_err(&self.path, e))?;
+                    continue;
+                };
                 if let Some(ns) = k
                     .get(..4)
                     .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
@@ -1446,11 +1635,8 @@ impl KeyedState {
                 {
                     known.insert(ns.to_vec());
                 }
-                key.clear();
-                key.extend_from_slice(&s.shard.0.to_be_bytes());
-                key.extend_from_slice(&k);
                 table
-                    .insert(key.as_slice(), v.as_slice())
+                    .insert(key.as_slice(), v)
                     .map_err(|e| db_err(&self.path, e))?;
             }
         }

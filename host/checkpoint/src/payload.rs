@@ -1,0 +1,157 @@
+//! Keyed-state segment payload codecs (design §8.2; issue 14 item 4, incremental
+//! snapshots). A [`SegmentDescriptor`](crate::SegmentDescriptor)'s `codec` names one:
+//!
+//! - [`KV_CODEC`] (`kv-lp/1`), a **full** payload: every live entry of one state in one
+//!   shard, as alternating length-prefixed items `key, value` (`len (u32 LE) | bytes`), in
+//!   key order. Restoring it starts the (shard, state) from these entries.
+//! - [`KV_DELTA_CODEC`] (`kv-delta/1`), a **delta** payload: the entries of one state in
+//!   one shard written or deleted since the subtask's previous snapshot, as alternating
+//!   items `key, change`, in key order. A change is one tag byte, [`DELTA_PUT`] followed
+//!   by the new value, or [`DELTA_DELETE`] alone (a tombstone). Restoring it applies the
+//!   changes on top of what the (shard, state) holds.
+//!
+//! A manifest lists, per operator, shard and state, one full payload and then the deltas
+//! taken after it, oldest first (the chain); restore applies them in that order. Keys are
+//! the state's table keys without the shard: `namespace length (u32 BE) | namespace |
+//! record key`.
+
+/// Codec of a full payload.
+pub const KV_CODEC: &str = "kv-lp/1";
+/// Codec of a delta payload.
+pub const KV_DELTA_CODEC: &str = "kv-delta/1";
+/// Tag of a delta change that writes a value (the value follows the tag).
+pub const DELTA_PUT: u8 = 1;
+/// Tag of a delta change that deletes the key (nothing follows the tag).
+pub const DELTA_DELETE: u8 = 0;
+
+/// Appends one length-prefixed item.
+pub fn push_item(out: &mut Vec<u8>, item: &[u8]) {
+    out.extend_from_slice(&(item.len() as u32).to_le_bytes());
+    out.extend_from_slice(item);
+}
+
+/// Appends one delta change: `key`, then [`DELTA_PUT`] and `value`, or [`DELTA_DELETE`]
+/// when `value` is `None`.
+pub fn push_change(out: &mut Vec<u8>, key: &[u8], value: Option<&[u8]>) {
+    push_item(out, key);
+    match value {
+        Some(v) => {
+            out.extend_from_slice(&(v.len() as u32 + 1).to_le_bytes());
+            out.push(DELTA_PUT);
+            out.extend_from_slice(v);
+        }
+        None => {
+            out.extend_from_slice(&1u32.to_le_bytes());
+            out.push(DELTA_DELETE);
+        }
+    }
+}
+
+/// The items of a payload, borrowed; `None` if it is truncated.
+fn items(mut buf: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    while !buf.is_empty() {
+        let len = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?) as usize;
+        out.push(buf.get(4..4 + len)?);
+        buf = &buf[4 + len..];
+    }
+    Some(out)
+}
+
+/// The `(key, value)` entries of a [`KV_CODEC`] payload, borrowed; `None` if it is
+/// truncated or holds an odd number of items.
+pub fn entries(buf: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
+    let flat = items(buf)?;
+    if flat.len() % 2 != 0 {
+        return None;
+    }
+    Some(flat.chunks_exact(2).map(|p| (p[0], p[1])).collect())
+}
+
+/// The `(key, change)` entries of a [`KV_DELTA_CODEC`] payload, borrowed: `Some(value)`
+/// for a put, `None` for a delete. `None` if it is truncated, holds an odd number of items
+/// or a change with an unknown tag (or a delete followed by bytes).
+#[allow(clippy::type_complexity)]
+pub fn changes(buf: &[u8]) -> Option<Vec<(&[u8], Option<&[u8]>)>> {
+    let flat = items(buf)?;
+    if flat.len() % 2 != 0 {
+        return None;
+    }
+    flat.chunks_exact(2)
+        .map(|p| match p[1].split_first() {
+            Some((&DELTA_PUT, v)) => Some((p[0], Some(v))),
+            Some((&DELTA_DELETE, [])) => Some((p[0], None)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A payload decoded by its codec: full entries (every value `Some`) or delta changes.
+/// `Err` names what is wrong: an unknown codec, or a malformed payload.
+#[allow(clippy::type_complexity)]
+pub fn decode<'a>(codec: &str, buf: &'a [u8]) -> Result<Vec<(&'a [u8], Option<&'a [u8]>)>, String> {
+    match codec {
+        KV_CODEC => entries(buf)
+            .map(|e| e.into_iter().map(|(k, v)| (k, Some(v))).collect())
+            .ok_or_else(|| format!("{KV_CODEC} payload is truncated or malformed")),
+        KV_DELTA_CODEC => changes(buf)
+            .ok_or_else(|| format!("{KV_DELTA_CODEC} payload is truncated or malformed")),
+        other => Err(format!(
+            "unknown payload codec `{other}` (this host reads {KV_CODEC} and {KV_DELTA_CODEC})"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_and_delta_payloads_round_trip() {
+        let mut full = Vec::new();
+        push_item(&mut full, b"a");
+        push_item(&mut full, b"1");
+        push_item(&mut full, b"b");
+        push_item(&mut full, b"");
+        assert_eq!(
+            entries(&full).unwrap(),
+            vec![(&b"a"[..], &b"1"[..]), (&b"b"[..], &b""[..])]
+        );
+        let mut delta = Vec::new();
+        push_change(&mut delta, b"a", Some(b"2"));
+        push_change(&mut delta, b"b", None);
+        push_change(&mut delta, b"c", Some(b""));
+        assert_eq!(
+            changes(&delta).unwrap(),
+            vec![
+                (&b"a"[..], Some(&b"2"[..])),
+                (&b"b"[..], None),
+                (&b"c"[..], Some(&b""[..]))
+            ]
+        );
+        assert_eq!(decode(KV_DELTA_CODEC, &delta).unwrap().len(), 3);
+        assert_eq!(
+            decode(KV_CODEC, &full).unwrap()[0],
+            (&b"a"[..], Some(&b"1"[..]))
+        );
+    }
+
+    #[test]
+    fn malformed_payloads_are_refused() {
+        let mut delta = Vec::new();
+        push_change(&mut delta, b"a", Some(b"2"));
+        assert!(changes(&delta[..delta.len() - 1]).is_none(), "truncated");
+        let mut bad = Vec::new();
+        push_item(&mut bad, b"a");
+        push_item(&mut bad, &[7, 1]);
+        assert!(changes(&bad).is_none(), "unknown tag");
+        let mut bad = Vec::new();
+        push_item(&mut bad, b"a");
+        push_item(&mut bad, &[DELTA_DELETE, 1]);
+        assert!(changes(&bad).is_none(), "a delete with bytes");
+        let mut odd = Vec::new();
+        push_item(&mut odd, b"a");
+        assert!(entries(&odd).is_none());
+        assert!(decode("zstd/1", &odd).unwrap_err().contains("zstd/1"));
+    }
+}

@@ -1,0 +1,241 @@
+//! Incremental snapshots (issue 14 item 4): a delta view hands over exactly the keys
+//! written or deleted since the previous view; a full payload followed by its deltas,
+//! restored in order, gives the state as of the last view.
+
+use nop_stream_api::{StateDescriptor, StateKind};
+use nop_stream_state::{KeyedState, ShardSnapshot, StateConfig, codec};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const SHARDS: u32 = 4;
+
+fn config(path: &std::path::Path, memory_bytes: Option<u64>, ttl: Option<u64>) -> StateConfig {
+    let desc = |name: &str| StateDescriptor {
+        name: name.into(),
+        kind: StateKind::Value,
+        schema_version: 1,
+        codec: "raw".into(),
+        schema_sha256: None,
+    };
+    StateConfig {
+        path: path.into(),
+        shard_count: SHARDS,
+        owned: 0..SHARDS,
+        states: vec![desc("a"), desc("b")],
+        memory_bytes,
+        ttl_ms: vec![None, ttl],
+    }
+}
+
+fn put(s: &mut KeyedState, state: u32, ns: &[u8], key: &[u8], value: &[u8]) {
+    s.value_put_many(
+        state,
+        ns,
+        key,
+        &[key.len() as u32],
+        value,
+        &[value.len() as u32],
+    )
+    .unwrap();
+}
+
+fn view_payloads(view: nop_stream_state::SnapshotView) -> Vec<ShardSnapshot> {
+    let mut out = Vec::new();
+    view.write(&mut |s| {
+        out.push(s);
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+/// Every ((state, namespace, key) -> value) a full snapshot of `s` holds.
+type Model = BTreeMap<(u32, Vec<u8>, Vec<u8>), Vec<u8>>;
+
+fn full_entries(payloads: &[ShardSnapshot]) -> Model {
+    let mut out = Model::new();
+    for p in payloads {
+        assert!(!p.delta);
+        for (k, v) in codec::pairs(&p.payload).unwrap() {
+            let n = u32::from_be_bytes(k[..4].try_into().unwrap()) as usize;
+            out.insert((p.state, k[4..4 + n].to_vec(), k[4 + n..].to_vec()), v);
+        }
+    }
+    out
+}
+
+/// The state `chain` (a full snapshot and the deltas after it) restores to.
+fn restored(dir: &std::path::Path, chain: &[ShardSnapshot]) -> Model {
+    let path = dir.join(format!("restored-{}.redb", chain.len()));
+    let _ = std::fs::remove_file(&path);
+    let mut s = KeyedState::open(config(&path, None, None)).unwrap();
+    s.restore(chain).unwrap();
+    full_entries(&s.snapshot().unwrap())
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u32, u8, u8, u8),
+    Delete(u32, u8, u8),
+    /// Take a snapshot: full when `true`, else a delta if one can be taken.
+    Snapshot(bool),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..2u32, 0..2u8, 0..40u8, any::<u8>()).prop_map(|(s, n, k, v)| Op::Put(s, n, k, v)),
+        3 => (0..2u32, 0..2u8, 0..40u8).prop_map(|(s, n, k)| Op::Delete(s, n, k)),
+        1 => any::<bool>().prop_map(Op::Snapshot),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// After every snapshot, the chain since the last full one restores to exactly the
+    /// model, with and without a budget small enough to evict (and flush) between views.
+    #[test]
+    fn a_full_snapshot_and_its_deltas_restore_to_the_state(
+        ops in proptest::collection::vec(op(), 1..160),
+        budget in prop_oneof![Just(None), Just(Some(24u64 << 10))],
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = KeyedState::open(config(&dir.path().join("s.redb"), budget, None)).unwrap();
+        s.set_incremental(true);
+        let mut model = Model::new();
+        let mut chain: Vec<ShardSnapshot> = Vec::new();
+        let mut had_full = false;
+        for op in ops {
+            match op {
+                Op::Put(st, n, k, v) => {
+                    let (ns, key) = (vec![n; n as usize], vec![k; 3]);
+                    put(&mut s, st, &ns, &key, &[v, 7]);
+                    model.insert((st, ns, key), vec![v, 7]);
+                }
+                Op::Delete(st, n, k) => {
+                    let (ns, key) = (vec![n; n as usize], vec![k; 3]);
+                    s.value_delete(st, &ns, &key).unwrap();
+                    model.remove(&(st, ns, key));
+                }
+                Op::Snapshot(full) => {
+                    let delta = if full { None } else { s.delta_view().unwrap() };
+                    match delta {
+                        Some(view) => {
+                            prop_assert!(had_full, "a delta before any full view");
+                            let payloads = view_payloads(view);
+                            prop_assert!(payloads.iter().all(|p| p.delta));
+                            chain.extend(payloads);
+                        }
+                        None => {
+                            // Without a budget, tracking is never dropped: only an asked-for
+                            // (or the first) snapshot is full.
+                            prop_assert!(full || budget.is_some() || !had_full);
+                            chain = view_payloads(s.snapshot_view().unwrap());
+                            had_full = true;
+                        }
+                    }
+                    prop_assert_eq!(&restored(dir.path(), &chain), &model);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn deltas_hold_only_the_changed_keys_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = KeyedState::open(config(&dir.path().join("s.redb"), None, None)).unwrap();
+    // Off: no delta view, ever.
+    assert!(s.delta_view().unwrap().is_none());
+    s.set_incremental(true);
+    for k in 0..100u8 {
+        put(&mut s, 0, b"", &[k], &[k]);
+    }
+    // No view yet: nothing is known to be unchanged.
+    assert!(s.delta_view().unwrap().is_none());
+    let full = view_payloads(s.snapshot_view().unwrap());
+    assert_eq!(full.iter().map(|p| p.entries).sum::<u64>(), 100);
+    put(&mut s, 0, b"", &[5], b"new");
+    s.value_delete(0, b"", &[6]).unwrap();
+    // Written and deleted again before the view: a delete (it was in the full payload).
+    put(&mut s, 0, b"", &[200], b"gone");
+    s.flush(false).unwrap();
+    s.value_delete(0, b"", &[200]).unwrap();
+    let delta = view_payloads(s.delta_view().unwrap().unwrap());
+    assert_eq!(delta.iter().map(|p| p.entries).sum::<u64>(), 3);
+    let mut changes = BTreeMap::new();
+    for p in &delta {
+        for (k, v) in nop_stream_checkpoint::payload::changes(&p.payload).unwrap() {
+            changes.insert(k[4..].to_vec(), v.map(<[u8]>::to_vec));
+        }
+    }
+    assert_eq!(
+        changes,
+        BTreeMap::from([
+            (vec![5], Some(b"new".to_vec())),
+            (vec![6], None),
+            (vec![200], None)
+        ])
+    );
+    // Nothing changed since: an empty delta.
+    assert!(view_payloads(s.delta_view().unwrap().unwrap()).is_empty());
+    // A restore forgets what was tracked: the next snapshot must be full.
+    let mut chain = full;
+    chain.extend(delta);
+    s.restore(&chain).unwrap();
+    assert!(s.delta_view().unwrap().is_none());
+}
+
+#[test]
+fn a_budget_drops_tracking_past_its_share_and_the_next_snapshot_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    // 64 KiB: a working-set share of 48 KiB, so tracking stops past 24 KiB of keys.
+    let mut s = KeyedState::open(config(&dir.path().join("s.redb"), Some(64 << 10), None)).unwrap();
+    s.set_incremental(true);
+    let _ = view_payloads(s.snapshot_view().unwrap());
+    for k in 0..100u32 {
+        put(&mut s, 0, b"", &k.to_be_bytes(), b"v");
+    }
+    assert!(s.delta_view().unwrap().is_some(), "100 keys fit");
+    for k in 0..5_000u32 {
+        put(&mut s, 0, b"", &k.to_be_bytes(), b"w");
+    }
+    assert!(s.delta_view().unwrap().is_none(), "5,000 keys do not");
+    let full = view_payloads(s.snapshot_view().unwrap());
+    assert_eq!(full.iter().map(|p| p.entries).sum::<u64>(), 5_000);
+    put(&mut s, 0, b"", b"x", b"y");
+    assert!(s.delta_view().unwrap().is_some(), "tracking starts again");
+}
+
+#[test]
+fn a_changed_key_that_expired_becomes_a_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = Arc::new(AtomicU64::new(1_000_000));
+    let mut s = KeyedState::open(config(&dir.path().join("s.redb"), None, Some(100))).unwrap();
+    let clock = Arc::clone(&now);
+    s.set_clock(Arc::new(move || clock.load(Ordering::SeqCst)));
+    s.set_incremental(true);
+    let _ = view_payloads(s.snapshot_view().unwrap());
+    put(&mut s, 1, b"", b"old", b"1");
+    put(&mut s, 1, b"", b"kept", b"1");
+    now.fetch_add(60, Ordering::SeqCst);
+    put(&mut s, 1, b"", b"kept", b"2");
+    now.fetch_add(60, Ordering::SeqCst);
+    // `old` was written 120 ms ago (ttl 100): expired at the view's time.
+    let delta = view_payloads(s.delta_view().unwrap().unwrap());
+    let mut changes = BTreeMap::new();
+    for p in &delta {
+        for (k, v) in nop_stream_checkpoint::payload::changes(&p.payload).unwrap() {
+            changes.insert(k[4..].to_vec(), v.map(|v| v[8..].to_vec()));
+        }
+    }
+    assert_eq!(
+        changes,
+        BTreeMap::from([
+            (b"kept".to_vec(), Some(b"2".to_vec())),
+            (b"old".to_vec(), None)
+        ])
+    );
+}
