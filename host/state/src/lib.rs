@@ -147,8 +147,8 @@ pub struct SnapshotView {
     owned: Range<u32>,
     now: u64,
     /// A delta view ([`KeyedState::delta_view`]): per state, the table keys written or
-    /// deleted since the previous view, sorted. `None`: a full view.
-    delta: Option<Vec<Vec<Vec<u8>>>>,
+    /// deleted since the previous view, in no order. `None`: a full view.
+    delta: Option<Vec<Vec<Bytes>>>,
 }
 
 impl std::fmt::Debug for SnapshotView {
@@ -198,15 +198,18 @@ impl SnapshotView {
     /// A database failure, or [`StateError::Snapshot`] with the message `consume`
     /// returned (the scan stops there).
     pub fn write(
-        self,
+        mut self,
         consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
     ) -> Result<ExpiredKeys> {
         let mut expired = ExpiredKeys {
             keys: Vec::new(),
             now: self.now,
         };
-        if let Some(delta) = &self.delta {
-            self.write_delta(delta, consume)?;
+        if let Some(mut delta) = self.delta.take() {
+            for keys in &mut delta {
+                keys.sort_unstable();
+            }
+            self.write_delta(&delta, consume)?;
             return Ok(expired);
         }
         for (i, name) in self.names.iter().enumerate() {
@@ -266,7 +269,7 @@ impl SnapshotView {
     /// no live value (deleted, or expired at the view's time), a delete.
     fn write_delta(
         &self,
-        delta: &[Vec<Vec<u8>>],
+        delta: &[Vec<Bytes>],
         consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
     ) -> Result<()> {
         for (i, name) in self.names.iter().enumerate() {
@@ -355,9 +358,13 @@ pub const ENTRY_OVERHEAD_BYTES: usize =
 /// the table's first allocation.
 pub const NAMESPACE_OVERHEAD_BYTES: usize = 256;
 
+/// Table keys changed since the last view, inline up to 24 bytes, hashed with foldhash.
+type ChangedKeys = HashSet<Bytes, foldhash::fast::RandomState>;
+
 /// Bytes the change tracking of incremental snapshots counts per changed key on top of
-/// its bytes (the hash set's bucket and the key's heap allocation header).
-const CHANGED_OVERHEAD_BYTES: usize = 48;
+/// its bytes (the hash set's bucket holds the inline key: 32 bytes and a control byte; a
+/// longer key's heap allocation header instead of nothing).
+const CHANGED_OVERHEAD_BYTES: usize = 40;
 
 /// Smallest redb page cache a budget leaves redb, bytes (256 KiB).
 const MIN_REDB_CACHE_BYTES: u64 = 256 << 10;
@@ -492,6 +499,16 @@ impl StateCache {
 }
 
 /// The table key of (namespace, key) in shard `shard`.
+/// [`composite`], inline up to 24 bytes.
+fn composite_inline(shard: u32, namespace: &[u8], key: &[u8]) -> Bytes {
+    let mut k = Bytes::with_capacity(8 + namespace.len() + key.len());
+    k.extend_from_slice(&shard.to_be_bytes());
+    k.extend_from_slice(&(namespace.len() as u32).to_be_bytes());
+    k.extend_from_slice(namespace);
+    k.extend_from_slice(key);
+    k
+}
+
 fn composite(shard: u32, namespace: &[u8], key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + namespace.len() + key.len());
     k.extend_from_slice(&shard.to_be_bytes());
@@ -559,7 +576,7 @@ pub struct KeyedState {
     /// Table keys written or deleted in redb since the last view, per state; `None`: not
     /// tracked (no view yet, after a restore, or dropped past `changed_limit`), so the next
     /// view must be full.
-    changed: Option<Vec<HashSet<Vec<u8>>>>,
+    changed: Option<Vec<ChangedKeys>>,
     /// Bytes `changed` counts (key bytes plus [`CHANGED_OVERHEAD_BYTES`] per key).
     changed_bytes: usize,
 }
@@ -1330,38 +1347,52 @@ impl KeyedState {
                 bytes,
                 ..
             } = cache;
-            let maps = std::iter::once((&[][..], plain))
+            // Dirty entries in table-key order: sequential B-tree inserts touch each leaf
+            // page once instead of once per entry (the hash maps' order is random).
+            let mut dirty: Vec<(Bytes, &mut Slot)> = Vec::new();
+            let mut new_namespaces: Vec<Vec<u8>> = Vec::new();
+            let maps = std::iter::once((&[][..], &mut *plain))
                 .chain(namespaced.iter_mut().map(|(ns, m)| (ns.as_slice(), m)));
             for (ns, map) in maps {
                 let mut wrote = false;
                 for (k, slot) in map.iter_mut().filter(|(_, s)| s.dirty) {
-                    let table_key = composite(shard_of(k, self.shard_count).0, ns, k);
-                    match &slot.value {
-                        Some(v) => {
-                            table
-                                .insert(table_key.as_slice(), v.as_slice())
-                                .map_err(|e| db_err(&self.path, e))?;
-                            slot.in_db = true;
-                            wrote = true;
-                        }
-                        None => {
-                            table
-                                .remove(table_key.as_slice())
-                                .map_err(|e| db_err(&self.path, e))?;
-                            slot.in_db = false;
-                        }
-                    }
-                    slot.dirty = false;
-                    if let Some(changed) = &mut self.changed {
-                        let len = table_key.len();
-                        if changed[i].insert(table_key) {
-                            self.changed_bytes += len + CHANGED_OVERHEAD_BYTES;
-                        }
-                    }
+                    wrote |= slot.value.is_some();
+                    dirty.push((composite_inline(shard_of(k, self.shard_count).0, ns, k), slot));
                 }
                 if wrote && !in_db.contains(ns) {
-                    in_db.insert(ns.to_vec());
+                    new_namespaces.push(ns.to_vec());
                 }
+            }
+            dirty.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (table_key, slot) in dirty {
+                match &slot.value {
+                    Some(v) => {
+                        table
+                            .insert(table_key.as_slice(), v.as_slice())
+                            .map_err(|e| db_err(&self.path, e))?;
+                        slot.in_db = true;
+                    }
+                    None => {
+                        table
+                            .remove(table_key.as_slice())
+                            .map_err(|e| db_err(&self.path, e))?;
+                        slot.in_db = false;
+                    }
+                }
+                slot.dirty = false;
+                if let Some(changed) = &mut self.changed {
+                    let len = table_key.len();
+                    if changed[i].insert(table_key) {
+                        self.changed_bytes += len + CHANGED_OVERHEAD_BYTES;
+                    }
+                }
+            }
+            for ns in new_namespaces {
+                in_db.insert(ns);
+            }
+            let maps = std::iter::once((&[][..], plain))
+                .chain(namespaced.iter_mut().map(|(ns, m)| (ns.as_slice(), m)));
+            for (_, map) in maps {
                 // Flushed deletes need no slot any more.
                 map.retain(|k, s| {
                     let keep = s.value.is_some() || s.dirty;
@@ -1382,7 +1413,7 @@ impl KeyedState {
         txn.commit().map_err(|e| db_err(&self.path, e))?;
         if let Some(changed) = &mut self.changed {
             for (i, k) in &removed {
-                if changed[*i].insert(k.clone()) {
+                if changed[*i].insert(Bytes::from_slice(k)) {
                     self.changed_bytes += k.len() + CHANGED_OVERHEAD_BYTES;
                 }
             }
@@ -1501,7 +1532,7 @@ impl KeyedState {
     pub fn snapshot_view(&mut self) -> Result<SnapshotView> {
         self.flush(false)?;
         if self.incremental {
-            self.changed = Some(vec![HashSet::new(); self.states.len()]);
+            self.changed = Some(vec![ChangedKeys::default(); self.states.len()]);
             self.changed_bytes = 0;
         }
         self.view(None)
@@ -1531,13 +1562,11 @@ impl KeyedState {
             // The flush went past the tracking limit.
             return Ok(None);
         };
+        // Sorted by the scan, off the task thread. Drained, so each set keeps its
+        // capacity for the next epoch (growing it again from nothing rehashed every key).
         let keys = changed
             .iter_mut()
-            .map(|set| {
-                let mut keys: Vec<Vec<u8>> = set.drain().collect();
-                keys.sort_unstable();
-                keys
-            })
+            .map(|set| set.drain().collect())
             .collect();
         self.changed_bytes = 0;
         self.view(Some(keys)).map(Some)
@@ -1554,7 +1583,7 @@ impl KeyedState {
     }
 
     /// A read transaction on the database as it is, with what a scan needs.
-    fn view(&self, delta: Option<Vec<Vec<Vec<u8>>>>) -> Result<SnapshotView> {
+    fn view(&self, delta: Option<Vec<Vec<Bytes>>>) -> Result<SnapshotView> {
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         Ok(SnapshotView {
             txn,
