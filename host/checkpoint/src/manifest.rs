@@ -28,7 +28,9 @@ pub struct SegmentDescriptor {
     pub len: u64,
     /// xxh3-64 of the payload, hex.
     pub checksum: String,
-    /// Payload codec (`kv-lp/1`: length-prefixed key/value pairs).
+    /// Payload codec: `kv-lp/1` (a full payload: length-prefixed key/value pairs) or
+    /// `kv-delta/1` (the changes since the previous snapshot of the same subtask); see
+    /// [`crate::payload`].
     pub codec: String,
     /// Schema version of the state's values, from the plugin's state descriptor.
     pub schema_version: u32,
@@ -95,7 +97,11 @@ pub struct TaskSnapshot {
     pub epoch: EpochId,
     /// Whether the task had processed the end of all its input before the barrier.
     pub end_of_data: bool,
-    /// Keyed state and timer segments of every stateful operator of the chain.
+    /// Keyed state and timer segments of every stateful operator of the chain. With
+    /// incremental snapshots, per operator its whole chain: the last full snapshot's
+    /// descriptors, then every delta's since, oldest first (so descriptors of earlier
+    /// epochs' files appear here too, and one (shard, state) may appear several times;
+    /// restore applies them in this order).
     pub segments: Vec<SegmentDescriptor>,
     /// Non-keyed operator state of the chain's operators (WIT `operator-state`, issue 11):
     /// one descriptor per operator and declared operator state, its `shard` holding this

@@ -1449,3 +1449,100 @@ fn a_state_retyped_without_a_schema_bump_is_refused() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+#[test]
+fn a_savepoint_of_an_incremental_chain_is_self_contained_and_a_reshard_folds_it() {
+    // Incremental snapshots (issue 14 item 4): a promoted savepoint whose manifest lists
+    // a chain (a full payload, then deltas) copies every file of the chain, so it restores
+    // with the job's checkpoints gone; a reshard migration folds the chain into full
+    // payloads, and that savepoint restores exactly too.
+    let j = job("incr-chain", |t| t);
+    let reference = uninterrupted(&j.0);
+    assert_eq!(reference.len(), 16, "one line per carrier");
+    let mut found = None;
+    for n in 2..=10 {
+        let d = dirs();
+        let o = run(
+            &j.0,
+            &d,
+            &["-p", "2", "--checkpoint-interval-ms", "50"],
+            Some(&format!("after-manifest-publish={n}")),
+        );
+        if o.status.success() {
+            break; // the job ended before epoch n
+        }
+        let sp = d.work.join("sp");
+        let o = nopstream(
+            &[
+                "savepoint",
+                "promote",
+                &j.0.display().to_string(),
+                "--work-dir",
+                &d.work.display().to_string(),
+                "--out",
+                &sp.display().to_string(),
+            ],
+            None,
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let manifest = snapshot(&sp.join("manifests"))
+            .into_iter()
+            .map(|(_, b)| String::from_utf8(b).unwrap())
+            .next()
+            .unwrap();
+        if manifest.contains("kv-delta/1") {
+            found = Some((d, sp, manifest));
+            break;
+        }
+    }
+    let (d, sp, manifest) = found.expect("no savepoint at epochs 2..=10 held a delta");
+    // Every file the manifest names is in the savepoint, older epochs' included.
+    let v: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    let files: std::collections::BTreeSet<&str> = v["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["segments"].as_array().unwrap())
+        .map(|s| s["file"].as_str().unwrap())
+        .collect();
+    let epochs: std::collections::BTreeSet<&str> =
+        files.iter().map(|f| f.split('/').nth(1).unwrap()).collect();
+    assert!(epochs.len() > 1, "a chain spans epochs: {files:?}");
+    for f in &files {
+        assert!(sp.join(f).is_file(), "{f} is not in the savepoint");
+    }
+    // The job's own checkpoints go: the savepoint alone restores.
+    std::fs::remove_dir_all(d.work.join("checkpoints")).unwrap();
+    let sp_dir = sp.display().to_string();
+    let r = dirs();
+    let o = run(&j.0, &r, &["-p", "3", "--from-savepoint", &sp_dir], None);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(committed(&r.out), reference, "restored from the chain");
+
+    let j4 = job("incr-chain-4", |t| {
+        t.replace("state_shards = 128", "state_shards = 4")
+    });
+    let actions = d.work.join("reshard.toml");
+    std::fs::write(&actions, "[[action]]\nkind = \"reshard\"\nshards = 4\n").unwrap();
+    let sp2 = d.work.join("sp-4");
+    let o = migrate(&sp, &j4.0, &d, Some(&actions), &sp2);
+    assert!(o.status.success(), "{}", text(&o));
+    let folded = snapshot(&sp2.join("manifests"))
+        .into_iter()
+        .map(|(_, b)| String::from_utf8(b).unwrap())
+        .next()
+        .unwrap();
+    assert!(
+        !folded.contains("kv-delta/1"),
+        "the reshard folded the chain"
+    );
+    let r = dirs();
+    let sp2_dir = sp2.display().to_string();
+    let o = run(&j4.0, &r, &["-p", "2", "--from-savepoint", &sp2_dir], None);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        committed(&r.out),
+        reference,
+        "restored from the folded chain"
+    );
+}

@@ -337,7 +337,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
     // Restore keyed state and timers (the `__timers` state) of each stateful operator from
     // the segments the restore plan names; the task reads them itself (design §2.5).
     let restore_started = std::time::Instant::now();
-    let mut restored_segments = 0usize;
+    let (mut restored_segments, mut restored_deltas) = (0usize, 0usize);
     for (i, stage) in stages.iter_mut().enumerate() {
         if let Stage::Operator(op) = stage
             && let Some(segments) = restore.segments.get(&operator_ids[i])
@@ -359,6 +359,10 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             }
             op.reload_timers()?;
             restored_segments += segments.len();
+            restored_deltas += segments
+                .iter()
+                .filter(|s| s.codec == payload::KV_DELTA_CODEC)
+                .count();
         }
     }
     if let Some(epoch) = restore.epoch {
@@ -366,6 +370,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         tracing::debug!(
             target: "nopstream::restore",
             %task, %attempt, epoch = epoch.0, segments = restored_segments,
+            deltas = restored_deltas,
             elapsed_ms = restore_started.elapsed().as_secs_f64() * 1000.0,
             "task state restored"
         );

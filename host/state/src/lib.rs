@@ -147,8 +147,9 @@ pub struct SnapshotView {
     owned: Range<u32>,
     now: u64,
     /// A delta view ([`KeyedState::delta_view`]): per state, the table keys written or
-    /// deleted since the previous view, in no order. `None`: a full view.
-    delta: Option<Vec<Vec<Bytes>>>,
+    /// deleted since the previous view, in no order, each with its value as of the view
+    /// or where to read it. `None`: a full view.
+    delta: Option<Vec<Vec<(Bytes, Change)>>>,
 }
 
 impl std::fmt::Debug for SnapshotView {
@@ -207,7 +208,7 @@ impl SnapshotView {
         };
         if let Some(mut delta) = self.delta.take() {
             for keys in &mut delta {
-                keys.sort_unstable();
+                keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             }
             self.write_delta(&delta, consume)?;
             return Ok(expired);
@@ -269,7 +270,7 @@ impl SnapshotView {
     /// no live value (deleted, or expired at the view's time), a delete.
     fn write_delta(
         &self,
-        delta: &[Vec<Bytes>],
+        delta: &[Vec<(Bytes, Change)>],
         consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
     ) -> Result<()> {
         for (i, name) in self.names.iter().enumerate() {
@@ -286,20 +287,30 @@ impl SnapshotView {
             };
             // Keys are sorted, so each shard's keys are contiguous.
             let mut rest = &keys[..];
-            while let Some(first) = rest.first() {
+            while let Some((first, _)) = rest.first() {
                 let prefix: [u8; 4] = first[..4].try_into().expect("table keys hold a shard");
-                let n = rest.iter().take_while(|k| k.starts_with(&prefix)).count();
+                let n = rest
+                    .iter()
+                    .take_while(|(k, _)| k.starts_with(&prefix))
+                    .count();
                 let (group, tail) = rest.split_at(n);
                 rest = tail;
                 let mut payload = Vec::new();
-                for k in group {
-                    let stored = match &table {
-                        Some(t) => t.get(k.as_slice()).map_err(|e| db_err(&self.path, e))?,
-                        None => None,
+                for (k, change) in group {
+                    let stored;
+                    let value = match change {
+                        Change::Cached(v) => v.as_deref(),
+                        Change::Stored => {
+                            stored = match &table {
+                                Some(t) => {
+                                    t.get(k.as_slice()).map_err(|e| db_err(&self.path, e))?
+                                }
+                                None => None,
+                            };
+                            stored.as_ref().map(|v| v.value())
+                        }
                     };
-                    let value = stored
-                        .as_ref()
-                        .and_then(|v| live(v.value(), ttl, self.now).map(|_| v.value()));
+                    let value = value.filter(|v| live(v, ttl, self.now).is_some());
                     payload::push_change(&mut payload, &k[4..], value);
                 }
                 consume(ShardSnapshot {
@@ -358,8 +369,18 @@ pub const ENTRY_OVERHEAD_BYTES: usize =
 /// the table's first allocation.
 pub const NAMESPACE_OVERHEAD_BYTES: usize = 256;
 
-/// Table keys changed since the last view, inline up to 24 bytes, hashed with foldhash.
+/// Entry keys dropped from a cache since the last view, inline up to 24 bytes, hashed
+/// with foldhash.
 type ChangedKeys = HashSet<Bytes, foldhash::fast::RandomState>;
+
+/// Where a delta view finds a changed key's value.
+#[derive(Debug, Clone)]
+enum Change {
+    /// The working set held it at the view: its stored value, or `None` (deleted).
+    Cached(Option<Bytes>),
+    /// It had left the working set (after a flush): read it from the view's transaction.
+    Stored,
+}
 
 /// Bytes the change tracking of incremental snapshots counts per changed key on top of
 /// its bytes (the hash set's bucket holds the inline key: 32 bytes and a control byte; a
@@ -400,6 +421,14 @@ struct StateCache {
     opened_non_empty: bool,
     /// Bytes this cache counts against the budget (see [`entry_cost`]).
     bytes: usize,
+    /// Whether drops are recorded in `dropped` (incremental snapshots are tracking).
+    track: bool,
+    /// Entry keys (`namespace length (u32 BE) | namespace | key`) whose slot left the
+    /// cache since the last view while it may hold a change the next delta must carry:
+    /// a delete, or an eviction of a slot written since the view (its value is in redb).
+    dropped: ChangedKeys,
+    /// Bytes `dropped` counts (key bytes plus [`CHANGED_OVERHEAD_BYTES`] each).
+    dropped_bytes: usize,
 }
 
 impl StateCache {
@@ -434,27 +463,82 @@ impl StateCache {
         self.plain.len() + self.namespaced.values().map(HashMap::len).sum::<usize>()
     }
 
-    /// Drops every cached entry (the redb namespace knowledge stays).
+    /// Drops every cached entry (the redb namespace knowledge stays) and what was
+    /// tracked.
     fn clear(&mut self) {
         self.plain.clear();
         self.namespaced.clear();
         self.bytes = 0;
+        self.untrack();
+    }
+
+    /// Records that the slot of (namespace, key) left the cache, if tracking.
+    fn record_drop(
+        track: bool,
+        dropped: &mut ChangedKeys,
+        dropped_bytes: &mut usize,
+        namespace: &[u8],
+        key: &[u8],
+    ) {
+        if track {
+            let mut k = Bytes::with_capacity(4 + namespace.len() + key.len());
+            k.extend_from_slice(&(namespace.len() as u32).to_be_bytes());
+            k.extend_from_slice(namespace);
+            k.extend_from_slice(key);
+            let len = k.len();
+            if dropped.insert(k) {
+                *dropped_bytes += len + CHANGED_OVERHEAD_BYTES;
+            }
+        }
+    }
+
+    /// Starts tracking changes from now: no slot is fresh, nothing dropped.
+    fn track_from_now(&mut self) {
+        for s in self.plain.values_mut() {
+            s.fresh = false;
+        }
+        for m in self.namespaced.values_mut() {
+            for s in m.values_mut() {
+                s.fresh = false;
+            }
+        }
+        self.dropped.clear();
+        self.dropped_bytes = 0;
+        self.track = true;
+    }
+
+    /// Stops tracking changes.
+    fn untrack(&mut self) {
+        self.track = false;
+        self.dropped = ChangedKeys::default();
+        self.dropped_bytes = 0;
     }
 
     /// Drops clean entries until the cache counts at most `target` bytes (or no clean
     /// entry is left). Arbitrary order: hash order, which is random per process.
     fn evict_to(&mut self, target: usize) {
         let mut bytes = self.bytes;
-        let keep = |bytes: &mut usize, k: &Bytes, s: &mut Slot| {
+        let Self {
+            plain,
+            namespaced,
+            track,
+            dropped,
+            dropped_bytes,
+            ..
+        } = self;
+        let mut keep = |bytes: &mut usize, ns: &[u8], k: &Bytes, s: &mut Slot| {
             if *bytes <= target || s.dirty {
                 return true;
             }
             *bytes -= entry_cost(k.len(), s.value.as_ref());
+            if s.fresh {
+                Self::record_drop(*track, dropped, dropped_bytes, ns, k);
+            }
             false
         };
-        self.plain.retain(|k, s| keep(&mut bytes, k, s));
-        self.namespaced.retain(|ns, m| {
-            m.retain(|k, s| keep(&mut bytes, k, s));
+        plain.retain(|k, s| keep(&mut bytes, &[], k, s));
+        namespaced.retain(|ns, m| {
+            m.retain(|k, s| keep(&mut bytes, ns, k, s));
             if m.is_empty() {
                 bytes -= ns.len() + NAMESPACE_OVERHEAD_BYTES;
                 false
@@ -486,6 +570,13 @@ impl StateCache {
         };
         if let Some(slot) = removed {
             self.bytes -= entry_cost(key.len(), slot.value.as_ref());
+            Self::record_drop(
+                self.track,
+                &mut self.dropped,
+                &mut self.dropped_bytes,
+                namespace,
+                key,
+            );
         }
     }
 
@@ -498,7 +589,6 @@ impl StateCache {
     }
 }
 
-/// The table key of (namespace, key) in shard `shard`.
 /// [`composite`], inline up to 24 bytes.
 fn composite_inline(shard: u32, namespace: &[u8], key: &[u8]) -> Bytes {
     let mut k = Bytes::with_capacity(8 + namespace.len() + key.len());
@@ -509,6 +599,7 @@ fn composite_inline(shard: u32, namespace: &[u8], key: &[u8]) -> Bytes {
     k
 }
 
+/// The table key of (namespace, key) in shard `shard`.
 fn composite(shard: u32, namespace: &[u8], key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + namespace.len() + key.len());
     k.extend_from_slice(&shard.to_be_bytes());
@@ -547,6 +638,9 @@ struct Slot {
     dirty: bool,
     /// redb may hold a value for this key (so a delete must reach it).
     in_db: bool,
+    /// Written since the last snapshot view (incremental snapshots: the next delta view
+    /// hands it over, see [`KeyedState::delta_view`]).
+    fresh: bool,
 }
 
 /// Keyed state of one operator subtask. Not thread-safe by design: a subtask owns it on
@@ -573,12 +667,10 @@ pub struct KeyedState {
     pending_expired: Vec<ExpiredKeys>,
     /// Whether [`KeyedState::snapshot_view`] starts tracking changes for delta views.
     incremental: bool,
-    /// Table keys written or deleted in redb since the last view, per state; `None`: not
-    /// tracked (no view yet, after a restore, or dropped past `changed_limit`), so the next
-    /// view must be full.
-    changed: Option<Vec<ChangedKeys>>,
-    /// Bytes `changed` counts (key bytes plus [`CHANGED_OVERHEAD_BYTES`] per key).
-    changed_bytes: usize,
+    /// Whether changes since the last view are known (fresh slots and the caches'
+    /// `dropped` sets): a full view was taken since the state was opened or restored and
+    /// tracking was not dropped past the budget. Otherwise the next view must be full.
+    tracking: bool,
 }
 
 impl std::fmt::Debug for KeyedState {
@@ -684,8 +776,7 @@ impl KeyedState {
             expired_removed: 0,
             pending_expired: Vec::new(),
             incremental: false,
-            changed: None,
-            changed_bytes: 0,
+            tracking: false,
         })
     }
 
@@ -866,6 +957,7 @@ impl KeyedState {
                     in_db: value.is_some(),
                     value: value.map(Bytes::from_vec),
                     dirty: false,
+                    fresh: false,
                 },
             );
         }
@@ -921,6 +1013,7 @@ impl KeyedState {
                     v.clear();
                     v.extend_from_slice(value);
                     slot.dirty = true;
+                    slot.fresh = true;
                 }
                 None => {
                     added += key.len() + value.len() + ENTRY_OVERHEAD_BYTES;
@@ -930,6 +1023,7 @@ impl KeyedState {
                             value: Some(Bytes::from_slice(value)),
                             dirty: true,
                             in_db,
+                            fresh: true,
                         },
                     );
                 }
@@ -973,6 +1067,7 @@ impl KeyedState {
                 value: loaded.as_deref().map(Bytes::from_slice),
                 dirty: false,
                 in_db: loaded.is_some(),
+                fresh: false,
             },
         );
         self.maybe_evict()?;
@@ -1016,6 +1111,7 @@ impl KeyedState {
                 let old = slot.value.as_ref().map_or(0, |v| v.len());
                 slot.value = value.map(Bytes::from_vec);
                 slot.dirty = true;
+                slot.fresh = true;
                 let new = slot.value.as_ref().map_or(0, |v| v.len());
                 cache.bytes = cache.bytes + new - old;
             }
@@ -1027,6 +1123,7 @@ impl KeyedState {
                         value: value.map(Bytes::from_vec),
                         dirty: true,
                         in_db,
+                        fresh: true,
                     },
                 );
             }
@@ -1345,6 +1442,9 @@ impl KeyedState {
                 namespaced,
                 in_db,
                 bytes,
+                track,
+                dropped,
+                dropped_bytes,
                 ..
             } = cache;
             // Dirty entries in table-key order: sequential B-tree inserts touch each leaf
@@ -1357,7 +1457,10 @@ impl KeyedState {
                 let mut wrote = false;
                 for (k, slot) in map.iter_mut().filter(|(_, s)| s.dirty) {
                     wrote |= slot.value.is_some();
-                    dirty.push((composite_inline(shard_of(k, self.shard_count).0, ns, k), slot));
+                    dirty.push((
+                        composite_inline(shard_of(k, self.shard_count).0, ns, k),
+                        slot,
+                    ));
                 }
                 if wrote && !in_db.contains(ns) {
                     new_namespaces.push(ns.to_vec());
@@ -1380,24 +1483,19 @@ impl KeyedState {
                     }
                 }
                 slot.dirty = false;
-                if let Some(changed) = &mut self.changed {
-                    let len = table_key.len();
-                    if changed[i].insert(table_key) {
-                        self.changed_bytes += len + CHANGED_OVERHEAD_BYTES;
-                    }
-                }
             }
             for ns in new_namespaces {
                 in_db.insert(ns);
             }
             let maps = std::iter::once((&[][..], plain))
                 .chain(namespaced.iter_mut().map(|(ns, m)| (ns.as_slice(), m)));
-            for (_, map) in maps {
+            for (ns, map) in maps {
                 // Flushed deletes need no slot any more.
                 map.retain(|k, s| {
                     let keep = s.value.is_some() || s.dirty;
                     if !keep {
                         *bytes -= entry_cost(k.len(), None);
+                        StateCache::record_drop(*track, dropped, dropped_bytes, ns, k);
                     }
                     keep
                 });
@@ -1411,23 +1509,6 @@ impl KeyedState {
         }
         let removed = self.delete_still_expired(&txn)?;
         txn.commit().map_err(|e| db_err(&self.path, e))?;
-        if let Some(changed) = &mut self.changed {
-            for (i, k) in &removed {
-                if changed[*i].insert(Bytes::from_slice(k)) {
-                    self.changed_bytes += k.len() + CHANGED_OVERHEAD_BYTES;
-                }
-            }
-        }
-        // Tracking more changed keys than half the working set's share would break the
-        // budget's bound: drop them; the next snapshot is full.
-        if self.changed.is_some()
-            && self
-                .working_set_bytes
-                .is_some_and(|share| self.changed_bytes > share / 2)
-        {
-            self.changed = None;
-            self.changed_bytes = 0;
-        }
         for (i, k) in &removed {
             // Table key: shard (4) | namespace length (4) | namespace | key.
             let Some(ns_len) = k
@@ -1441,6 +1522,7 @@ impl KeyedState {
             }
         }
         self.expired_removed += removed.len() as u64;
+        self.check_tracking();
         Ok(())
     }
 
@@ -1532,8 +1614,10 @@ impl KeyedState {
     pub fn snapshot_view(&mut self) -> Result<SnapshotView> {
         self.flush(false)?;
         if self.incremental {
-            self.changed = Some(vec![ChangedKeys::default(); self.states.len()]);
-            self.changed_bytes = 0;
+            for c in &mut self.cache {
+                c.track_from_now();
+            }
+            self.tracking = true;
         }
         self.view(None)
     }
@@ -1554,22 +1638,68 @@ impl KeyedState {
     /// # Errors
     /// A database failure.
     pub fn delta_view(&mut self) -> Result<Option<SnapshotView>> {
-        if self.changed.is_none() {
+        self.check_tracking();
+        if !self.tracking {
             return Ok(None);
         }
-        self.flush(false)?;
-        let Some(changed) = self.changed.as_mut() else {
-            // The flush went past the tracking limit.
-            return Ok(None);
+        let shard_count = self.shard_count;
+        let mut delta = Vec::with_capacity(self.cache.len());
+        for c in &mut self.cache {
+            let StateCache {
+                plain,
+                namespaced,
+                dropped,
+                dropped_bytes,
+                ..
+            } = c;
+            let mut changes: Vec<(Bytes, Change)> = Vec::new();
+            // Slots that left the cache since the view: the cached value if the key came
+            // back (unless it is fresh: the loop below takes it), else redb's.
+            for entry in dropped.drain() {
+                let n = u32::from_be_bytes(entry[..4].try_into().expect("4 bytes")) as usize;
+                let (ns, key) = (&entry[4..4 + n], &entry[4 + n..]);
+                let map = if ns.is_empty() {
+                    Some(&*plain)
+                } else {
+                    namespaced.get(ns)
+                };
+                let table_key = composite_inline(shard_of(key, shard_count).0, ns, key);
+                match map.and_then(|m| m.get(key)) {
+                    Some(slot) if slot.fresh => {}
+                    Some(slot) => changes.push((table_key, Change::Cached(slot.value.clone()))),
+                    None => changes.push((table_key, Change::Stored)),
+                }
+            }
+            *dropped_bytes = 0;
+            let maps = std::iter::once((&[][..], plain))
+                .chain(namespaced.iter_mut().map(|(ns, m)| (ns.as_slice(), m)));
+            for (ns, map) in maps {
+                for (k, slot) in map.iter_mut().filter(|(_, s)| s.fresh) {
+                    slot.fresh = false;
+                    changes.push((
+                        composite_inline(shard_of(k, shard_count).0, ns, k),
+                        Change::Cached(slot.value.clone()),
+                    ));
+                }
+            }
+            delta.push(changes);
+        }
+        self.view(Some(delta)).map(Some)
+    }
+
+    /// Drops change tracking if the caches' `dropped` sets count more than half the
+    /// working set's share of the budget (tracking must not break the budget's bound);
+    /// the next snapshot is then full.
+    fn check_tracking(&mut self) {
+        let Some(share) = self.working_set_bytes else {
+            return;
         };
-        // Sorted by the scan, off the task thread. Drained, so each set keeps its
-        // capacity for the next epoch (growing it again from nothing rehashed every key).
-        let keys = changed
-            .iter_mut()
-            .map(|set| set.drain().collect())
-            .collect();
-        self.changed_bytes = 0;
-        self.view(Some(keys)).map(Some)
+        if self.tracking && self.cache.iter().map(|c| c.dropped_bytes).sum::<usize>() > share / 2 {
+            self.tracking = false;
+            for c in &mut self.cache {
+                c.untrack();
+            }
+        }
     }
 
     /// Turns change tracking for [`Self::delta_view`] on or off (default off). Tracking
@@ -1577,13 +1707,15 @@ impl KeyedState {
     pub fn set_incremental(&mut self, on: bool) {
         self.incremental = on;
         if !on {
-            self.changed = None;
-            self.changed_bytes = 0;
+            self.tracking = false;
+            for c in &mut self.cache {
+                c.untrack();
+            }
         }
     }
 
     /// A read transaction on the database as it is, with what a scan needs.
-    fn view(&self, delta: Option<Vec<Vec<Bytes>>>) -> Result<SnapshotView> {
+    fn view(&self, delta: Option<Vec<Vec<(Bytes, Change)>>>) -> Result<SnapshotView> {
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         Ok(SnapshotView {
             txn,
@@ -1620,8 +1752,7 @@ impl KeyedState {
     pub fn restore(&mut self, shards: &[ShardSnapshot]) -> Result<()> {
         // What the restored database holds is not the previous view's state plus tracked
         // changes: the next snapshot is full.
-        self.changed = None;
-        self.changed_bytes = 0;
+        self.tracking = false;
         let txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
         for s in shards {
             let desc = self
