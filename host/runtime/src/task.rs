@@ -17,8 +17,9 @@
 //! deleted since its previous snapshot (`kv-delta/1`), and its descriptors in the manifest
 //! are its chain: the last full snapshot's, then every delta since, oldest first. A full
 //! snapshot starts a new chain once the deltas together are as large as the full one (so
-//! a restore never reads more than twice the state) or [`MAX_DELTAS`] long, and always
-//! after a restore (the task does not know the chain it was restored from).
+//! a restore never reads more than twice the state) or [`MAX_DELTAS`] long. After a
+//! restore the chain goes on from the one the task restored (the restore plan's segments
+//! of each operator, which the restored state equals exactly).
 
 use crate::error::{Result, RuntimeError, Site, printable_record};
 use crate::error_policy;
@@ -128,6 +129,27 @@ struct Chain {
 }
 
 impl Chain {
+    /// The chain a restore read (in the manifest's order): the full payloads', then the
+    /// deltas' descriptors. Its delta count is that of the files they lie in.
+    fn restored(descriptors: &[SegmentDescriptor]) -> Chain {
+        let (mut full_bytes, mut delta_bytes) = (0, 0);
+        let mut delta_files = std::collections::BTreeSet::new();
+        for d in descriptors {
+            if d.codec == payload::KV_DELTA_CODEC {
+                delta_bytes += d.len;
+                delta_files.insert(d.file.as_str());
+            } else {
+                full_bytes += d.len;
+            }
+        }
+        Chain {
+            descriptors: descriptors.to_vec(),
+            full_bytes,
+            delta_bytes,
+            deltas: delta_files.len() as u32,
+        }
+    }
+
     /// Whether the next snapshot may be a delta on top of this chain.
     fn extendable(&self) -> bool {
         self.deltas < MAX_DELTAS && self.delta_bytes < self.full_bytes
@@ -338,6 +360,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
     // the segments the restore plan names; the task reads them itself (design §2.5).
     let restore_started = std::time::Instant::now();
     let (mut restored_segments, mut restored_deltas) = (0usize, 0usize);
+    let mut restored_chains = vec![None; stages.len()];
     for (i, stage) in stages.iter_mut().enumerate() {
         if let Stage::Operator(op) = stage
             && let Some(segments) = restore.segments.get(&operator_ids[i])
@@ -352,6 +375,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
                 &states,
             )?;
             if let Some(ks) = op.state_mut() {
+                ks.set_incremental(incremental_snapshots);
                 ks.restore(&state).map_err(|e| RuntimeError::Io {
                     path: format!("checkpoint of operator `{}`", sites[i].operator),
                     message: format!("cannot restore keyed state: {e}"),
@@ -363,6 +387,11 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
                 .iter()
                 .filter(|s| s.codec == payload::KV_DELTA_CODEC)
                 .count();
+            if incremental_snapshots {
+                // The state is exactly the restored chain's: the next snapshot may be a
+                // delta on top of it.
+                restored_chains[i] = Some(Chain::restored(segments));
+            }
         }
     }
     if let Some(epoch) = restore.epoch {
@@ -406,7 +435,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             }
         })
         .collect();
-    let chains = vec![None; stages.len()];
+    let chains = restored_chains;
     let mut t = Task {
         in_flight: None,
         async_snapshots,

@@ -463,15 +463,6 @@ impl StateCache {
         self.plain.len() + self.namespaced.values().map(HashMap::len).sum::<usize>()
     }
 
-    /// Drops every cached entry (the redb namespace knowledge stays) and what was
-    /// tracked.
-    fn clear(&mut self) {
-        self.plain.clear();
-        self.namespaced.clear();
-        self.bytes = 0;
-        self.untrack();
-    }
-
     /// Records that the slot of (namespace, key) left the cache, if tracking.
     fn record_drop(
         track: bool,
@@ -547,6 +538,26 @@ impl StateCache {
             }
         });
         self.bytes = bytes;
+    }
+
+    /// Puts a restored entry (its stored value) into the cache as dirty and not fresh,
+    /// replacing any cached slot of the key.
+    fn load(&mut self, namespace: &[u8], key: &[u8], value: &[u8]) {
+        let in_db = self.maybe_in_db(namespace);
+        let slot = Slot {
+            value: Some(Bytes::from_slice(value)),
+            dirty: true,
+            in_db,
+            fresh: false,
+        };
+        let map = self.map_mut(namespace);
+        let added = entry_cost(key.len(), slot.value.as_ref());
+        match map.insert(Bytes::from_slice(key), slot) {
+            Some(old) => {
+                self.bytes = self.bytes + added - entry_cost(key.len(), old.value.as_ref());
+            }
+            None => self.bytes += added,
+        }
     }
 
     /// Whether redb may hold entries of `namespace`.
@@ -1740,20 +1751,26 @@ impl KeyedState {
     }
 
     /// Loads shard payloads produced by [`Self::snapshot`] or [`SnapshotView::write`]
-    /// (possibly by another subtask when shards moved, design §10.5) into the database,
-    /// durably, in one write transaction. A full payload's entries are inserted; a delta
-    /// payload ([`ShardSnapshot::delta`]) applies its puts and deletes, so the payloads of
-    /// one (shard, state) must come in chain order: the full one, then its deltas, oldest
-    /// first. Entries of shards this subtask does not own are refused. Tracked changes are
-    /// forgotten: the next snapshot is full ([`Self::delta_view`] returns `None`).
+    /// (possibly by another subtask when shards moved, design §10.5). The payloads of one
+    /// (shard, state) must come in chain order: the full one, then its deltas
+    /// ([`ShardSnapshot::delta`]), oldest first; they are folded in memory, so each key is
+    /// loaded once with its last value (a delete drops it). The entries go into the working
+    /// set, not into redb (which a restore does not need to be durable: a crash restores
+    /// again); a budget flushes and evicts them as any write does. Entries of shards this
+    /// subtask does not own are refused. With incremental snapshots on
+    /// ([`Self::set_incremental`], set before restoring), tracking starts at the restored
+    /// state, so the next snapshot may be a delta on top of the restored chain.
     ///
     /// # Errors
     /// Unknown state, a foreign shard, a corrupt payload or a database failure.
     pub fn restore(&mut self, shards: &[ShardSnapshot]) -> Result<()> {
-        // What the restored database holds is not the previous view's state plus tracked
-        // changes: the next snapshot is full.
         self.tracking = false;
-        let txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
+        for c in &mut self.cache {
+            c.untrack();
+        }
+        // The payloads of each (state, shard) in the order given: its chain.
+        let mut chains: std::collections::BTreeMap<(u32, u32), Vec<&ShardSnapshot>> =
+            std::collections::BTreeMap::new();
         for s in shards {
             let desc = self
                 .states
@@ -1766,50 +1783,59 @@ impl KeyedState {
                     owned: self.owned.clone(),
                 });
             }
-            let codec = if s.delta {
-                payload::KV_DELTA_CODEC
-            } else {
-                payload::KV_CODEC
-            };
-            let pairs = payload::decode(codec, &s.payload)
-                .map_err(|_| StateError::Corrupt(desc.name.clone()))?;
-            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
-            let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
-            let mut key = Vec::new();
-            let known = &mut self.cache[s.state as usize].in_db;
-            for (k, v) in pairs {
-                key.clear();
-                key.extend_from_slice(&s.shard.0.to_be_bytes());
-                key.extend_from_slice(k);
-                let Some(v) = v else {
-                    table
-                        .remove(key.as_slice())
-                        .map_err(|e| db_err(&self.path, e))?;
-                    continue;
+            chains.entry((s.state, s.shard.0)).or_default().push(s);
+        }
+        for ((state, _), chain) in chains {
+            let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
+            let mut decoded = Vec::with_capacity(chain.len());
+            for s in &chain {
+                let codec = if s.delta {
+                    payload::KV_DELTA_CODEC
+                } else {
+                    payload::KV_CODEC
                 };
-                if let Some(ns) = k
+                decoded.push(payload::decode(codec, &s.payload).map_err(|_| corrupt())?);
+            }
+            // Each key once, with its last change (a lone full payload is already so).
+            let entries: Vec<(&[u8], &[u8])> = if let [only] = decoded.as_slice()
+                && !chain[0].delta
+            {
+                only.iter().filter_map(|(k, v)| Some((*k, (*v)?))).collect()
+            } else {
+                let mut folded: std::collections::BTreeMap<&[u8], Option<&[u8]>> =
+                    std::collections::BTreeMap::new();
+                for (k, v) in decoded.iter().flatten() {
+                    folded.insert(k, *v);
+                }
+                folded
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((k, v?)))
+                    .collect()
+            };
+            let cache = &mut self.cache[state as usize];
+            for (k, v) in entries {
+                let n = k
                     .get(..4)
                     .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
-                    .and_then(|n| k.get(4..4 + n))
-                    && !known.contains(ns)
-                {
-                    known.insert(ns.to_vec());
-                }
-                table
-                    .insert(key.as_slice(), v)
-                    .map_err(|e| db_err(&self.path, e))?;
+                    .ok_or_else(corrupt)?;
+                let ns = k.get(4..4 + n).ok_or_else(corrupt)?;
+                cache.load(ns, &k[4 + n..], v);
             }
+            self.maybe_evict()?;
         }
-        txn.commit().map_err(|e| db_err(&self.path, e))?;
-        for c in &mut self.cache {
-            c.clear();
+        if self.incremental {
+            // The restored state is exactly the chain's: deltas may follow it.
+            for c in &mut self.cache {
+                c.track_from_now();
+            }
+            self.tracking = true;
         }
         Ok(())
     }
 
-    /// Every (namespace, key) stored for `state` in the owned shards, after a flush, in
-    /// table order (shard, namespace, key). Used to rebuild the timer index after a
-    /// restore.
+    /// Every (namespace, key) `state` holds in the owned shards (in redb or in the working
+    /// set; values of TTL states are not judged), in table order (shard, namespace, key).
+    /// Used to rebuild the timer index after a restore.
     ///
     /// # Errors
     /// Unknown handle, a corrupt table key, or a database failure.
@@ -1820,18 +1846,35 @@ impl KeyedState {
             .ok_or(StateError::UnknownHandle(state))?
             .name
             .clone();
-        self.flush(false)?;
+        // Table key -> whether it holds a value: redb's entries, then the working set's
+        // slots over them (without a flush: after a restore every entry is in the
+        // working set only, and flushing them all here would cost what the restore saved).
+        let mut keys: std::collections::BTreeMap<Vec<u8>, bool> = std::collections::BTreeMap::new();
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&name);
-        let table = match txn.open_table(def) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        match txn.open_table(def) {
+            Ok(table) => {
+                for entry in table.iter().map_err(|e| db_err(&self.path, e))? {
+                    let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
+                    keys.insert(k.value().to_vec(), true);
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
             Err(e) => return Err(db_err(&self.path, e)),
-        };
+        }
+        let cache = &self.cache[state as usize];
+        let maps = std::iter::once((&[][..], &cache.plain))
+            .chain(cache.namespaced.iter().map(|(ns, m)| (ns.as_slice(), m)));
+        for (ns, map) in maps {
+            for (k, slot) in map {
+                keys.insert(
+                    composite(shard_of(k, self.shard_count).0, ns, k),
+                    slot.value.is_some(),
+                );
+            }
+        }
         let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| db_err(&self.path, e))? {
-            let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
-            let k = k.value();
+        for (k, _) in keys.into_iter().filter(|(_, live)| *live) {
             let corrupt = || StateError::Corrupt(name.clone());
             let ns_len = k
                 .get(4..8)

@@ -81,6 +81,8 @@ enum Op {
     Delete(u32, u8, u8),
     /// Write the working set to redb (as a budget eviction or a full view does).
     Flush,
+    /// Crash: a new state restored from the chain goes on in its place.
+    Restore,
     /// Take a snapshot: full when `true`, else a delta if one can be taken.
     Snapshot(bool),
 }
@@ -90,6 +92,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0..2u32, 0..8u8, 0..20u8, any::<u8>()).prop_map(|(s, n, k, v)| Op::Put(s, n, k, v)),
         3 => (0..2u32, 0..8u8, 0..20u8).prop_map(|(s, n, k)| Op::Delete(s, n, k)),
         1 => Just(Op::Flush),
+        1 => Just(Op::Restore),
         1 => any::<bool>().prop_map(Op::Snapshot),
     ]
 }
@@ -110,6 +113,8 @@ proptest! {
         let mut model = Model::new();
         let mut chain: Vec<ShardSnapshot> = Vec::new();
         let mut had_full = false;
+        let mut restores = 0;
+        let mut at_snapshot = Model::new();
         for op in ops {
             match op {
                 Op::Put(st, n, k, v) => {
@@ -123,6 +128,16 @@ proptest! {
                     model.remove(&(st, ns, key));
                 }
                 Op::Flush => s.flush(false).unwrap(),
+                Op::Restore if had_full => {
+                    restores += 1;
+                    let path = dir.path().join(format!("s{restores}.redb"));
+                    s = KeyedState::open(config(&path, budget, None)).unwrap();
+                    s.set_incremental(true);
+                    s.restore(&chain).unwrap();
+                    // What was written after the last snapshot is lost with the crash.
+                    model = at_snapshot.clone();
+                }
+                Op::Restore => {}
                 Op::Snapshot(full) => {
                     let delta = if full { None } else { s.delta_view().unwrap() };
                     match delta {
@@ -133,14 +148,15 @@ proptest! {
                             chain.extend(payloads);
                         }
                         None => {
-                            // Without a budget, tracking is never dropped: only an asked-for
-                            // (or the first) snapshot is full.
+                            // Without a budget, tracking is never dropped (a restore goes
+                            // on tracking): only an asked-for (or the first) snapshot is full.
                             prop_assert!(full || budget.is_some() || !had_full);
                             chain = view_payloads(s.snapshot_view().unwrap());
                             had_full = true;
                         }
                     }
                     prop_assert_eq!(&restored(dir.path(), &chain), &model);
+                    at_snapshot = model.clone();
                 }
             }
         }
@@ -204,11 +220,17 @@ fn deltas_hold_only_the_changed_keys_and_deletes() {
     entry_key.extend_from_slice(b"new-nsk");
     assert_eq!(only(&put_delta), (entry_key.clone(), Some(b"v".to_vec())));
     assert_eq!(only(&delete_delta), (entry_key, None));
-    // A restore forgets what was tracked: the next snapshot must be full.
+    // A restore starts tracking at the restored chain: nothing changed since it.
     let mut chain = full;
     chain.extend(delta);
-    s.restore(&chain).unwrap();
-    assert!(s.delta_view().unwrap().is_none());
+    let mut r = KeyedState::open(config(&dir.path().join("r.redb"), None, None)).unwrap();
+    r.set_incremental(true);
+    r.restore(&chain).unwrap();
+    assert!(view_payloads(r.delta_view().unwrap().unwrap()).is_empty());
+    // Without incremental snapshots a restored state has no delta to give.
+    let mut r = KeyedState::open(config(&dir.path().join("r2.redb"), None, None)).unwrap();
+    r.restore(&chain).unwrap();
+    assert!(r.delta_view().unwrap().is_none());
 }
 
 #[test]
