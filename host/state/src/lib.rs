@@ -540,26 +540,6 @@ impl StateCache {
         self.bytes = bytes;
     }
 
-    /// Puts a restored entry (its stored value) into the cache as dirty and not fresh,
-    /// replacing any cached slot of the key.
-    fn load(&mut self, namespace: &[u8], key: &[u8], value: &[u8]) {
-        let in_db = self.maybe_in_db(namespace);
-        let slot = Slot {
-            value: Some(Bytes::from_slice(value)),
-            dirty: true,
-            in_db,
-            fresh: false,
-        };
-        let map = self.map_mut(namespace);
-        let added = entry_cost(key.len(), slot.value.as_ref());
-        match map.insert(Bytes::from_slice(key), slot) {
-            Some(old) => {
-                self.bytes = self.bytes + added - entry_cost(key.len(), old.value.as_ref());
-            }
-            None => self.bytes += added,
-        }
-    }
-
     /// Whether redb may hold entries of `namespace`.
     fn maybe_in_db(&self, namespace: &[u8]) -> bool {
         self.opened_non_empty || self.in_db.contains(namespace)
@@ -1751,15 +1731,15 @@ impl KeyedState {
     }
 
     /// Loads shard payloads produced by [`Self::snapshot`] or [`SnapshotView::write`]
-    /// (possibly by another subtask when shards moved, design §10.5). The payloads of one
-    /// (shard, state) must come in chain order: the full one, then its deltas
-    /// ([`ShardSnapshot::delta`]), oldest first; they are folded in memory, so each key is
-    /// loaded once with its last value (a delete drops it). The entries go into the working
-    /// set, not into redb (which a restore does not need to be durable: a crash restores
-    /// again); a budget flushes and evicts them as any write does. Entries of shards this
-    /// subtask does not own are refused. With incremental snapshots on
-    /// ([`Self::set_incremental`], set before restoring), tracking starts at the restored
-    /// state, so the next snapshot may be a delta on top of the restored chain.
+    /// (possibly by another subtask when shards moved, design §10.5) into redb, in one
+    /// non-durable write transaction (a crash restores again from the checkpoint), and
+    /// empties the working set. The payloads of one (shard, state) must come in chain
+    /// order: the full one, then its deltas ([`ShardSnapshot::delta`]), oldest first; they
+    /// are folded in memory first, so each key is inserted once, in key order, with its
+    /// last value (a delete drops it). Entries of shards this subtask does not own are
+    /// refused. With incremental snapshots on ([`Self::set_incremental`], set before
+    /// restoring), tracking starts at the restored state, so the next snapshot may be a
+    /// delta on top of the restored chain.
     ///
     /// # Errors
     /// Unknown state, a foreign shard, a corrupt payload or a database failure.
@@ -1785,7 +1765,16 @@ impl KeyedState {
             }
             chains.entry((s.state, s.shard.0)).or_default().push(s);
         }
-        for ((state, _), chain) in chains {
+        // One non-durable write transaction: a crash restores again from the checkpoint.
+        let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| db_err(&self.path, e))?;
+        for c in &mut self.cache {
+            c.plain.clear();
+            c.namespaced.clear();
+            c.bytes = 0;
+        }
+        for ((state, shard), chain) in chains {
             let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
             let mut decoded = Vec::with_capacity(chain.len());
             for s in &chain {
@@ -1812,17 +1801,30 @@ impl KeyedState {
                     .filter_map(|(k, v)| Some((k, v?)))
                     .collect()
             };
-            let cache = &mut self.cache[state as usize];
+            let def: TableDefinition<&[u8], &[u8]> =
+                TableDefinition::new(&self.states[state as usize].name);
+            let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
+            let known = &mut self.cache[state as usize].in_db;
+            let mut table_key = Vec::new();
+            // In key order: sequential B-tree inserts.
             for (k, v) in entries {
                 let n = k
                     .get(..4)
                     .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
                     .ok_or_else(corrupt)?;
                 let ns = k.get(4..4 + n).ok_or_else(corrupt)?;
-                cache.load(ns, &k[4 + n..], v);
+                if !known.contains(ns) {
+                    known.insert(ns.to_vec());
+                }
+                table_key.clear();
+                table_key.extend_from_slice(&shard.to_be_bytes());
+                table_key.extend_from_slice(k);
+                table
+                    .insert(table_key.as_slice(), v)
+                    .map_err(|e| db_err(&self.path, e))?;
             }
-            self.maybe_evict()?;
         }
+        txn.commit().map_err(|e| db_err(&self.path, e))?;
         if self.incremental {
             // The restored state is exactly the chain's: deltas may follow it.
             for c in &mut self.cache {
@@ -1847,8 +1849,7 @@ impl KeyedState {
             .name
             .clone();
         // Table key -> whether it holds a value: redb's entries, then the working set's
-        // slots over them (without a flush: after a restore every entry is in the
-        // working set only, and flushing them all here would cost what the restore saved).
+        // slots over them (no flush: a read needs none).
         let mut keys: std::collections::BTreeMap<Vec<u8>, bool> = std::collections::BTreeMap::new();
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&name);
