@@ -657,6 +657,16 @@ mod tests {
         assert!(epochs.windows(2).all(|w| w[0] < w[1]), "append order kept");
     }
 
+    /// The segment directories under `root`, sorted.
+    fn segment_dirs(root: &Path) -> Vec<String> {
+        let mut segs: Vec<String> = std::fs::read_dir(root.join("segments"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        segs.sort();
+        segs
+    }
+
     #[test]
     fn retention_keeps_latest_n_and_their_segments_and_drops_orphans() {
         let dir = tempfile::tempdir().unwrap();
@@ -673,11 +683,7 @@ mod tests {
         let deleted = s.retain(2).unwrap();
         assert_eq!(deleted, vec![EpochId(1), EpochId(2)]);
         assert_eq!(s.manifest_epochs().unwrap(), vec![EpochId(3), EpochId(5)]);
-        let mut segs: Vec<String> = std::fs::read_dir(dir.path().join("segments"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        segs.sort();
+        let segs = segment_dirs(dir.path());
         assert_eq!(
             segs,
             vec!["3", "5", "6"],
@@ -698,7 +704,7 @@ mod tests {
             offset: 0,
             len: 1,
             checksum: crate::payload_checksum(b"x"),
-            codec: if epoch == 2 {
+            codec: if epoch <= 2 {
                 crate::payload::KV_CODEC
             } else {
                 crate::payload::KV_DELTA_CODEC
@@ -711,8 +717,14 @@ mod tests {
             s.write_segment(&format!("segments/{e}/op/0.a1.seg"), b"x")
                 .unwrap();
             let mut m = manifest(e);
-            // Epoch 2 is a full snapshot; 3..=6 are deltas on top of it (4 aborted).
-            let chain: Vec<_> = (2..=e.max(2)).filter(|&c| c != 4).map(descriptor).collect();
+            // Epoch 1 is a full snapshot, epoch 2 a new one (a compaction), 3..=6 deltas on
+            // top of it. Epoch 4 was aborted, but the task went on and its delta stays in
+            // the chain (a task never learns of an abort).
+            let chain: Vec<_> = if e == 1 {
+                vec![descriptor(1)]
+            } else {
+                (2..=e).map(descriptor).collect()
+            };
             m.tasks.push(crate::TaskSnapshot {
                 task: nop_stream_api::TaskId {
                     job: "j".into(),
@@ -743,15 +755,12 @@ mod tests {
             s.retain(1).unwrap(),
             vec![EpochId(1), EpochId(2), EpochId(3), EpochId(5)]
         );
-        let mut segs: Vec<String> = std::fs::read_dir(dir.path().join("segments"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        segs.sort();
+        let segs = segment_dirs(dir.path());
         assert_eq!(
             segs,
-            vec!["2", "3", "5", "6"],
-            "the chain of epoch 6 (full 2, deltas 3, 5, 6) stays; 1 and the aborted 4 go"
+            vec!["2", "3", "4", "5", "6"],
+            "the chain of epoch 6 (full 2, deltas 3, 4, 5, 6) stays, the aborted 4 included; \
+             epoch 1's full snapshot, which no kept chain uses, goes"
         );
     }
 

@@ -106,6 +106,22 @@ fn uninterrupted(job: &Path) -> Vec<String> {
     committed(&d.out)
 }
 
+/// `nopstream savepoint promote JOB --work-dir WORK --out OUT`.
+fn promote(job: &Path, work: &Path, out: &Path) -> Output {
+    nopstream(
+        &[
+            "savepoint",
+            "promote",
+            &job.display().to_string(),
+            "--work-dir",
+            &work.display().to_string(),
+            "--out",
+            &out.display().to_string(),
+        ],
+        None,
+    )
+}
+
 /// Runs the job at `p` with 50 ms epochs, crashes it after the second durable epoch, and
 /// promotes that epoch to a savepoint; returns the directories and the savepoint.
 fn savepoint_mid_run(job: &Path, p: u32) -> (Dirs, PathBuf) {
@@ -119,18 +135,7 @@ fn savepoint_mid_run(job: &Path, p: u32) -> (Dirs, PathBuf) {
     );
     assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
     let sp = d.work.join("sp");
-    let o = nopstream(
-        &[
-            "savepoint",
-            "promote",
-            &job.display().to_string(),
-            "--work-dir",
-            &d.work.display().to_string(),
-            "--out",
-            &sp.display().to_string(),
-        ],
-        None,
-    );
+    let o = promote(job, &d.work, &sp);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("epoch 2"), "{}", text(&o));
     (d, sp)
@@ -1472,18 +1477,7 @@ fn a_savepoint_of_an_incremental_chain_is_self_contained_and_a_reshard_folds_it(
             break; // the job ended before epoch n
         }
         let sp = d.work.join("sp");
-        let o = nopstream(
-            &[
-                "savepoint",
-                "promote",
-                &j.0.display().to_string(),
-                "--work-dir",
-                &d.work.display().to_string(),
-                "--out",
-                &sp.display().to_string(),
-            ],
-            None,
-        );
+        let o = promote(&j.0, &d.work, &sp);
         assert!(o.status.success(), "{}", text(&o));
         let manifest = snapshot(&sp.join("manifests"))
             .into_iter()

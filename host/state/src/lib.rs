@@ -1390,6 +1390,9 @@ impl KeyedState {
         let Some(share) = self.working_set_bytes else {
             return Ok(());
         };
+        // Deletes record keys without growing the working set: check their bound here,
+        // after every write, not only at flushes.
+        self.check_tracking();
         if self.cached_bytes() <= share {
             return Ok(());
         }
@@ -1402,6 +1405,7 @@ impl KeyedState {
             let part = (c.bytes as u128 * target as u128 / total as u128) as usize;
             c.evict_to(part);
         }
+        self.check_tracking();
         Ok(())
     }
 
@@ -1646,7 +1650,8 @@ impl KeyedState {
             let mut changes: Vec<(Bytes, Change)> = Vec::new();
             // Slots that left the cache since the view: the cached value if the key came
             // back (unless it is fresh: the loop below takes it), else redb's.
-            for entry in dropped.drain() {
+            // Taken, not drained: the set's capacity would stay uncounted.
+            for entry in std::mem::take(dropped) {
                 let n = u32::from_be_bytes(entry[..4].try_into().expect("4 bytes")) as usize;
                 let (ns, key) = (&entry[4..4 + n], &entry[4 + n..]);
                 let map = if ns.is_empty() {

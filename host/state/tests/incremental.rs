@@ -79,6 +79,8 @@ fn restored(dir: &std::path::Path, chain: &[ShardSnapshot]) -> Model {
 enum Op {
     Put(u32, u8, u8, u8),
     Delete(u32, u8, u8),
+    /// Read a key (a miss loads it from redb into the working set, not fresh).
+    Get(u32, u8, u8),
     /// Write the working set to redb (as a budget eviction or a full view does).
     Flush,
     /// Crash: a new state restored from the chain goes on in its place.
@@ -91,6 +93,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..2u32, 0..8u8, 0..20u8, any::<u8>()).prop_map(|(s, n, k, v)| Op::Put(s, n, k, v)),
         3 => (0..2u32, 0..8u8, 0..20u8).prop_map(|(s, n, k)| Op::Delete(s, n, k)),
+        3 => (0..2u32, 0..8u8, 0..20u8).prop_map(|(s, n, k)| Op::Get(s, n, k)),
         1 => Just(Op::Flush),
         1 => Just(Op::Restore),
         1 => any::<bool>().prop_map(Op::Snapshot),
@@ -126,6 +129,13 @@ proptest! {
                     let (ns, key) = (vec![n; n as usize], vec![k; 3]);
                     s.value_delete(st, &ns, &key).unwrap();
                     model.remove(&(st, ns, key));
+                }
+                Op::Get(st, n, k) => {
+                    let (ns, key) = (vec![n; n as usize], vec![k; 3]);
+                    let (mut d, mut e, mut p) = (Vec::new(), Vec::new(), Vec::new());
+                    s.value_get_many(st, &ns, &key, &[3], &mut d, &mut e, &mut p).unwrap();
+                    let got = p[0].then_some(d);
+                    prop_assert_eq!(got.as_ref(), model.get(&(st, ns, key)));
                 }
                 Op::Flush => s.flush(false).unwrap(),
                 Op::Restore if had_full => {
