@@ -1505,13 +1505,25 @@ fn a_savepoint_of_an_incremental_chain_is_self_contained_and_a_reshard_folds_it(
     for f in &files {
         assert!(sp.join(f).is_file(), "{f} is not in the savepoint");
     }
-    // The job's own checkpoints go: the savepoint alone restores.
+    // The job's own checkpoints go: the savepoint alone restores, at another parallelism.
+    // The restored tasks go on with the chain they restored (its shards from two old
+    // subtasks), so the crash after their second epoch restores chains that mix the old
+    // layout's payloads with new deltas.
     std::fs::remove_dir_all(d.work.join("checkpoints")).unwrap();
     let sp_dir = sp.display().to_string();
     let r = dirs();
-    let o = run(&j.0, &r, &["-p", "3", "--from-savepoint", &sp_dir], None);
+    let flags = ["-p", "3", "--checkpoint-interval-ms", "50"];
+    let mut first = flags.to_vec();
+    first.extend(["--from-savepoint", &sp_dir]);
+    let o = run(&j.0, &r, &first, Some("after-manifest-publish=2"));
+    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
+    let o = run(&j.0, &r, &flags, None);
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(committed(&r.out), reference, "restored from the chain");
+    assert_eq!(
+        committed(&r.out),
+        reference,
+        "restored from the chain at p=3, crashed, resumed"
+    );
 
     let j4 = job("incr-chain-4", |t| {
         t.replace("state_shards = 128", "state_shards = 4")
