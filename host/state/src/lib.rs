@@ -485,12 +485,15 @@ impl StateCache {
 
     /// Starts tracking changes from now: no slot is fresh, nothing dropped.
     fn track_from_now(&mut self) {
+        // A full snapshot holds every cached key that has a value.
         for s in self.plain.values_mut() {
             s.fresh = false;
+            s.handed = true;
         }
         for m in self.namespaced.values_mut() {
             for s in m.values_mut() {
                 s.fresh = false;
+                s.handed = true;
             }
         }
         self.dropped.clear();
@@ -562,7 +565,7 @@ impl StateCache {
         if let Some(slot) = removed {
             self.bytes -= entry_cost(key.len(), slot.value.as_ref());
             Self::record_drop(
-                self.track,
+                self.track && slot.handed,
                 &mut self.dropped,
                 &mut self.dropped_bytes,
                 namespace,
@@ -632,6 +635,11 @@ struct Slot {
     /// Written since the last snapshot view (incremental snapshots: the next delta view
     /// hands it over, see [`KeyedState::delta_view`]).
     fresh: bool,
+    /// A snapshot may hold this key as present: a view handed it over, or it came from
+    /// redb, or a blind write created it in a namespace redb may hold (so the key may be
+    /// in the chain). A delete of a slot that is not is not recorded: no view ever saw the
+    /// key (a window's state written and cleared between two barriers).
+    handed: bool,
 }
 
 /// Keyed state of one operator subtask. Not thread-safe by design: a subtask owns it on
@@ -949,6 +957,7 @@ impl KeyedState {
                     value: value.map(Bytes::from_vec),
                     dirty: false,
                     fresh: false,
+                    handed: true,
                 },
             );
         }
@@ -1015,6 +1024,7 @@ impl KeyedState {
                             dirty: true,
                             in_db,
                             fresh: true,
+                            handed: in_db,
                         },
                     );
                 }
@@ -1059,6 +1069,7 @@ impl KeyedState {
                 dirty: false,
                 in_db: loaded.is_some(),
                 fresh: false,
+                handed: true,
             },
         );
         self.maybe_evict()?;
@@ -1115,6 +1126,7 @@ impl KeyedState {
                         dirty: true,
                         in_db,
                         fresh: true,
+                        handed: in_db,
                     },
                 );
             }
@@ -1490,7 +1502,7 @@ impl KeyedState {
                     let keep = s.value.is_some() || s.dirty;
                     if !keep {
                         *bytes -= entry_cost(k.len(), None);
-                        StateCache::record_drop(*track, dropped, dropped_bytes, ns, k);
+                        StateCache::record_drop(*track && s.handed, dropped, dropped_bytes, ns, k);
                     }
                     keep
                 });
@@ -1672,6 +1684,7 @@ impl KeyedState {
             for (ns, map) in maps {
                 for (k, slot) in map.iter_mut().filter(|(_, s)| s.fresh) {
                     slot.fresh = false;
+                    slot.handed = true;
                     changes.push((
                         composite_inline(shard_of(k, shard_count).0, ns, k),
                         Change::Cached(slot.value.clone()),
