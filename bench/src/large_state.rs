@@ -339,30 +339,34 @@ impl Manifest {
 fn folded_state(root: &Path, m: &Manifest) -> Result<(u64, u64)> {
     use nop_stream_checkpoint::payload;
     use std::io::{Read, Seek, SeekFrom};
-    let mut state: HashMap<Vec<u8>, u64> = HashMap::new();
-    for s in m
+    let segments: Vec<&ManifestSegment> = m
         .tasks
         .iter()
         .flat_map(|t| &t.segments)
         .filter(|s| s.state == COUNT_STATE)
-    {
+        .collect();
+    let mut bufs = Vec::with_capacity(segments.len());
+    for s in &segments {
         let path = root.join(&s.file);
         let mut f = std::fs::File::open(&path).with_context(|| format!("{}", path.display()))?;
         f.seek(SeekFrom::Start(s.offset))?;
         let mut buf = vec![0; s.len as usize];
         f.read_exact(&mut buf)
             .with_context(|| format!("{}", path.display()))?;
-        let changes = payload::decode(&s.codec, &buf)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        for (k, v) in changes {
-            // Keys of different shards never collide (a key maps to one shard).
-            match v {
-                Some(v) => state.insert(k.to_vec(), v.len() as u64),
-                None => state.remove(k),
-            };
-        }
+        bufs.push(buf);
     }
-    let bytes = state.iter().map(|(k, v)| 8 + k.len() as u64 + v).sum();
+    // Manifest order is chain order per shard, and keys of different shards never
+    // collide (a key maps to one shard), so the whole list folds as one chain.
+    let chain: Vec<(&str, &[u8])> = segments
+        .iter()
+        .zip(&bufs)
+        .map(|(s, b)| (s.codec.as_str(), b.as_slice()))
+        .collect();
+    let state = payload::fold(&chain).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let bytes = state
+        .iter()
+        .map(|(k, v)| 8 + k.len() as u64 + v.len() as u64)
+        .sum();
     Ok((state.len() as u64, bytes))
 }
 

@@ -102,6 +102,28 @@ pub fn decode<'a>(codec: &str, buf: &'a [u8]) -> Result<Vec<(&'a [u8], Option<&'
     }
 }
 
+/// The entries a chain of one (state, shard) restores to: `chain` holds its payloads with
+/// their codecs in chain order (a full payload, then its deltas, oldest first). Every key
+/// that ends up with a value, once, with its last value, in key order. `Err` as
+/// [`decode`]'s.
+#[allow(clippy::type_complexity)]
+pub fn fold<'a>(chain: &[(&str, &'a [u8])]) -> Result<Vec<(&'a [u8], &'a [u8])>, String> {
+    if let [(KV_CODEC, buf)] = chain {
+        // A lone full payload is already folded (written in key order).
+        return entries(buf).ok_or_else(|| format!("{KV_CODEC} payload is truncated or malformed"));
+    }
+    let mut folded = std::collections::BTreeMap::new();
+    for (codec, buf) in chain {
+        for (k, v) in decode(codec, buf)? {
+            folded.insert(k, v);
+        }
+    }
+    Ok(folded
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +156,32 @@ mod tests {
             decode(KV_CODEC, &full).unwrap()[0],
             (&b"a"[..], Some(&b"1"[..]))
         );
+    }
+
+    #[test]
+    fn a_chain_folds_to_each_key_s_last_value_in_key_order() {
+        let mut full = Vec::new();
+        push_item(&mut full, b"a");
+        push_item(&mut full, b"1");
+        push_item(&mut full, b"c");
+        push_item(&mut full, b"3");
+        let mut d1 = Vec::new();
+        push_change(&mut d1, b"a", None);
+        push_change(&mut d1, b"b", Some(b"2"));
+        let mut d2 = Vec::new();
+        push_change(&mut d2, b"a", Some(b"9"));
+        push_change(&mut d2, b"c", None);
+        let chain = [
+            (KV_CODEC, full.as_slice()),
+            (KV_DELTA_CODEC, d1.as_slice()),
+            (KV_DELTA_CODEC, d2.as_slice()),
+        ];
+        assert_eq!(
+            fold(&chain).unwrap(),
+            vec![(&b"a"[..], &b"9"[..]), (&b"b"[..], &b"2"[..])]
+        );
+        assert_eq!(fold(&chain[..1]).unwrap().len(), 2);
+        assert!(fold(&[(KV_DELTA_CODEC, &full[..3])]).is_err());
     }
 
     #[test]

@@ -115,45 +115,22 @@ pub(crate) struct TaskSpec {
 /// item 4): bounds the segments a restore opens even when deltas are tiny.
 pub const MAX_DELTAS: u32 = 16;
 
-/// One operator's keyed-state chain as of its last snapshot: the descriptors a manifest
-/// lists for it (a full snapshot's payloads, then each delta's, oldest first).
-#[derive(Debug, Clone, Default)]
-struct Chain {
-    descriptors: Vec<SegmentDescriptor>,
-    /// Bytes of the full snapshot's payloads.
-    full_bytes: u64,
-    /// Bytes of the deltas' payloads.
-    delta_bytes: u64,
-    /// Deltas in the chain.
-    deltas: u32,
-}
-
-impl Chain {
-    /// The chain a restore read (in the manifest's order): the full payloads', then the
-    /// deltas' descriptors. Its delta count is that of the files they lie in.
-    fn restored(descriptors: &[SegmentDescriptor]) -> Chain {
-        let (mut full_bytes, mut delta_bytes) = (0, 0);
-        let mut delta_files = std::collections::BTreeSet::new();
-        for d in descriptors {
-            if d.codec == payload::KV_DELTA_CODEC {
-                delta_bytes += d.len;
-                delta_files.insert(d.file.as_str());
-            } else {
-                full_bytes += d.len;
-            }
-        }
-        Chain {
-            descriptors: descriptors.to_vec(),
-            full_bytes,
-            delta_bytes,
-            deltas: delta_files.len() as u32,
+/// Whether the next snapshot of an operator may be a delta on top of `chain`, its
+/// keyed-state descriptors as of its last snapshot (a full snapshot's payloads, then each
+/// delta's, oldest first): fewer than [`MAX_DELTAS`] deltas (one file each), and fewer
+/// delta bytes than full ones.
+fn extendable(chain: &[SegmentDescriptor]) -> bool {
+    let (mut full_bytes, mut delta_bytes) = (0, 0);
+    let mut delta_files = std::collections::BTreeSet::new();
+    for d in chain {
+        if d.codec == payload::KV_DELTA_CODEC {
+            delta_bytes += d.len;
+            delta_files.insert(d.file.as_str());
+        } else {
+            full_bytes += d.len;
         }
     }
-
-    /// Whether the next snapshot may be a delta on top of this chain.
-    fn extendable(&self) -> bool {
-        self.deltas < MAX_DELTAS && self.delta_bytes < self.full_bytes
-    }
+    delta_files.len() < MAX_DELTAS as usize && delta_bytes < full_bytes
 }
 
 enum Stage {
@@ -228,9 +205,9 @@ struct Task {
     in_flight: Option<InFlightSnapshot>,
     /// See [`TaskSpec::async_snapshots`].
     async_snapshots: bool,
-    /// Per stage, its keyed-state chain as of the last joined snapshot (`None`: no
-    /// snapshot yet, or not incremental).
-    chains: Vec<Option<Chain>>,
+    /// Per stage, its keyed-state chain as of the last joined snapshot (see
+    /// [`extendable`]; `None`: no snapshot yet, or not incremental).
+    chains: Vec<Option<Vec<SegmentDescriptor>>>,
     id: TaskId,
     attempt: AttemptId,
     stages: Vec<Stage>,
@@ -356,6 +333,14 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         sites.push(s.options.site.clone());
         operator_ids.push(s.operator_id.clone());
     }
+    // Before the restore: a restored state tracks its changes from the restored chain.
+    for stage in &mut stages {
+        if let Stage::Operator(op) = stage
+            && let Some(ks) = op.state_mut()
+        {
+            ks.set_incremental(incremental_snapshots);
+        }
+    }
     // Restore keyed state and timers (the `__timers` state) of each stateful operator from
     // the segments the restore plan names; the task reads them itself (design §2.5).
     let restore_started = std::time::Instant::now();
@@ -375,7 +360,6 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
                 &states,
             )?;
             if let Some(ks) = op.state_mut() {
-                ks.set_incremental(incremental_snapshots);
                 ks.restore(&state).map_err(|e| RuntimeError::Io {
                     path: format!("checkpoint of operator `{}`", sites[i].operator),
                     message: format!("cannot restore keyed state: {e}"),
@@ -390,7 +374,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             if incremental_snapshots {
                 // The state is exactly the restored chain's: the next snapshot may be a
                 // delta on top of it.
-                restored_chains[i] = Some(Chain::restored(segments));
+                restored_chains[i] = Some(segments.clone());
             }
         }
     }
@@ -403,13 +387,6 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             elapsed_ms = restore_started.elapsed().as_secs_f64() * 1000.0,
             "task state restored"
         );
-    }
-    for stage in &mut stages {
-        if let Stage::Operator(op) = stage
-            && let Some(ks) = op.state_mut()
-        {
-            ks.set_incremental(incremental_snapshots);
-        }
     }
     failpoint::hit("during-restore");
     for c in &mut inputs {
@@ -811,7 +788,7 @@ struct OperatorSnapshot {
     keyed: Option<(SnapshotView, Vec<nop_stream_api::StateDescriptor>)>,
     /// The chain a delta view extends (its descriptors come first in the manifest);
     /// unused for a full view.
-    chain: Chain,
+    chain: Vec<SegmentDescriptor>,
     /// Operator state: (state name, schema version, `kv-lp/1` payload, entries).
     operator_state: Vec<(String, u32, Vec<u8>, u64)>,
 }
@@ -823,7 +800,7 @@ struct WrittenStage {
     /// The expired TTL keys its scan left out.
     expired: ExpiredKeys,
     /// Its keyed-state chain as this snapshot left it (`None`: no keyed state).
-    chain: Option<Chain>,
+    chain: Option<Vec<SegmentDescriptor>>,
 }
 
 /// What [`write_segments`] leaves for the task thread, per operator.
@@ -901,14 +878,7 @@ fn write_segments(
         };
         if let Some((view, descs)) = keyed {
             // A delta extends the chain; a full snapshot starts a new one.
-            let mut chain = if view.is_delta() {
-                chain
-            } else {
-                Chain::default()
-            };
-            let delta = view.is_delta();
-            let segments = &mut chain.descriptors;
-            let (mut full_bytes, mut delta_bytes) = (0u64, 0u64);
+            let mut chain = if view.is_delta() { chain } else { Vec::new() };
             let expired = view
                 .write(&mut |s: ShardSnapshot| {
                     if abort.load(Ordering::Relaxed) {
@@ -916,12 +886,7 @@ fn write_segments(
                     }
                     let d = &descs[s.state as usize];
                     let at = out.append(&s.payload)?;
-                    *if s.delta {
-                        &mut delta_bytes
-                    } else {
-                        &mut full_bytes
-                    } += s.payload.len() as u64;
-                    segments.push(descriptor(
+                    chain.push(descriptor(
                         nop_stream_checkpoint::names::state_path(
                             namespace, epoch, &op_id, subtask, s.shard.0, &d.name,
                         ),
@@ -939,12 +904,7 @@ fn write_segments(
                     Ok(())
                 })
                 .map_err(|e| io(e.to_string()))?;
-            chain.full_bytes += full_bytes;
-            chain.delta_bytes += delta_bytes;
-            if delta && delta_bytes > 0 {
-                chain.deltas += 1;
-            }
-            snapshot.segments.extend(chain.descriptors.iter().cloned());
+            snapshot.segments.extend(chain.iter().cloned());
             written.push(WrittenStage {
                 stage,
                 expired,
@@ -1473,7 +1433,7 @@ impl Task {
                     };
                     // A delta when the chain may grow and the state knows its changes.
                     let delta = match &self.chains[i] {
-                        Some(c) if c.extendable() => ks.delta_view().map_err(io)?,
+                        Some(c) if extendable(c) => ks.delta_view().map_err(io)?,
                         _ => None,
                     };
                     let view = match delta {

@@ -463,6 +463,14 @@ impl StateCache {
         self.plain.len() + self.namespaced.values().map(HashMap::len).sum::<usize>()
     }
 
+    /// Drops every cached entry (the redb namespace knowledge stays) and what was tracked.
+    fn clear(&mut self) {
+        self.plain.clear();
+        self.namespaced.clear();
+        self.bytes = 0;
+        self.untrack();
+    }
+
     /// Records that the slot of (namespace, key) left the cache, if tracking.
     fn record_drop(
         track: bool,
@@ -1764,7 +1772,7 @@ impl KeyedState {
     pub fn restore(&mut self, shards: &[ShardSnapshot]) -> Result<()> {
         self.tracking = false;
         for c in &mut self.cache {
-            c.untrack();
+            c.clear();
         }
         // The payloads of each (state, shard) in the order given: its chain.
         let mut chains: std::collections::BTreeMap<(u32, u32), Vec<&ShardSnapshot>> =
@@ -1787,38 +1795,20 @@ impl KeyedState {
         let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
         txn.set_durability(redb::Durability::None)
             .map_err(|e| db_err(&self.path, e))?;
-        for c in &mut self.cache {
-            c.plain.clear();
-            c.namespaced.clear();
-            c.bytes = 0;
-        }
         for ((state, shard), chain) in chains {
             let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
-            let mut decoded = Vec::with_capacity(chain.len());
-            for s in &chain {
-                let codec = if s.delta {
-                    payload::KV_DELTA_CODEC
-                } else {
-                    payload::KV_CODEC
-                };
-                decoded.push(payload::decode(codec, &s.payload).map_err(|_| corrupt())?);
-            }
-            // Each key once, with its last change (a lone full payload is already so).
-            let entries: Vec<(&[u8], &[u8])> = if let [only] = decoded.as_slice()
-                && !chain[0].delta
-            {
-                only.iter().filter_map(|(k, v)| Some((*k, (*v)?))).collect()
-            } else {
-                let mut folded: std::collections::BTreeMap<&[u8], Option<&[u8]>> =
-                    std::collections::BTreeMap::new();
-                for (k, v) in decoded.iter().flatten() {
-                    folded.insert(k, *v);
-                }
-                folded
-                    .into_iter()
-                    .filter_map(|(k, v)| Some((k, v?)))
-                    .collect()
-            };
+            let payloads: Vec<(&str, &[u8])> = chain
+                .iter()
+                .map(|s| {
+                    let codec = if s.delta {
+                        payload::KV_DELTA_CODEC
+                    } else {
+                        payload::KV_CODEC
+                    };
+                    (codec, s.payload.as_slice())
+                })
+                .collect();
+            let entries = payload::fold(&payloads).map_err(|_| corrupt())?;
             let def: TableDefinition<&[u8], &[u8]> =
                 TableDefinition::new(&self.states[state as usize].name);
             let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
@@ -1853,9 +1843,9 @@ impl KeyedState {
         Ok(())
     }
 
-    /// Every (namespace, key) `state` holds in the owned shards (in redb or in the working
-    /// set; values of TTL states are not judged), in table order (shard, namespace, key).
-    /// Used to rebuild the timer index after a restore.
+    /// Every (namespace, key) stored for `state` in the owned shards, after a flush, in
+    /// table order (shard, namespace, key). Used to rebuild the timer index after a
+    /// restore.
     ///
     /// # Errors
     /// Unknown handle, a corrupt table key, or a database failure.
@@ -1866,34 +1856,18 @@ impl KeyedState {
             .ok_or(StateError::UnknownHandle(state))?
             .name
             .clone();
-        // Table key -> whether it holds a value: redb's entries, then the working set's
-        // slots over them (no flush: a read needs none).
-        let mut keys: std::collections::BTreeMap<Vec<u8>, bool> = std::collections::BTreeMap::new();
+        self.flush(false)?;
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&name);
-        match txn.open_table(def) {
-            Ok(table) => {
-                for entry in table.iter().map_err(|e| db_err(&self.path, e))? {
-                    let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
-                    keys.insert(k.value().to_vec(), true);
-                }
-            }
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
+        let table = match txn.open_table(def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
             Err(e) => return Err(db_err(&self.path, e)),
-        }
-        let cache = &self.cache[state as usize];
-        let maps = std::iter::once((&[][..], &cache.plain))
-            .chain(cache.namespaced.iter().map(|(ns, m)| (ns.as_slice(), m)));
-        for (ns, map) in maps {
-            for (k, slot) in map {
-                keys.insert(
-                    composite(shard_of(k, self.shard_count).0, ns, k),
-                    slot.value.is_some(),
-                );
-            }
-        }
+        };
         let mut out = Vec::new();
-        for (k, _) in keys.into_iter().filter(|(_, live)| *live) {
+        for entry in table.iter().map_err(|e| db_err(&self.path, e))? {
+            let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
+            let k = k.value();
             let corrupt = || StateError::Corrupt(name.clone());
             let ns_len = k
                 .get(4..8)
