@@ -11,7 +11,8 @@
 //! `savepoint-write` (each step of writing a savepoint directory: every segment file,
 //! the manifest, `savepoint.json`, the final rename), `async-snapshot-write` (each segment
 //! file of a task's snapshot, written but not yet durable; on the background snapshot
-//! thread with asynchronous snapshots).
+//! thread with asynchronous snapshots), `compaction-write` (a background compaction's
+//! file, written but not yet durable).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

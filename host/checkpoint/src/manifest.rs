@@ -136,6 +136,11 @@ pub struct TaskSnapshot {
     /// manifests when `0`, so manifests written before it keep their checksums.
     #[serde(default)]
     pub async_ms: u64,
+    /// Bytes of full payloads a background compaction of incremental snapshots wrote
+    /// since the task's previous snapshot (issue 14 item 4): the compacted chains this
+    /// snapshot adopted. Not part of `snapshot_bytes`. Absent from manifests when `0`.
+    #[serde(default)]
+    pub compacted_bytes: u64,
 }
 
 /// JSON (manifests) leaves out an empty `operator_state` and a zero `async_ms`, so
@@ -148,7 +153,8 @@ impl Serialize for TaskSnapshot {
         let readable = s.is_human_readable();
         let skip = readable && self.operator_state.is_empty();
         let skip_async = readable && self.async_ms == 0;
-        let fields = 14 - usize::from(skip) - usize::from(skip_async);
+        let skip_compacted = readable && self.compacted_bytes == 0;
+        let fields = 15 - usize::from(skip) - usize::from(skip_async) - usize::from(skip_compacted);
         let mut st = s.serialize_struct("TaskSnapshot", fields)?;
         st.serialize_field("task", &self.task)?;
         st.serialize_field("epoch", &self.epoch)?;
@@ -171,6 +177,11 @@ impl Serialize for TaskSnapshot {
             st.skip_field("async_ms")?;
         } else {
             st.serialize_field("async_ms", &self.async_ms)?;
+        }
+        if skip_compacted {
+            st.skip_field("compacted_bytes")?;
+        } else {
+            st.serialize_field("compacted_bytes", &self.compacted_bytes)?;
         }
         st.end()
     }

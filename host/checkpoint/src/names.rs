@@ -35,6 +35,35 @@ pub fn segment_file(epoch: u64, operator_id: &str, subtask: u32, attempt: u32) -
     )
 }
 
+/// The segment file a background compaction of incremental snapshots (issue 14 item 4)
+/// writes for one subtask's chain of `operator_id`: the full payloads folded from the
+/// chain a barrier of `epoch` saw, put in the directory of `dir_epoch` (the epoch of the
+/// chain's newest file, which every manifest references until one adopts the compacted
+/// chain, so retention never deletes the directory under it):
+/// `segments/<dir_epoch>/<operator>/<subtask>.a<attempt>.c<epoch>.seg`.
+pub fn compacted_segment_file(
+    dir_epoch: u64,
+    operator_id: &str,
+    subtask: u32,
+    attempt: u32,
+    epoch: u64,
+) -> String {
+    format!(
+        "segments/{dir_epoch}/{}/{subtask}.a{attempt}.c{epoch}.seg",
+        component(operator_id)
+    )
+}
+
+/// The epoch directory a segment file `rel` lies in (`segments/<epoch>/...`), if it is
+/// one.
+pub fn segment_dir_epoch(rel: &str) -> Option<u64> {
+    rel.strip_prefix("segments/")?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The packed segment file an offline migration (`savepoint migrate`, or a restore with
 /// actions) writes for `operator_id` in a savepoint of `epoch` when it rewrites that
 /// operator's state at `shards` shards (a reshard or a migrate-state, issue 11): one file
@@ -101,6 +130,10 @@ mod tests {
             segment_file(7, "operators/agg", 1, 3),
             "segments/7/operators%2Fagg/1.a3.seg"
         );
+        let compacted = compacted_segment_file(5, "operators/agg", 1, 3, 9);
+        assert_eq!(compacted, "segments/5/operators%2Fagg/1.a3.c9.seg");
+        assert_eq!(segment_dir_epoch(&compacted), Some(5));
+        assert_eq!(segment_dir_epoch("elsewhere/5/x.seg"), None);
     }
 
     proptest! {

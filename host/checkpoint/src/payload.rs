@@ -112,11 +112,46 @@ pub fn fold<'a>(chain: &[(&str, &'a [u8])]) -> Result<Vec<(&'a [u8], &'a [u8])>,
         // A lone full payload is already folded (written in key order).
         return entries(buf).ok_or_else(|| format!("{KV_CODEC} payload is truncated or malformed"));
     }
-    let mut folded = std::collections::BTreeMap::new();
-    for (codec, buf) in chain {
-        for (k, v) in decode(codec, buf)? {
-            folded.insert(k, v);
+    let decoded = chain
+        .iter()
+        .map(|(codec, buf)| decode(codec, buf))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sorted = |p: &[(&[u8], Option<&[u8]>)]| p.windows(2).all(|w| w[0].0 < w[1].0);
+    let mut folded: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
+    if decoded.iter().all(|p| sorted(p)) {
+        // Every payload is written in key order: merge them pairwise, oldest first, a
+        // newer change winning a tie (linear, where a map would pay a search per key).
+        for newer in decoded {
+            let older = std::mem::take(&mut folded);
+            let mut merged = Vec::with_capacity(older.len() + newer.len());
+            let (mut a, mut b) = (older.into_iter().peekable(), newer.into_iter().peekable());
+            loop {
+                let next = match (a.peek(), b.peek()) {
+                    (Some(x), Some(y)) => match x.0.cmp(y.0) {
+                        std::cmp::Ordering::Less => a.next(),
+                        std::cmp::Ordering::Greater => b.next(),
+                        std::cmp::Ordering::Equal => {
+                            a.next();
+                            b.next()
+                        }
+                    },
+                    (Some(_), None) => a.next(),
+                    (None, _) => b.next(),
+                };
+                match next {
+                    Some(e) => merged.push(e),
+                    None => break,
+                }
+            }
+            folded = merged;
         }
+    } else {
+        // Not in key order (never written so by this host): fold through a map.
+        let mut map = std::collections::BTreeMap::new();
+        for (k, v) in decoded.into_iter().flatten() {
+            map.insert(k, v);
+        }
+        folded = map.into_iter().collect();
     }
     Ok(folded
         .into_iter()
@@ -182,6 +217,58 @@ mod tests {
         );
         assert_eq!(fold(&chain[..1]).unwrap().len(), 2);
         assert!(fold(&[(KV_DELTA_CODEC, &full[..3])]).is_err());
+    }
+
+    proptest::proptest! {
+        /// The merge of sorted payloads equals a map's fold, and so does the fallback for
+        /// payloads out of key order.
+        #[test]
+        fn the_fold_is_each_key_s_last_change(
+            chain in proptest::collection::vec(
+                proptest::collection::btree_map(0u8..40, proptest::option::of(0u8..4), 0..30),
+                1..6,
+            ),
+            shuffle in proptest::bool::ANY,
+        ) {
+            let mut model = std::collections::BTreeMap::new();
+            let mut bufs = Vec::new();
+            for (i, changes) in chain.iter().enumerate() {
+                let mut buf = Vec::new();
+                let mut entries: Vec<_> = changes.iter().collect();
+                if shuffle && i > 0 {
+                    // A delta out of key order (a full payload is always in key order).
+                    entries.reverse();
+                }
+                for (k, v) in entries {
+                    let v = v.map(|v| [v]);
+                    if i == 0 {
+                        // The first payload is full: only puts.
+                        push_item(&mut buf, &[*k]);
+                        push_item(&mut buf, &v.unwrap_or([9]));
+                        model.insert(vec![*k], Some(v.unwrap_or([9]).to_vec()));
+                    } else {
+                        push_change(&mut buf, &[*k], v.as_ref().map(|v| &v[..]));
+                        model.insert(vec![*k], v.map(|v| v.to_vec()));
+                    }
+                }
+                bufs.push(buf);
+            }
+            let with_codecs: Vec<(&str, &[u8])> = bufs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (if i == 0 { KV_CODEC } else { KV_DELTA_CODEC }, b.as_slice()))
+                .collect();
+            let got: Vec<(Vec<u8>, Vec<u8>)> = fold(&with_codecs)
+                .unwrap()
+                .into_iter()
+                .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                .collect();
+            let want: Vec<(Vec<u8>, Vec<u8>)> = model
+                .into_iter()
+                .filter_map(|(k, v)| Some((k, v?)))
+                .collect();
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 
     #[test]

@@ -428,12 +428,7 @@ impl CheckpointStorage for LocalStorage {
         for e in &kept {
             for t in self.read_manifest(*e)?.tasks {
                 for s in t.segments.iter().chain(&t.operator_state) {
-                    if let Some(dir) = s
-                        .file
-                        .strip_prefix("segments/")
-                        .and_then(|f| f.split('/').next())
-                        .and_then(|d| d.parse::<u64>().ok())
-                    {
+                    if let Some(dir) = crate::names::segment_dir_epoch(&s.file) {
                         referenced.insert(EpochId(dir));
                     }
                 }
@@ -745,6 +740,7 @@ mod tests {
                 alignment_ms: 0,
                 duration_ms: 0,
                 async_ms: 0,
+                compacted_bytes: 0,
             });
             m.seal();
             if e != 4 {

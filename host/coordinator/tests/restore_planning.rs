@@ -53,6 +53,7 @@ fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
                 alignment_ms: 0,
                 duration_ms: 0,
                 async_ms: 0,
+                compacted_bytes: 0,
             };
             if vi == agg {
                 let op = &v.operators[0].operator_id;

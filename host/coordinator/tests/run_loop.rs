@@ -133,6 +133,7 @@ impl Scripted {
             alignment_ms: 0,
             duration_ms: 0,
             async_ms: 0,
+            compacted_bytes: 0,
         }
     }
 }

@@ -138,6 +138,7 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
         alignment_ms: 0,
         duration_ms: 0,
         async_ms: 0,
+        compacted_bytes: 0,
     };
     let e: TaskEvent = TaskEvent::Ack {
         attempt: AttemptId(2),
@@ -153,6 +154,7 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
     // manifest written before the field re-serialises to the same bytes (checksum).
     let timed = TaskSnapshot {
         async_ms: 1_234,
+        compacted_bytes: 5_678,
         ..snapshot.clone()
     };
     let e: TaskEvent = TaskEvent::Ack {
@@ -165,12 +167,15 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
         panic!("not an ack");
     };
     assert_eq!(got.async_ms, 1_234);
+    assert_eq!(got.compacted_bytes, 5_678);
     let old_json = serde_json::to_string(&snapshot).unwrap();
     assert!(!old_json.contains("async_ms"), "{old_json}");
+    assert!(!old_json.contains("compacted_bytes"), "{old_json}");
     let reread: TaskSnapshot = serde_json::from_str(&old_json).unwrap();
     assert_eq!(serde_json::to_string(&reread).unwrap(), old_json);
     let new_json = serde_json::to_string(&timed).unwrap();
     assert!(new_json.contains("\"async_ms\":1234"), "{new_json}");
+    assert!(new_json.contains("\"compacted_bytes\":5678"), "{new_json}");
     assert_eq!(
         serde_json::from_str::<TaskSnapshot>(&new_json).unwrap(),
         timed

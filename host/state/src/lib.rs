@@ -1,10 +1,12 @@
 //! Keyed state of one operator subtask (design §3.4, §8).
 //!
-//! [`KeyedState`] keeps the epoch's working set in memory and writes it to a redb
-//! database in one transaction on [`KeyedState::flush`] (at a barrier, at the end of
-//! input, or when the working set exceeds its budget), reading through to redb on a
-//! miss. A redb read-modify-write per record would cap throughput near 1.2 M records/s
-//! (design §8), so the hot path never touches redb per record.
+//! [`KeyedState`] keeps a working set in memory and writes it to a redb database in one
+//! transaction on [`KeyedState::flush`] (at a full snapshot's barrier, or when the working
+//! set exceeds its budget), reading through to redb on a miss. With incremental snapshots
+//! and no budget nothing flushes: a delta view copies the changed entries, background
+//! compactions make the full payloads, and the database stays empty. A redb
+//! read-modify-write per record would cap throughput near 1.2 M records/s (design §8), so
+//! the hot path never touches redb per record.
 //!
 //! Every key is routed to its StateShard (`xxh3-64(key) mod stateShardCount`); a key whose
 //! shard this subtask does not own is refused with [`StateError::KeyOutsideShards`], which
@@ -24,10 +26,10 @@
 //! plugin wrote; the prefix never reaches the plugin. The semantics are Flink's defaults
 //! (`StateTtlConfig` with `OnCreateAndWrite`, `NeverReturnExpired`, full-snapshot
 //! cleanup): a write (put, append, map update) restarts the entry's lifetime, reads do
-//! not; an entry whose `write time + ttl <= now` reads as absent; every snapshot leaves
-//! expired entries out and deletes them from redb, so neither checkpoints nor the database
-//! keep them (an asynchronous snapshot's scan only collects them; the next flush deletes
-//! those still expired, see [`KeyedState::remove_expired_later`]). Lists and maps expire
+//! not; an entry whose `write time + ttl <= now` reads as absent; every full snapshot and
+//! every compaction leaves expired entries out (a delta, those among its changed keys) and
+//! they are then removed from the working set and redb, so neither checkpoints nor the
+//! state keep them (see [`KeyedState::remove_expired_later`]). Lists and maps expire
 //! as a whole per key and namespace. Time is processing time ([`KeyedState::set_clock`]
 //! replaces the system clock in tests).
 //!
@@ -130,6 +132,18 @@ pub struct ShardSnapshot {
     pub payload: Vec<u8>,
     /// Whether `payload` is a delta (`kv-delta/1`) rather than a full payload (`kv-lp/1`).
     pub delta: bool,
+}
+
+impl ShardSnapshot {
+    /// The codec of its payload: [`payload::KV_DELTA_CODEC`] for a delta, else
+    /// [`payload::KV_CODEC`].
+    pub fn codec(&self) -> &'static str {
+        if self.delta {
+            payload::KV_DELTA_CODEC
+        } else {
+            payload::KV_CODEC
+        }
+    }
 }
 
 /// A frozen, point-in-time view of one subtask's keyed state, made by
@@ -327,6 +341,69 @@ impl SnapshotView {
             }
         }
         Ok(())
+    }
+}
+
+/// Folds chains of snapshot payloads into full payloads off the task thread: the
+/// background compaction of incremental snapshots (issue 14 item 4, "full snapshots
+/// compacted in the background"). Made by [`KeyedState::compactor`]; `Send`, and
+/// independent of the state it came from (it reads nothing but the payloads it is given).
+/// TTL states' entries expired at its time are left out and listed, as a full view's
+/// scan leaves them out ([`Self::into_expired`]).
+#[derive(Debug)]
+pub struct Compactor {
+    ttl: Vec<Option<u64>>,
+    expired: ExpiredKeys,
+}
+
+impl Compactor {
+    /// Folds one (state, shard) chain (`chain`: its payloads with their codecs, a full
+    /// payload then its deltas, oldest first, as a manifest lists them) into one full
+    /// `kv-lp/1` payload: each key's last value, in key order, without deletes and without
+    /// entries of a TTL state expired at the compactor's time. `None` when nothing is
+    /// left.
+    ///
+    /// # Errors
+    /// [`StateError::Snapshot`] naming `state_name`: an unknown codec or a malformed
+    /// payload ([`payload::fold`]).
+    pub fn fold(
+        &mut self,
+        state: u32,
+        state_name: &str,
+        shard: StateShardId,
+        chain: &[(&str, &[u8])],
+    ) -> Result<Option<ShardSnapshot>> {
+        let folded = payload::fold(chain).map_err(|message| StateError::Snapshot {
+            state: state_name.to_owned(),
+            message,
+        })?;
+        let ttl = self.ttl.get(state as usize).copied().flatten();
+        let mut out = Vec::new();
+        let mut entries = 0u64;
+        for (k, v) in folded {
+            if live(v, ttl, self.expired.now).is_none() {
+                let mut key = Vec::with_capacity(4 + k.len());
+                key.extend_from_slice(&shard.0.to_be_bytes());
+                key.extend_from_slice(k);
+                self.expired.keys.push((state as usize, key));
+                continue;
+            }
+            payload::push_item(&mut out, k);
+            payload::push_item(&mut out, v);
+            entries += 1;
+        }
+        Ok((entries > 0).then_some(ShardSnapshot {
+            shard,
+            state,
+            entries,
+            payload: out,
+            delta: false,
+        }))
+    }
+
+    /// The expired entries the folds left out, for [`KeyedState::remove_expired_later`].
+    pub fn into_expired(self) -> ExpiredKeys {
+        self.expired
     }
 }
 
@@ -556,6 +633,23 @@ impl StateCache {
         self.opened_non_empty || self.in_db.contains(namespace)
     }
 
+    /// Caches `value` for `key` as a restore does: written (dirty: redb does not hold it)
+    /// and handed (the restored chain holds it), replacing any slot of the key.
+    fn put_restored(&mut self, namespace: &[u8], key: &[u8], value: &[u8]) {
+        let slot = Slot {
+            value: Some(Bytes::from_slice(value)),
+            dirty: true,
+            in_db: false,
+            fresh: false,
+            handed: true,
+        };
+        let cost = entry_cost(key.len(), slot.value.as_ref());
+        if let Some(old) = self.map_mut(namespace).insert(Bytes::from_slice(key), slot) {
+            self.bytes -= entry_cost(key.len(), old.value.as_ref());
+        }
+        self.bytes += cost;
+    }
+
     /// Removes the slot of `key` (a delete of a value redb never held).
     fn remove(&mut self, namespace: &[u8], key: &[u8]) {
         let removed = if namespace.is_empty() {
@@ -609,6 +703,23 @@ fn composite(shard: u32, namespace: &[u8], key: &[u8]) -> Vec<u8> {
     k.extend_from_slice(namespace);
     k.extend_from_slice(key);
     k
+}
+
+/// The entries one (state, shard) chain of snapshot payloads restores to
+/// ([`payload::fold`]); `None` if a payload is malformed.
+fn fold_chain<'a>(chain: &[&'a ShardSnapshot]) -> Option<Vec<(&'a [u8], &'a [u8])>> {
+    let payloads: Vec<(&str, &[u8])> = chain
+        .iter()
+        .map(|s| (s.codec(), s.payload.as_slice()))
+        .collect();
+    payload::fold(&payloads).ok()
+}
+
+/// An entry key of a payload (`namespace length (u32 BE) | namespace | key`) split into
+/// namespace and key; `None` if it is malformed.
+fn split_entry_key(k: &[u8]) -> Option<(&[u8], &[u8])> {
+    let n = u32::from_be_bytes(k.get(..4)?.try_into().ok()?) as usize;
+    Some((k.get(4..4 + n)?, k.get(4 + n..)?))
 }
 
 /// Processing time in ms since the Unix epoch.
@@ -675,8 +786,9 @@ pub struct KeyedState {
     /// Whether [`KeyedState::snapshot_view`] starts tracking changes for delta views.
     incremental: bool,
     /// Whether changes since the last view are known (fresh slots and the caches'
-    /// `dropped` sets): a full view was taken since the state was opened or restored and
-    /// tracking was not dropped past the budget. Otherwise the next view must be full.
+    /// `dropped` sets): the state was empty when incremental snapshots were turned on, or
+    /// a full view was taken or a restore done since, and tracking was not dropped past
+    /// the budget. Otherwise the next view must be full.
     tracking: bool,
 }
 
@@ -1525,14 +1637,8 @@ impl KeyedState {
         let removed = self.delete_still_expired(&txn)?;
         txn.commit().map_err(|e| db_err(&self.path, e))?;
         for (i, k) in &removed {
-            // Table key: shard (4) | namespace length (4) | namespace | key.
-            let Some(ns_len) = k
-                .get(4..8)
-                .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
-            else {
-                continue;
-            };
-            if let (Some(ns), Some(key)) = (k.get(8..8 + ns_len), k.get(8 + ns_len..)) {
+            // Table key: shard (4) | entry key.
+            if let Some((ns, key)) = k.get(4..).and_then(split_entry_key) {
                 self.cache[*i].remove(ns, key);
             }
         }
@@ -1719,14 +1825,30 @@ impl KeyedState {
         }
     }
 
-    /// Turns change tracking for [`Self::delta_view`] on or off (default off). Tracking
-    /// starts at the next [`Self::snapshot_view`]; turning it off drops what was tracked.
+    /// Turns change tracking for [`Self::delta_view`] on or off (default off). On an
+    /// empty state (a database opened empty, nothing written yet) tracking starts at once:
+    /// its first delta holds every key written since, the whole state on top of nothing,
+    /// so even a subtask's first snapshot need not flush. Otherwise it starts at the next
+    /// [`Self::snapshot_view`] or [`Self::restore`]. Turning it off drops what was
+    /// tracked.
     pub fn set_incremental(&mut self, on: bool) {
         self.incremental = on;
         if !on {
             self.tracking = false;
             for c in &mut self.cache {
                 c.untrack();
+            }
+        } else if !self.tracking
+            && self.cache.iter().all(|c| {
+                !c.opened_non_empty
+                    && c.in_db.is_empty()
+                    && c.plain.is_empty()
+                    && c.namespaced.is_empty()
+            })
+        {
+            self.tracking = true;
+            for c in &mut self.cache {
+                c.track_from_now();
             }
         }
     }
@@ -1745,27 +1867,69 @@ impl KeyedState {
         })
     }
 
-    /// Queues the expired keys a [`SnapshotView::write`] found for deletion by the next
-    /// [`Self::flush`] (the next barrier's, an eviction's, or any other), in that flush's
-    /// transaction. A key is deleted only if its stored value is still expired at the
-    /// time the snapshot judged it, so a key written after the view was taken stays.
-    /// Until then the entries stay in redb but read as absent, as every expired entry does.
+    /// A [`Compactor`] judging TTL expiry at the current processing time.
+    pub fn compactor(&self) -> Compactor {
+        Compactor {
+            ttl: self.ttl.clone(),
+            expired: ExpiredKeys {
+                keys: Vec::new(),
+                now: (self.clock)(),
+            },
+        }
+    }
+
+    /// Removes the expired keys a [`SnapshotView::write`] or a [`Compactor`] found. A key
+    /// is removed only if its value is still expired at the time they were judged at, so
+    /// a key written since stays. A key only the working set holds (redb never did) leaves
+    /// it at once: without a memory budget, incremental snapshots never flush, so this is
+    /// what keeps a TTL state's working set bounded. A key redb may hold is queued for
+    /// deletion by the next [`Self::flush`] (a full snapshot's, an eviction's, or any
+    /// other), in that flush's transaction; until then it reads as absent, as every
+    /// expired entry does.
     pub fn remove_expired_later(&mut self, expired: ExpiredKeys) {
-        if !expired.keys.is_empty() {
-            self.pending_expired.push(expired);
+        let now = expired.now;
+        let mut later = Vec::new();
+        for (i, k) in expired.keys {
+            let Some(ttl) = self.ttl.get(i).copied().flatten() else {
+                continue;
+            };
+            let Some((ns, key)) = k.get(4..).and_then(split_entry_key) else {
+                continue;
+            };
+            let cache = &mut self.cache[i];
+            match cache.map(ns).and_then(|m| m.get(key)) {
+                Some(slot) if !slot.in_db && !cache.maybe_in_db(ns) => {
+                    let still = slot
+                        .value
+                        .as_deref()
+                        .is_some_and(|v| live(v, Some(ttl), now).is_none());
+                    if still {
+                        cache.remove(ns, key);
+                        self.expired_removed += 1;
+                    }
+                }
+                _ => later.push((i, k)),
+            }
+        }
+        if !later.is_empty() {
+            self.pending_expired.push(ExpiredKeys { keys: later, now });
         }
     }
 
     /// Loads shard payloads produced by [`Self::snapshot`] or [`SnapshotView::write`]
-    /// (possibly by another subtask when shards moved, design §10.5) into redb, in one
-    /// non-durable write transaction (a crash restores again from the checkpoint), and
-    /// empties the working set. The payloads of one (shard, state) must come in chain
-    /// order: the full one, then its deltas ([`ShardSnapshot::delta`]), oldest first; they
-    /// are folded in memory first, so each key is inserted once, in key order, with its
-    /// last value (a delete drops it). Entries of shards this subtask does not own are
-    /// refused. With incremental snapshots on ([`Self::set_incremental`], set before
-    /// restoring), tracking starts at the restored state, so the next snapshot may be a
-    /// delta on top of the restored chain.
+    /// (possibly by another subtask when shards moved, design §10.5), replacing the
+    /// working set. The payloads of one (shard, state) must come in chain order: the full
+    /// one (if any), then its deltas ([`ShardSnapshot::delta`]), oldest first. Entries of
+    /// shards this subtask does not own are refused.
+    ///
+    /// With incremental snapshots on ([`Self::set_incremental`], set before restoring)
+    /// and no memory budget, the chains are applied in order to the working set itself
+    /// (nothing flushes it afterwards: compactions make the full payloads), as written
+    /// entries redb does not hold. Otherwise each chain is folded in memory and every key
+    /// inserted into redb once, in key order, in one non-durable write transaction (a
+    /// crash restores again from the checkpoint). With incremental snapshots on, tracking
+    /// starts at the restored state, so the next snapshot may be a delta on top of the
+    /// restored chain.
     ///
     /// # Errors
     /// Unknown state, a foreign shard, a corrupt payload or a database failure.
@@ -1791,24 +1955,44 @@ impl KeyedState {
             }
             chains.entry((s.state, s.shard.0)).or_default().push(s);
         }
+        // Without a memory budget, incremental snapshots never flush the working set (a
+        // compaction makes the full payloads off the task thread), so each chain is applied
+        // in order straight to the working set (no fold first): as written (dirty, redb
+        // does not hold them) and handed (the chain holds them, so a delete must reach the
+        // next delta). With a budget, or with a full snapshot each epoch (which would write
+        // them all to redb at the first barrier), into redb.
+        if self.incremental && self.working_set_bytes.is_none() {
+            for ((state, shard), chain) in chains {
+                let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
+                let cache = &mut self.cache[state as usize];
+                for s in chain {
+                    let changes = payload::decode(s.codec(), &s.payload).map_err(|_| corrupt())?;
+                    for (k, v) in changes {
+                        let (ns, key) = split_entry_key(k).ok_or_else(corrupt)?;
+                        if shard_of(key, self.shard_count).0 != shard {
+                            return Err(corrupt());
+                        }
+                        match v {
+                            Some(v) => cache.put_restored(ns, key, v),
+                            // Nothing is tracked yet: no tombstone.
+                            None => cache.remove(ns, key),
+                        }
+                    }
+                }
+            }
+            for c in &mut self.cache {
+                c.track_from_now();
+            }
+            self.tracking = true;
+            return Ok(());
+        }
         // One non-durable write transaction: a crash restores again from the checkpoint.
         let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
         txn.set_durability(redb::Durability::None)
             .map_err(|e| db_err(&self.path, e))?;
         for ((state, shard), chain) in chains {
             let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
-            let payloads: Vec<(&str, &[u8])> = chain
-                .iter()
-                .map(|s| {
-                    let codec = if s.delta {
-                        payload::KV_DELTA_CODEC
-                    } else {
-                        payload::KV_CODEC
-                    };
-                    (codec, s.payload.as_slice())
-                })
-                .collect();
-            let entries = payload::fold(&payloads).map_err(|_| corrupt())?;
+            let entries = fold_chain(&chain).ok_or_else(corrupt)?;
             let def: TableDefinition<&[u8], &[u8]> =
                 TableDefinition::new(&self.states[state as usize].name);
             let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
@@ -1816,11 +2000,7 @@ impl KeyedState {
             let mut table_key = Vec::new();
             // In key order: sequential B-tree inserts.
             for (k, v) in entries {
-                let n = k
-                    .get(..4)
-                    .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
-                    .ok_or_else(corrupt)?;
-                let ns = k.get(4..4 + n).ok_or_else(corrupt)?;
+                let (ns, _) = split_entry_key(k).ok_or_else(corrupt)?;
                 if !known.contains(ns) {
                     known.insert(ns.to_vec());
                 }
@@ -1843,7 +2023,8 @@ impl KeyedState {
         Ok(())
     }
 
-    /// Every (namespace, key) stored for `state` in the owned shards, after a flush, in
+    /// Every (namespace, key) `state` holds in the owned shards (redb's entries with the
+    /// working set's over them; no flush, so a restored working set stays out of redb), in
     /// table order (shard, namespace, key). Used to rebuild the timer index after a
     /// restore.
     ///
@@ -1856,25 +2037,38 @@ impl KeyedState {
             .ok_or(StateError::UnknownHandle(state))?
             .name
             .clone();
-        self.flush(false)?;
+        // Table key -> whether it holds a value.
+        let mut keys: std::collections::BTreeMap<Vec<u8>, bool> = std::collections::BTreeMap::new();
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&name);
-        let table = match txn.open_table(def) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        match txn.open_table(def) {
+            Ok(table) => {
+                for entry in table.iter().map_err(|e| db_err(&self.path, e))? {
+                    let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
+                    keys.insert(k.value().to_vec(), true);
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
             Err(e) => return Err(db_err(&self.path, e)),
-        };
+        }
+        let cache = &self.cache[state as usize];
+        let maps = std::iter::once((&[][..], &cache.plain))
+            .chain(cache.namespaced.iter().map(|(ns, m)| (ns.as_slice(), m)));
+        for (ns, map) in maps {
+            for (k, slot) in map {
+                keys.insert(
+                    composite(shard_of(k, self.shard_count).0, ns, k),
+                    slot.value.is_some(),
+                );
+            }
+        }
         let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| db_err(&self.path, e))? {
-            let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
-            let k = k.value();
-            let corrupt = || StateError::Corrupt(name.clone());
-            let ns_len = k
-                .get(4..8)
-                .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
-                .ok_or_else(corrupt)?;
-            let ns = k.get(8..8 + ns_len).ok_or_else(corrupt)?;
-            out.push((ns.to_vec(), k[8 + ns_len..].to_vec()));
+        for (k, _) in keys.into_iter().filter(|(_, present)| *present) {
+            let (ns, key) = k
+                .get(4..)
+                .and_then(split_entry_key)
+                .ok_or_else(|| StateError::Corrupt(name.clone()))?;
+            out.push((ns.to_vec(), key.to_vec()));
         }
         Ok(out)
     }

@@ -2,8 +2,9 @@
 //! written or deleted since the previous view; a full payload followed by its deltas,
 //! restored in order, gives the state as of the last view.
 
+use nop_stream_api::StateShardId;
 use nop_stream_api::{StateDescriptor, StateKind};
-use nop_stream_state::{KeyedState, ShardSnapshot, StateConfig, codec};
+use nop_stream_state::{Compactor, KeyedState, ShardSnapshot, StateConfig, codec};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -66,6 +67,30 @@ fn full_entries(payloads: &[ShardSnapshot]) -> Model {
     out
 }
 
+/// Payloads with their codecs, per (state, shard), in chain order.
+type Groups<'a> = BTreeMap<(u32, u32), Vec<(&'a str, &'a [u8])>>;
+
+/// `chain` folded per (state, shard) into full payloads by `c`, as a background
+/// compaction does.
+fn fold_with(c: &mut Compactor, chain: &[ShardSnapshot]) -> Vec<ShardSnapshot> {
+    let mut groups = Groups::new();
+    for p in chain {
+        groups
+            .entry((p.state, p.shard.0))
+            .or_default()
+            .push((p.codec(), &p.payload));
+    }
+    groups
+        .into_iter()
+        .filter_map(|((state, shard), ch)| c.fold(state, "s", StateShardId(shard), &ch).unwrap())
+        .collect()
+}
+
+/// `chain` compacted by `s`'s [`Compactor`].
+fn compacted(s: &KeyedState, chain: &[ShardSnapshot]) -> Vec<ShardSnapshot> {
+    fold_with(&mut s.compactor(), chain)
+}
+
 /// The state `chain` (a full snapshot and the deltas after it) restores to.
 fn restored(dir: &std::path::Path, chain: &[ShardSnapshot]) -> Model {
     let path = dir.join(format!("restored-{}.redb", chain.len()));
@@ -87,6 +112,8 @@ enum Op {
     Restore,
     /// Take a snapshot: full when `true`, else a delta if one can be taken.
     Snapshot(bool),
+    /// A background compaction's result is adopted: the chain becomes its fold.
+    Compact,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -97,6 +124,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Flush),
         1 => Just(Op::Restore),
         1 => any::<bool>().prop_map(Op::Snapshot),
+        1 => Just(Op::Compact),
     ]
 }
 
@@ -104,7 +132,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     /// After every snapshot, the chain since the last full one restores to exactly the
-    /// model, with and without a budget small enough to evict (and flush) between views.
+    /// model, with and without a budget small enough to evict (and flush) between views;
+    /// so does its compaction, and deltas go on on top of an adopted compaction.
     #[test]
     fn a_full_snapshot_and_its_deltas_restore_to_the_state(
         ops in proptest::collection::vec(op(), 1..160),
@@ -115,7 +144,7 @@ proptest! {
         s.set_incremental(true);
         let mut model = Model::new();
         let mut chain: Vec<ShardSnapshot> = Vec::new();
-        let mut had_full = false;
+        let mut had_snapshot = false;
         let mut restores = 0;
         let mut at_snapshot = Model::new();
         for op in ops {
@@ -138,7 +167,7 @@ proptest! {
                     prop_assert_eq!(got.as_ref(), model.get(&(st, ns, key)));
                 }
                 Op::Flush => s.flush(false).unwrap(),
-                Op::Restore if had_full => {
+                Op::Restore if had_snapshot => {
                     restores += 1;
                     let path = dir.path().join(format!("s{restores}.redb"));
                     s = KeyedState::open(config(&path, budget, None)).unwrap();
@@ -152,22 +181,28 @@ proptest! {
                     let delta = if full { None } else { s.delta_view().unwrap() };
                     match delta {
                         Some(view) => {
-                            prop_assert!(had_full, "a delta before any full view");
+                            // A state that starts empty tracks from the start: its first
+                            // delta is the whole state on top of nothing.
                             let payloads = view_payloads(view);
                             prop_assert!(payloads.iter().all(|p| p.delta));
                             chain.extend(payloads);
+                            had_snapshot = true;
                         }
                         None => {
                             // Without a budget, tracking is never dropped (a restore goes
-                            // on tracking): only an asked-for (or the first) snapshot is full.
-                            prop_assert!(full || budget.is_some() || !had_full);
+                            // on tracking): only an asked-for snapshot is full.
+                            prop_assert!(full || budget.is_some());
                             chain = view_payloads(s.snapshot_view().unwrap());
-                            had_full = true;
+                            had_snapshot = true;
                         }
                     }
                     prop_assert_eq!(&restored(dir.path(), &chain), &model);
+                    let folded = compacted(&s, &chain);
+                    prop_assert!(folded.iter().all(|p| !p.delta && p.entries > 0));
+                    prop_assert_eq!(&full_entries(&folded), &model);
                     at_snapshot = model.clone();
                 }
+                Op::Compact => chain = compacted(&s, &chain),
             }
         }
     }
@@ -183,8 +218,29 @@ fn deltas_hold_only_the_changed_keys_and_deletes() {
     for k in 0..100u8 {
         put(&mut s, 0, b"", &[k], &[k]);
     }
-    // No view yet: nothing is known to be unchanged.
-    assert!(s.delta_view().unwrap().is_none());
+    // An empty state tracks from the start: its first delta is every key, as puts.
+    let first = view_payloads(s.delta_view().unwrap().unwrap());
+    assert_eq!(first.iter().map(|p| p.entries).sum::<u64>(), 100);
+    assert!(
+        first
+            .iter()
+            .flat_map(|p| nop_stream_checkpoint::payload::changes(&p.payload).unwrap())
+            .all(|(_, v)| v.is_some())
+    );
+    // A state opened on a database that holds entries does not: nothing is known to be
+    // unchanged until a full view.
+    {
+        let path = dir.path().join("reopened.redb");
+        let mut o = KeyedState::open(config(&path, None, None)).unwrap();
+        put(&mut o, 0, b"", b"k", b"v");
+        o.flush(false).unwrap();
+        drop(o);
+        let mut o = KeyedState::open(config(&path, None, None)).unwrap();
+        o.set_incremental(true);
+        assert!(o.delta_view().unwrap().is_none());
+        assert!(view_payloads(o.snapshot_view().unwrap()).len() == 1);
+        assert!(o.delta_view().unwrap().is_some());
+    }
     let full = view_payloads(s.snapshot_view().unwrap());
     assert_eq!(full.iter().map(|p| p.entries).sum::<u64>(), 100);
     put(&mut s, 0, b"", &[5], b"new");
@@ -269,14 +325,21 @@ fn a_budget_drops_tracking_past_its_share_and_the_next_snapshot_is_full() {
     assert!(s.delta_view().unwrap().is_some(), "tracking starts again");
 }
 
-#[test]
-fn a_changed_key_that_expired_becomes_a_delete() {
-    let dir = tempfile::tempdir().unwrap();
+/// An incremental state in `dir` whose state 1 has a 100 ms TTL, with a clock the test
+/// moves (it starts at 1,000,000 ms).
+fn ttl_state(dir: &std::path::Path) -> (KeyedState, Arc<AtomicU64>) {
     let now = Arc::new(AtomicU64::new(1_000_000));
-    let mut s = KeyedState::open(config(&dir.path().join("s.redb"), None, Some(100))).unwrap();
+    let mut s = KeyedState::open(config(&dir.join("s.redb"), None, Some(100))).unwrap();
     let clock = Arc::clone(&now);
     s.set_clock(Arc::new(move || clock.load(Ordering::SeqCst)));
     s.set_incremental(true);
+    (s, now)
+}
+
+#[test]
+fn a_changed_key_that_expired_becomes_a_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, now) = ttl_state(dir.path());
     let _ = view_payloads(s.snapshot_view().unwrap());
     put(&mut s, 1, b"", b"old", b"1");
     put(&mut s, 1, b"", b"kept", b"1");
@@ -298,4 +361,150 @@ fn a_changed_key_that_expired_becomes_a_delete() {
             (b"old".to_vec(), None)
         ])
     );
+}
+
+#[test]
+fn a_compaction_folds_a_chain_and_leaves_expired_entries_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, now) = ttl_state(dir.path());
+    put(&mut s, 1, b"", b"old", b"1");
+    put(&mut s, 1, b"", b"kept", b"1");
+    put(&mut s, 1, b"", b"gone", b"1");
+    put(&mut s, 0, b"", b"plain", b"1");
+    let mut chain = view_payloads(s.snapshot_view().unwrap());
+    now.fetch_add(60, Ordering::SeqCst);
+    put(&mut s, 1, b"", b"kept", b"2");
+    s.value_delete(1, b"", b"gone").unwrap();
+    put(&mut s, 0, b"", b"plain", b"2");
+    chain.extend(view_payloads(s.delta_view().unwrap().unwrap()));
+    // 120 ms after `old` was written (ttl 100): the compaction leaves it out and lists it.
+    now.fetch_add(60, Ordering::SeqCst);
+    let mut c = s.compactor();
+    let out = fold_with(&mut c, &chain);
+    let mut got = BTreeMap::new();
+    for p in &out {
+        assert!(!p.delta);
+        for (k, v) in codec::pairs(&p.payload).unwrap() {
+            let v = if p.state == 1 { v[8..].to_vec() } else { v };
+            got.insert((p.state, k[4..].to_vec()), v);
+        }
+    }
+    assert_eq!(
+        got,
+        BTreeMap::from([
+            ((0, b"plain".to_vec()), b"2".to_vec()),
+            ((1, b"kept".to_vec()), b"2".to_vec()),
+        ])
+    );
+    assert_eq!(c.into_expired().len(), 1, "`old` expired");
+    // A malformed payload names the state.
+    let err = s
+        .compactor()
+        .fold(
+            0,
+            "counts",
+            StateShardId(0),
+            &[("kv-lp/1", &[9, 0, 0, 0][..])],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("counts"), "{err}");
+}
+
+#[test]
+fn a_restore_without_a_budget_fills_the_working_set_and_scans_and_deletes_reach_the_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = KeyedState::open(config(&dir.path().join("s.redb"), None, None)).unwrap();
+    s.set_incremental(true);
+    for k in 0..50u8 {
+        put(&mut s, 0, b"ns", &[k], &[k]);
+    }
+    let mut chain = view_payloads(s.delta_view().unwrap().unwrap());
+    put(&mut s, 0, b"", b"plain", b"p");
+    s.value_delete(0, b"ns", &[7]).unwrap();
+    chain.extend(view_payloads(s.delta_view().unwrap().unwrap()));
+
+    let mut r = KeyedState::open(config(&dir.path().join("r.redb"), None, None)).unwrap();
+    r.set_incremental(true);
+    r.restore(&chain).unwrap();
+    // The restored entries are in the working set, and redb holds none of them.
+    assert!(r.cached_bytes() > 50 * 2, "{}", r.cached_bytes());
+    // The scan (timer reload) sees them without a flush, in table order.
+    let mut expected: Vec<(Vec<u8>, Vec<u8>)> = (0..50u8)
+        .filter(|&k| k != 7)
+        .map(|k| (b"ns".to_vec(), vec![k]))
+        .collect();
+    expected.push((Vec::new(), b"plain".to_vec()));
+    let shard = |key: &[u8]| nop_stream_core::shard_of(key, SHARDS).0;
+    expected.sort_by(|a, b| (shard(&a.1), &a.0, &a.1).cmp(&(shard(&b.1), &b.0, &b.1)));
+    let mut got = r.scan(0).unwrap();
+    let keyed = |v: &[(Vec<u8>, Vec<u8>)]| {
+        v.iter()
+            .map(|(ns, k)| (shard(k), ns.clone(), k.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keyed(&got), keyed(&expected));
+    // Nothing changed since the restore: an empty delta. A delete of a restored key is a
+    // tombstone in the next one; a put a change.
+    assert!(view_payloads(r.delta_view().unwrap().unwrap()).is_empty());
+    r.value_delete(0, b"ns", &[3]).unwrap();
+    put(&mut r, 0, b"ns", &[4], b"x");
+    let delta = view_payloads(r.delta_view().unwrap().unwrap());
+    let mut changes = BTreeMap::new();
+    for p in &delta {
+        for (k, v) in nop_stream_checkpoint::payload::changes(&p.payload).unwrap() {
+            changes.insert(k[4 + 2..].to_vec(), v.map(<[u8]>::to_vec));
+        }
+    }
+    assert_eq!(
+        changes,
+        BTreeMap::from([(vec![3], None), (vec![4], Some(b"x".to_vec()))])
+    );
+    // And the whole chain, compacted, is the state.
+    chain.extend(delta);
+    got = full_entries(&compacted(&r, &chain))
+        .into_keys()
+        .map(|(_, ns, k)| (ns, k))
+        .collect();
+    got.sort_by(|a, b| (shard(&a.1), &a.0, &a.1).cmp(&(shard(&b.1), &b.0, &b.1)));
+    let mut want = r.scan(0).unwrap();
+    want.sort_by(|a, b| (shard(&a.1), &a.0, &a.1).cmp(&(shard(&b.1), &b.0, &b.1)));
+    assert_eq!(got, want);
+}
+
+#[test]
+fn without_a_budget_expired_entries_leave_the_working_set_at_each_compaction() {
+    // Review regression: without a memory budget nothing flushes the working set, so the
+    // expired keys a compaction reports must leave it at once, or a TTL state grows for
+    // ever.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, now) = ttl_state(dir.path());
+    let mut chain: Vec<ShardSnapshot> = Vec::new();
+    // 20 barriers, each after 50 new keys of the TTL state (ttl 100 ms, 60 ms apart).
+    for epoch in 0..20u32 {
+        for k in 0..50u32 {
+            put(&mut s, 1, b"", &(epoch * 1000 + k).to_be_bytes(), b"v");
+        }
+        now.fetch_add(60, Ordering::SeqCst);
+        chain.extend(view_payloads(s.delta_view().unwrap().unwrap()));
+        // Every fourth barrier adopts a compaction, which reports the expired keys.
+        if epoch % 4 == 3 {
+            let mut c = s.compactor();
+            chain = fold_with(&mut c, &chain);
+            s.remove_expired_later(c.into_expired());
+            let live = full_entries(&chain).len();
+            assert!(live <= 100, "{live}");
+            assert_eq!(s.cached_entries(), live, "epoch {epoch}");
+        }
+    }
+    // A key rewritten after the compaction judged it stays.
+    put(&mut s, 1, b"", b"again", b"1");
+    now.fetch_add(200, Ordering::SeqCst);
+    let mut c = s.compactor();
+    let _ = fold_with(&mut c, &view_payloads(s.delta_view().unwrap().unwrap()));
+    put(&mut s, 1, b"", b"again", b"2");
+    s.remove_expired_later(c.into_expired());
+    let (mut d, mut e, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    s.value_get_many(1, b"", b"again", &[5], &mut d, &mut e, &mut p)
+        .unwrap();
+    assert!(p[0], "a rewritten key was removed");
 }
