@@ -332,6 +332,44 @@ config = {{ summary_dir = "/output" }}
     )
 }
 
+/// Runs `text` (a [`bids_count_job`] of `bids` generated bids) uninterrupted as the
+/// reference: the job, for more checks, and the blackhole totals its sink committed (one
+/// count update per bid).
+fn reference_run(tag: &str, text: &str, bids: u64) -> (Job, (u64, u64)) {
+    let reference = Job::new("crash", tag, text);
+    let (ok, log) = reference.run(None);
+    assert!(ok, "{log}");
+    let expected = common::files::blackhole_totals(&reference.out);
+    assert_eq!(expected.0, bids, "one count update per generated bid");
+    (reference, expected)
+}
+
+/// Bids of [`small_bids_job`].
+const SMALL_BIDS: u64 = 60_000;
+
+/// A [`bids_count_job`] of [`SMALL_BIDS`] bids over 5,000 auctions, at 60,000 bids/s (a
+/// second or so of input: a crash lands mid-run).
+fn small_bids_job(name: &str, job_extra: &str) -> String {
+    bids_count_job(
+        name,
+        job_extra,
+        &format!("records = {SMALL_BIDS}, splits = 2, keys = 5000, records_per_second = 60000"),
+    )
+}
+
+/// Runs `text` with failpoint `failpoint` armed (one that aborts the process), checks that
+/// it fired, resumes the job to its end and returns the blackhole totals it committed.
+fn crash_at_then_resume(tag: &str, text: &str, failpoint: &str) -> (u64, u64) {
+    let job = Job::new("crash", tag, text);
+    let (ok, log) = job.run(Some(failpoint));
+    assert!(
+        !ok && log.contains("failpoint"),
+        "{failpoint} did not fire: {log}"
+    );
+    job.finish();
+    common::files::blackhole_totals(&job.out)
+}
+
 #[test]
 fn generated_input_replays_exactly_after_random_kills() {
     // datagen-source (3 splits, throttled so kills land mid-run) -> bids-parser -> HASH ->
@@ -347,11 +385,7 @@ fn generated_input_replays_exactly_after_random_kills() {
             "records = {BIDS}, splits = 3, keys = 500, rotate_every = 50, records_per_second = 100000"
         ),
     );
-    let reference = Job::new("crash", "datagen-ref", &text);
-    let (ok, log) = reference.run(None);
-    assert!(ok, "{log}");
-    let expected = common::files::blackhole_totals(&reference.out);
-    assert_eq!(expected.0, BIDS, "one count update per generated bid");
+    let (_, expected) = reference_run("datagen-ref", &text, BIDS);
     common::job::kill_rounds(
         12,
         1_200,
@@ -381,11 +415,7 @@ fn a_tiny_state_memory_budget_keeps_the_output_exact_through_kills() {
             &format!("records = {BIDS}, splits = 2, keys = 20000, records_per_second = 40000"),
         )
     };
-    let reference = Job::new("crash", "budget-ref", &job(""));
-    let (ok, log) = reference.run(None);
-    assert!(ok, "{log}");
-    let expected = common::files::blackhole_totals(&reference.out);
-    assert_eq!(expected.0, BIDS, "one count update per generated bid");
+    let (_, expected) = reference_run("budget-ref", &job(""), BIDS);
 
     let text = job("state_memory_bytes = \"1MiB\"");
     let mut budgeted = Job::new("crash", "budget-1mib", &text);
@@ -450,19 +480,8 @@ fn a_crash_or_failure_while_an_asynchronous_snapshot_is_in_flight_keeps_the_outp
     // file written, not yet durable, the barrier already downstream), or failed there,
     // the job must still commit exactly the uninterrupted output; synchronous snapshots
     // (`async_snapshots = false`) must produce it too.
-    const BIDS: u64 = 60_000;
-    let job = |extra: &str| {
-        bids_count_job(
-            "async-snap",
-            extra,
-            &format!("records = {BIDS}, splits = 2, keys = 5000, records_per_second = 60000"),
-        )
-    };
-    let reference = Job::new("crash", "async-ref", &job(""));
-    let (ok, log) = reference.run(None);
-    assert!(ok, "{log}");
-    let expected = common::files::blackhole_totals(&reference.out);
-    assert_eq!(expected.0, BIDS, "one count update per generated bid");
+    let job = |extra: &str| small_bids_job("async-snap", extra);
+    let (_, expected) = reference_run("async-ref", &job(""), SMALL_BIDS);
 
     let sync = Job::new("crash", "async-off", &job("async_snapshots = false"));
     let (ok, log) = sync.run(None);
@@ -470,12 +489,12 @@ fn a_crash_or_failure_while_an_asynchronous_snapshot_is_in_flight_keeps_the_outp
     assert_eq!(common::files::blackhole_totals(&sync.out), expected);
 
     for nth in [2, 5] {
-        let killed = Job::new("crash", &format!("async-abort-{nth}"), &job(""));
-        let (ok, log) = killed.run(Some(&format!("async-snapshot-write={nth}")));
-        assert!(!ok && log.contains("failpoint"), "did not fire: {log}");
-        killed.finish();
         assert_eq!(
-            common::files::blackhole_totals(&killed.out),
+            crash_at_then_resume(
+                &format!("async-abort-{nth}"),
+                &job(""),
+                &format!("async-snapshot-write={nth}")
+            ),
             expected,
             "output after a crash in the snapshot thread (hit {nth})"
         );
@@ -529,11 +548,8 @@ fn restarts_from_incremental_chains_commit_exactly_the_full_snapshot_output() {
             &format!("records = {BIDS}, splits = 2, keys = 5000, records_per_second = 40000"),
         )
     };
-    let reference = Job::new("crash", "incr-full", &job("incremental_snapshots = false"));
-    let (ok, log) = reference.run(None);
-    assert!(ok, "{log}");
-    let expected = common::files::blackhole_totals(&reference.out);
-    assert_eq!(expected.0, BIDS, "one count update per generated bid");
+    let (reference, expected) =
+        reference_run("incr-full", &job("incremental_snapshots = false"), BIDS);
     assert!(
         !latest_manifest_text(&reference.work)
             .expect("a manifest")
@@ -543,7 +559,7 @@ fn restarts_from_incremental_chains_commit_exactly_the_full_snapshot_output() {
 
     let killed = Job::new("crash", "incr-killed", &job(""));
     let mut x: u64 = 0x1c2e;
-    let (mut restarts_from_deltas, mut kills) = (0, 0);
+    let (mut restarts_from_deltas, mut restarts_from_compacted, mut kills) = (0, 0, 0);
     for _ in 0..30 {
         x = x
             .wrapping_mul(6364136223846793005)
@@ -555,22 +571,86 @@ fn restarts_from_incremental_chains_commit_exactly_the_full_snapshot_output() {
             break;
         }
         kills += 1;
-        if latest_manifest_text(&killed.work).is_some_and(|m| m.contains("kv-delta/1")) {
+        let manifest = latest_manifest_text(&killed.work);
+        if manifest
+            .as_deref()
+            .is_some_and(|m| m.contains("kv-delta/1"))
+        {
             restarts_from_deltas += 1;
-            if restarts_from_deltas == 3 {
-                break;
-            }
+        }
+        // A chain a background compaction folded (its file `<subtask>.a<n>.c<epoch>.seg`).
+        if manifest.as_deref().is_some_and(names_a_compacted_file) {
+            restarts_from_compacted += 1;
+        }
+        if restarts_from_deltas >= 3 && restarts_from_compacted >= 1 {
+            break;
         }
     }
     killed.finish();
-    eprintln!("{kills} kills, {restarts_from_deltas} restarts from chains with deltas");
+    eprintln!(
+        "{kills} kills, {restarts_from_deltas} restarts from chains with deltas, \
+         {restarts_from_compacted} from compacted chains"
+    );
     assert_eq!(
         common::files::blackhole_totals(&killed.out),
         expected,
-        "output after {kills} kills ({restarts_from_deltas} restarts from chains with deltas)"
+        "output after {kills} kills ({restarts_from_deltas} restarts from chains with deltas, \
+         {restarts_from_compacted} from compacted chains)"
     );
     assert!(
         restarts_from_deltas >= 1,
         "no restart restored a chain with deltas in {kills} kills"
     );
+    assert!(
+        restarts_from_compacted >= 1,
+        "no restart restored a compacted chain in {kills} kills"
+    );
+}
+
+#[test]
+fn a_compaction_that_crashes_or_fails_keeps_the_output_exact() {
+    // Background compaction of incremental snapshots (issue 14 item 4). Killed while it
+    // writes its file (failpoint `compaction-write`: written, not yet durable), the job
+    // restarts from a manifest that never names the file. Failing there, the task logs
+    // it, takes a full snapshot at its next barrier and goes on. Either way the committed
+    // output is that of a run with every epoch a full snapshot.
+    let job = |extra: &str| small_bids_job("compact", extra);
+    let (_, expected) = reference_run(
+        "compact-ref",
+        &job("incremental_snapshots = false"),
+        SMALL_BIDS,
+    );
+
+    assert_eq!(
+        crash_at_then_resume("compact-abort", &job(""), "compaction-write=2"),
+        expected,
+        "output after a crash in a compaction"
+    );
+
+    let failed = Job::new("crash", "compact-error", &job(""));
+    let (ok, log) = failed.run(Some("compaction-write=1:error"));
+    assert!(ok, "a failed compaction failed the job: {log}");
+    assert!(
+        log.contains("background compaction failed")
+            && log.contains("compaction of operator `count` (segments/")
+            && log.contains("failpoint `compaction-write` fired"),
+        "{log}"
+    );
+    assert_eq!(
+        common::files::blackhole_totals(&failed.out),
+        expected,
+        "output after a failed compaction"
+    );
+}
+
+/// Whether manifest text `m` references a file a background compaction wrote
+/// (`segments/<e>/<operator>/<subtask>.a<attempt>.c<epoch>.seg`; operator ids never hold
+/// a `.`, which the names encode).
+fn names_a_compacted_file(m: &str) -> bool {
+    m.split('"').any(|t| {
+        t.starts_with("segments/")
+            && t.rsplit('/')
+                .next()
+                .is_some_and(|f| f.contains(".c") && f.ends_with(".seg"))
+    })
 }

@@ -3,6 +3,7 @@
 //! embedded job runner.
 
 pub mod bindings;
+mod compaction;
 pub mod connection;
 mod error;
 mod error_policy;

@@ -15,12 +15,18 @@
 //! Snapshots are incremental by default ([`TaskSpec::incremental_snapshots`]): an
 //! operator's keyed state hands over, per state and shard, only the keys written or
 //! deleted since its previous snapshot (`kv-delta/1`), and its descriptors in the manifest
-//! are its chain: the last full snapshot's, then every delta since, oldest first. A full
-//! snapshot starts a new chain once the deltas together are as large as the full one (so
-//! a restore never reads more than twice the state) or [`MAX_DELTAS`] long. After a
-//! restore the chain goes on from the one the task restored (the restore plan's segments
-//! of each operator, which the restored state equals exactly).
+//! are its chain: the last full snapshot's, then every delta since, oldest first. Once
+//! the deltas together are as large as the full payloads (so a restore reads at most
+//! about twice the state) or [`MAX_DELTAS`] long, a background thread compacts the chain
+//! into new full payloads while the task goes on taking deltas, and a later barrier
+//! adopts them ([`crate::compaction`]). A task whose state starts empty begins with a
+//! delta on nothing; the task thread takes a full snapshot itself only when its state
+//! could not track its changes (opened on a non-empty database, or past the memory
+//! budget), or when a compaction fails or cannot keep up. After a restore the chain goes
+//! on from the one the task restored (the restore plan's segments of each operator, which
+//! the restored state equals exactly).
 
+use crate::compaction::{Compaction, CompactionSpec, MAX_DELTAS_COMPACTING};
 use crate::error::{Result, RuntimeError, Site, printable_record};
 use crate::error_policy;
 use crate::job::JobProgress;
@@ -111,26 +117,37 @@ pub(crate) struct TaskSpec {
     pub incremental_snapshots: bool,
 }
 
-/// Longest chain of deltas after a full snapshot before the next full one (issue 14
-/// item 4): bounds the segments a restore opens even when deltas are tiny.
+/// Longest chain of deltas after a full snapshot before a compaction of it starts (issue
+/// 14 item 4): bounds the segments a restore opens even when deltas are tiny.
 pub const MAX_DELTAS: u32 = 16;
+
+/// Number of delta files in `chain`.
+fn delta_files(chain: &[SegmentDescriptor]) -> usize {
+    chain
+        .iter()
+        .filter(|d| d.codec == payload::KV_DELTA_CODEC)
+        .map(|d| d.file.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
 
 /// Whether the next snapshot of an operator may be a delta on top of `chain`, its
 /// keyed-state descriptors as of its last snapshot (a full snapshot's payloads, then each
-/// delta's, oldest first): fewer than [`MAX_DELTAS`] deltas (one file each), and fewer
-/// delta bytes than full ones.
+/// delta's, oldest first): it is empty, or it holds fewer than [`MAX_DELTAS`] deltas (one
+/// file each) and fewer delta bytes than full ones. Past that, a background compaction
+/// folds it ([`crate::compaction`]).
 fn extendable(chain: &[SegmentDescriptor]) -> bool {
     let (mut full_bytes, mut delta_bytes) = (0, 0);
-    let mut delta_files = std::collections::BTreeSet::new();
     for d in chain {
         if d.codec == payload::KV_DELTA_CODEC {
             delta_bytes += d.len;
-            delta_files.insert(d.file.as_str());
         } else {
             full_bytes += d.len;
         }
     }
-    delta_files.len() < MAX_DELTAS as usize && delta_bytes < full_bytes
+    // An empty chain: nothing snapshotted yet (or an empty full snapshot), so a delta
+    // holds the whole state on top of nothing.
+    chain.is_empty() || (delta_files(chain) < MAX_DELTAS as usize && delta_bytes < full_bytes)
 }
 
 enum Stage {
@@ -206,8 +223,14 @@ struct Task {
     /// See [`TaskSpec::async_snapshots`].
     async_snapshots: bool,
     /// Per stage, its keyed-state chain as of the last joined snapshot (see
-    /// [`extendable`]; `None`: no snapshot yet, or not incremental).
+    /// [`extendable`]; empty: nothing snapshotted yet; `None`: not incremental, or the
+    /// next snapshot must be full after a failed compaction).
     chains: Vec<Option<Vec<SegmentDescriptor>>>,
+    /// Per stage, its background compaction, if one runs or awaits adoption
+    /// ([`crate::compaction`]).
+    compactions: Vec<Option<Compaction>>,
+    /// Bytes the compactions adopted since the last snapshot wrote (its `compacted_bytes`).
+    compacted_bytes: u64,
     id: TaskId,
     attempt: AttemptId,
     stages: Vec<Stage>,
@@ -412,10 +435,17 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             }
         })
         .collect();
-    let chains = restored_chains;
+    // Without a restored chain, the first snapshot may be a delta on nothing (a state
+    // that starts empty tracks its changes from the start; otherwise it is full).
+    let chains = restored_chains
+        .into_iter()
+        .map(|c| c.or_else(|| incremental_snapshots.then(Vec::new)))
+        .collect::<Vec<_>>();
     let mut t = Task {
         in_flight: None,
         async_snapshots,
+        compactions: (0..chains.len()).map(|_| None).collect(),
+        compacted_bytes: 0,
         chains,
         id: task.clone(),
         attempt,
@@ -511,7 +541,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
 }
 
 /// The payload `seg` points at, its checksum verified; the message names the segment.
-fn read_segment(
+pub(crate) fn read_segment(
     storage: &dyn CheckpointStorage,
     seg: &SegmentDescriptor,
 ) -> std::result::Result<Vec<u8>, String> {
@@ -895,11 +925,7 @@ fn write_segments(
                         (at, &s.payload),
                         d.schema_version,
                         s.entries,
-                        if s.delta {
-                            payload::KV_DELTA_CODEC
-                        } else {
-                            payload::KV_CODEC
-                        },
+                        s.codec(),
                     ));
                     Ok(())
                 })
@@ -939,16 +965,16 @@ fn write_segments(
 
 /// One operator's segment file, opened at its first payload (an operator with nothing
 /// to snapshot writes no file), with the offset of the next payload.
-struct SegmentAppender<'a> {
-    storage: &'a dyn CheckpointStorage,
-    file: &'a str,
-    writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + 'a>>,
-    offset: u64,
+pub(crate) struct SegmentAppender<'a> {
+    pub storage: &'a dyn CheckpointStorage,
+    pub file: &'a str,
+    pub writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + 'a>>,
+    pub offset: u64,
 }
 
 impl SegmentAppender<'_> {
     /// Appends `payload`; returns its offset in the file.
-    fn append(&mut self, payload: &[u8]) -> std::result::Result<u64, String> {
+    pub fn append(&mut self, payload: &[u8]) -> std::result::Result<u64, String> {
         let w = match &mut self.writer {
             Some(w) => w,
             None => self.writer.insert(
@@ -1369,6 +1395,7 @@ impl Task {
                 "waited for the previous epoch's snapshot"
             );
         }
+        self.adopt_compactions(epoch);
         // Operators flush what they cache and emit what must precede the barrier.
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
@@ -1431,14 +1458,44 @@ impl Task {
                         path: format!("state of operator `{}` ({file})", self.sites[i].operator),
                         message: e.to_string(),
                     };
-                    // A delta when the chain may grow and the state knows its changes.
-                    let delta = match &self.chains[i] {
-                        Some(c) if extendable(c) => ks.delta_view().map_err(io)?,
-                        _ => None,
+                    // A delta when the chain may grow and the state knows its changes;
+                    // past that, still a delta while a background compaction of the
+                    // chain runs (started here if none does), up to a bound.
+                    let (delta, compact) = match &self.chains[i] {
+                        Some(c) if extendable(c) => (ks.delta_view().map_err(io)?, false),
+                        Some(c)
+                            if delta_files(c) < MAX_DELTAS_COMPACTING
+                                && (self.compactions[i].is_some() || Compaction::wanted(c)) =>
+                        {
+                            (ks.delta_view().map_err(io)?, true)
+                        }
+                        _ => (None, false),
                     };
                     let view = match delta {
-                        Some(v) => v,
-                        None => ks.snapshot_view().map_err(io)?,
+                        Some(v) => {
+                            if compact && self.compactions[i].is_none() {
+                                let base = self.chains[i].clone().unwrap_or_default();
+                                let spec = CompactionSpec {
+                                    storage: Arc::clone(&self.storage),
+                                    namespace: self.namespace.clone(),
+                                    operator: self.sites[i].operator.clone(),
+                                    operator_id: op_id.clone(),
+                                    subtask,
+                                    attempt: self.attempt.0,
+                                    epoch,
+                                    states: ks.descriptors().to_vec(),
+                                };
+                                self.compactions[i] =
+                                    Some(Compaction::start(spec, base, ks.compactor())?);
+                            }
+                            v
+                        }
+                        None => {
+                            // A full snapshot starts a new chain: a compaction of the
+                            // old one is of no use.
+                            self.compactions[i] = None;
+                            ks.snapshot_view().map_err(io)?
+                        }
                     };
                     Some((view, ks.descriptors().to_vec()))
                 }
@@ -1493,6 +1550,7 @@ impl Task {
             alignment_ms,
             duration_ms: 0,
             async_ms: 0,
+            compacted_bytes: std::mem::take(&mut self.compacted_bytes),
         };
         let target = SegmentTarget {
             storage: Arc::clone(&self.storage),
@@ -1550,6 +1608,60 @@ impl Task {
             abort,
         });
         Ok(())
+    }
+
+    /// Adopts every finished background compaction ([`crate::compaction`]) at the barrier
+    /// of `epoch`: the operator's chain becomes the compacted full payloads followed by the
+    /// deltas taken since the compaction started, and the expired TTL entries the fold
+    /// left out are queued for deletion. A failed compaction is logged and dropped, and
+    /// the operator's next snapshot is full.
+    fn adopt_compactions(&mut self, epoch: EpochId) {
+        for i in 0..self.compactions.len() {
+            if !self.compactions[i]
+                .as_ref()
+                .is_some_and(Compaction::is_finished)
+            {
+                continue;
+            }
+            let c = self.compactions[i].take().expect("checked above");
+            let (base, started) = (c.base.clone(), c.epoch);
+            let elapsed = c.started.elapsed();
+            let operator = &self.sites[i].operator;
+            match c.join() {
+                Ok(done) => {
+                    let Some(chain) = self.chains[i].as_mut().filter(|c| c.starts_with(&base))
+                    else {
+                        // A full snapshot started a new chain meanwhile.
+                        continue;
+                    };
+                    let newer = chain.split_off(base.len());
+                    *chain = done.full;
+                    chain.extend(newer);
+                    self.compacted_bytes += done.bytes;
+                    tracing::debug!(
+                        target: "nopstream::snapshot",
+                        task = %self.id, operator = %operator, started = started.0,
+                        adopted = epoch.0, base_segments = base.len(),
+                        base_bytes = base.iter().map(|d| d.len).sum::<u64>(),
+                        bytes = done.bytes, expired = done.expired.len(),
+                        elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+                        "keyed state chain compacted"
+                    );
+                    if let Stage::Operator(op) = &mut self.stages[i]
+                        && let Some(ks) = op.state_mut()
+                    {
+                        ks.remove_expired_later(done.expired);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        task = %self.id, operator = %operator, started = started.0,
+                        "background compaction failed; the next snapshot is full: {e}"
+                    );
+                    self.chains[i] = None;
+                }
+            }
+        }
     }
 
     /// Joins the background part of the last snapshot if it has finished (the main loop
