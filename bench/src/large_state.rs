@@ -24,8 +24,10 @@
 //!    full state size measured in 1), timed the same way; the throughput cost is its
 //!    records per second against 1's, and its peak RSS is checked against
 //!    `2 × budget + 64 MiB`.
-//! 3. **Recovery**: the job again from scratch, SIGKILLed once a durable manifest holds at
-//!    least `kill_fraction` of the final keys; then restarted on the same work directory
+//! 3. **Recovery**: the job again from scratch, SIGKILLed once a durable manifest's chain
+//!    holds at least `kill_fraction` of the final keys in entries (full payloads' entries
+//!    plus delta changes: an upper bound read without folding; the restored keys are
+//!    folded and reported); then restarted on the same work directory
 //!    (the CLI resumes from the latest durable epoch) with
 //!    `RUST_LOG=nopstream::restore=debug`. It reports the state bytes the restore read
 //!    (the keyed segments of the latest manifest at the kill), the task's restore time
@@ -88,6 +90,9 @@ pub struct EpochRow {
     pub epoch: u64,
     /// Bytes every task wrote for it.
     pub snapshot_bytes: u64,
+    /// Bytes of background compactions its tasks adopted (written off the task thread
+    /// since the previous epoch; not in `snapshot_bytes`).
+    pub compacted_bytes: u64,
     /// Largest task `duration_ms` (the task thread's stall).
     pub stall_ms: u64,
     /// Largest task `async_ms` (the background write of an asynchronous snapshot; 0 for
@@ -100,9 +105,6 @@ pub struct EpochRow {
     pub state_bytes: u64,
     /// Whether the keyed state's chain holds deltas.
     pub has_deltas: bool,
-    /// Entries of the chain's full payloads: a lower bound of the state's entries here
-    /// (the keyed count never deletes a key).
-    pub full_entries: u64,
 }
 
 /// One timed run.
@@ -130,6 +132,11 @@ pub struct TimedRun {
     pub stall_ms: Spread,
     /// Background write per epoch in ms (median, max); 0 with synchronous snapshots.
     pub async_ms: Spread,
+    /// Epochs that adopted a background compaction.
+    pub compactions: usize,
+    /// Mean bytes written per epoch, compactions included (snapshot and compacted bytes
+    /// of the epochs read, over their number).
+    pub written_per_epoch: f64,
     /// Keyed state bytes in the last epoch as a full snapshot writes them (its chain
     /// folded, see [`folded_state`]).
     pub full_state_bytes: u64,
@@ -288,6 +295,8 @@ struct ManifestTask {
     duration_ms: u64,
     #[serde(default)]
     async_ms: u64,
+    #[serde(default)]
+    compacted_bytes: u64,
     segments: Vec<ManifestSegment>,
 }
 
@@ -312,15 +321,12 @@ impl Manifest {
         EpochRow {
             epoch: self.epoch,
             snapshot_bytes: self.tasks.iter().map(|t| t.snapshot_bytes).sum(),
+            compacted_bytes: self.tasks.iter().map(|t| t.compacted_bytes).sum(),
             stall_ms: self.tasks.iter().map(|t| t.duration_ms).max().unwrap_or(0),
             async_ms: self.tasks.iter().map(|t| t.async_ms).max().unwrap_or(0),
             state_entries: count().map(|s| s.entries).sum(),
             state_bytes: count().map(|s| s.len).sum(),
             has_deltas: count().any(|s| s.codec != nop_stream_checkpoint::payload::KV_CODEC),
-            full_entries: count()
-                .filter(|s| s.codec == nop_stream_checkpoint::payload::KV_CODEC)
-                .map(|s| s.entries)
-                .sum(),
         }
     }
 
@@ -541,6 +547,12 @@ fn timed(
         bytes_per_epoch: spread(|r| r.snapshot_bytes),
         stall_ms: spread(|r| r.stall_ms),
         async_ms: spread(|r| r.async_ms),
+        compactions: epochs.iter().filter(|r| r.compacted_bytes > 0).count(),
+        written_per_epoch: epochs
+            .iter()
+            .map(|r| (r.snapshot_bytes + r.compacted_bytes) as f64)
+            .sum::<f64>()
+            / epochs.len().max(1) as f64,
         full_state_bytes,
         full_state_entries,
         delta_epochs: epochs.iter().filter(|r| r.has_deltas).count(),
@@ -596,7 +608,7 @@ fn recovery(
                 "{name}: the job ended ({status}) before a durable epoch held {kill_entries} keys \
                  (largest: {}); lower --kill-fraction",
                 seen.values()
-                    .map(|r: &EpochRow| r.full_entries)
+                    .map(|r: &EpochRow| r.state_entries)
                     .max()
                     .unwrap_or(0)
             );
@@ -604,9 +616,11 @@ fn recovery(
         for m in new_manifests(&work, &seen) {
             seen.insert(m.epoch, m.row());
         }
-        // The full payloads' entries: a lower bound that needs no segment read (folding
-        // a chain here took long enough for the job to end first).
-        if seen.values().any(|r| r.full_entries >= kill_entries) {
+        // The chain's entries (full payloads' entries plus delta changes): an upper bound
+        // of its keys that needs no segment read (folding a chain here took long enough
+        // for the job to end first; the full payloads alone lag by up to a compaction, and
+        // a short job ends before its first). The keys actually restored are folded below.
+        if seen.values().any(|r| r.state_entries >= kill_entries) {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -648,7 +662,7 @@ fn recovery(
 
 fn print_timed(label: &str, t: &TimedRun) {
     eprintln!(
-        "   {label}: {:.0} rec/s ({:.2} s), peak RSS {:.0} MiB, {} epochs ({} with deltas), bytes/epoch median {:.1} MiB max {:.1} MiB = {:.2} / {:.2} of the full state {:.1} MiB ({} keys), stall median {:.0} ms max {:.0} ms, background write median {:.0} ms max {:.0} ms",
+        "   {label}: {:.0} rec/s ({:.2} s), peak RSS {:.0} MiB, {} epochs ({} with deltas), bytes/epoch median {:.1} MiB max {:.1} MiB = {:.2} / {:.2} of the full state {:.1} MiB ({} keys), stall median {:.0} ms max {:.0} ms, background write median {:.0} ms max {:.0} ms, {} compactions adopted, written per epoch with them {:.1} MiB = {:.2} of the full state",
         t.records_per_s,
         t.job_s,
         t.peak_rss_mib,
@@ -664,6 +678,9 @@ fn print_timed(label: &str, t: &TimedRun) {
         t.stall_ms.max,
         t.async_ms.median,
         t.async_ms.max,
+        t.compactions,
+        t.written_per_epoch / MIB,
+        t.written_per_epoch / (t.full_state_bytes.max(1) as f64),
     );
 }
 

@@ -205,7 +205,8 @@ enum Cmd {
         /// Also run with `state_memory_bytes` at this fraction of the full state size.
         #[arg(long)]
         budget_fraction: Option<f64>,
-        /// Kill the recovery run once a durable epoch holds this fraction of the keys.
+        /// Kill the recovery run once a durable epoch's chain holds this fraction of the
+        /// keys in entries (full payloads' entries plus delta changes, an upper bound).
         #[arg(long, default_value_t = 0.8)]
         kill_fraction: f64,
         /// Skip the recovery run.
