@@ -690,9 +690,18 @@ fn a_namespace_that_went_on_goes_back_to_a_savepoint_only_with_fresh() {
         "{}",
         text(&o)
     );
+    // `--fresh` goes back in place (same work directory and namespace). Its output goes
+    // to a new directory: the sink's transaction ids repeat the epochs the namespace
+    // already committed, and the file sink refuses to overwrite a committed file (which of
+    // them collide depends on how many epochs each run took).
+    let fresh = Dirs {
+        out: d.work.join("fresh-out"),
+        work: d.work.clone(),
+        _tmp: tempfile::tempdir().unwrap(),
+    };
     let o = run(
         &j.0,
-        &d,
+        &fresh,
         &["--fresh", "--from-savepoint", &sp.display().to_string()],
         None,
     );
@@ -702,6 +711,13 @@ fn a_namespace_that_went_on_goes_back_to_a_savepoint_only_with_fresh() {
         "{}",
         text(&o)
     );
+    // What it committed after the savepoint's epoch is in the reference, once.
+    let after_sp = committed(&fresh.out);
+    let mut r = reference.iter().peekable();
+    for l in &after_sp {
+        while r.next_if(|x| *x < l).is_some() {}
+        assert_eq!(r.next(), Some(l), "committed once and in the reference");
+    }
     // Default savepoint names never collide: the second promotion of the same epoch
     // number gets its own directory.
     let promote = || {
