@@ -7,6 +7,7 @@ pub mod cep;
 mod context;
 mod error;
 mod export;
+pub mod hash;
 mod host;
 mod info;
 mod mock;

@@ -1,7 +1,9 @@
 //! [`CepOperator`]: runs a [`Pattern`] per record key on host keyed state and event-time
 //! timers (design §9.2, §8.4).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::hash::FxHashMap;
 
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -91,7 +93,7 @@ pub struct CepOperator<E> {
     buffer: ValueState<Buffer<E>>,
     queue: ValueState<Queue<E>>,
     /// The keys read from host state since they were last dropped, decoded.
-    cache: HashMap<Vec<u8>, KeyEntry<E>, foldhash::fast::FixedState>,
+    cache: FxHashMap<Vec<u8>, KeyEntry<E>>,
     /// The cached keys' timers in firing order: (event time, key).
     due: BTreeSet<(i64, Vec<u8>)>,
 }
@@ -176,7 +178,7 @@ where
             nfa: ValueState::open(ctx, NFA_STATE)?,
             buffer: ValueState::open(ctx, BUFFER_STATE)?,
             queue: ValueState::open(ctx, QUEUE_STATE)?,
-            cache: HashMap::default(),
+            cache: FxHashMap::default(),
             due: BTreeSet::new(),
         })
     }
@@ -236,7 +238,7 @@ where
         let _ = out;
         let wm = ctx.current_watermark();
         // Events per key in arrival order; keys in order of first appearance.
-        let mut index: HashMap<&[u8], usize, foldhash::fast::FixedState> = HashMap::default();
+        let mut index: FxHashMap<&[u8], usize> = FxHashMap::default();
         let mut groups: Vec<KeyEvents<'_, E>> = Vec::new();
         let mut late = Batch::new();
         for (i, rec) in batch.iter().enumerate() {

@@ -1,7 +1,6 @@
 //! [`WindowOperator`]: assignment, lateness, merging, timers and firing over a
 //! [`WindowFunction`].
 
-use std::collections::HashMap;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
@@ -40,9 +39,10 @@ impl<F: WindowFunction + std::fmt::Debug> std::fmt::Debug for WindowOperator<F> 
     }
 }
 
-/// A hash map with foldhash's fixed-seed hasher (no random state in a wasm guest;
-/// SipHash was a visible cost of per-batch grouping).
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+/// A hash map with the guest's Fx hasher ([`crate::hash`]: no random state in a wasm
+/// guest, SipHash was a visible cost of per-batch grouping, foldhash's 128-bit multiply
+/// a libcall on wasm32).
+type FastMap<K, V> = crate::hash::FxHashMap<K, V>;
 
 /// Dense ids of the windows one batch touches: a linear scan while they are few (the
 /// common case: a batch spans a few slides), a hash map beyond.
@@ -324,7 +324,7 @@ impl<F: WindowFunction> WindowOperator<F> {
             .merge
             .as_ref()
             .expect("session operator opens its merge state");
-        let mut key_ids: HashMap<&[u8], u32> = HashMap::new();
+        let mut key_ids: FastMap<&[u8], u32> = FastMap::default();
         let mut keys: Vec<&[u8]> = Vec::new();
         let mut by_key: Vec<Vec<u32>> = Vec::new();
         for i in 0..n {
@@ -427,7 +427,7 @@ impl<F: WindowFunction> WindowOperator<F> {
                 }
             }
         }
-        let mut redirect: HashMap<(u32, Window), Window> = HashMap::new();
+        let mut redirect: FastMap<(u32, Window), Window> = FastMap::default();
         for &(k, target, source) in &merges {
             self.function.merge(
                 ctx,

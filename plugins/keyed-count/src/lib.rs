@@ -19,7 +19,6 @@
 //! reused scratch buffers, and nothing is allocated per record.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use nop_stream_sdk::{
     Batch, Context, Operator, PluginError, PluginInfo, Result, StateDescriptor, StateHandle,
@@ -34,60 +33,9 @@ pub const COUNT_CODEC: &str = "u64-le";
 /// JSON Schema of the config, reported by `describe()`.
 pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"emit":{"enum":["record","batch"],"default":"record","description":"one update per input record, or per distinct key of each batch"}}}"#;
 
-/// A small, fast, non-cryptographic hasher (the rustc `FxHasher` scheme) for the per-batch
-/// key index; keys are routed and trusted, so hash flooding is not a concern.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FxHasher {
-    hash: u64,
-}
-
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 59));
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
-
-/// `BuildHasher` of [`FxHasher`].
-pub type FxBuildHasher = BuildHasherDefault<FxHasher>;
-
-/// 64-bit Fx hash of `bytes`.
-#[inline]
-pub fn fx_hash(bytes: &[u8]) -> u64 {
-    let mut h = FxHasher::default();
-    h.write(bytes);
-    h.finish()
-}
+/// The guest SDK's Fx hasher, used for the per-batch key index (and, natively, by the
+/// bench's floor); re-exported here for the bench.
+pub use nop_stream_sdk::hash::{FxBuildHasher, FxHasher, fx_hash};
 
 /// When updates are emitted; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
