@@ -31,6 +31,17 @@ pub(crate) struct Run {
 }
 
 impl Run {
+    /// A placeholder left where a run was moved out (allocates nothing).
+    const EMPTY: Run = Run {
+        id: 0,
+        stage: 0,
+        count: 0,
+        events: Vec::new(),
+        start_ts: 0,
+        guards: Vec::new(),
+        emitted: false,
+    };
+
     fn start_id(&self) -> u64 {
         self.events[0].1
     }
@@ -136,18 +147,19 @@ impl<E: Clone> KeyNfa<E> {
 
     /// Spawns the runs that follow `t` having just taken an event into its stage:
     /// the loop run (if the stage may take more) and the runs entering later stages (if
-    /// the stage has enough events). Completed matches go to `done`.
-    fn expand(&mut self, p: &Pattern<E>, t: &Run, runs: &mut Vec<Run>, done: &mut Vec<Run>) {
+    /// the stage has enough events). Completed matches go to `done`. `t` itself becomes
+    /// the loop run (its id is taken first, so ids are as if it were pushed first; the
+    /// caller sorts `runs` by id).
+    fn expand(&mut self, p: &Pattern<E>, t: Run, runs: &mut Vec<Run>, done: &mut Vec<Run>) {
         let st = &p.stages[usize::from(t.stage)];
         let first_new = runs.len();
         let done_before = done.len();
-        if st.max.is_none_or(|m| t.count < m) {
-            let mut l = t.clone();
-            l.id = self.new_id();
-            runs.push(l);
-        }
+        let loop_id = st.max.is_none_or(|m| t.count < m).then(|| self.new_id());
         if t.count >= st.min {
-            self.enter(p, usize::from(t.stage) + 1, t, Vec::new(), runs, done);
+            self.enter(p, usize::from(t.stage) + 1, &t, Vec::new(), runs, done);
+        }
+        if let Some(id) = loop_id {
+            runs.push(Run { id, ..t });
         }
         if done.len() > done_before {
             for r in &mut runs[first_new..] {
@@ -212,7 +224,8 @@ impl<E: Clone> KeyNfa<E> {
         self.state.next_event_id += 1;
         self.buffer.insert(eid, BufEntry { ts, event, refs: 0 });
         let old = std::mem::take(&mut self.state.runs);
-        let mut runs: Vec<Run> = Vec::with_capacity(old.len() + 2);
+        // Allocated only if a run survives or starts (most events of most keys neither).
+        let mut runs: Vec<Run> = Vec::new();
         let mut done: Vec<Run> = Vec::new();
         for mut r in old {
             let (take, keep) = {
@@ -246,12 +259,17 @@ impl<E: Clone> KeyNfa<E> {
                 }
             };
             if take {
-                let mut t = r.clone();
-                t.events.push((r.stage, eid));
+                // The taken run is the kept one's copy, or the run itself if not kept.
+                let mut t = if keep {
+                    r.clone()
+                } else {
+                    std::mem::replace(&mut r, Run::EMPTY)
+                };
+                t.events.push((t.stage, eid));
                 t.count += 1;
                 t.guards.clear();
                 t.emitted = false;
-                self.expand(p, &t, &mut runs, &mut done);
+                self.expand(p, t, &mut runs, &mut done);
             }
             if keep {
                 r.guards
@@ -273,7 +291,7 @@ impl<E: Clone> KeyNfa<E> {
                 guards: Vec::new(),
                 emitted: false,
             };
-            self.expand(p, &t, &mut runs, &mut done);
+            self.expand(p, t, &mut runs, &mut done);
         }
         runs.sort_by_key(|r| r.id);
         self.state.runs = runs;

@@ -1,7 +1,9 @@
 //! [`CepOperator`]: runs a [`Pattern`] per record key on host keyed state and event-time
 //! timers (design §9.2, §8.4).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::rc::Rc;
 
 use crate::hash::FxHashMap;
 
@@ -92,10 +94,15 @@ pub struct CepOperator<E> {
     nfa: ValueState<NfaState>,
     buffer: ValueState<Buffer<E>>,
     queue: ValueState<Queue<E>>,
-    /// The keys read from host state since they were last dropped, decoded.
-    cache: FxHashMap<Vec<u8>, KeyEntry<E>>,
-    /// The cached keys' timers in firing order: (event time, key).
-    due: BTreeSet<(i64, Vec<u8>)>,
+    /// The keys read from host state since they were last dropped, decoded. A key's
+    /// bytes are allocated once, when it is loaded, and shared with [`Self::due`].
+    cache: FxHashMap<Rc<[u8]>, KeyEntry<E>>,
+    /// The cached keys' timers, earliest first: (event time, key). A moved timer's old
+    /// entry is not removed but skipped when it comes up (it no longer equals its key's
+    /// [`KeyEntry::timer`], or its key left the cache), so entries are only pushed and
+    /// popped; stale ones are bounded by the timer moves since the watermark last passed
+    /// them.
+    due: BinaryHeap<Reverse<(i64, Rc<[u8]>)>>,
 }
 
 /// Keys a [`CepOperator`] keeps decoded in memory before it writes them back and drops
@@ -104,6 +111,8 @@ pub const MAX_CACHED_KEYS: usize = 65_536;
 
 /// One key's CEP state, decoded, with its write-back bookkeeping.
 struct KeyEntry<E> {
+    /// The key (the same allocation as the cache's and the timer queue's).
+    key: Rc<[u8]>,
     queue: Queue<E>,
     nfa: NfaState,
     buffer: Buffer<E>,
@@ -179,7 +188,7 @@ where
             buffer: ValueState::open(ctx, BUFFER_STATE)?,
             queue: ValueState::open(ctx, QUEUE_STATE)?,
             cache: FxHashMap::default(),
-            due: BTreeSet::new(),
+            due: BinaryHeap::new(),
         })
     }
 
@@ -272,7 +281,7 @@ where
                     entry.queue.entry(ts).or_default().push(e);
                 }
                 entry.dirty = true;
-                Self::retime(&self.pattern, &mut self.due, key, entry);
+                Self::retime(&self.pattern, &mut self.due, entry);
             }
             self.spill_if_full(ctx);
         }
@@ -305,11 +314,11 @@ where
         }
     }
 
-    /// Recomputes a cached key's timer and moves it in the in-memory timer queue.
+    /// Recomputes a cached key's timer and moves it in the in-memory timer queue (the
+    /// old entry stays behind, stale).
     fn retime(
         pattern: &Pattern<E>,
-        due: &mut BTreeSet<(i64, Vec<u8>)>,
-        key: &[u8],
+        due: &mut BinaryHeap<Reverse<(i64, Rc<[u8]>)>>,
         entry: &mut KeyEntry<E>,
     ) {
         let next = Self::next_timer(
@@ -320,11 +329,8 @@ where
         if next == entry.timer {
             return;
         }
-        if let Some(old) = entry.timer {
-            due.remove(&(old, key.to_vec()));
-        }
         if let Some(new) = next {
-            due.insert((new, key.to_vec()));
+            due.push(Reverse((new, Rc::clone(&entry.key))));
         }
         entry.timer = next;
     }
@@ -356,12 +362,14 @@ where
             let queue = queue.unwrap_or_default();
             let nfa = nfa.unwrap_or_default();
             let timer = Self::next_timer(&self.pattern, queue.keys().next().copied(), Some(&nfa));
+            let key: Rc<[u8]> = Rc::from(key);
             if let Some(t) = timer {
-                self.due.insert((t, key.to_vec()));
+                self.due.push(Reverse((t, Rc::clone(&key))));
             }
             self.cache.insert(
-                key.to_vec(),
+                Rc::clone(&key),
                 KeyEntry {
+                    key,
                     queue,
                     nfa,
                     buffer: buffer.unwrap_or_default(),
@@ -452,7 +460,7 @@ where
         let mut deletes: Vec<u8> = Vec::new();
         let mut delete_ends: Vec<u32> = Vec::new();
         let mut retimes = Retimes::default();
-        let mut emptied: Vec<Vec<u8>> = Vec::new();
+        let mut emptied: Vec<Rc<[u8]>> = Vec::new();
         for (key, entry) in &mut self.cache {
             retimes.push(key, entry.host_timer, entry.timer);
             entry.host_timer = entry.timer;
@@ -465,16 +473,16 @@ where
                     deletes.extend_from_slice(key);
                     delete_ends.push(deletes.len() as u32);
                 }
-                emptied.push(key.clone());
+                emptied.push(Rc::clone(key));
             }
         }
         let puts = || self.cache.iter().filter(|(_, e)| e.dirty && !e.is_empty());
         let nfa_state = self.nfa.in_namespace(CEP_NAMESPACE);
         let queue_state = self.queue.in_namespace(CEP_NAMESPACE);
         let buffer_state = self.buffer.in_namespace(CEP_NAMESPACE);
-        nfa_state.put_many_refs(ctx, puts().map(|(k, e)| (k.as_slice(), &e.nfa)));
-        queue_state.put_many_refs(ctx, puts().map(|(k, e)| (k.as_slice(), &e.queue)));
-        buffer_state.put_many_refs(ctx, puts().map(|(k, e)| (k.as_slice(), &e.buffer)));
+        nfa_state.put_many_refs(ctx, puts().map(|(k, e)| (&**k, &e.nfa)));
+        queue_state.put_many_refs(ctx, puts().map(|(k, e)| (&**k, &e.queue)));
+        buffer_state.put_many_refs(ctx, puts().map(|(k, e)| (&**k, &e.buffer)));
         nfa_state.delete_many_flat(ctx, &deletes, &delete_ends);
         queue_state.delete_many_flat(ctx, &deletes, &delete_ends);
         buffer_state.delete_many_flat(ctx, &deletes, &delete_ends);
@@ -502,18 +510,34 @@ where
     ) -> Result<()> {
         let mut timed_out = Batch::new();
         let mut outputs = Vec::new();
-        while let Some((t, _)) = self.due.first()
+        while let Some(Reverse((t, _))) = self.due.peek()
             && *t <= upto
         {
-            let (_, key) = self.due.pop_first().expect("just seen");
-            let entry = self.cache.get_mut(&key).expect("a due key is cached");
+            let Reverse((t, key)) = self.due.pop().expect("just seen");
+            // A stale entry: the key's timer moved, or the key left the cache.
+            let Some(entry) = self.cache.get_mut(&*key) else {
+                continue;
+            };
+            if entry.timer != Some(t) {
+                continue;
+            }
             entry.timer = None;
             let mut k = KeyNfa {
                 state: std::mem::take(&mut entry.nfa),
                 buffer: std::mem::take(&mut entry.buffer),
                 report_timeouts: !self.discard_timed_out,
             };
-            let later = entry.queue.split_off(&upto.saturating_add(1));
+            // The whole queue when it is all due (the common case): `split_off` would
+            // build a new tree either way.
+            let later = if entry
+                .queue
+                .last_key_value()
+                .is_some_and(|(t, _)| *t <= upto)
+            {
+                Queue::new()
+            } else {
+                entry.queue.split_off(&upto.saturating_add(1))
+            };
             for (ts, events) in std::mem::replace(&mut entry.queue, later) {
                 k.advance_time(&self.pattern, &key, ts, &mut outputs);
                 for e in events {
@@ -525,9 +549,9 @@ where
             entry.nfa = k.state;
             entry.buffer = k.buffer;
             entry.dirty = true;
-            Self::retime(&self.pattern, &mut self.due, &key, entry);
+            Self::retime(&self.pattern, &mut self.due, entry);
             if entry.is_empty() && !entry.stored && entry.host_timer.is_none() {
-                self.cache.remove(&key);
+                self.cache.remove(&*key);
             }
             for o in outputs.drain(..) {
                 let (m, target, f) = match &o {
