@@ -53,6 +53,8 @@ pub enum LateEvents {
 type Queue<E> = BTreeMap<i64, Vec<E>>;
 /// A key's shared buffer: event id → entry.
 type Buffer<E> = BTreeMap<u64, BufEntry<E>>;
+/// The cached keys' timers, earliest first (see [`CepOperator::due`]).
+type DueQueue = BinaryHeap<Reverse<(i64, Rc<[u8]>)>>;
 /// One key's events of a batch, with their event times, in arrival order.
 type KeyEvents<'a, E> = (&'a [u8], Vec<(i64, E)>);
 
@@ -102,7 +104,7 @@ pub struct CepOperator<E> {
     /// [`KeyEntry::timer`], or its key left the cache), so entries are only pushed and
     /// popped; stale ones are bounded by the timer moves since the watermark last passed
     /// them.
-    due: BinaryHeap<Reverse<(i64, Rc<[u8]>)>>,
+    due: DueQueue,
 }
 
 /// Keys a [`CepOperator`] keeps decoded in memory before it writes them back and drops
@@ -316,11 +318,7 @@ where
 
     /// Recomputes a cached key's timer and moves it in the in-memory timer queue (the
     /// old entry stays behind, stale).
-    fn retime(
-        pattern: &Pattern<E>,
-        due: &mut BinaryHeap<Reverse<(i64, Rc<[u8]>)>>,
-        entry: &mut KeyEntry<E>,
-    ) {
+    fn retime(pattern: &Pattern<E>, due: &mut DueQueue, entry: &mut KeyEntry<E>) {
         let next = Self::next_timer(
             pattern,
             entry.queue.keys().next().copied(),
