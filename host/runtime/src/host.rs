@@ -402,7 +402,7 @@ impl StoreData {
                     keys.len()
                 ))));
             }
-            self.keyed()?.check_key(&keys[start..end]).map_err(trap)?;
+            self.keyed()?.check_owned(&keys[start..end]).map_err(trap)?;
             start = end;
         }
         Ok(())
@@ -659,7 +659,7 @@ impl timers::Host for StoreData {
         timestamp: i64,
     ) -> wasmtime::Result<()> {
         // Timers are keyed like state: refuse keys outside the subtask's shards.
-        self.keyed()?.check_key(&key).map_err(trap)?;
+        self.keyed()?.check_owned(&key).map_err(trap)?;
         self.timers
             .insert(domain_code(domain), timestamp, &key, &namespace, false);
         Ok(())

@@ -956,7 +956,22 @@ impl KeyedState {
         Ok(d)
     }
 
-    /// Checks that `key` belongs to a shard this subtask owns.
+    /// Checks that `key` belongs to a shard this subtask owns, like [`Self::check_key`],
+    /// without hashing it when the subtask owns every shard (parallelism 1): a state call
+    /// checks each of its keys, and the hash was a visible share of a windowed job's host
+    /// time.
+    ///
+    /// # Errors
+    /// [`StateError::KeyOutsideShards`] for a key outside the owned shards.
+    #[inline]
+    pub fn check_owned(&self, key: &[u8]) -> Result<()> {
+        if self.owned.start == 0 && self.owned.end >= self.shard_count {
+            return Ok(());
+        }
+        self.check_key(key).map(drop)
+    }
+
+    /// Checks that `key` belongs to a shard this subtask owns; returns its shard.
     ///
     /// # Errors
     /// [`StateError::KeyOutsideShards`] otherwise.
@@ -1021,7 +1036,7 @@ impl KeyedState {
         let may_miss = self.cache[state as usize].maybe_in_db(namespace);
         let map = self.cache[state as usize].map(namespace);
         for (i, key) in slices(keys, key_ends).enumerate() {
-            let shard = self.check_key(key)?;
+            self.check_owned(key)?;
             match map.and_then(|m| m.get(key)) {
                 Some(slot) => {
                     if let Some(v) = slot.value.as_deref().and_then(|v| live(v, ttl, now)) {
@@ -1033,6 +1048,7 @@ impl KeyedState {
                 }
                 None => {
                     if may_miss {
+                        let shard = shard_of(key, self.shard_count);
                         misses.push((i, key.to_vec(), composite(shard.0, namespace, key)));
                     }
                     present.push(false);
@@ -1108,7 +1124,7 @@ impl KeyedState {
         }
         // Check every key first, so a refused key leaves the state unchanged.
         for key in slices(keys, key_ends) {
-            self.check_key(key)?;
+            self.check_owned(key)?;
         }
         if self.ttl_ms(state).is_some() {
             let now = (self.clock)();
@@ -1206,7 +1222,7 @@ impl KeyedState {
         value: Option<Vec<u8>>,
         plain: bool,
     ) -> Result<()> {
-        self.check_key(key)?;
+        self.check_owned(key)?;
         let value = match value {
             Some(v) if plain && self.ttl_ms(state).is_some() => {
                 let mut stored = Bytes::new();
@@ -1277,7 +1293,7 @@ impl KeyedState {
         self.descriptor(state, StateKind::Value)?;
         check_ends("keys", key_ends, keys.len())?;
         for key in slices(keys, key_ends) {
-            self.check_key(key)?;
+            self.check_owned(key)?;
         }
         for key in slices(keys, key_ends) {
             self.put_one(state, namespace, key, None, true)?;
