@@ -1173,7 +1173,7 @@ impl KeyedState {
     /// Reads the value bytes of one (state, namespace, key) through the cache (without
     /// the TTL prefix; an expired entry reads as absent).
     fn get_one(&mut self, state: u32, namespace: &[u8], key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let shard = self.check_key(key)?;
+        self.check_owned(key)?;
         let ttl = self.ttl_ms(state);
         let now = if ttl.is_some() { (self.clock)() } else { 0 };
         if let Some(slot) = self.cache[state as usize]
@@ -1190,7 +1190,10 @@ impl KeyedState {
             return Ok(None);
         }
         let loaded = self
-            .read_db(state, &[composite(shard.0, namespace, key).as_slice()])?
+            .read_db(
+                state,
+                &[composite(shard_of(key, self.shard_count).0, namespace, key).as_slice()],
+            )?
             .pop()
             .flatten();
         let value = loaded
