@@ -494,9 +494,11 @@ macro_rules! export_sink {
     };
 }
 
-/// Inside `impl Operator for T { … }`: forwards `process` and `on_timers` to the
-/// [`crate::window::WindowOperator`] in field `$field`, which is all a window plugin
-/// needs besides `describe` and `open`.
+/// Inside `impl Operator for T { … }`: forwards `process`, `on_timers` and
+/// `on_watermark` to the [`crate::window::WindowOperator`] in field `$field`, and calls its
+/// `flush` from `prepare_checkpoint` and `finish`: all a window plugin needs besides
+/// `describe` and `open`, also with the accumulator cache
+/// ([`crate::window::WindowOperator::cached`]).
 ///
 /// ```ignore
 /// impl Operator for MyWindow {
@@ -509,6 +511,34 @@ macro_rules! export_sink {
 macro_rules! window_operator_hooks {
     ($field:ident) => {
         $crate::__process_and_timer_hooks!($field);
+
+        fn on_watermark(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            watermark: i64,
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.on_watermark(ctx, watermark, out)
+        }
+
+        fn prepare_checkpoint(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            _epoch: u64,
+            _out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.flush(ctx);
+            Ok(())
+        }
+
+        fn finish(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            _out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.flush(ctx);
+            Ok(())
+        }
     };
 }
 

@@ -5,8 +5,9 @@
 
 use serde::{Serialize, de::DeserializeOwned};
 
+use super::cache::AccCache;
 use super::{ACC_STATE, CONTENTS_STATE, FunctionKind, Window};
-use crate::{Batch, Context, RecordRef, Result, StateHandle, ValueState};
+use crate::{Batch, Context, RecordRef, Result, StateHandle, TimeDomain, ValueState};
 
 /// An incremental aggregate (Flink's `AggregateFunction<IN, ACC, OUT>`): records are
 /// decoded once, folded into an accumulator stored per (key, window) in value state
@@ -234,6 +235,60 @@ pub trait WindowFunction {
             start = end as usize;
         }
     }
+
+    /// Whether the function can keep per-(key, window) contents in the instance between
+    /// checkpoints (the accumulator cache, see the [module docs](super)): then the
+    /// operator calls [`Self::cache_add`] instead of [`Self::add`], fires with
+    /// [`Self::fire_cached`] and writes the cache back with [`Self::flush_cache`].
+    /// Default: `false` ([`Aggregating`] says `true`).
+    fn caches(&self) -> bool {
+        false
+    }
+
+    /// Folds `input` into the cached contents of `key` in each of `windows`. Only called
+    /// when [`Self::caches`]. Default: unreachable.
+    fn cache_add(&mut self, windows: &[Window], key: &[u8], input: &Self::Input) {
+        let _ = (windows, key, input);
+        unreachable!("cache_add on a window function that does not cache");
+    }
+
+    /// (key, window) entries in the cache, and whether it is past its bound
+    /// ([`MAX_CACHED_ENTRIES`](super::MAX_CACHED_ENTRIES) entries or
+    /// [`MAX_CACHED_KEY_BYTES`](super::MAX_CACHED_KEY_BYTES) of keys). Default: `(0, false)`.
+    fn cache_size(&self) -> (usize, bool) {
+        (0, false)
+    }
+
+    /// The lowest window with cached contents. Default: `None`.
+    fn first_cached(&self) -> Option<Window> {
+        None
+    }
+
+    /// Fires `window` for the union of the keys of a timer group (flat in `keys` /
+    /// `key_ends`, ascending, contents in state `ns`) and the keys cached for `window`, in
+    /// ascending key order, each key's stored and cached contents combined; then drops the
+    /// window from the cache. Does not clear state. Default: [`Self::fire_many`].
+    ///
+    /// # Errors
+    /// Errors of the process function (the window's cached contents are dropped).
+    fn fire_cached(
+        &mut self,
+        ctx: &mut dyn Context,
+        keys: &[u8],
+        key_ends: &[u32],
+        window: Window,
+        ns: &[u8],
+        out: &mut Batch,
+    ) -> Result<()> {
+        self.fire_many(ctx, keys, key_ends, window, ns, out)
+    }
+
+    /// Writes every cached (key, window) back to state (combined with what state holds)
+    /// and registers the key's event-time timer at the window's max timestamp, so that
+    /// state and timers are exact; empties the cache. Default: nothing.
+    fn flush_cache(&mut self, ctx: &mut dyn Context) {
+        let _ = ctx;
+    }
 }
 
 /// Incremental window function: an [`AggregateFunction`] (or a [`ReduceFunction`] through
@@ -245,6 +300,7 @@ pub struct Aggregating<A: AggregateFunction, P = EmitResult> {
     process: P,
     kind: FunctionKind,
     acc: Option<ValueState<A::Acc>>,
+    cache: AccCache<A::Acc>,
 }
 
 impl<A: AggregateFunction + std::fmt::Debug, P: std::fmt::Debug> std::fmt::Debug
@@ -274,6 +330,7 @@ impl<A: AggregateFunction, P> Aggregating<A, P> {
             process,
             kind: FunctionKind::Aggregate,
             acc: None,
+            cache: AccCache::default(),
         }
     }
 
@@ -298,6 +355,7 @@ impl<R: ReduceFunction, P> Aggregating<ReduceAggregate<R>, P> {
             process,
             kind: FunctionKind::Reduce,
             acc: None,
+            cache: AccCache::default(),
         }
     }
 }
@@ -457,6 +515,124 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
     fn clear_many(&mut self, ctx: &mut dyn Context, keys: &[u8], key_ends: &[u32], ns: &[u8]) {
         let state = self.acc.as_ref().expect("window function used before open");
         state.in_namespace(ns).delete_many_flat(ctx, keys, key_ends);
+    }
+
+    fn caches(&self) -> bool {
+        true
+    }
+
+    #[inline]
+    fn cache_add(&mut self, windows: &[Window], key: &[u8], input: &A::In) {
+        let agg = &self.agg;
+        self.cache.add(
+            windows,
+            key,
+            || agg.create_accumulator(),
+            |acc| agg.add(acc, input),
+        );
+    }
+
+    fn cache_size(&self) -> (usize, bool) {
+        (self.cache.entries(), self.cache.is_full())
+    }
+
+    fn first_cached(&self) -> Option<Window> {
+        self.cache.first()
+    }
+
+    /// One batched read of the group's accumulators, merged by key order with the cached
+    /// ones ([`AggregateFunction::merge`], stored into cached).
+    fn fire_cached(
+        &mut self,
+        ctx: &mut dyn Context,
+        keys: &[u8],
+        key_ends: &[u32],
+        window: Window,
+        ns: &[u8],
+        out: &mut Batch,
+    ) -> Result<()> {
+        let Some(mut slot) = self.cache.take(window) else {
+            return self.fire_many(ctx, keys, key_ends, window, ns, out);
+        };
+        let state = self.acc.as_ref().expect("window function used before open");
+        let mut stored = if key_ends.is_empty() {
+            Vec::new()
+        } else {
+            state.in_namespace(ns).get_many_flat(ctx, keys, key_ends)
+        }
+        .into_iter();
+        let order = slot.sorted();
+        let mut cached: Vec<Option<A::Acc>> = slot.take_accs().into_iter().map(Some).collect();
+        let mut order = order.into_iter().peekable();
+        let (mut start, mut ends) = (0usize, key_ends.iter().peekable());
+        let ts = window.max_timestamp();
+        loop {
+            let group_key = ends.peek().map(|&&end| &keys[start..end as usize]);
+            let cached_key = order.peek().map(|&i| slot.key(i as usize));
+            let (key, acc) = match (group_key, cached_key) {
+                (None, None) => break,
+                (Some(g), c) if c.is_none_or(|c| g <= c) => {
+                    let end = *ends.next().expect("peeked");
+                    start = end as usize;
+                    let mut acc = stored.next().flatten();
+                    if c == Some(g) {
+                        let i = order.next().expect("peeked") as usize;
+                        let delta = cached[i].take().expect("each cached entry fires once");
+                        acc = Some(match acc {
+                            Some(mut a) => {
+                                self.agg.merge(&mut a, delta);
+                                a
+                            }
+                            None => delta,
+                        });
+                    }
+                    (g, acc)
+                }
+                (_, Some(c)) => {
+                    let i = order.next().expect("peeked") as usize;
+                    (c, cached[i].take())
+                }
+                (Some(_), None) => unreachable!("matched by the second arm"),
+            };
+            let Some(acc) = acc else {
+                continue;
+            };
+            let result = self.agg.get_result(acc);
+            let mut output = WindowOutput::new(out, key, ts);
+            self.process
+                .process(key, window, std::slice::from_ref(&result), &mut output)?;
+        }
+        Ok(())
+    }
+
+    /// Per cached window: one batched read of the stored accumulators, one batched write
+    /// of the merged ones, one timer registration for all its keys.
+    fn flush_cache(&mut self, ctx: &mut dyn Context) {
+        let state = self.acc.as_ref().expect("window function used before open");
+        for (window, mut slot) in self.cache.drain() {
+            let ns = window.namespace();
+            let state = state.in_namespace(&ns);
+            let deltas = slot.take_accs();
+            let keys: Vec<&[u8]> = (0..slot.len()).map(|i| slot.key(i)).collect();
+            let stored = state.get_many(ctx, &keys);
+            let entries: Vec<(&[u8], A::Acc)> = keys
+                .iter()
+                .zip(deltas)
+                .zip(stored)
+                .map(|((&k, delta), acc)| {
+                    let acc = match acc {
+                        Some(mut a) => {
+                            self.agg.merge(&mut a, delta);
+                            a
+                        }
+                        None => delta,
+                    };
+                    (k, acc)
+                })
+                .collect();
+            state.put_many(ctx, &entries);
+            ctx.register_timers_for_keys(TimeDomain::EventTime, &ns, window.max_timestamp(), &keys);
+        }
     }
 }
 

@@ -48,9 +48,10 @@
 //!
 //! # State layout
 //!
-//! Everything durable is in host state and timers (design §8.4, §9.1); the instance caches
-//! nothing between calls, so it may be dropped after any call and a fresh one opened on
-//! the restored state. See [`state_descriptors`]:
+//! Everything durable is in host state and timers (design §8.4, §9.1). Without the
+//! accumulator cache the instance keeps nothing between calls, so it may be dropped after
+//! any call and a fresh one opened on the restored state; with it, after any
+//! `prepare_checkpoint` (see below). See [`state_descriptors`]:
 //!
 //! | state | kind | namespace | key | value |
 //! |---|---|---|---|---|
@@ -60,6 +61,34 @@
 //!
 //! Namespaces are [`Window::namespace`]: 16 bytes, start then end, each an order-preserving
 //! big-endian `i64` (sign bit flipped). Timers use the window's own namespace.
+//!
+//! # Accumulator cache
+//!
+//! [`WindowOperator::cached`] turns on a write-back cache for an [`Aggregating`] function
+//! over tumbling or sliding event-time windows with zero allowed lateness (the shape of
+//! Nexmark q5 and of most dashboards). A record is then folded into an accumulator per
+//! (key, window) held in the instance: no state access and no timer per record, where
+//! without it each batch reads and writes every (key, window) it touches and registers
+//! its timers. When the watermark reaches a window's max timestamp
+//! ([`WindowOperator::on_watermark`]) the window fires from the cache, keys ascending,
+//! and is dropped.
+//!
+//! [`WindowOperator::flush`], called from `prepare_checkpoint` (and `finish`), merges
+//! every cached accumulator into [`ACC_STATE`] ([`AggregateFunction::merge`]) and
+//! registers the (key, window) timer at the window's max timestamp, the layout and
+//! timers of the uncached operator. So at every barrier state and timers are exact: a
+//! restore, a savepoint, a rescale or a plugin swap sees what the uncached operator would
+//! have written, and the cache needs no state of its own. The cache is also flushed
+//! between checkpoints once it holds [`MAX_CACHED_ENTRIES`] entries or
+//! [`MAX_CACHED_KEY_BYTES`] of keys, which bounds the guest memory it takes.
+//!
+//! A window whose keys were partly flushed fires once, when its host timers come due:
+//! each flushed key's stored accumulator is merged with what the cache added since, in
+//! one ascending key order with the keys only in the cache. Cached windows due earlier
+//! fire before it, so output order is the uncached operator's: windows by max timestamp,
+//! keys ascending. The result equals the uncached one when `merge(acc, other)` of an
+//! accumulator and a newer one agrees with adding the newer records to `acc`, as Flink
+//! asks of its `AggregateFunction`.
 //!
 //! # Merging (session) windows
 //!
@@ -95,11 +124,13 @@
 //! input beyond the source's bound, or within allowed lateness) merge into what is still in
 //! state when they arrive, as in Flink, and so depend on watermark progress.
 
+mod cache;
 mod function;
 mod operator;
 #[cfg(test)]
 mod tests;
 
+pub use cache::{MAX_CACHED_ENTRIES, MAX_CACHED_KEY_BYTES};
 pub use function::{
     AggregateFunction, Aggregating, EmitResult, KeyGroup, ProcessWindowFunction, Processing,
     ReduceAggregate, ReduceFunction, WindowFunction, WindowOutput,

@@ -28,6 +28,8 @@ pub struct WindowOperator<F: WindowFunction> {
     function: F,
     merge: Option<ValueState<Vec<MergeEntry>>>,
     windows: Vec<Window>,
+    /// Whether the accumulator cache is on ([`Self::cached`]).
+    cache: bool,
 }
 
 impl<F: WindowFunction + std::fmt::Debug> std::fmt::Debug for WindowOperator<F> {
@@ -35,6 +37,7 @@ impl<F: WindowFunction + std::fmt::Debug> std::fmt::Debug for WindowOperator<F> 
         f.debug_struct("WindowOperator")
             .field("spec", &self.spec)
             .field("function", &self.function)
+            .field("cache", &self.cache)
             .finish()
     }
 }
@@ -118,7 +121,29 @@ impl<F: WindowFunction> WindowOperator<F> {
             function,
             merge,
             windows: Vec::new(),
+            cache: false,
         })
+    }
+
+    /// Turns on the accumulator cache where it applies (see "Accumulator cache" in the
+    /// [module docs](super)): for an [`super::Aggregating`] function over tumbling or
+    /// sliding event-time windows with zero allowed lateness; elsewhere it changes
+    /// nothing. The plugin must then forward `on_watermark` to [`Self::on_watermark`]
+    /// and call [`Self::flush`] from `prepare_checkpoint` and `finish`, as
+    /// [`crate::window_operator_hooks!`] does: without the flush a checkpoint would miss
+    /// the cached contents.
+    #[must_use]
+    pub fn cached(mut self) -> Self {
+        self.cache = self.function.caches()
+            && self.spec.is_event_time()
+            && !self.spec.assigner.is_merging()
+            && self.spec.allowed_lateness_ms == 0;
+        self
+    }
+
+    /// Whether the accumulator cache is on.
+    pub fn is_cached(&self) -> bool {
+        self.cache
     }
 
     /// The spec, with `function` set.
@@ -159,6 +184,8 @@ impl<F: WindowFunction> WindowOperator<F> {
         }
         if self.spec.assigner.is_merging() {
             self.process_sessions(ctx, batch, out)
+        } else if self.cache {
+            self.process_cached(ctx, batch)
         } else {
             self.process_fixed(ctx, batch, out)
         }
@@ -306,6 +333,95 @@ impl<F: WindowFunction> WindowOperator<F> {
         }
         Self::emit_late(ctx, batch, &late);
         Ok(())
+    }
+
+    /// Tumbling and sliding windows with the accumulator cache: every record is decoded
+    /// first (an undecodable one changes nothing), then folded into the cached contents
+    /// of its windows; no state access or timer. The cache is flushed when full.
+    fn process_cached(&mut self, ctx: &mut dyn Context, batch: &Batch) -> Result<()> {
+        let n = batch.len();
+        let watermark = ctx.current_watermark();
+        let mut windows = std::mem::take(&mut self.windows);
+        let mut inputs: Vec<Option<F::Input>> = Vec::with_capacity(n);
+        let mut late: Vec<u32> = Vec::new();
+        for i in 0..n {
+            windows.clear();
+            self.spec.assigner.assign(batch.timestamps[i], &mut windows);
+            if windows.iter().all(|w| self.is_expired(w, watermark)) {
+                late.push(i as u32);
+                inputs.push(None);
+                continue;
+            }
+            match self.decode(batch, i) {
+                Ok(v) => inputs.push(Some(v)),
+                Err(e) => {
+                    self.windows = windows;
+                    return Err(e);
+                }
+            }
+        }
+        for (i, input) in inputs.iter().enumerate() {
+            let Some(input) = input else {
+                continue;
+            };
+            windows.clear();
+            self.spec.assigner.assign(batch.timestamps[i], &mut windows);
+            windows.retain(|w| !self.is_expired(w, watermark));
+            let key = batch.key(i).unwrap_or(&[]);
+            self.function.cache_add(&windows, key, input);
+        }
+        self.windows = windows;
+        Self::emit_late(ctx, batch, &late);
+        if self.function.cache_size().1 {
+            self.function.flush_cache(ctx);
+        }
+        Ok(())
+    }
+
+    /// Fires, in window order, every cached window whose max timestamp is below `below`
+    /// (none of their keys has a due host timer: a flushed key's timer would have come
+    /// in an earlier group).
+    fn fire_cached_below(
+        &mut self,
+        ctx: &mut dyn Context,
+        below: i64,
+        out: &mut Batch,
+    ) -> Result<()> {
+        while let Some(w) = self.function.first_cached() {
+            if w.max_timestamp() >= below {
+                break;
+            }
+            self.function
+                .fire_cached(ctx, &[], &[], w, &w.namespace(), out)?;
+        }
+        Ok(())
+    }
+
+    /// The watermark advanced to `watermark` (after [`Self::on_timers`] got the due
+    /// timers): with the accumulator cache, fires every cached window whose max timestamp
+    /// it reached, in window order, keys ascending. Without it, nothing.
+    ///
+    /// # Errors
+    /// Errors of the process function.
+    pub fn on_watermark(
+        &mut self,
+        ctx: &mut dyn Context,
+        watermark: i64,
+        out: &mut Batch,
+    ) -> Result<()> {
+        if self.cache {
+            self.fire_cached_below(ctx, watermark.saturating_add(1), out)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the accumulator cache to state and registers its timers, so that state and
+    /// timers are exact: call it from `prepare_checkpoint` and `finish`. Without the
+    /// cache, nothing.
+    pub fn flush(&mut self, ctx: &mut dyn Context) {
+        if self.cache {
+            self.function.flush_cache(ctx);
+        }
     }
 
     /// Session windows: per key, the merge set is loaded (one batched get for the batch),
@@ -550,7 +666,15 @@ impl<F: WindowFunction> WindowOperator<F> {
                 }
             } else {
                 let ns = w.namespace();
-                if g.timestamp == max {
+                if self.cache {
+                    // Cached windows due before this group fire first, as their host
+                    // timers would have.
+                    self.fire_cached_below(ctx, g.timestamp, out)?;
+                }
+                if g.timestamp == max && self.cache {
+                    self.function
+                        .fire_cached(ctx, &g.keys, &g.key_ends, w, &ns, out)?;
+                } else if g.timestamp == max {
                     self.function
                         .fire_many(ctx, &g.keys, &g.key_ends, w, &ns, out)?;
                 }

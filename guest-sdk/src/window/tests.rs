@@ -170,11 +170,19 @@ impl<F: WindowFunction> Harness<F> {
         let timers = self.ctx.fire_due_event_timers(wm);
         let mut out = Batch::new();
         self.op.on_timers(&mut self.ctx, &timers, &mut out).unwrap();
+        self.op.on_watermark(&mut self.ctx, wm, &mut out).unwrap();
         collect(&out, &mut self.out);
     }
 
-    /// Drops the instance and opens a fresh one on a copy of the durable state.
+    /// `prepare_checkpoint`: writes the accumulator cache back.
+    fn flush(&mut self) {
+        self.op.flush(&mut self.ctx);
+    }
+
+    /// A checkpoint, then the instance dropped and a fresh one opened on a copy of the
+    /// durable state.
     fn restore(&mut self) {
+        self.flush();
         self.ctx = self.ctx.clone();
         self.op = (self.make)(&mut self.ctx);
     }
@@ -215,6 +223,16 @@ fn tumbling_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, De
 }
 fn session_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>> {
     agg_op(SESSION)(ctx)
+}
+fn cached_sliding_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>> {
+    let op = agg_op(SLIDING)(ctx).cached();
+    assert!(op.is_cached());
+    op
+}
+fn cached_tumbling_op(ctx: &mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>> {
+    let op = agg_op(TUMBLING)(ctx).cached();
+    assert!(op.is_cached());
+    op
 }
 
 /// A deterministic pseudo-random sequence (xorshift64*).
@@ -290,15 +308,28 @@ fn parse_outputs(out: &[Out]) -> BTreeMap<(String, Window), (u64, i64)> {
     got
 }
 
+/// What [`run_fixed`] does at every batch boundary.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Boundary {
+    /// Nothing.
+    Keep,
+    /// A checkpoint (the accumulator cache written back) after the watermark, same
+    /// instance: the next watermark fires windows whose keys are partly in state.
+    Checkpoint,
+    /// A checkpoint and a fresh instance on a copy of the state, after the watermark.
+    Restore,
+}
+
 /// Runs records in batches of `batch`, with the watermark after each batch at
-/// `max ts seen - lag`, restoring a fresh instance at every boundary if `restore`.
+/// `max ts seen - lag`, doing `boundary` at every batch boundary.
 fn run_fixed(
     make: fn(&mut MockContext) -> WindowOperator<Aggregating<SumCount, Describe>>,
     recs: &[(String, i64, i64)],
     batch: usize,
     lag: i64,
-    restore: bool,
+    boundary: Boundary,
 ) -> (Vec<Out>, Vec<Out>, Vec<(Rec, i64)>) {
+    let restore = boundary == Boundary::Restore;
     let mut h = Harness::new(FunctionKind::Aggregate, make);
     let mut arrivals = Vec::new();
     let mut late = Vec::new();
@@ -311,12 +342,11 @@ fn run_fixed(
         late.extend(h.late());
         arrivals.extend(chunk.iter().map(|r| (r.clone(), wm)));
         max_ts = chunk.iter().map(|r| r.1).fold(max_ts, i64::max);
-        if restore {
-            h.restore();
-        }
         h.watermark(max_ts.saturating_sub(lag));
         if restore {
             h.restore();
+        } else if boundary == Boundary::Checkpoint {
+            h.flush();
         }
     }
     h.watermark(i64::MAX);
@@ -329,10 +359,12 @@ fn tumbling_and_sliding_match_a_naive_reference_with_out_of_order_and_late_data(
     for (make, spec) in [
         (tumbling_op as fn(&mut MockContext) -> _, TUMBLING),
         (sliding_op, SLIDING),
+        (cached_tumbling_op, TUMBLING),
+        (cached_sliding_op, SLIDING),
     ] {
         for (seed, batch, lag) in [(1, 7, 20), (2, 50, 5), (3, 1, 40), (4, 13, 0)] {
             let recs = random_records(seed, 400, 5, 60);
-            let (out, late, arrivals) = run_fixed(make, &recs, batch, lag, false);
+            let (out, late, arrivals) = run_fixed(make, &recs, batch, lag, Boundary::Keep);
             let (want, want_late) = reference_fixed(&spec, &arrivals);
             let got = parse_outputs(&out);
             let diff: Vec<_> = got
@@ -358,11 +390,96 @@ fn tumbling_and_sliding_match_a_naive_reference_with_out_of_order_and_late_data(
 #[test]
 fn sliding_window_restored_at_every_boundary_equals_the_uninterrupted_run() {
     let recs = random_records(42, 600, 7, 80);
-    let (straight, late_a, _) = run_fixed(sliding_op, &recs, 17, 30, false);
-    let (restored, late_b, _) = run_fixed(sliding_op, &recs, 17, 30, true);
+    let (straight, late_a, _) = run_fixed(sliding_op, &recs, 17, 30, Boundary::Keep);
+    let (restored, late_b, _) = run_fixed(sliding_op, &recs, 17, 30, Boundary::Restore);
     assert!(straight.len() > 100);
     assert_eq!(straight, restored);
     assert_eq!(late_a, late_b);
+}
+
+/// The accumulator cache gives the uncached operator's output, in its order, whether it
+/// is written back at every boundary (windows then fire from stored and cached
+/// accumulators merged), restored from at every boundary, or never written back; and
+/// after the last firing no state or timer is left.
+#[test]
+fn cached_windows_equal_the_uncached_operator_across_checkpoints_and_restores() {
+    for (plain, cached) in [
+        (
+            sliding_op as fn(&mut MockContext) -> _,
+            cached_sliding_op as fn(&mut MockContext) -> _,
+        ),
+        (tumbling_op, cached_tumbling_op),
+    ] {
+        for (seed, batch, lag) in [(42, 17, 30), (7, 3, 0), (9, 64, 100)] {
+            let recs = random_records(seed, 600, 7, 80);
+            let (want, want_late, _) = run_fixed(plain, &recs, batch, lag, Boundary::Keep);
+            assert!(want.len() > 100);
+            for boundary in [Boundary::Keep, Boundary::Checkpoint, Boundary::Restore] {
+                let (got, late, _) = run_fixed(cached, &recs, batch, lag, boundary);
+                assert_eq!(got, want, "seed {seed} batch {batch} {boundary:?}");
+                assert_eq!(late, want_late, "seed {seed} batch {batch} {boundary:?}");
+            }
+        }
+    }
+}
+
+/// Between checkpoints the cache touches neither state nor timers; a checkpoint leaves
+/// exactly the uncached operator's state and timers.
+#[test]
+fn a_checkpoint_writes_the_cache_as_the_uncached_operator_would_have() {
+    let recs = [
+        ("a", 3, 1),
+        ("b", 12, 5),
+        ("a", 9, 2),
+        ("a", 10, 4),
+        ("c", 7, 1),
+    ];
+    let mut plain = Harness::new(FunctionKind::Aggregate, sliding_op);
+    let mut cached = Harness::new(FunctionKind::Aggregate, cached_sliding_op);
+    plain.feed(&recs);
+    cached.feed(&recs);
+    assert_eq!(cached.ctx.state_entry_count(), 0);
+    assert!(cached.ctx.registered_timers().is_empty());
+    cached.flush();
+    assert!(plain.ctx.state_entry_count() > 5);
+    assert_eq!(
+        cached.ctx.state_entry_count(),
+        plain.ctx.state_entry_count()
+    );
+    assert_eq!(
+        cached.ctx.registered_timers(),
+        plain.ctx.registered_timers()
+    );
+    // More records for the same windows, a second checkpoint: accumulators merge.
+    cached.feed(&recs);
+    plain.feed(&recs);
+    cached.flush();
+    assert_eq!(
+        cached.ctx.registered_timers(),
+        plain.ctx.registered_timers()
+    );
+    // And more, not written back: windows fire from stored and cached accumulators.
+    cached.feed(&recs[1..]);
+    plain.feed(&recs[1..]);
+    for h in [&mut plain, &mut cached] {
+        h.watermark(i64::MAX);
+        h.assert_clean();
+    }
+    assert_eq!(cached.out, plain.out);
+}
+
+#[test]
+fn the_cache_is_off_where_it_does_not_apply() {
+    let off = |spec: WindowSpec| {
+        let mut ctx = MockContext::new(&info(FunctionKind::Aggregate));
+        !agg_op(spec)(&mut ctx).cached().is_cached()
+    };
+    assert!(off(SESSION));
+    assert!(off(TUMBLING.allowed_lateness(5)));
+    assert!(off(TUMBLING.processing_time()));
+    let mut ctx = MockContext::new(&info(FunctionKind::Process));
+    let op = WindowOperator::open(&mut ctx, TUMBLING, Processing::new(EmitResult)).unwrap();
+    assert!(!op.cached().is_cached());
 }
 
 #[test]

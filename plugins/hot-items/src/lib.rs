@@ -198,7 +198,8 @@ impl Operator for HotItems {
                 ctx,
                 WindowSpec::tumbling(c.slide_ms),
                 Aggregating::with_process(Top, Render),
-            )?,
+            )?
+            .cached(),
             rekeyed: Batch::new(),
         })
     }
@@ -224,6 +225,30 @@ impl Operator for HotItems {
         out: &mut Batch,
     ) -> Result<()> {
         self.op.on_timers(ctx, timers, out)
+    }
+
+    fn on_watermark(
+        &mut self,
+        ctx: &mut dyn Context,
+        watermark: i64,
+        out: &mut Batch,
+    ) -> Result<()> {
+        self.op.on_watermark(ctx, watermark, out)
+    }
+
+    fn prepare_checkpoint(
+        &mut self,
+        ctx: &mut dyn Context,
+        _epoch: u64,
+        _out: &mut Batch,
+    ) -> Result<()> {
+        self.op.flush(ctx);
+        Ok(())
+    }
+
+    fn finish(&mut self, ctx: &mut dyn Context, _out: &mut Batch) -> Result<()> {
+        self.op.flush(ctx);
+        Ok(())
     }
 }
 

@@ -75,10 +75,12 @@ fn pipeline(bids: &[(i64, i64)], batch: usize, reopen: bool) -> Vec<String> {
         }
         let t = c1.fire_due_event_timers(wm);
         wc.on_timers(c1, &t, &mut mid).unwrap();
+        wc.on_watermark(c1, wm, &mut mid).unwrap();
         let mut out = Batch::new();
         hi.process(c2, 0, &mid, &mut out).unwrap();
         let t = c2.fire_due_event_timers(wm);
         hi.on_timers(c2, &t, &mut out).unwrap();
+        hi.on_watermark(c2, wm, &mut out).unwrap();
         assert!(c1.take_side_output(LATE_OUTPUT).is_empty());
         assert!(c2.take_side_output(LATE_OUTPUT).is_empty());
         for r in out.iter() {
@@ -97,6 +99,11 @@ fn pipeline(bids: &[(i64, i64)], batch: usize, reopen: bool) -> Vec<String> {
         }
         step(&mut wc, &mut hi, &mut c1, &mut c2, Some(b), max_ts - 1);
         if reopen {
+            // A checkpoint, then fresh instances on its state.
+            let mut none = Batch::new();
+            wc.prepare_checkpoint(&mut c1, 0, &mut none).unwrap();
+            hi.prepare_checkpoint(&mut c2, 0, &mut none).unwrap();
+            assert!(none.is_empty());
             wc = WindowCountOp::open(&mut c1, &task, &wc_cfg).unwrap();
             hi = HotItems::open(&mut c2, &task, &hi_cfg).unwrap();
         }

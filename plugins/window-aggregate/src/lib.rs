@@ -415,7 +415,7 @@ impl Operator for WindowAggregate {
                 .collect(),
         };
         Ok(Self {
-            op: WindowOperator::open(ctx, spec, Aggregating::with_process(aggs, render))?,
+            op: WindowOperator::open(ctx, spec, Aggregating::with_process(aggs, render))?.cached(),
         })
     }
 

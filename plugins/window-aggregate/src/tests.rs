@@ -49,7 +49,9 @@ fn run(
         for r in ctx.take_side_output(LATE_OUTPUT).iter() {
             late.push_record(r.key, r.timestamp, r.data);
         }
-        // A fresh instance after every batch: nothing may live in the guest.
+        // A checkpoint and a fresh instance after every batch: nothing may live in the
+        // guest past `prepare_checkpoint`.
+        op.prepare_checkpoint(&mut ctx, i as u64, &mut out).unwrap();
         op = WindowAggregate::open(&mut ctx, &TaskInfo::for_tests(), cfg).unwrap();
         step(&mut ctx, &mut op, wm(i), &mut out);
     }
@@ -208,6 +210,7 @@ fn output_shape_late_records_and_field_order() {
     op.process(&mut ctx, 0, &b, &mut out).unwrap();
     let timers = ctx.fire_due_event_timers(i64::MAX);
     op.on_timers(&mut ctx, &timers, &mut out).unwrap();
+    op.on_watermark(&mut ctx, i64::MAX, &mut out).unwrap();
     assert_eq!(
         std::str::from_utf8(out.record(0)).unwrap(),
         r#"{"key":"B6","window_start":0,"window_end":10,"n":2,"flown":2,"total":3.5,"avg":1.75,"lo":1.5,"hi":2}"#

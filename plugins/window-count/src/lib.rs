@@ -159,7 +159,8 @@ impl Operator for WindowCountOp {
             .to_spec(FunctionKind::Aggregate)
             .map_err(|e| PluginError::invalid_config(format!("window-count config: {e}")))?;
         Ok(Self {
-            op: WindowOperator::open(ctx, spec, Aggregating::with_process(Count, EmitBinary))?,
+            op: WindowOperator::open(ctx, spec, Aggregating::with_process(Count, EmitBinary))?
+                .cached(),
         })
     }
 
@@ -194,9 +195,11 @@ mod tests {
             let wm = chunk.last().unwrap().1 - 1;
             let timers = ctx.fire_due_event_timers(wm);
             op.on_timers(&mut ctx, &timers, &mut out).unwrap();
+            op.on_watermark(&mut ctx, wm, &mut out).unwrap();
         }
         let timers = ctx.fire_due_event_timers(i64::MAX);
         op.on_timers(&mut ctx, &timers, &mut out).unwrap();
+        op.on_watermark(&mut ctx, i64::MAX, &mut out).unwrap();
         assert!(ctx.take_side_output(LATE_OUTPUT).is_empty());
 
         let mut want: BTreeMap<(i64, u8), u64> = BTreeMap::new();
