@@ -97,6 +97,18 @@ pub fn fx_hash(bytes: &[u8]) -> u64 {
     h.finish()
 }
 
+/// The first 8 bytes of `key`, zero-padded, as a big-endian integer. Keys whose prefixes
+/// differ compare (as byte strings) like their prefixes, so a sort or a heap can order
+/// most keys without a `memcmp` call (a function call in a wasm guest); equal prefixes
+/// still need the full comparison.
+#[inline]
+pub(crate) fn be_prefix(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = key.len().min(8);
+    b[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

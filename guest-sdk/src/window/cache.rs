@@ -5,7 +5,7 @@
 use hashbrown::HashTable;
 
 use super::Window;
-use crate::hash::fx_hash;
+use crate::hash::{be_prefix as prefix, fx_hash};
 
 /// Flush the cache between checkpoints once it holds this many (key, window) entries, so
 /// that a job with many keys and long windows stays within the guest's memory limit.
@@ -15,7 +15,7 @@ pub const MAX_CACHED_KEY_BYTES: usize = 8 << 20;
 
 /// The cached accumulators of one window: keys in one arena, in first-arrival order, and
 /// a hash table of their indices. Per entry the slot also keeps the key's hash (for the
-/// table's growth) and its [`prefix`] (so that comparing and sorting short keys touches
+/// table's growth) and its [`be_prefix`](crate::hash::be_prefix) (so that comparing and sorting short keys touches
 /// neither the arena nor `memcmp`, a call in a wasm guest).
 #[derive(Debug)]
 pub(crate) struct Slot<Acc> {
@@ -35,17 +35,6 @@ struct Meta {
 fn key_at<'a>(keys: &'a [u8], ends: &[u32], i: usize) -> &'a [u8] {
     let start = if i == 0 { 0 } else { ends[i - 1] as usize };
     &keys[start..ends[i] as usize]
-}
-
-/// The first 8 bytes of `key`, zero-padded, as a big-endian integer: keys with different
-/// prefixes compare as their prefixes do, and keys of at most 8 bytes with equal prefixes
-/// compare by length.
-#[inline]
-fn prefix(key: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    let n = key.len().min(8);
-    b[..n].copy_from_slice(&key[..n]);
-    u64::from_be_bytes(b)
 }
 
 impl<Acc> Slot<Acc> {
