@@ -529,7 +529,9 @@ fn drive_attempt<W: Workers>(
             deployment.attempt,
             deployment.first_epoch,
             plan.job.checkpoint_interval_ms,
-            opts.checkpoint_timeout_ms,
+            plan.job
+                .checkpoint_timeout_ms
+                .unwrap_or(opts.checkpoint_timeout_ms),
             restore_epoch,
         ),
         queue: VecDeque::new(),

@@ -241,6 +241,7 @@ pub fn stream_graph(
             semantic: job.semantic,
             checkpoint_interval_ms: job.checkpoint_interval_ms,
             checkpoint_every_records: job.checkpoint_every_records,
+            checkpoint_timeout_ms: job.checkpoint_timeout_ms,
             state_memory_bytes: job.state_memory_bytes,
             async_snapshots: job.async_snapshots,
             incremental_snapshots: job.incremental_snapshots,

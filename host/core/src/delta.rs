@@ -93,6 +93,7 @@ fn job_field_class(key: &str) -> Option<ChangeClass> {
         "semantic" => ChangeClass::Replan,
         "checkpoint_interval_ms"
         | "checkpoint_every_records"
+        | "checkpoint_timeout_ms"
         | "batch_records"
         | "state_memory_bytes"
         | "async_snapshots"

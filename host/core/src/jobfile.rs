@@ -21,6 +21,8 @@
 //! checkpoint_interval_ms = 1000     # optional (no periodic checkpoints); >= 1
 //! checkpoint_every_records = 500000 # optional: also an epoch per this many records read
 //!                                   # by the sources together; >= 1
+//! checkpoint_timeout_ms = 60000     # optional (default 60000): an epoch not durable this
+//!                                   # long after its barrier is aborted; >= 1
 //! batch_records = 1024              # default 1024; 1..=65536
 //! state_memory_bytes = "256MiB"     # optional: memory budget of the job's keyed state,
 //!                                   # split over its stateful subtasks; an integer (bytes)
@@ -617,6 +619,7 @@ fn placeholder_job() -> JobSpec {
         semantic: SemanticMode::default(),
         checkpoint_interval_ms: None,
         checkpoint_every_records: None,
+        checkpoint_timeout_ms: None,
         state_memory_bytes: None,
         async_snapshots: true,
         incremental_snapshots: true,
@@ -634,6 +637,7 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
         "semantic",
         "checkpoint_interval_ms",
         "checkpoint_every_records",
+        "checkpoint_timeout_ms",
         "batch_records",
         "state_memory_bytes",
         "async_snapshots",
@@ -684,6 +688,9 @@ fn read_job(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, spans: &mut ModelSpans
     }
     if let Some(v) = find(t, "checkpoint_every_records") {
         job.checkpoint_every_records = get_int(cx, v, "job.checkpoint_every_records", u64::MAX);
+    }
+    if let Some(v) = find(t, "checkpoint_timeout_ms") {
+        job.checkpoint_timeout_ms = get_int(cx, v, "job.checkpoint_timeout_ms", u64::MAX);
     }
     if let Some(v) = find(t, "state_memory_bytes") {
         job.state_memory_bytes = get_size(cx, v, "job.state_memory_bytes");
@@ -1612,6 +1619,13 @@ fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Vec<Found> {
             ),
         );
     }
+    if job.checkpoint_timeout_ms == Some(0) {
+        push(
+            "job.checkpoint_timeout_ms".into(),
+            job_span("checkpoint_timeout_ms"),
+            "must be >= 1 (omit it for the default, 60000)".into(),
+        );
+    }
     if job.checkpoint_every_records == Some(0) {
         push(
             "job.checkpoint_every_records".into(),
@@ -2317,6 +2331,11 @@ config = { dir = "/output" }
             (
                 format!("{MINIMAL_JOB}checkpoint_interval_ms = 0\n"),
                 "job.checkpoint_interval_ms",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}checkpoint_timeout_ms = 0\n"),
+                "job.checkpoint_timeout_ms",
                 3,
             ),
             (

@@ -68,6 +68,12 @@ pub struct JobSpec {
     /// to compare instruction counts under valgrind (issue 14, item 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_records: Option<u64>,
+    /// How long an epoch may take from its barrier injection until its manifest is
+    /// durable, in ms (job file `checkpoint_timeout_ms`, Flink's
+    /// `execution.checkpointing.timeout`); an older epoch is aborted and the job goes on
+    /// with the next one. Default none: the runner's default (60,000 ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_timeout_ms: Option<u64>,
     /// Memory budget of the job's keyed state in bytes (job file `state_memory_bytes`, an
     /// integer or a string such as `"256MiB"`); default none: every stateful subtask
     /// keeps the default budget. Split evenly over the job's stateful operator subtasks;

@@ -28,6 +28,10 @@ pub struct JobMeta {
     /// together; `None` disables record-count checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_records: Option<u64>,
+    /// Epochs older than this many ms are aborted (job file `checkpoint_timeout_ms`);
+    /// `None`: the runner's default (`CoordinatorOptions::checkpoint_timeout_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_timeout_ms: Option<u64>,
     /// Memory budget of the job's keyed state in bytes, split evenly over its stateful
     /// operator subtasks; `None`: the default budget per subtask.
     #[serde(default, skip_serializing_if = "Option::is_none")]
