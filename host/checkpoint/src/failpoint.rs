@@ -2,7 +2,9 @@
 //! environment of a child process, `NOPSTREAM_FAILPOINTS="name[=N][:action],..."`, or in
 //! process with [`arm`]. The N-th time an armed point is reached (default the first),
 //! `abort` kills the process on the spot (`std::process::abort`, no clean-up, like
-//! SIGKILL) and `error` makes [`hit`] return `true` so the caller simulates a failure.
+//! SIGKILL), `error` makes [`hit`] return `true` so the caller simulates a failure, and
+//! `sleep-MS` stalls the caller for MS milliseconds and lets it go on (a slow disk or a
+//! stuck thread, e.g. to make a checkpoint time out).
 //!
 //! Points used by the runtime: `before-barrier-injection`, `after-barrier-injection`,
 //! `after-pre-commit`, `after-manifest-publish`, `mid-commit`, `during-restore`,
@@ -24,6 +26,8 @@ pub enum Action {
     Abort,
     /// Report the hit to the caller.
     Error,
+    /// Sleep this many milliseconds, then go on as if not armed.
+    Sleep(u64),
 }
 
 struct Armed {
@@ -39,7 +43,10 @@ fn registry() -> &'static Mutex<HashMap<String, Armed>> {
             for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                 let (rest, action) = match item.rsplit_once(':') {
                     Some((r, "error")) => (r, Action::Error),
-                    Some((r, _)) => (r, Action::Abort),
+                    Some((r, a)) => match a.strip_prefix("sleep-").map(str::parse) {
+                        Some(Ok(ms)) => (r, Action::Sleep(ms)),
+                        _ => (r, Action::Abort),
+                    },
                     None => (item, Action::Abort),
                 };
                 let (name, n) = match rest.split_once('=') {
@@ -75,7 +82,8 @@ pub fn disarm_all() {
     registry().lock().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
-/// Passes fault point `name`: aborts the process or returns `true` if it fires.
+/// Passes fault point `name`: aborts the process, returns `true` or sleeps if it fires
+/// (see [`Action`]).
 pub fn hit(name: &str) -> bool {
     let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
     let Some(a) = reg.get_mut(name) else {
@@ -94,5 +102,31 @@ pub fn hit(name: &str) -> bool {
             std::process::abort();
         }
         Action::Error => true,
+        Action::Sleep(ms) => {
+            eprintln!("failpoint `{name}` fired: sleeping {ms} ms");
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sleeping_point_stalls_its_nth_hit_once_and_reports_nothing() {
+        let name = "failpoint-unit-sleep";
+        arm(name, 2, Action::Sleep(30));
+        let t = std::time::Instant::now();
+        assert!(!hit(name));
+        assert!(t.elapsed() < std::time::Duration::from_millis(30));
+        let t = std::time::Instant::now();
+        assert!(!hit(name));
+        assert!(t.elapsed() >= std::time::Duration::from_millis(30));
+        // Disarmed after firing.
+        let t = std::time::Instant::now();
+        assert!(!hit(name));
+        assert!(t.elapsed() < std::time::Duration::from_millis(30));
     }
 }

@@ -643,6 +643,86 @@ fn a_compaction_that_crashes_or_fails_keeps_the_output_exact() {
     );
 }
 
+#[test]
+fn epochs_that_time_out_while_a_delta_is_written_are_aborted_and_the_chain_stays_exact() {
+    // A checkpoint timeout with incremental snapshots (issue 14 item 4). One subtask's
+    // snapshot thread stalls for 1.5 s while it writes a delta (failpoint
+    // `async-snapshot-write` with `sleep`), far past `checkpoint_timeout_ms = 200`: the
+    // coordinator aborts that epoch, and the ones whose snapshots queue behind it, and
+    // the job goes on. The later epochs' chains build on the stalled delta, so the
+    // retention must keep it while they reference it. Run to its end, and killed after
+    // the aborts and restarted from those chains, the job must commit exactly the output
+    // of a run with full snapshots and no timeout.
+    let job = |extra: &str| small_bids_job("ckpt-timeout", extra);
+    let (_, expected) = reference_run(
+        "timeout-ref",
+        &job("incremental_snapshots = false"),
+        SMALL_BIDS,
+    );
+    let text = job("checkpoint_timeout_ms = 200");
+    let stall = "async-snapshot-write=6:sleep-1500";
+
+    let straight = Job::new("crash", "timeout-straight", &text);
+    let (ok, log) = straight.run(Some(stall));
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("failpoint `async-snapshot-write` fired: sleeping")
+            && log.contains("aborted: "),
+        "no epoch was aborted: {log}"
+    );
+    assert_eq!(
+        common::files::blackhole_totals(&straight.out),
+        expected,
+        "output of a run with aborted epochs"
+    );
+
+    // Killed at the 4th manifest published (2 before the stall, the aborts, then the 4th),
+    // then restarted.
+    let killed = Job::new("crash", "timeout-killed", &text);
+    let (ok, log) = killed.run(Some(&format!("{stall},after-manifest-publish=4")));
+    assert!(
+        !ok && log.contains("aborted: ")
+            && log.contains("failpoint `after-manifest-publish` fired: aborting"),
+        "no abort before the crash: {log}"
+    );
+    let manifest = latest_manifest_text(&killed.work).expect("a manifest before the kill");
+    assert!(
+        manifest.contains("kv-delta/1"),
+        "the restart does not restore a chain with deltas: {manifest}"
+    );
+    // The chains it restores reach into the directories of aborted epochs.
+    let aborted = aborted_epochs(&killed.work);
+    assert!(
+        aborted
+            .iter()
+            .any(|e| manifest.contains(&format!("\"segments/{e}/"))),
+        "no segment of an aborted epoch ({aborted:?}) in the restored manifest: {manifest}"
+    );
+    killed.finish();
+    assert_eq!(
+        common::files::blackhole_totals(&killed.out),
+        expected,
+        "output after aborted epochs, a kill and a restart"
+    );
+}
+
+/// The epochs the epoch log under `work` records as aborted.
+fn aborted_epochs(work: &std::path::Path) -> Vec<u64> {
+    let ns = std::fs::read_dir(work.join("checkpoints"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("a checkpoint namespace");
+    std::fs::read_to_string(ns.join("epochs.log"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["state"] == "aborted")
+        .filter_map(|r| r["epoch"].as_u64())
+        .collect()
+}
+
 /// Whether manifest text `m` references a file a background compaction wrote
 /// (`segments/<e>/<operator>/<subtask>.a<attempt>.c<epoch>.seg`; operator ids never hold
 /// a `.`, which the names encode).
