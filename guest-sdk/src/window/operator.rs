@@ -132,6 +132,13 @@ impl<F: WindowFunction> WindowOperator<F> {
     /// and call [`Self::flush`] from `prepare_checkpoint` and `finish`, as
     /// [`crate::window_operator_hooks!`] does: without the flush a checkpoint would miss
     /// the cached contents.
+    ///
+    /// The cache bounds its entries and key bytes
+    /// ([`MAX_CACHED_ENTRIES`](super::MAX_CACHED_ENTRIES),
+    /// [`MAX_CACHED_KEY_BYTES`](super::MAX_CACHED_KEY_BYTES)), not the size of each
+    /// accumulator: use it for accumulators of bounded size (counts, sums, extrema, a
+    /// top-k), not for one that collects its records, which would then live in the
+    /// instance's linear memory (limited, 256 MiB by default) instead of host state.
     #[must_use]
     pub fn cached(mut self) -> Self {
         self.cache = self.function.caches()
