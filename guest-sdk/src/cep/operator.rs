@@ -1,8 +1,7 @@
 //! [`CepOperator`]: runs a [`Pattern`] per record key on host keyed state and event-time
 //! timers (design §9.2, §8.4).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use crate::hash::FxHashMap;
@@ -53,8 +52,77 @@ pub enum LateEvents {
 type Queue<E> = BTreeMap<i64, Vec<E>>;
 /// A key's shared buffer: event id → entry.
 type Buffer<E> = BTreeMap<u64, BufEntry<E>>;
-/// The cached keys' timers, earliest first (see [`CepOperator::due`]).
-type DueQueue = BinaryHeap<Reverse<(i64, Rc<[u8]>)>>;
+/// The cached keys' timers (see [`CepOperator::due`]): (event time, key) entries in
+/// buckets of 2^[`DueQueue::SLOT_BITS`] ms of event time. Every timer pushed lies after
+/// the last time taken (a queued event is after the watermark, a deadline after the
+/// time the key was advanced to), so the due entries are a prefix of the buckets: they
+/// are taken in one go and sorted, instead of popped from a heap one by one.
+#[derive(Default)]
+struct DueQueue {
+    slots: BTreeMap<i64, Vec<Due>>,
+}
+
+/// A timer of the [`DueQueue`]: (event time, key).
+type Due = (i64, Rc<[u8]>);
+
+impl DueQueue {
+    /// A bucket spans 256 ms of event time.
+    const SLOT_BITS: u32 = 8;
+
+    fn push(&mut self, t: i64, key: Rc<[u8]>) {
+        self.slots
+            .entry(t >> Self::SLOT_BITS)
+            .or_default()
+            .push((t, key));
+    }
+
+    /// Removes and returns every entry at or before `upto`, in (time, key) order.
+    fn take_due(&mut self, upto: i64) -> Vec<Due> {
+        let mut due = Vec::new();
+        let last = upto >> Self::SLOT_BITS;
+        while let Some(mut slot) = self.slots.first_entry() {
+            let s = *slot.key();
+            if s > last {
+                break;
+            }
+            // The slot's last millisecond (`|` cannot overflow near `i64::MAX`).
+            if (s << Self::SLOT_BITS) | ((1 << Self::SLOT_BITS) - 1) <= upto {
+                let mut v = slot.remove();
+                if due.is_empty() {
+                    due = v;
+                } else {
+                    due.append(&mut v);
+                }
+            } else {
+                let v = slot.get_mut();
+                let mut i = 0;
+                while i < v.len() {
+                    if v[i].0 <= upto {
+                        due.push(v.swap_remove(i));
+                    } else {
+                        i += 1;
+                    }
+                }
+                if v.is_empty() {
+                    slot.remove();
+                }
+                break;
+            }
+        }
+        due.sort_unstable();
+        due
+    }
+
+    /// The earliest time held, if any.
+    fn first_time(&self) -> Option<i64> {
+        let (_, v) = self.slots.first_key_value()?;
+        v.iter().map(|(t, _)| *t).min()
+    }
+
+    fn clear(&mut self) {
+        self.slots.clear();
+    }
+}
 /// One key's events of a batch, with their event times, in arrival order.
 type KeyEvents<'a, E> = (&'a [u8], Vec<(i64, E)>);
 
@@ -99,10 +167,10 @@ pub struct CepOperator<E> {
     /// The keys read from host state since they were last dropped, decoded. A key's
     /// bytes are allocated once, when it is loaded, and shared with [`Self::due`].
     cache: FxHashMap<Rc<[u8]>, KeyEntry<E>>,
-    /// The cached keys' timers, earliest first: (event time, key). A moved timer's old
-    /// entry is not removed but skipped when it comes up (it no longer equals its key's
+    /// The cached keys' timers: (event time, key). A moved timer's old entry is not
+    /// removed but skipped when it comes due (it no longer equals its key's
     /// [`KeyEntry::timer`], or its key left the cache), so entries are only pushed and
-    /// popped; stale ones are bounded by the timer moves since the watermark last passed
+    /// taken; stale ones are bounded by the timer moves since the watermark last passed
     /// them.
     due: DueQueue,
 }
@@ -190,7 +258,7 @@ where
             buffer: ValueState::open(ctx, BUFFER_STATE)?,
             queue: ValueState::open(ctx, QUEUE_STATE)?,
             cache: FxHashMap::default(),
-            due: BinaryHeap::new(),
+            due: DueQueue::default(),
         })
     }
 
@@ -328,7 +396,7 @@ where
             return;
         }
         if let Some(new) = next {
-            due.push(Reverse((new, Rc::clone(&entry.key))));
+            due.push(new, Rc::clone(&entry.key));
         }
         entry.timer = next;
     }
@@ -362,7 +430,7 @@ where
             let timer = Self::next_timer(&self.pattern, queue.keys().next().copied(), Some(&nfa));
             let key: Rc<[u8]> = Rc::from(key);
             if let Some(t) = timer {
-                self.due.push(Reverse((t, Rc::clone(&key))));
+                self.due.push(t, Rc::clone(&key));
             }
             self.cache.insert(
                 Rc::clone(&key),
@@ -508,10 +576,7 @@ where
     ) -> Result<()> {
         let mut timed_out = Batch::new();
         let mut outputs = Vec::new();
-        while let Some(Reverse((t, _))) = self.due.peek()
-            && *t <= upto
-        {
-            let Reverse((t, key)) = self.due.pop().expect("just seen");
+        for (t, key) in self.due.take_due(upto) {
             // A stale entry: the key's timer moved, or the key left the cache.
             let Some(entry) = self.cache.get_mut(&*key) else {
                 continue;
@@ -563,6 +628,10 @@ where
                 target.push_with(Some(&key), Some(m.end_ts), |buf| f(m, buf))?;
             }
         }
+        debug_assert!(
+            self.due.first_time().is_none_or(|t| t > upto),
+            "a timer at or before the time just advanced to was pushed"
+        );
         if !timed_out.is_empty() {
             ctx.side_output(TIMED_OUT, &timed_out);
         }
@@ -605,5 +674,66 @@ impl Retimes {
                 &self.new,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_due_queue_yields_what_is_due_in_time_then_key_order() {
+        let mut q = DueQueue::default();
+        let key = |b: &[u8]| -> Rc<[u8]> { Rc::from(b) };
+        // Times across slots, negative ones and the same time for several keys, pushed
+        // out of order; (700, "b") twice, as a timer moved away and back leaves it.
+        let pushed = [
+            (700, &b"b"[..]),
+            (-300, b"z"),
+            (700, b"a"),
+            (5, b"k"),
+            (256, b"k"),
+            (255, b"a"),
+            (700, b"b"),
+            (10_000, b"x"),
+            (701, b"a"),
+        ];
+        for (t, k) in pushed {
+            q.push(t, key(k));
+        }
+        let take = |q: &mut DueQueue, upto| -> Vec<(i64, Vec<u8>)> {
+            q.take_due(upto)
+                .into_iter()
+                .map(|(t, k)| (t, k.to_vec()))
+                .collect()
+        };
+        assert_eq!(
+            take(&mut q, 255),
+            [
+                (-300, b"z".to_vec()),
+                (5, b"k".to_vec()),
+                (255, b"a".to_vec())
+            ]
+        );
+        assert!(take(&mut q, 255).is_empty());
+        // Mid-slot: 700 is due, 701 (same slot) is not.
+        assert_eq!(
+            take(&mut q, 700),
+            [
+                (256, b"k".to_vec()),
+                (700, b"a".to_vec()),
+                (700, b"b".to_vec()),
+                (700, b"b".to_vec())
+            ]
+        );
+        assert_eq!(q.first_time(), Some(701));
+        assert_eq!(
+            take(&mut q, i64::MAX),
+            [(701, b"a".to_vec()), (10_000, b"x".to_vec())]
+        );
+        assert_eq!(q.first_time(), None);
+        q.push(i64::MAX, key(b"m"));
+        assert_eq!(take(&mut q, i64::MAX - 1), []);
+        assert_eq!(take(&mut q, i64::MAX), [(i64::MAX, b"m".to_vec())]);
     }
 }
