@@ -511,7 +511,17 @@ macro_rules! export_sink {
 macro_rules! window_operator_hooks {
     ($field:ident) => {
         $crate::__process_and_timer_hooks!($field);
+        $crate::__watermark_and_flush_hooks!($field);
+    };
+}
 
+/// The `on_watermark` forwarding and the `flush(ctx, out)` call from
+/// `prepare_checkpoint` and `finish` shared by [`window_operator_hooks!`] and
+/// [`cep_operator_hooks!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __watermark_and_flush_hooks {
+    ($field:ident) => {
         fn on_watermark(
             &mut self,
             ctx: &mut dyn $crate::Context,
@@ -525,19 +535,17 @@ macro_rules! window_operator_hooks {
             &mut self,
             ctx: &mut dyn $crate::Context,
             _epoch: u64,
-            _out: &mut $crate::Batch,
+            out: &mut $crate::Batch,
         ) -> $crate::Result<()> {
-            self.$field.flush(ctx);
-            Ok(())
+            self.$field.flush(ctx, out)
         }
 
         fn finish(
             &mut self,
             ctx: &mut dyn $crate::Context,
-            _out: &mut $crate::Batch,
+            out: &mut $crate::Batch,
         ) -> $crate::Result<()> {
-            self.$field.flush(ctx);
-            Ok(())
+            self.$field.flush(ctx, out)
         }
     };
 }
@@ -576,32 +584,7 @@ macro_rules! __process_and_timer_hooks {
 macro_rules! cep_operator_hooks {
     ($field:ident) => {
         $crate::__process_and_timer_hooks!($field);
-
-        fn on_watermark(
-            &mut self,
-            ctx: &mut dyn $crate::Context,
-            watermark: i64,
-            out: &mut $crate::Batch,
-        ) -> $crate::Result<()> {
-            self.$field.on_watermark(ctx, watermark, out)
-        }
-
-        fn prepare_checkpoint(
-            &mut self,
-            ctx: &mut dyn $crate::Context,
-            _epoch: u64,
-            out: &mut $crate::Batch,
-        ) -> $crate::Result<()> {
-            self.$field.flush(ctx, out)
-        }
-
-        fn finish(
-            &mut self,
-            ctx: &mut dyn $crate::Context,
-            out: &mut $crate::Batch,
-        ) -> $crate::Result<()> {
-            self.$field.flush(ctx, out)
-        }
+        $crate::__watermark_and_flush_hooks!($field);
     };
 }
 

@@ -423,12 +423,18 @@ impl<F: WindowFunction> WindowOperator<F> {
     }
 
     /// Writes the accumulator cache to state and registers its timers, so that state and
-    /// timers are exact: call it from `prepare_checkpoint` and `finish`. Without the
-    /// cache, nothing.
-    pub fn flush(&mut self, ctx: &mut dyn Context) {
+    /// timers are exact: call it from `prepare_checkpoint` and `finish`. Emits nothing
+    /// into `out` (the shape of [`crate::cep::CepOperator::flush`]). Without the cache,
+    /// nothing.
+    ///
+    /// # Errors
+    /// None today; the `Result` keeps the hooks of window and CEP plugins alike.
+    pub fn flush(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
+        let _ = out;
         if self.cache {
             self.function.flush_cache(ctx);
         }
+        Ok(())
     }
 
     /// Session windows: per key, the merge set is loaded (one batched get for the batch),

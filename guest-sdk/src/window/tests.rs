@@ -176,7 +176,9 @@ impl<F: WindowFunction> Harness<F> {
 
     /// `prepare_checkpoint`: writes the accumulator cache back.
     fn flush(&mut self) {
-        self.op.flush(&mut self.ctx);
+        let mut out = Batch::new();
+        self.op.flush(&mut self.ctx, &mut out).unwrap();
+        assert!(out.is_empty(), "a flush emits nothing");
     }
 
     /// A checkpoint, then the instance dropped and a fresh one opened on a copy of the

@@ -240,15 +240,13 @@ impl Operator for HotItems {
         &mut self,
         ctx: &mut dyn Context,
         _epoch: u64,
-        _out: &mut Batch,
+        out: &mut Batch,
     ) -> Result<()> {
-        self.op.flush(ctx);
-        Ok(())
+        self.op.flush(ctx, out)
     }
 
-    fn finish(&mut self, ctx: &mut dyn Context, _out: &mut Batch) -> Result<()> {
-        self.op.flush(ctx);
-        Ok(())
+    fn finish(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
+        self.op.flush(ctx, out)
     }
 }
 
