@@ -86,6 +86,10 @@ pub(crate) struct KeyNfa<E> {
     /// Build [`Output::TimedOut`] for partial matches pruned by `within` (false: prune
     /// them silently, as `MATCH_RECOGNIZE` does).
     pub report_timeouts: bool,
+    /// An empty `Vec` whose capacity the next event's runs reuse (the runs of an event
+    /// and of the one before swap buffers, so a step allocates no `Vec` of runs); the
+    /// operator hands it from key to key.
+    pub spare: Vec<Run>,
 }
 
 impl<E: Clone> KeyNfa<E> {
@@ -223,11 +227,11 @@ impl<E: Clone> KeyNfa<E> {
         let eid = self.state.next_event_id;
         self.state.next_event_id += 1;
         self.buffer.insert(eid, BufEntry { ts, event, refs: 0 });
-        let old = std::mem::take(&mut self.state.runs);
-        // Allocated only if a run survives or starts (most events of most keys neither).
-        let mut runs: Vec<Run> = Vec::new();
+        let mut old = std::mem::take(&mut self.state.runs);
+        let mut runs: Vec<Run> = std::mem::take(&mut self.spare);
+        debug_assert!(runs.is_empty());
         let mut done: Vec<Run> = Vec::new();
-        for mut r in old {
+        for mut r in old.drain(..) {
             let (take, keep) = {
                 let ev = &self.buffer[&eid].event;
                 let m = self.so_far(p, &r.events);
@@ -295,6 +299,7 @@ impl<E: Clone> KeyNfa<E> {
         }
         runs.sort_by_key(|r| r.id);
         self.state.runs = runs;
+        self.spare = old;
         done.sort_by_key(|r| (r.start_id(), r.id));
         self.emit_all(p, key, done, None, out);
     }
@@ -338,16 +343,12 @@ impl<E: Clone> KeyNfa<E> {
         {
             return;
         }
-        let mut expired: Vec<Run> = Vec::new();
-        let mut live: Vec<Run> = Vec::new();
-        for r in std::mem::take(&mut self.state.runs) {
-            if Self::deadline(p, &r).is_some_and(|d| d <= t) {
-                expired.push(r);
-            } else {
-                live.push(r);
-            }
-        }
-        self.state.runs = live;
+        // The live runs stay where they are, in order.
+        let mut expired: Vec<Run> = self
+            .state
+            .runs
+            .extract_if(.., |r| Self::deadline(p, r).is_some_and(|d| d <= t))
+            .collect();
         if expired.is_empty() {
             return;
         }

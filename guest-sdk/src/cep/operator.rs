@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use crate::hash::FxHashMap;
 
-use serde::{Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::nfa::{BufEntry, KeyNfa, NfaState, Output};
 use super::{Match, Pattern};
@@ -48,8 +48,84 @@ pub enum LateEvents {
     SideOutput,
 }
 
-/// A key's queued events: event time → events in arrival order.
-type Queue<E> = BTreeMap<i64, Vec<E>>;
+/// A key's queued events: (event time, event) in time order, arrival order within a
+/// time; one `Vec` whose capacity a key keeps, where a map of event time → `Vec` allocated
+/// a node and a `Vec` per queued event time. Stored as that map (postcard, the
+/// [`QUEUE_STATE`] layout and schema): serialized group by group, deserialized through
+/// `BTreeMap<i64, Vec<E>>`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Queue<E> {
+    items: Vec<(i64, E)>,
+}
+
+impl<E> Default for Queue<E> {
+    fn default() -> Self {
+        Queue { items: Vec::new() }
+    }
+}
+
+impl<E> Queue<E> {
+    fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The earliest queued event time.
+    fn first_time(&self) -> Option<i64> {
+        self.items.first().map(|(t, _)| *t)
+    }
+
+    /// Queues `event` at `ts`, after the events already queued at `ts`.
+    fn push(&mut self, ts: i64, event: E) {
+        if self.items.last().is_none_or(|(t, _)| *t <= ts) {
+            self.items.push((ts, event));
+        } else {
+            let at = self.items.partition_point(|(t, _)| *t <= ts);
+            self.items.insert(at, (ts, event));
+        }
+    }
+
+    /// Events queued at or before `upto`.
+    fn due(&self, upto: i64) -> usize {
+        self.items.partition_point(|(t, _)| *t <= upto)
+    }
+}
+
+impl<E: Serialize> Serialize for Queue<E> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        /// The events of one event time, as the map value `Vec<E>`.
+        struct Group<'a, E>(&'a [(i64, E)]);
+        impl<E: Serialize> Serialize for Group<'_, E> {
+            fn serialize<S: serde::Serializer>(
+                &self,
+                s: S,
+            ) -> std::result::Result<S::Ok, S::Error> {
+                let mut seq = s.serialize_seq(Some(self.0.len()))?;
+                for (_, e) in self.0 {
+                    seq.serialize_element(e)?;
+                }
+                seq.end()
+            }
+        }
+        let groups = self.items.chunk_by(|a, b| a.0 == b.0);
+        let mut map = s.serialize_map(Some(groups.clone().count()))?;
+        for g in groups {
+            map.serialize_entry(&g[0].0, &Group(g))?;
+        }
+        map.end()
+    }
+}
+
+impl<'de, E: Deserialize<'de>> Deserialize<'de> for Queue<E> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let map = BTreeMap::<i64, Vec<E>>::deserialize(d)?;
+        let mut items = Vec::with_capacity(map.values().map(Vec::len).sum());
+        for (t, events) in map {
+            items.extend(events.into_iter().map(|e| (t, e)));
+        }
+        Ok(Queue { items })
+    }
+}
 /// A key's shared buffer: event id → entry.
 type Buffer<E> = BTreeMap<u64, BufEntry<E>>;
 /// The cached keys' timers (see [`CepOperator::due`]): (event time, key) entries in
@@ -348,7 +424,7 @@ where
             for (key, events) in groups {
                 let entry = self.cache.get_mut(key).expect("loaded");
                 for (ts, e) in events {
-                    entry.queue.entry(ts).or_default().push(e);
+                    entry.queue.push(ts, e);
                 }
                 entry.dirty = true;
                 Self::retime(&self.pattern, &mut self.due, entry);
@@ -387,11 +463,7 @@ where
     /// Recomputes a cached key's timer and moves it in the in-memory timer queue (the
     /// old entry stays behind, stale).
     fn retime(pattern: &Pattern<E>, due: &mut DueQueue, entry: &mut KeyEntry<E>) {
-        let next = Self::next_timer(
-            pattern,
-            entry.queue.keys().next().copied(),
-            Some(&entry.nfa),
-        );
+        let next = Self::next_timer(pattern, entry.queue.first_time(), Some(&entry.nfa));
         if next == entry.timer {
             return;
         }
@@ -427,7 +499,7 @@ where
             let stored = nfa.is_some() || queue.is_some() || buffer.is_some();
             let queue = queue.unwrap_or_default();
             let nfa = nfa.unwrap_or_default();
-            let timer = Self::next_timer(&self.pattern, queue.keys().next().copied(), Some(&nfa));
+            let timer = Self::next_timer(&self.pattern, queue.first_time(), Some(&nfa));
             let key: Rc<[u8]> = Rc::from(key);
             if let Some(t) = timer {
                 self.due.push(t, Rc::clone(&key));
@@ -576,6 +648,8 @@ where
     ) -> Result<()> {
         let mut timed_out = Batch::new();
         let mut outputs = Vec::new();
+        // The NFA's spare `Vec` of runs, handed from key to key.
+        let mut spare = Vec::new();
         for (t, key) in self.due.take_due(upto) {
             // A stale entry: the key's timer moved, or the key left the cache.
             let Some(entry) = self.cache.get_mut(&*key) else {
@@ -589,28 +663,24 @@ where
                 state: std::mem::take(&mut entry.nfa),
                 buffer: std::mem::take(&mut entry.buffer),
                 report_timeouts: !self.discard_timed_out,
+                spare: std::mem::take(&mut spare),
             };
-            // The whole queue when it is all due (the common case): `split_off` would
-            // build a new tree either way.
-            let later = if entry
-                .queue
-                .last_key_value()
-                .is_some_and(|(t, _)| *t <= upto)
-            {
-                Queue::new()
-            } else {
-                entry.queue.split_off(&upto.saturating_add(1))
-            };
-            for (ts, events) in std::mem::replace(&mut entry.queue, later) {
-                k.advance_time(&self.pattern, &key, ts, &mut outputs);
-                for e in events {
-                    k.process_event(&self.pattern, &key, ts, e, &mut outputs);
+            // Time advances to each queued event time once, before its events; the
+            // queue keeps its capacity.
+            let due = entry.queue.due(upto);
+            let mut at = None;
+            for (ts, e) in entry.queue.items.drain(..due) {
+                if at != Some(ts) {
+                    k.advance_time(&self.pattern, &key, ts, &mut outputs);
+                    at = Some(ts);
                 }
+                k.process_event(&self.pattern, &key, ts, e, &mut outputs);
             }
             k.advance_time(&self.pattern, &key, upto, &mut outputs);
             k.collect_garbage();
             entry.nfa = k.state;
             entry.buffer = k.buffer;
+            spare = k.spare;
             entry.dirty = true;
             Self::retime(&self.pattern, &mut self.due, entry);
             if entry.is_empty() && !entry.stored && entry.host_timer.is_none() {
@@ -680,6 +750,37 @@ impl Retimes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_is_stored_as_the_map_of_event_time_to_events() {
+        let mut q: Queue<u32> = Queue::default();
+        let pushed = [(5, 1), (3, 2), (5, 3), (9, 4), (3, 5), (-1, 6), (9, 7)];
+        for (t, e) in pushed {
+            q.push(t, e);
+        }
+        let mut map: BTreeMap<i64, Vec<u32>> = BTreeMap::new();
+        for (t, e) in pushed {
+            map.entry(t).or_default().push(e);
+        }
+        // Time order, arrival order within a time.
+        let flat: Vec<(i64, u32)> = map
+            .iter()
+            .flat_map(|(t, es)| es.iter().map(move |e| (*t, *e)))
+            .collect();
+        assert_eq!(q.items, flat);
+        assert_eq!((q.first_time(), q.due(4), q.due(5)), (Some(-1), 3, 5));
+        let bytes = postcard::to_allocvec(&q).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec(&map).unwrap());
+        assert_eq!(postcard::from_bytes::<Queue<u32>>(&bytes).unwrap(), q);
+        let empty: Queue<u32> = Queue::default();
+        assert_eq!(
+            postcard::to_allocvec(&empty).unwrap(),
+            postcard::to_allocvec(&BTreeMap::<i64, Vec<u32>>::new()).unwrap()
+        );
+        let schema = crate::state::schema_of::<Queue<u32>>();
+        assert!(schema.is_some());
+        assert_eq!(schema, crate::state::schema_of::<BTreeMap<i64, Vec<u32>>>());
+    }
 
     #[test]
     fn the_due_queue_yields_what_is_due_in_time_then_key_order() {
