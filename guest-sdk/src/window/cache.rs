@@ -134,6 +134,7 @@ impl<Acc> AccCache<Acc> {
     }
 
     /// (key, window) entries held.
+    #[cfg(test)]
     pub(crate) fn entries(&self) -> usize {
         self.entries
     }

@@ -252,11 +252,11 @@ pub trait WindowFunction {
         unreachable!("cache_add on a window function that does not cache");
     }
 
-    /// (key, window) entries in the cache, and whether it is past its bound
-    /// ([`MAX_CACHED_ENTRIES`](super::MAX_CACHED_ENTRIES) entries or
-    /// [`MAX_CACHED_KEY_BYTES`](super::MAX_CACHED_KEY_BYTES) of keys). Default: `(0, false)`.
-    fn cache_size(&self) -> (usize, bool) {
-        (0, false)
+    /// Whether the cache is past its bound ([`MAX_CACHED_ENTRIES`](super::MAX_CACHED_ENTRIES)
+    /// (key, window) entries or [`MAX_CACHED_KEY_BYTES`](super::MAX_CACHED_KEY_BYTES) of
+    /// keys). Default: `false`.
+    fn cache_full(&self) -> bool {
+        false
     }
 
     /// The lowest window with cached contents. Default: `None`.
@@ -323,6 +323,17 @@ impl<A: AggregateFunction> Aggregating<A, EmitResult> {
 }
 
 impl<A: AggregateFunction, P> Aggregating<A, P> {
+    /// `later` folded into `earlier` ([`AggregateFunction::merge`]), or `later` alone.
+    fn merged(&self, earlier: Option<A::Acc>, later: A::Acc) -> A::Acc {
+        match earlier {
+            Some(mut acc) => {
+                self.agg.merge(&mut acc, later);
+                acc
+            }
+            None => later,
+        }
+    }
+
     /// Hands `agg`'s result to `process` together with key and window.
     pub fn with_process(agg: A, process: P) -> Self {
         Aggregating {
@@ -450,13 +461,7 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
         let Some(src) = state.in_namespace(source).get(ctx, key) else {
             return;
         };
-        let merged = match state.in_namespace(target).get(ctx, key) {
-            Some(mut acc) => {
-                self.agg.merge(&mut acc, src);
-                acc
-            }
-            None => src,
-        };
+        let merged = self.merged(state.in_namespace(target).get(ctx, key), src);
         state.in_namespace(target).put(ctx, key, &merged);
         state.in_namespace(source).delete(ctx, key);
     }
@@ -532,8 +537,8 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
         );
     }
 
-    fn cache_size(&self) -> (usize, bool) {
-        (self.cache.entries(), self.cache.is_full())
+    fn cache_full(&self) -> bool {
+        self.cache.is_full()
     }
 
     fn first_cached(&self) -> Option<Window> {
@@ -569,30 +574,25 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
         loop {
             let group_key = ends.peek().map(|&&end| &keys[start..end as usize]);
             let cached_key = order.peek().map(|&i| slot.key(i as usize));
-            let (key, acc) = match (group_key, cached_key) {
+            let from_group = match (group_key, cached_key) {
                 (None, None) => break,
-                (Some(g), c) if c.is_none_or(|c| g <= c) => {
-                    let end = *ends.next().expect("peeked");
-                    start = end as usize;
-                    let mut acc = stored.next().flatten();
-                    if c == Some(g) {
-                        let i = order.next().expect("peeked") as usize;
-                        let delta = cached[i].take().expect("each cached entry fires once");
-                        acc = Some(match acc {
-                            Some(mut a) => {
-                                self.agg.merge(&mut a, delta);
-                                a
-                            }
-                            None => delta,
-                        });
-                    }
-                    (g, acc)
-                }
-                (_, Some(c)) => {
+                (Some(g), Some(c)) => g <= c,
+                (g, _) => g.is_some(),
+            };
+            let (key, acc) = if from_group {
+                let g = group_key.expect("from the group");
+                start = *ends.next().expect("peeked") as usize;
+                let stored = stored.next().flatten();
+                if cached_key == Some(g) {
                     let i = order.next().expect("peeked") as usize;
-                    (c, cached[i].take())
+                    let delta = cached[i].take().expect("each cached entry fires once");
+                    (g, Some(self.merged(stored, delta)))
+                } else {
+                    (g, stored)
                 }
-                (Some(_), None) => unreachable!("matched by the second arm"),
+            } else {
+                let i = order.next().expect("peeked") as usize;
+                (slot.key(i), cached[i].take())
             };
             let Some(acc) = acc else {
                 continue;
@@ -619,16 +619,7 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
                 .iter()
                 .zip(deltas)
                 .zip(stored)
-                .map(|((&k, delta), acc)| {
-                    let acc = match acc {
-                        Some(mut a) => {
-                            self.agg.merge(&mut a, delta);
-                            a
-                        }
-                        None => delta,
-                    };
-                    (k, acc)
-                })
+                .map(|((&k, delta), stored)| (k, self.merged(stored, delta)))
                 .collect();
             state.put_many(ctx, &entries);
             ctx.register_timers_for_keys(TimeDomain::EventTime, &ns, window.max_timestamp(), &keys);

@@ -342,19 +342,33 @@ impl<F: WindowFunction> WindowOperator<F> {
         Ok(())
     }
 
-    /// Tumbling and sliding windows with the accumulator cache: every record is decoded
-    /// first (an undecodable one changes nothing), then folded into the cached contents
-    /// of its windows; no state access or timer. The cache is flushed when full.
+    /// Tumbling and sliding windows with the accumulator cache: every record is assigned
+    /// and decoded first (an undecodable one changes nothing), then folded into the
+    /// cached contents of its unexpired windows; no state access or timer. The cache is
+    /// flushed when full.
     fn process_cached(&mut self, ctx: &mut dyn Context, batch: &Batch) -> Result<()> {
         let n = batch.len();
         let watermark = ctx.current_watermark();
-        let mut windows = std::mem::take(&mut self.windows);
+        // Per record: its decoded input (`None`: late) and its unexpired windows, the
+        // latter flat in `windows` with `window_ends`.
         let mut inputs: Vec<Option<F::Input>> = Vec::with_capacity(n);
+        let mut windows = std::mem::take(&mut self.windows);
+        windows.clear();
+        let mut window_ends: Vec<u32> = Vec::with_capacity(n);
         let mut late: Vec<u32> = Vec::new();
         for i in 0..n {
-            windows.clear();
+            let start = windows.len();
             self.spec.assigner.assign(batch.timestamps[i], &mut windows);
-            if windows.iter().all(|w| self.is_expired(w, watermark)) {
+            let mut kept = start;
+            for j in start..windows.len() {
+                if !self.is_expired(&windows[j], watermark) {
+                    windows[kept] = windows[j];
+                    kept += 1;
+                }
+            }
+            windows.truncate(kept);
+            window_ends.push(kept as u32);
+            if kept == start {
                 late.push(i as u32);
                 inputs.push(None);
                 continue;
@@ -367,19 +381,18 @@ impl<F: WindowFunction> WindowOperator<F> {
                 }
             }
         }
-        for (i, input) in inputs.iter().enumerate() {
-            let Some(input) = input else {
-                continue;
-            };
-            windows.clear();
-            self.spec.assigner.assign(batch.timestamps[i], &mut windows);
-            windows.retain(|w| !self.is_expired(w, watermark));
-            let key = batch.key(i).unwrap_or(&[]);
-            self.function.cache_add(&windows, key, input);
+        let mut start = 0;
+        for (i, (input, &end)) in inputs.iter().zip(&window_ends).enumerate() {
+            let end = end as usize;
+            if let Some(input) = input {
+                let key = batch.key(i).unwrap_or(&[]);
+                self.function.cache_add(&windows[start..end], key, input);
+            }
+            start = end;
         }
         self.windows = windows;
         Self::emit_late(ctx, batch, &late);
-        if self.function.cache_size().1 {
+        if self.function.cache_full() {
             self.function.flush_cache(ctx);
         }
         Ok(())

@@ -320,6 +320,8 @@ enum Boundary {
     Checkpoint,
     /// A checkpoint and a fresh instance on a copy of the state, after the watermark.
     Restore,
+    /// The same before and after the watermark: windows then fire from state alone.
+    RestoreAround,
 }
 
 /// Runs records in batches of `batch`, with the watermark after each batch at
@@ -331,7 +333,6 @@ fn run_fixed(
     lag: i64,
     boundary: Boundary,
 ) -> (Vec<Out>, Vec<Out>, Vec<(Rec, i64)>) {
-    let restore = boundary == Boundary::Restore;
     let mut h = Harness::new(FunctionKind::Aggregate, make);
     let mut arrivals = Vec::new();
     let mut late = Vec::new();
@@ -344,11 +345,14 @@ fn run_fixed(
         late.extend(h.late());
         arrivals.extend(chunk.iter().map(|r| (r.clone(), wm)));
         max_ts = chunk.iter().map(|r| r.1).fold(max_ts, i64::max);
-        h.watermark(max_ts.saturating_sub(lag));
-        if restore {
+        if boundary == Boundary::RestoreAround {
             h.restore();
-        } else if boundary == Boundary::Checkpoint {
-            h.flush();
+        }
+        h.watermark(max_ts.saturating_sub(lag));
+        match boundary {
+            Boundary::Keep => {}
+            Boundary::Checkpoint => h.flush(),
+            Boundary::Restore | Boundary::RestoreAround => h.restore(),
         }
     }
     h.watermark(i64::MAX);
@@ -393,7 +397,7 @@ fn tumbling_and_sliding_match_a_naive_reference_with_out_of_order_and_late_data(
 fn sliding_window_restored_at_every_boundary_equals_the_uninterrupted_run() {
     let recs = random_records(42, 600, 7, 80);
     let (straight, late_a, _) = run_fixed(sliding_op, &recs, 17, 30, Boundary::Keep);
-    let (restored, late_b, _) = run_fixed(sliding_op, &recs, 17, 30, Boundary::Restore);
+    let (restored, late_b, _) = run_fixed(sliding_op, &recs, 17, 30, Boundary::RestoreAround);
     assert!(straight.len() > 100);
     assert_eq!(straight, restored);
     assert_eq!(late_a, late_b);
@@ -401,8 +405,9 @@ fn sliding_window_restored_at_every_boundary_equals_the_uninterrupted_run() {
 
 /// The accumulator cache gives the uncached operator's output, in its order, whether it
 /// is written back at every boundary (windows then fire from stored and cached
-/// accumulators merged), restored from at every boundary, or never written back; and
-/// after the last firing no state or timer is left.
+/// accumulators merged), restored from at every boundary (before the watermark too:
+/// windows then fire from state alone), or never written back; and after the last
+/// firing no state or timer is left.
 #[test]
 fn cached_windows_equal_the_uncached_operator_across_checkpoints_and_restores() {
     for (plain, cached) in [
@@ -416,7 +421,12 @@ fn cached_windows_equal_the_uncached_operator_across_checkpoints_and_restores() 
             let recs = random_records(seed, 600, 7, 80);
             let (want, want_late, _) = run_fixed(plain, &recs, batch, lag, Boundary::Keep);
             assert!(want.len() > 100);
-            for boundary in [Boundary::Keep, Boundary::Checkpoint, Boundary::Restore] {
+            for boundary in [
+                Boundary::Keep,
+                Boundary::Checkpoint,
+                Boundary::Restore,
+                Boundary::RestoreAround,
+            ] {
                 let (got, late, _) = run_fixed(cached, &recs, batch, lag, boundary);
                 assert_eq!(got, want, "seed {seed} batch {batch} {boundary:?}");
                 assert_eq!(late, want_late, "seed {seed} batch {batch} {boundary:?}");
