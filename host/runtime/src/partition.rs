@@ -104,11 +104,11 @@ impl OutputEdge {
                 }
                 last.send(Message::Records(batch))
             }
-            PartitionPolicy::Hash => self.emit_hashed(&batch, site),
+            PartitionPolicy::Hash => self.emit_hashed(batch, site),
         }
     }
 
-    fn emit_hashed(&mut self, batch: &Batch, site: &Site) -> Result<()> {
+    fn emit_hashed(&mut self, mut batch: Batch, site: &Site) -> Result<()> {
         let n = batch.ends.len();
         if batch.key_ends.len() != n {
             return Err(RuntimeError::MissingKey {
@@ -116,8 +116,18 @@ impl OutputEdge {
                 edge: self.edge.to_string(),
             });
         }
-        let shard_count = self.shard_owners.len() as u32;
         let has_ts = batch.timestamps.len() == n;
+        if self.senders.len() == 1 {
+            // One downstream subtask owns every shard: the batch moves whole, trimmed to
+            // exactly what the per-record copy below would have built.
+            batch.data.truncate(batch.ends[n - 1] as usize);
+            batch.keys.truncate(batch.key_ends[n - 1] as usize);
+            if !has_ts {
+                batch.timestamps.clear();
+            }
+            return self.senders[0].send(Message::Records(batch));
+        }
+        let shard_count = self.shard_owners.len() as u32;
         let (mut start, mut kstart) = (0usize, 0usize);
         for i in 0..n {
             let end = batch.ends[i] as usize;

@@ -57,10 +57,16 @@ pub struct LineReader<R> {
 pub const BUFFER_BYTES: usize = 64 * 1024;
 
 impl<R: Read + Seek> LineReader<R> {
-    /// Wraps `inner`, which must be positioned at offset 0.
+    /// Wraps `inner`, which must be positioned at offset 0, with a [`BUFFER_BYTES`] buffer.
     pub fn new(inner: R) -> Self {
+        Self::with_capacity(BUFFER_BYTES, inner)
+    }
+
+    /// [`LineReader::new`] with a buffer of `capacity` bytes (at least 1 is used). Lines
+    /// longer than the buffer are read whole, through a second buffer.
+    pub fn with_capacity(capacity: usize, inner: R) -> Self {
         Self {
-            inner: BufReader::with_capacity(BUFFER_BYTES, inner),
+            inner: BufReader::with_capacity(capacity.max(1), inner),
             pos: 0,
             at_line_start: false,
             line: Vec::new(),
@@ -152,37 +158,45 @@ impl<R: Read + Seek> LineReader<R> {
         let mut p = self.align(from, d.header)?;
         let mut records = 0;
         while records < max && p < d.end {
-            self.line.clear();
-            let n = self.inner.read_until(b'\n', &mut self.line)? as u64;
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "{} ended at byte {p}, before the split end {}; was it truncated?",
-                        d.path, d.end
-                    ),
-                ));
-            }
             let line_start = p;
-            p += n;
+            // A line inside the buffer is handed over in place; one that runs past the
+            // buffer's end (or a last line without `\n`) is gathered in `self.line`.
+            let buf = self.inner.fill_buf()?;
+            let (n, handed) = match memchr::memchr(b'\n', buf) {
+                Some(i) => {
+                    let handed = hand_over(&buf[..i], line_start, &mut emit);
+                    self.inner.consume(i + 1);
+                    (i + 1, handed)
+                }
+                None => {
+                    self.line.clear();
+                    let n = self.inner.read_until(b'\n', &mut self.line)?;
+                    if n == 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "{} ended at byte {p}, before the split end {}; was it truncated?",
+                                d.path, d.end
+                            ),
+                        ));
+                    }
+                    let line = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
+                    (n, hand_over(line, line_start, &mut emit))
+                }
+            };
+            p += n as u64;
             self.pos = p;
             self.at_line_start = true;
-            let mut l = self.line.as_slice();
-            if let Some(rest) = l.strip_suffix(b"\n") {
-                l = rest;
-            }
-            if let Some(rest) = l.strip_suffix(b"\r") {
-                l = rest;
-            }
-            if !l.is_empty() {
-                if !emit(line_start, l) {
+            match handed {
+                Handed::Taken => records += 1,
+                Handed::Refused => {
                     return Ok(ReadStep {
                         next: line_start,
                         finished: false,
                         records,
                     });
                 }
-                records += 1;
+                Handed::Empty => {}
             }
         }
         Ok(ReadStep {
@@ -190,6 +204,30 @@ impl<R: Read + Seek> LineReader<R> {
             finished: p >= d.end,
             records,
         })
+    }
+}
+
+/// What became of one line handed to a reader's `emit`.
+enum Handed {
+    /// Empty after stripping: consumed, no record.
+    Empty,
+    /// `emit` took the record.
+    Taken,
+    /// `emit` refused it: reading stops before the line.
+    Refused,
+}
+
+/// Strips one `\r` from `line` (its `\n` already gone) and hands a non-empty record to
+/// `emit`.
+#[inline]
+fn hand_over(line: &[u8], at: u64, emit: &mut impl FnMut(u64, &[u8]) -> bool) -> Handed {
+    let record = line.strip_suffix(b"\r").unwrap_or(line);
+    if record.is_empty() {
+        Handed::Empty
+    } else if emit(at, record) {
+        Handed::Taken
+    } else {
+        Handed::Refused
     }
 }
 
@@ -233,15 +271,23 @@ mod tests {
     /// Reads every split to the end in chunks of `max`, restarting from each returned
     /// cursor; with `fresh` a new reader is used for every call (an instance dropped
     /// between calls).
-    fn read_all(content: &[u8], n: u32, max: u32, header: bool, fresh: bool) -> Vec<Vec<u8>> {
+    fn read_all(
+        content: &[u8],
+        n: u32,
+        max: u32,
+        header: bool,
+        fresh: bool,
+        capacity: usize,
+    ) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
-        let mut reader = LineReader::new(Cursor::new(content.to_vec()));
+        let new = || LineReader::with_capacity(capacity, Cursor::new(content.to_vec()));
+        let mut reader = new();
         for d in descriptors(content.len() as u64, n, header) {
             let mut cursor = None;
             let mut calls = 0;
             loop {
                 if fresh {
-                    reader = LineReader::new(Cursor::new(content.to_vec()));
+                    reader = new();
                 }
                 let step = reader
                     .read(&d, cursor, max, |l| out.push(l.to_vec()))
@@ -267,13 +313,17 @@ mod tests {
             for n in 1..=7 {
                 for max in [1, 3, 1000] {
                     for fresh in [false, true] {
-                        let got = read_all(content, n, max, header, fresh);
-                        assert_eq!(
-                            got,
-                            want,
-                            "content {:?}, splits {n}, max {max}, header {header}",
-                            String::from_utf8_lossy(content)
-                        );
+                        // Small buffers put lines and `\r\n` pairs across buffer ends.
+                        for capacity in [1, 2, 3, 5, BUFFER_BYTES] {
+                            let got = read_all(content, n, max, header, fresh, capacity);
+                            assert_eq!(
+                                got,
+                                want,
+                                "content {:?}, splits {n}, max {max}, header {header}, \
+                                 buffer {capacity}",
+                                String::from_utf8_lossy(content)
+                            );
+                        }
                     }
                 }
             }
