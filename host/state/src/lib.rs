@@ -1941,12 +1941,13 @@ impl KeyedState {
     /// one (if any), then its deltas ([`ShardSnapshot::delta`]), oldest first. Entries of
     /// shards this subtask does not own are refused.
     ///
-    /// With incremental snapshots on ([`Self::set_incremental`], set before restoring)
-    /// and no memory budget, the chains are applied in order to the working set itself
-    /// (nothing flushes it afterwards: compactions make the full payloads), as written
-    /// entries redb does not hold. Otherwise each chain is folded in memory and every key
-    /// inserted into redb once, in key order, in one non-durable write transaction (a
-    /// crash restores again from the checkpoint). With incremental snapshots on, tracking
+    /// Each chain is folded in memory first (its payloads are in key order: a linear
+    /// merge). With incremental snapshots on ([`Self::set_incremental`], set before
+    /// restoring) and no memory budget, every key it leaves goes into the working set
+    /// itself (nothing flushes it afterwards: compactions make the full payloads), as a
+    /// written entry redb does not hold. Otherwise every key is inserted into redb once,
+    /// in key order, in one non-durable write transaction (a crash restores again from the
+    /// checkpoint). With incremental snapshots on, tracking
     /// starts at the restored state, so the next snapshot may be a delta on top of the
     /// restored chain.
     ///
@@ -1975,28 +1976,37 @@ impl KeyedState {
             chains.entry((s.state, s.shard.0)).or_default().push(s);
         }
         // Without a memory budget, incremental snapshots never flush the working set (a
-        // compaction makes the full payloads off the task thread), so each chain is applied
-        // in order straight to the working set (no fold first): as written (dirty, redb
-        // does not hold them) and handed (the chain holds them, so a delete must reach the
-        // next delta). With a budget, or with a full snapshot each epoch (which would write
+        // compaction makes the full payloads off the task thread), so each folded chain
+        // goes straight to the working set: as written (dirty, redb does not hold them) and
+        // handed (the chain holds them, so a delete must reach the next delta). With a budget, or with a full snapshot each epoch (which would write
         // them all to redb at the first barrier), into redb.
         if self.incremental && self.working_set_bytes.is_none() {
+            // The full payloads of a state's shards hold disjoint keys, so their entry
+            // count is a lower bound of its restored keys: the plain map is sized for them
+            // at its first key instead of growing (each growth rehashes every slot into a
+            // fresh table). The count comes from the manifest, so it is capped by what the
+            // payloads can hold (an entry takes at least 8 bytes: two length prefixes).
+            let mut reserve = vec![0usize; self.cache.len()];
+            for s in shards.iter().filter(|s| !s.delta) {
+                let n = usize::try_from(s.entries).unwrap_or(usize::MAX);
+                reserve[s.state as usize] += n.min(s.payload.len() / 8);
+            }
             for ((state, shard), chain) in chains {
                 let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
                 let cache = &mut self.cache[state as usize];
-                for s in chain {
-                    let changes = payload::decode(s.codec(), &s.payload).map_err(|_| corrupt())?;
-                    for (k, v) in changes {
-                        let (ns, key) = split_entry_key(k).ok_or_else(corrupt)?;
-                        if shard_of(key, self.shard_count).0 != shard {
-                            return Err(corrupt());
-                        }
-                        match v {
-                            Some(v) => cache.put_restored(ns, key, v),
-                            // Nothing is tracked yet: no tombstone.
-                            None => cache.remove(ns, key),
-                        }
+                let reserve = &mut reserve[state as usize];
+                // Folded first (a linear merge of payloads written in key order), so each
+                // key the chain leaves is inserted once rather than once per change, and a
+                // deleted one not at all (nothing is tracked yet: no tombstone).
+                for (k, v) in fold_chain(&chain).ok_or_else(corrupt)? {
+                    let (ns, key) = split_entry_key(k).ok_or_else(corrupt)?;
+                    if ns.is_empty() && *reserve > 0 {
+                        cache.plain.reserve(std::mem::take(reserve));
                     }
+                    if shard_of(key, self.shard_count).0 != shard {
+                        return Err(corrupt());
+                    }
+                    cache.put_restored(ns, key, v);
                 }
             }
             for c in &mut self.cache {
