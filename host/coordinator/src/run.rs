@@ -794,28 +794,37 @@ impl<E: TaskError> Driver<'_, E> {
                     }
                 }
             }
-            // COMMITTED is recorded as soon as the coordinator accepted it.
-            if let Some(c) = self.coord.latest_committed()
-                && let Some(txns) = self.pending_txns.remove(&c)
-            {
-                self.log(c, EpochState::Committed, None)?;
-                tally.committed_total += txns.len() as u64;
-                tally.committed.extend(txns);
-                // An unbounded job reports its latest commits only.
-                let over = tally
-                    .committed
-                    .len()
-                    .saturating_sub(crate::report::MAX_REPORTED_COMMITS);
-                if over > 0 {
-                    tally.committed.drain(..over);
-                }
+            self.record_committed(tally)?;
+        }
+        // A commit that arrived as an event queues no command: record it now, not with the
+        // next command (the next epoch's start, up to an interval later).
+        self.record_committed(tally)?;
+        Ok(())
+    }
+
+    /// Records COMMITTED for the coordinator's latest committed epoch once, as soon as the
+    /// coordinator accepted it, and moves its transactions into the tally.
+    fn record_committed(&mut self, tally: &mut RunTally) -> Result<(), CoordinatorError> {
+        if let Some(c) = self.coord.latest_committed()
+            && let Some(txns) = self.pending_txns.remove(&c)
+        {
+            self.log(c, EpochState::Committed, None)?;
+            tally.committed_total += txns.len() as u64;
+            tally.committed.extend(txns);
+            // An unbounded job reports its latest commits only.
+            let over = tally
+                .committed
+                .len()
+                .saturating_sub(crate::report::MAX_REPORTED_COMMITS);
+            if over > 0 {
+                tally.committed.drain(..over);
             }
-            if let Some(c) = self.coord.latest_committed() {
-                // Bookkeeping of epochs up to the latest committed one is done with; an
-                // unbounded job would otherwise keep an entry per epoch for ever.
-                self.created_ms.retain(|e, _| *e > c);
-                self.commit_acks.retain(|e, _| *e > c);
-            }
+        }
+        if let Some(c) = self.coord.latest_committed() {
+            // Bookkeeping of epochs up to the latest committed one is done with; an
+            // unbounded job would otherwise keep an entry per epoch for ever.
+            self.created_ms.retain(|e, _| *e > c);
+            self.commit_acks.retain(|e, _| *e > c);
         }
         Ok(())
     }

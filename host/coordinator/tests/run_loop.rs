@@ -525,3 +525,40 @@ fn record_count_checkpoints_take_one_epoch_per_that_many_records_read() {
         .count();
     assert_eq!(durable, 1);
 }
+
+#[test]
+fn committed_is_recorded_when_the_sinks_commit_not_with_the_next_epoch() {
+    // A commit arrives as an event and queues no command; COMMITTED used to be written
+    // only with the next command, the next epoch's start (up to an interval late).
+    let dir = tempfile::tempdir().unwrap();
+    let mut plan = common::plan(1, 4);
+    plan.job.checkpoint_interval_ms = None;
+    plan.job.checkpoint_every_records = Some(1_000);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    // An epoch at each thousand records read, 100 per event: each is committed a few
+    // events after its start, long before the next one starts.
+    w.feed = Some((100, 10_050));
+    run_job(&plan, &mut w, Arc::clone(&storage), &opts()).unwrap();
+    let log = storage.read_log().unwrap();
+    let at = |epoch: u64, state: EpochState| {
+        log.iter()
+            .position(|r| r.epoch.0 == epoch && r.state == state)
+    };
+    let committed: Vec<u64> = log
+        .iter()
+        .filter(|r| r.state == EpochState::Committed)
+        .map(|r| r.epoch.0)
+        .collect();
+    assert_eq!(committed.len(), 11, "{log:?}");
+    // The final epoch (11) starts as soon as the data ends, which may be before epoch 10's
+    // commit arrives.
+    for &e in &committed[..committed.len() - 2] {
+        let next = at(e + 1, EpochState::Created).expect("the next epoch started");
+        assert!(
+            at(e, EpochState::Committed).unwrap() < next,
+            "epoch {e} was recorded committed only after epoch {} started: {log:?}",
+            e + 1
+        );
+    }
+}
