@@ -138,18 +138,18 @@ struct DueQueue {
     slots: BTreeMap<i64, Vec<Due>>,
 }
 
-/// A timer of the [`DueQueue`]: (event time, key).
-type Due = (i64, Rc<[u8]>);
+/// A timer of the [`DueQueue`]: (event time, key, the key's slot in the [`KeyCache`]).
+type Due = (i64, Rc<[u8]>, u32);
 
 impl DueQueue {
     /// A bucket spans 256 ms of event time.
     const SLOT_BITS: u32 = 8;
 
-    fn push(&mut self, t: i64, key: Rc<[u8]>) {
+    fn push(&mut self, t: i64, key: Rc<[u8]>, slot: u32) {
         self.slots
             .entry(t >> Self::SLOT_BITS)
             .or_default()
-            .push((t, key));
+            .push((t, key, slot));
     }
 
     /// Removes and returns every entry at or before `upto`, in (time, key) order.
@@ -192,15 +192,91 @@ impl DueQueue {
     /// The earliest time held, if any.
     fn first_time(&self) -> Option<i64> {
         let (_, v) = self.slots.first_key_value()?;
-        v.iter().map(|(t, _)| *t).min()
+        v.iter().map(|(t, _, _)| *t).min()
     }
 
     fn clear(&mut self) {
         self.slots.clear();
     }
 }
-/// One key's events of a batch, with their event times, in arrival order.
-type KeyEvents<'a, E> = (&'a [u8], Vec<(i64, E)>);
+
+/// The keys a [`CepOperator`] holds decoded: an index from key to slot, and the entries
+/// in slots that keep their place while the key is cached, so a timer entry reaches its
+/// key's entry without a hash lookup (the timers of a watermark step touch one entry
+/// each, in time order: a probe of a large index per timer cost more than the NFA step).
+struct KeyCache<E> {
+    index: FxHashMap<Rc<[u8]>, u32>,
+    slots: Vec<Option<KeyEntry<E>>>,
+    /// Empty slots, reused first.
+    free: Vec<u32>,
+}
+
+impl<E> Default for KeyCache<E> {
+    fn default() -> Self {
+        KeyCache {
+            index: FxHashMap::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<E> KeyCache<E> {
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    fn contains(&self, key: &[u8]) -> bool {
+        self.index.contains_key(key)
+    }
+
+    fn get_mut(&mut self, key: &[u8]) -> Option<&mut KeyEntry<E>> {
+        let slot = *self.index.get(key)?;
+        self.slots[slot as usize].as_mut()
+    }
+
+    /// The entry in `slot` if it is still `key`'s: the same allocation, so a slot
+    /// reused by another key, or by the same key loaded again, is not it.
+    fn slot_mut(&mut self, slot: u32, key: &Rc<[u8]>) -> Option<&mut KeyEntry<E>> {
+        self.slots
+            .get_mut(slot as usize)?
+            .as_mut()
+            .filter(|e| Rc::ptr_eq(&e.key, key))
+    }
+
+    /// Caches `entry` (its key must not be cached) and returns it, its slot set.
+    fn insert(&mut self, mut entry: KeyEntry<E>) -> &mut KeyEntry<E> {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            (self.slots.len() - 1) as u32
+        });
+        entry.slot = slot;
+        let old = self.index.insert(Rc::clone(&entry.key), slot);
+        debug_assert!(old.is_none(), "a cached key inserted again");
+        self.slots[slot as usize].insert(entry)
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(slot) = self.index.remove(key) {
+            self.slots[slot as usize] = None;
+            self.free.push(slot);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.index.clear();
+        self.slots.clear();
+        self.free.clear();
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &KeyEntry<E>> {
+        self.slots.iter().flatten()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut KeyEntry<E>> {
+        self.slots.iter_mut().flatten()
+    }
+}
 
 /// Runs a CEP [`Pattern`] over keyed, timestamped records; embed it in an
 /// [`crate::Operator`] and forward `process`, `on_timers`, `on_watermark`,
@@ -242,7 +318,7 @@ pub struct CepOperator<E> {
     queue: ValueState<Queue<E>>,
     /// The keys read from host state since they were last dropped, decoded. A key's
     /// bytes are allocated once, when it is loaded, and shared with [`Self::due`].
-    cache: FxHashMap<Rc<[u8]>, KeyEntry<E>>,
+    cache: KeyCache<E>,
     /// The cached keys' timers: (event time, key). A moved timer's old entry is not
     /// removed but skipped when it comes due (it no longer equals its key's
     /// [`KeyEntry::timer`], or its key left the cache), so entries are only pushed and
@@ -259,6 +335,8 @@ pub const MAX_CACHED_KEYS: usize = 65_536;
 struct KeyEntry<E> {
     /// The key (the same allocation as the cache's and the timer queue's).
     key: Rc<[u8]>,
+    /// Its slot in the [`KeyCache`].
+    slot: u32,
     queue: Queue<E>,
     nfa: NfaState,
     buffer: Buffer<E>,
@@ -333,7 +411,7 @@ where
             nfa: ValueState::open(ctx, NFA_STATE)?,
             buffer: ValueState::open(ctx, BUFFER_STATE)?,
             queue: ValueState::open(ctx, QUEUE_STATE)?,
-            cache: FxHashMap::default(),
+            cache: KeyCache::default(),
             due: DueQueue::default(),
         })
     }
@@ -392,9 +470,8 @@ where
     ) -> Result<()> {
         let _ = out;
         let wm = ctx.current_watermark();
-        // Events per key in arrival order; keys in order of first appearance.
-        let mut index: FxHashMap<&[u8], usize> = FxHashMap::default();
-        let mut groups: Vec<KeyEvents<'_, E>> = Vec::new();
+        // Every record is checked and decoded before anything is stored.
+        let mut events: Vec<(&[u8], i64, E)> = Vec::with_capacity(batch.len());
         let mut late = Batch::new();
         for (i, rec) in batch.iter().enumerate() {
             let key = rec.key.ok_or_else(|| {
@@ -412,22 +489,28 @@ where
                 late.push_record(rec.key, rec.timestamp, rec.data);
                 continue;
             }
-            let g = *index.entry(key).or_insert_with(|| {
-                groups.push((key, Vec::new()));
-                groups.len() - 1
-            });
-            groups[g].1.push((ts, event));
+            events.push((key, ts, event));
         }
-        if !groups.is_empty() {
-            let keys: Vec<&[u8]> = groups.iter().map(|(k, _)| *k).collect();
-            self.load(ctx, &keys, false);
-            for (key, events) in groups {
-                let entry = self.cache.get_mut(key).expect("loaded");
-                for (ts, e) in events {
-                    entry.queue.push(ts, e);
+        if !events.is_empty() {
+            // A cached key's events go to its queue at once; the others wait for one
+            // batched load of their keys (a key stays uncached until then, so all its
+            // events wait, in arrival order).
+            let mut waiting: Vec<(&[u8], i64, E)> = Vec::new();
+            for (key, ts, event) in events {
+                match self.cache.get_mut(key) {
+                    Some(entry) => Self::enqueue(&self.pattern, &mut self.due, entry, ts, event),
+                    None => waiting.push((key, ts, event)),
                 }
-                entry.dirty = true;
-                Self::retime(&self.pattern, &mut self.due, entry);
+            }
+            if !waiting.is_empty() {
+                let mut keys: Vec<&[u8]> = waiting.iter().map(|(k, _, _)| *k).collect();
+                keys.sort_unstable();
+                keys.dedup();
+                self.load(ctx, &keys, false);
+                for (key, ts, event) in waiting {
+                    let entry = self.cache.get_mut(key).expect("loaded");
+                    Self::enqueue(&self.pattern, &mut self.due, entry, ts, event);
+                }
             }
             self.spill_if_full(ctx);
         }
@@ -460,6 +543,19 @@ where
         }
     }
 
+    /// Queues one event of a cached key and moves the key's timer if it came earlier.
+    fn enqueue(
+        pattern: &Pattern<E>,
+        due: &mut DueQueue,
+        entry: &mut KeyEntry<E>,
+        ts: i64,
+        event: E,
+    ) {
+        entry.queue.push(ts, event);
+        entry.dirty = true;
+        Self::retime(pattern, due, entry);
+    }
+
     /// Recomputes a cached key's timer and moves it in the in-memory timer queue (the
     /// old entry stays behind, stale).
     fn retime(pattern: &Pattern<E>, due: &mut DueQueue, entry: &mut KeyEntry<E>) {
@@ -468,7 +564,7 @@ where
             return;
         }
         if let Some(new) = next {
-            due.push(new, Rc::clone(&entry.key));
+            due.push(new, Rc::clone(&entry.key), entry.slot);
         }
         entry.timer = next;
     }
@@ -480,7 +576,7 @@ where
         let missing: Vec<&[u8]> = keys
             .iter()
             .copied()
-            .filter(|k| !self.cache.contains_key(*k))
+            .filter(|k| !self.cache.contains(k))
             .collect();
         if missing.is_empty() {
             return;
@@ -500,23 +596,20 @@ where
             let queue = queue.unwrap_or_default();
             let nfa = nfa.unwrap_or_default();
             let timer = Self::next_timer(&self.pattern, queue.first_time(), Some(&nfa));
-            let key: Rc<[u8]> = Rc::from(key);
+            let entry = self.cache.insert(KeyEntry {
+                key: Rc::from(key),
+                slot: 0,
+                queue,
+                nfa,
+                buffer: buffer.unwrap_or_default(),
+                dirty: false,
+                stored,
+                host_timer: if fired { None } else { timer },
+                timer,
+            });
             if let Some(t) = timer {
-                self.due.push(t, Rc::clone(&key));
+                self.due.push(t, Rc::clone(&entry.key), entry.slot);
             }
-            self.cache.insert(
-                Rc::clone(&key),
-                KeyEntry {
-                    key,
-                    queue,
-                    nfa,
-                    buffer: buffer.unwrap_or_default(),
-                    dirty: false,
-                    stored,
-                    host_timer: if fired { None } else { timer },
-                    timer,
-                },
-            );
         }
     }
 
@@ -599,7 +692,8 @@ where
         let mut delete_ends: Vec<u32> = Vec::new();
         let mut retimes = Retimes::default();
         let mut emptied: Vec<Rc<[u8]>> = Vec::new();
-        for (key, entry) in &mut self.cache {
+        for entry in self.cache.iter_mut() {
+            let key = &entry.key;
             retimes.push(key, entry.host_timer, entry.timer);
             entry.host_timer = entry.timer;
             if !entry.dirty {
@@ -614,18 +708,18 @@ where
                 emptied.push(Rc::clone(key));
             }
         }
-        let puts = || self.cache.iter().filter(|(_, e)| e.dirty && !e.is_empty());
+        let puts = || self.cache.iter().filter(|e| e.dirty && !e.is_empty());
         let nfa_state = self.nfa.in_namespace(CEP_NAMESPACE);
         let queue_state = self.queue.in_namespace(CEP_NAMESPACE);
         let buffer_state = self.buffer.in_namespace(CEP_NAMESPACE);
-        nfa_state.put_many_refs(ctx, puts().map(|(k, e)| (&**k, &e.nfa)));
-        queue_state.put_many_refs(ctx, puts().map(|(k, e)| (&**k, &e.queue)));
-        buffer_state.put_many_refs(ctx, puts().map(|(k, e)| (&**k, &e.buffer)));
+        nfa_state.put_many_refs(ctx, puts().map(|e| (&*e.key, &e.nfa)));
+        queue_state.put_many_refs(ctx, puts().map(|e| (&*e.key, &e.queue)));
+        buffer_state.put_many_refs(ctx, puts().map(|e| (&*e.key, &e.buffer)));
         nfa_state.delete_many_flat(ctx, &deletes, &delete_ends);
         queue_state.delete_many_flat(ctx, &deletes, &delete_ends);
         buffer_state.delete_many_flat(ctx, &deletes, &delete_ends);
         retimes.apply(ctx);
-        for entry in self.cache.values_mut() {
+        for entry in self.cache.iter_mut() {
             if entry.dirty {
                 entry.dirty = false;
                 entry.stored = true;
@@ -650,9 +744,9 @@ where
         let mut outputs = Vec::new();
         // The NFA's spare `Vec` of runs, handed from key to key.
         let mut spare = Vec::new();
-        for (t, key) in self.due.take_due(upto) {
+        for (t, key, slot) in self.due.take_due(upto) {
             // A stale entry: the key's timer moved, or the key left the cache.
-            let Some(entry) = self.cache.get_mut(&*key) else {
+            let Some(entry) = self.cache.slot_mut(slot, &key) else {
                 continue;
             };
             if entry.timer != Some(t) {
@@ -684,7 +778,7 @@ where
             entry.dirty = true;
             Self::retime(&self.pattern, &mut self.due, entry);
             if entry.is_empty() && !entry.stored && entry.host_timer.is_none() {
-                self.cache.remove(&*key);
+                self.cache.remove(&key);
             }
             for o in outputs.drain(..) {
                 let (m, target, f) = match &o {
@@ -783,6 +877,44 @@ mod tests {
     }
 
     #[test]
+    fn a_timer_reaches_its_key_by_slot_only_while_the_slot_holds_that_key() {
+        let entry = |k: &[u8]| KeyEntry::<u32> {
+            key: Rc::from(k),
+            slot: u32::MAX,
+            queue: Queue::default(),
+            nfa: NfaState::default(),
+            buffer: Buffer::default(),
+            dirty: false,
+            stored: false,
+            host_timer: None,
+            timer: None,
+        };
+        let mut c = KeyCache::default();
+        let a = Rc::clone(&c.insert(entry(b"a")).key);
+        let b = Rc::clone(&c.insert(entry(b"b")).key);
+        assert_eq!(
+            (c.get_mut(b"a").unwrap().slot, c.get_mut(b"b").unwrap().slot),
+            (0, 1)
+        );
+        assert!(c.slot_mut(0, &a).is_some() && c.slot_mut(1, &b).is_some());
+        assert!(c.slot_mut(1, &a).is_none() && c.slot_mut(7, &a).is_none());
+        // `a` leaves; `c` takes its slot: a timer of `a` no longer reaches it.
+        c.remove(b"a");
+        let k = Rc::clone(&c.insert(entry(b"c")).key);
+        assert_eq!(c.get_mut(b"c").unwrap().slot, 0);
+        assert!(c.slot_mut(0, &a).is_none() && c.slot_mut(0, &k).is_some());
+        // `b` is loaded again, into a slot: its old timer (the old allocation) is stale.
+        c.remove(b"b");
+        let b2 = Rc::clone(&c.insert(entry(b"b")).key);
+        assert_eq!(c.get_mut(b"b").unwrap().slot, 1);
+        assert!(c.slot_mut(1, &b).is_none() && c.slot_mut(1, &b2).is_some());
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.iter().count(), 2);
+        c.clear();
+        assert!(!c.contains(b"c") && c.slot_mut(0, &k).is_none());
+    }
+
+    #[test]
     fn the_due_queue_yields_what_is_due_in_time_then_key_order() {
         let mut q = DueQueue::default();
         let key = |b: &[u8]| -> Rc<[u8]> { Rc::from(b) };
@@ -800,12 +932,12 @@ mod tests {
             (701, b"a"),
         ];
         for (t, k) in pushed {
-            q.push(t, key(k));
+            q.push(t, key(k), 0);
         }
         let take = |q: &mut DueQueue, upto| -> Vec<(i64, Vec<u8>)> {
             q.take_due(upto)
                 .into_iter()
-                .map(|(t, k)| (t, k.to_vec()))
+                .map(|(t, k, _)| (t, k.to_vec()))
                 .collect()
         };
         assert_eq!(
@@ -833,7 +965,7 @@ mod tests {
             [(701, b"a".to_vec()), (10_000, b"x".to_vec())]
         );
         assert_eq!(q.first_time(), None);
-        q.push(i64::MAX, key(b"m"));
+        q.push(i64::MAX, key(b"m"), 0);
         assert_eq!(take(&mut q, i64::MAX - 1), []);
         assert_eq!(take(&mut q, i64::MAX), [(i64::MAX, b"m".to_vec())]);
     }
