@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use super::pattern::{AfterMatchSkip, Contiguity, Pattern, StageKind};
 use super::{Match, MatchSoFar, MatchedStage, Timed};
@@ -20,7 +21,7 @@ pub(crate) struct Run {
     /// Events taken in `stage` so far.
     pub count: u32,
     /// `(stage, event id)` of every taken event, in take order.
-    pub events: Vec<(u16, u64)>,
+    pub events: TakenEvents,
     /// Event time of the first event (ms).
     pub start_ts: i64,
     /// Negative stages guarding the run until its next take (`not_next` guards expire
@@ -36,7 +37,7 @@ impl Run {
         id: 0,
         stage: 0,
         count: 0,
-        events: Vec::new(),
+        events: TakenEvents::new_const(),
         start_ts: 0,
         guards: Vec::new(),
         emitted: false,
@@ -46,6 +47,13 @@ impl Run {
         self.events[0].1
     }
 }
+
+/// A run's taken events: inline up to [`INLINE_TAKES`] (no allocation when a run is
+/// created, copied into a new stage or extended), stored as a sequence like a `Vec`.
+pub(crate) type TakenEvents = SmallVec<[(u16, u64); INLINE_TAKES]>;
+
+/// Taken events a run holds without an allocation.
+pub(crate) const INLINE_TAKES: usize = 4;
 
 /// Per-key NFA bookkeeping, the value of the `cep-nfa` state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -290,7 +298,7 @@ impl<E: Clone> KeyNfa<E> {
                 id: 0,
                 stage: 0,
                 count: 1,
-                events: vec![(0, eid)],
+                events: smallvec::smallvec![(0, eid)],
                 start_ts: ts,
                 guards: Vec::new(),
                 emitted: false,
@@ -370,7 +378,7 @@ impl<E: Clone> KeyNfa<E> {
                     self.state.runs.retain(|x| !prune(x));
                     pruned.extend(expired.iter().filter(|x| prune(x)).map(|x| x.id));
                 }
-            } else if self.report_timeouts && !r.emitted && reported.insert(r.events.clone()) {
+            } else if self.report_timeouts && !r.emitted && reported.insert(r.events.to_vec()) {
                 out.push(Output::TimedOut(self.to_match(p, key, &r.events, deadline)));
             }
         }
@@ -408,5 +416,91 @@ fn pruning_point<E>(p: &Pattern<E>, events: &[(u16, u64)]) -> Option<(u64, bool)
             let s = stage_of(n)? as u16;
             events.iter().rev().find(|e| e.0 == s).map(|e| (e.1, false))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`Run`] and [`NfaState`] as stored before the taken events were held inline.
+    #[derive(Debug, Serialize, Deserialize)]
+    struct VecRun {
+        id: u64,
+        stage: u16,
+        count: u32,
+        events: Vec<(u16, u64)>,
+        start_ts: i64,
+        guards: Vec<u16>,
+        emitted: bool,
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct VecNfaState {
+        next_event_id: u64,
+        next_run_id: u64,
+        runs: Vec<VecRun>,
+    }
+
+    #[test]
+    fn runs_are_stored_as_before_their_events_were_inline() {
+        // Runs with fewer, as many and more taken events than fit inline.
+        // (taken events, guards) per run.
+        type Taken = (Vec<(u16, u64)>, Vec<u16>);
+        let runs: Vec<Taken> = vec![
+            (vec![(0, 7)], vec![]),
+            (vec![(0, 1), (1, 4), (1, 5), (2, 9)], vec![3]),
+            (
+                (0..9).map(|i| (i as u16 % 3, 100 + i)).collect(),
+                vec![1, 2],
+            ),
+        ];
+        let state = NfaState {
+            next_event_id: 120,
+            next_run_id: 3,
+            runs: runs
+                .iter()
+                .enumerate()
+                .map(|(i, (events, guards))| Run {
+                    id: i as u64,
+                    stage: 1,
+                    count: events.len() as u32,
+                    events: events.iter().copied().collect(),
+                    start_ts: -5 + i as i64,
+                    guards: guards.clone(),
+                    emitted: i == 1,
+                })
+                .collect(),
+        };
+        let old = VecNfaState {
+            next_event_id: 120,
+            next_run_id: 3,
+            runs: runs
+                .iter()
+                .enumerate()
+                .map(|(i, (events, guards))| VecRun {
+                    id: i as u64,
+                    stage: 1,
+                    count: events.len() as u32,
+                    events: events.clone(),
+                    start_ts: -5 + i as i64,
+                    guards: guards.clone(),
+                    emitted: i == 1,
+                })
+                .collect(),
+        };
+        let bytes = postcard::to_allocvec(&state).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec(&old).unwrap());
+        assert_eq!(postcard::from_bytes::<NfaState>(&bytes).unwrap(), state);
+        let schema = crate::state::schema_of::<NfaState>();
+        assert!(schema.is_some());
+        assert_eq!(
+            schema.map(|s| s
+                .replace("VecNfaState", "NfaState")
+                .replace("VecRun", "Run")),
+            crate::state::schema_of::<VecNfaState>().map(|s| s
+                .replace("VecNfaState", "NfaState")
+                .replace("VecRun", "Run"))
+        );
     }
 }

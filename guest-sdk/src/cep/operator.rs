@@ -496,16 +496,22 @@ where
             // batched load of their keys (a key stays uncached until then, so all its
             // events wait, in arrival order).
             let mut waiting: Vec<(&[u8], i64, E)> = Vec::new();
+            // The waiting keys, each once, in order of first appearance.
+            let mut keys: Vec<&[u8]> = Vec::new();
+            let mut seen: std::collections::HashSet<&[u8], crate::hash::FxBuildHasher> =
+                Default::default();
             for (key, ts, event) in events {
                 match self.cache.get_mut(key) {
                     Some(entry) => Self::enqueue(&self.pattern, &mut self.due, entry, ts, event),
-                    None => waiting.push((key, ts, event)),
+                    None => {
+                        if seen.insert(key) {
+                            keys.push(key);
+                        }
+                        waiting.push((key, ts, event));
+                    }
                 }
             }
             if !waiting.is_empty() {
-                let mut keys: Vec<&[u8]> = waiting.iter().map(|(k, _, _)| *k).collect();
-                keys.sort_unstable();
-                keys.dedup();
                 self.load(ctx, &keys, false);
                 for (key, ts, event) in waiting {
                     let entry = self.cache.get_mut(key).expect("loaded");
