@@ -152,7 +152,7 @@ impl DueQueue {
             .push((t, key, slot));
     }
 
-    /// Removes and returns every entry at or before `upto`, in (time, key) order.
+    /// Removes and returns every entry at or before `upto`, in (time, key, slot) order.
     fn take_due(&mut self, upto: i64) -> Vec<Due> {
         let mut due = Vec::new();
         let last = upto >> Self::SLOT_BITS;
@@ -162,19 +162,16 @@ impl DueQueue {
                 break;
             }
             // The slot's last millisecond (`|` cannot overflow near `i64::MAX`).
-            if (s << Self::SLOT_BITS) | ((1 << Self::SLOT_BITS) - 1) <= upto {
-                let mut v = slot.remove();
-                if due.is_empty() {
-                    due = v;
-                } else {
-                    due.append(&mut v);
-                }
+            let whole = (s << Self::SLOT_BITS) | ((1 << Self::SLOT_BITS) - 1) <= upto;
+            let mut v = if whole {
+                slot.remove()
             } else {
                 let v = slot.get_mut();
+                let mut taken = Vec::new();
                 let mut i = 0;
                 while i < v.len() {
                     if v[i].0 <= upto {
-                        due.push(v.swap_remove(i));
+                        taken.push(v.swap_remove(i));
                     } else {
                         i += 1;
                     }
@@ -182,11 +179,66 @@ impl DueQueue {
                 if v.is_empty() {
                     slot.remove();
                 }
+                taken
+            };
+            // Slots are taken in time order: sorting each is sorting all.
+            Self::sort_slot(&mut v);
+            if due.is_empty() {
+                due = v;
+            } else {
+                due.append(&mut v);
+            }
+            if !whole {
                 break;
             }
         }
-        due.sort_unstable();
         due
+    }
+
+    /// Sorts the entries of one slot by (time, key, slot): by the time's low
+    /// [`Self::SLOT_BITS`] bits (the slot fixes the rest) with a counting sort and an
+    /// in-place permutation, then the entries sharing a millisecond by key. A comparison
+    /// sort of every entry cost more than any step of the NFA.
+    fn sort_slot(v: &mut [Due]) {
+        const SMALL: usize = 32;
+        let n = v.len();
+        if n <= SMALL {
+            v.sort_unstable();
+            return;
+        }
+        let low = |d: &Due| (d.0 & ((1 << Self::SLOT_BITS) - 1)) as usize;
+        let mut next = [0u32; 1 << Self::SLOT_BITS];
+        for d in v.iter() {
+            next[low(d)] += 1;
+        }
+        let mut sum = 0;
+        for c in &mut next {
+            (*c, sum) = (sum, sum + *c);
+        }
+        // Where each entry goes; then follow the cycles of that permutation.
+        let mut dest: Vec<u32> = v
+            .iter()
+            .map(|d| {
+                let c = &mut next[low(d)];
+                *c += 1;
+                *c - 1
+            })
+            .collect();
+        for i in 0..n {
+            while dest[i] as usize != i {
+                let j = dest[i] as usize;
+                v.swap(i, j);
+                dest.swap(i, j);
+            }
+        }
+        let mut i = 0;
+        while i < n {
+            let j = i + v[i..].iter().take_while(|d| d.0 == v[i].0).count();
+            if j - i > 1 {
+                v[i..j].sort_unstable();
+            }
+            i = j;
+        }
     }
 
     /// The earliest time held, if any.
@@ -918,6 +970,40 @@ mod tests {
         assert_eq!(c.iter().count(), 2);
         c.clear();
         assert!(!c.contains(b"c") && c.slot_mut(0, &k).is_none());
+    }
+
+    #[test]
+    fn a_slot_sorts_as_a_comparison_sort_does() {
+        // Deterministic LCG: entries of one slot (times sharing their high bits, negative
+        // ones too), many on the same millisecond, keys of several lengths.
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            seed >> 33
+        };
+        for (base, n) in [
+            (0i64, 33usize),
+            (-256, 200),
+            (7 << 8, 1000),
+            (1 << 40, 5000),
+        ] {
+            let keys: Vec<Rc<[u8]>> = (0..40u64)
+                .map(|k| Rc::from(&k.to_le_bytes()[..1 + (k as usize % 8)]))
+                .collect();
+            let mut v: Vec<Due> = (0..n)
+                .map(|_| {
+                    let t = base + (next() % 256) as i64;
+                    let k = next() as usize % keys.len();
+                    (t, Rc::clone(&keys[k]), (next() % 3) as u32)
+                })
+                .collect();
+            let mut want = v.clone();
+            want.sort_unstable();
+            DueQueue::sort_slot(&mut v);
+            assert_eq!(v, want, "slot at {base}, {n} entries");
+        }
     }
 
     #[test]
