@@ -443,6 +443,68 @@ mod tests {
     }
 
     #[test]
+    fn garbage_collection_keeps_exactly_the_referenced_events_with_their_counts() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            seed >> 33
+        };
+        for round in 0..300 {
+            let events = next() % 40;
+            let mut k: KeyNfa<u32> = KeyNfa {
+                state: NfaState::default(),
+                buffer: (0..events)
+                    .filter(|_| next() % 4 != 0)
+                    .map(|id| {
+                        (
+                            id * 3,
+                            BufEntry {
+                                ts: id as i64,
+                                event: id as u32,
+                                refs: 9,
+                            },
+                        )
+                    })
+                    .collect(),
+                report_timeouts: true,
+                spare: Vec::new(),
+            };
+            let ids: Vec<u64> = k.buffer.keys().copied().collect();
+            for r in 0..next() % 6 {
+                let mut taken: Vec<(u16, u64)> = ids
+                    .iter()
+                    .filter(|_| next() % 3 == 0)
+                    .map(|&id| (0, id))
+                    .collect();
+                if taken.is_empty() && !ids.is_empty() && round % 2 == 0 {
+                    taken.push((0, ids[next() as usize % ids.len()]));
+                }
+                k.state.runs.push(Run {
+                    id: r,
+                    stage: 0,
+                    count: taken.len() as u32,
+                    events: taken.into_iter().collect(),
+                    start_ts: 0,
+                    guards: Vec::new(),
+                    emitted: false,
+                });
+            }
+            // The reference: count every run's references, keep the referenced.
+            let mut want: BTreeMap<u64, u32> = BTreeMap::new();
+            for r in &k.state.runs {
+                for (_, id) in &r.events {
+                    *want.entry(*id).or_default() += 1;
+                }
+            }
+            k.collect_garbage();
+            let got: BTreeMap<u64, u32> = k.buffer.iter().map(|(id, b)| (*id, b.refs)).collect();
+            assert_eq!(got, want, "round {round}");
+        }
+    }
+
+    #[test]
     fn runs_are_stored_as_before_their_events_were_inline() {
         // Runs with fewer, as many and more taken events than fit inline.
         // (taken events, guards) per run.
