@@ -9,9 +9,15 @@
 //! | `src/lib.rs` | the plugin (keyed operator with `ValueState`, replayable source, or staged-commit sink) and its `MockContext` / native tests |
 //! | `job.toml` | a job running it with the bundled plugins (on the flights data of the checkout for operators and sinks) |
 //! | `.gitignore` | `target/`, `nopstream-out/`, `data/` |
+//! | `.cargo/config.toml` | WebAssembly SIMD for the `wasm32-wasip2` build, as the bundled plugins use |
 
 use anyhow::{Context as _, Result, bail, ensure};
 use std::path::{Path, PathBuf};
+
+/// The `.cargo/config.toml` of a scaffolded crate: the bundled plugins' build flags
+/// (the checkout's own `.cargo/config.toml`), so that `memchr` and LLVM's vectoriser use
+/// 128-bit WebAssembly SIMD, which wasmtime runs by default.
+const PLUGIN_CARGO_CONFIG: &str = include_str!("../../../.cargo/config.toml");
 
 /// Which plugin world to scaffold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -184,6 +190,7 @@ pub fn new_plugin(
         ("src/lib.rs", fill(lib)),
         ("job.toml", fill(job)),
         (".gitignore", "/target\n/nopstream-out\n/data\n".to_owned()),
+        (".cargo/config.toml", PLUGIN_CARGO_CONFIG.to_owned()),
     ];
     let mut written = Vec::new();
     for (rel, text) in files {

@@ -143,6 +143,13 @@ fn a_scaffolded_operator_builds_passes_its_tests_and_runs_on_the_flights_data() 
         )),
         "{manifest}"
     );
+    // The bundled plugins' build flags (WebAssembly SIMD) come with the crate.
+    let config = std::fs::read_to_string(dir.join(".cargo/config.toml")).unwrap();
+    assert_eq!(
+        config,
+        std::fs::read_to_string(repo().join(".cargo/config.toml")).unwrap()
+    );
+    assert!(config.contains("+simd128"), "{config}");
 
     let o = cargo(&dir, &["test"]);
     assert!(
