@@ -194,7 +194,8 @@ pub struct LargeStateReport {
 }
 
 /// The job text for `keys` auctions, `records` bids, optionally a working-set budget;
-/// `sync` turns asynchronous snapshots off.
+/// `sync` turns asynchronous snapshots off, `full` incremental ones; `rate` throttles the
+/// source (records per second).
 pub fn job_text(
     keys: u32,
     records: u64,
@@ -202,7 +203,11 @@ pub fn job_text(
     budget: Option<u64>,
     sync: bool,
     full: bool,
+    rate: Option<u64>,
 ) -> String {
+    let rate = rate
+        .map(|r| format!(", records_per_second = {r}"))
+        .unwrap_or_default();
     let mut budget = budget
         .map(|b| format!("state_memory_bytes = {b}\n"))
         .unwrap_or_default();
@@ -223,7 +228,7 @@ batch_records = {batch_records}
 [[source]]
 name = "bids"
 plugin = "datagen-source@0.1.0"
-config = {{ records = {records}, keys = {keys}, seed = 42 }}
+config = {{ records = {records}, keys = {keys}, seed = 42{rate} }}
 
 [[operator]]
 name = "parse"
@@ -510,6 +515,7 @@ fn timed(
             budget,
             s.sync_snapshots,
             s.full_snapshots,
+            None,
         ),
     )?;
     let run_dir = s.out.join("runs").join(name);
@@ -572,6 +578,9 @@ fn restore_ms(stderr: &str) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// Least duration of the recovery job, s (its source is throttled to it).
+const RECOVERY_RUN_SECS: u64 = 4;
+
 /// Kill once the state is built, restart, time the recovery.
 fn recovery(
     s: &Setup,
@@ -582,6 +591,10 @@ fn recovery(
     expected: &OutputSummary,
 ) -> Result<RecoveryRun> {
     let job = s.out.join("jobs").join(format!("{name}.toml"));
+    // The source is throttled so that the run lasts at least RECOVERY_RUN_SECS: a small
+    // state built at full speed is done within its first epoch, before any epoch but the
+    // final one could hold it (the restart would then find the job finished).
+    let rate = (records / RECOVERY_RUN_SECS).max(1);
     std::fs::write(
         &job,
         job_text(
@@ -591,6 +604,7 @@ fn recovery(
             None,
             s.sync_snapshots,
             s.full_snapshots,
+            Some(rate),
         ),
     )?;
     let run_dir = s.out.join("runs").join(name);
@@ -832,11 +846,12 @@ mod tests {
     #[test]
     fn the_job_parses_with_and_without_a_budget() {
         for budget in [None, Some(64 << 20)] {
-            let text = job_text(1000, 3000, 1024, budget, false, false);
+            let text = job_text(1000, 3000, 1024, budget, false, false, Some(500));
             let m = nop_stream_core::parse_job_file("large.toml", &text)
                 .unwrap_or_else(|e| panic!("{text}\n{e:?}"));
             assert_eq!(m.job.checkpoint_interval_ms, Some(1000));
             assert_eq!(m.job.state_memory_bytes, budget);
+            assert!(text.contains("records_per_second = 500"), "{text}");
         }
     }
 
