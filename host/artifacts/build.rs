@@ -176,11 +176,18 @@ fn leaks_from_outer_build(name: &str) -> bool {
     ) || name.starts_with("__CARGO")
 }
 
+/// The plugin components carry no DWARF (the workspace's release profile keeps line
+/// tables for the host's profiles): 16 times smaller files (bids-parser 4.4 MB -> 272 KB)
+/// to hash, load and upload, a few seconds less to build; the `name` section, which trap
+/// backtraces and `perf` maps use, stays.
+const NO_DEBUG_INFO: &str = "profile.release.debug=false";
+
 fn build_plugins(root: &Path, target_dir: &Path, packages: &[(String, PathBuf)]) {
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root)
         .args(["build", "--release", "--target", TARGET])
+        .args(["--config", NO_DEBUG_INFO])
         .arg("--target-dir")
         .arg(target_dir);
     for (name, _) in packages {
@@ -202,7 +209,7 @@ fn build_plugins(root: &Path, target_dir: &Path, packages: &[(String, PathBuf)])
         let packages: Vec<&str> = packages.iter().map(|(n, _)| n.as_str()).collect();
         panic!(
             "building the plugin components failed ({}); the nested cargo output is above.\n\
-             Reproduce with: cargo build --release --target {TARGET} --target-dir {} -p {}\n\
+             Reproduce with: cargo build --release --target {TARGET} --config {NO_DEBUG_INFO} --target-dir {} -p {}\n\
              Set NOPSTREAM_SKIP_PLUGIN_BUILD=1 to skip the plugin build.",
             output.status,
             target_dir.display(),
