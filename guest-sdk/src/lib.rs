@@ -44,6 +44,18 @@ pub use state::{
     ValueState, ValueStateIn, decode_value, encode_value, schema_of,
 };
 
+/// A deterministic pseudo-random sequence for tests: an LCG (Knuth's MMIX constants)
+/// from `seed`, yielding the upper 31 bits of each state.
+#[cfg(test)]
+pub(crate) fn test_lcg(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        seed >> 33
+    }
+}
+
 /// Items the export macros expand to; not part of the API.
 #[doc(hidden)]
 pub mod __private {

@@ -361,7 +361,7 @@ impl<E: Clone> KeyNfa<E> {
             return;
         }
         expired.sort_by_key(|r| (Self::deadline(p, r), r.start_id(), r.id));
-        let mut reported: BTreeSet<Vec<(u16, u64)>> = BTreeSet::new();
+        let mut reported: BTreeSet<TakenEvents> = BTreeSet::new();
         let mut pruned: BTreeSet<u64> = BTreeSet::new();
         for r in &expired {
             if pruned.contains(&r.id) {
@@ -378,7 +378,7 @@ impl<E: Clone> KeyNfa<E> {
                     self.state.runs.retain(|x| !prune(x));
                     pruned.extend(expired.iter().filter(|x| prune(x)).map(|x| x.id));
                 }
-            } else if self.report_timeouts && !r.emitted && reported.insert(r.events.to_vec()) {
+            } else if self.report_timeouts && !r.emitted && reported.insert(r.events.clone()) {
                 out.push(Output::TimedOut(self.to_match(p, key, &r.events, deadline)));
             }
         }
@@ -444,19 +444,13 @@ mod tests {
 
     #[test]
     fn garbage_collection_keeps_exactly_the_referenced_events_with_their_counts() {
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            seed >> 33
-        };
+        let mut next = crate::test_lcg(0x9e37_79b9_7f4a_7c15);
         for round in 0..300 {
             let events = next() % 40;
             let mut k: KeyNfa<u32> = KeyNfa {
                 state: NfaState::default(),
                 buffer: (0..events)
-                    .filter(|_| next() % 4 != 0)
+                    .filter(|_| !next().is_multiple_of(4))
                     .map(|id| {
                         (
                             id * 3,
@@ -475,7 +469,7 @@ mod tests {
             for r in 0..next() % 6 {
                 let mut taken: Vec<(u16, u64)> = ids
                     .iter()
-                    .filter(|_| next() % 3 == 0)
+                    .filter(|_| next().is_multiple_of(3))
                     .map(|&id| (0, id))
                     .collect();
                 if taken.is_empty() && !ids.is_empty() && round % 2 == 0 {
@@ -506,54 +500,60 @@ mod tests {
 
     #[test]
     fn runs_are_stored_as_before_their_events_were_inline() {
-        // Runs with fewer, as many and more taken events than fit inline.
-        // (taken events, guards) per run.
-        type Taken = (Vec<(u16, u64)>, Vec<u16>);
-        let runs: Vec<Taken> = vec![
-            (vec![(0, 7)], vec![]),
-            (vec![(0, 1), (1, 4), (1, 5), (2, 9)], vec![3]),
-            (
-                (0..9).map(|i| (i as u16 % 3, 100 + i)).collect(),
-                vec![1, 2],
-            ),
-        ];
-        let state = NfaState {
-            next_event_id: 120,
-            next_run_id: 3,
-            runs: runs
-                .iter()
-                .enumerate()
-                .map(|(i, (events, guards))| Run {
-                    id: i as u64,
-                    stage: 1,
-                    count: events.len() as u32,
-                    events: events.iter().copied().collect(),
-                    start_ts: -5 + i as i64,
-                    guards: guards.clone(),
-                    emitted: i == 1,
-                })
-                .collect(),
-        };
+        // Runs with fewer, as many and more taken events than fit inline, as stored
+        // before: read back, then written again, byte for byte.
         let old = VecNfaState {
             next_event_id: 120,
             next_run_id: 3,
-            runs: runs
-                .iter()
-                .enumerate()
-                .map(|(i, (events, guards))| VecRun {
-                    id: i as u64,
-                    stage: 1,
-                    count: events.len() as u32,
-                    events: events.clone(),
-                    start_ts: -5 + i as i64,
-                    guards: guards.clone(),
-                    emitted: i == 1,
-                })
-                .collect(),
+            runs: [
+                (vec![(0, 7)], vec![]),
+                (vec![(0, 1), (1, 4), (1, 5), (2, 9)], vec![3]),
+                (
+                    (0..9).map(|i| (i as u16 % 3, 100 + i)).collect(),
+                    vec![1, 2],
+                ),
+            ]
+            .into_iter()
+            .enumerate()
+            .map(|(i, (events, guards))| VecRun {
+                id: i as u64,
+                stage: 1,
+                count: events.len() as u32,
+                events,
+                start_ts: -5 + i as i64,
+                guards,
+                emitted: i == 1,
+            })
+            .collect(),
         };
-        let bytes = postcard::to_allocvec(&state).unwrap();
-        assert_eq!(bytes, postcard::to_allocvec(&old).unwrap());
-        assert_eq!(postcard::from_bytes::<NfaState>(&bytes).unwrap(), state);
+        let bytes = postcard::to_allocvec(&old).unwrap();
+        let state: NfaState = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(
+            (state.next_event_id, state.next_run_id, state.runs.len()),
+            (120, 3, 3)
+        );
+        for (new, old) in state.runs.iter().zip(&old.runs) {
+            assert_eq!(&new.events[..], &old.events[..]);
+            assert_eq!(
+                (
+                    new.id,
+                    new.stage,
+                    new.count,
+                    new.start_ts,
+                    &new.guards,
+                    new.emitted
+                ),
+                (
+                    old.id,
+                    old.stage,
+                    old.count,
+                    old.start_ts,
+                    &old.guards,
+                    old.emitted
+                )
+            );
+        }
+        assert_eq!(postcard::to_allocvec(&state).unwrap(), bytes);
         let schema = crate::state::schema_of::<NfaState>();
         assert!(schema.is_some());
         assert_eq!(

@@ -371,11 +371,11 @@ pub struct CepOperator<E> {
     /// The keys read from host state since they were last dropped, decoded. A key's
     /// bytes are allocated once, when it is loaded, and shared with [`Self::due`].
     cache: KeyCache<E>,
-    /// The cached keys' timers: (event time, key). A moved timer's old entry is not
+    /// The cached keys' timers: (event time, key, slot). A moved timer's old entry is not
     /// removed but skipped when it comes due (it no longer equals its key's
-    /// [`KeyEntry::timer`], or its key left the cache), so entries are only pushed and
-    /// taken; stale ones are bounded by the timer moves since the watermark last passed
-    /// them.
+    /// [`KeyEntry::timer`], or its key left the cache and its slot is empty or another
+    /// key's), so entries are only pushed and taken; stale ones are bounded by the timer
+    /// moves since the watermark last passed them.
     due: DueQueue,
 }
 
@@ -803,7 +803,8 @@ where
         // The NFA's spare `Vec` of runs, handed from key to key.
         let mut spare = Vec::new();
         for (t, key, slot) in self.due.take_due(upto) {
-            // A stale entry: the key's timer moved, or the key left the cache.
+            // A stale entry: the key left the cache (its slot is empty or holds another
+            // key, or the same key loaded again), or its timer moved.
             let Some(entry) = self.cache.slot_mut(slot, &key) else {
                 continue;
             };
@@ -976,13 +977,7 @@ mod tests {
     fn a_slot_sorts_as_a_comparison_sort_does() {
         // Deterministic LCG: entries of one slot (times sharing their high bits, negative
         // ones too), many on the same millisecond, keys of several lengths.
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            seed >> 33
-        };
+        let mut next = crate::test_lcg(0x2545_f491_4f6c_dd1d);
         for (base, n) in [
             (0i64, 33usize),
             (-256, 200),

@@ -1947,9 +1947,8 @@ impl KeyedState {
     /// itself (nothing flushes it afterwards: compactions make the full payloads), as a
     /// written entry redb does not hold. Otherwise every key is inserted into redb once,
     /// in key order, in one non-durable write transaction (a crash restores again from the
-    /// checkpoint). With incremental snapshots on, tracking
-    /// starts at the restored state, so the next snapshot may be a delta on top of the
-    /// restored chain.
+    /// checkpoint). With incremental snapshots on, tracking starts at the restored state,
+    /// so the next snapshot may be a delta on top of the restored chain.
     ///
     /// # Errors
     /// Unknown state, a foreign shard, a corrupt payload or a database failure.
@@ -1978,8 +1977,9 @@ impl KeyedState {
         // Without a memory budget, incremental snapshots never flush the working set (a
         // compaction makes the full payloads off the task thread), so each folded chain
         // goes straight to the working set: as written (dirty, redb does not hold them) and
-        // handed (the chain holds them, so a delete must reach the next delta). With a budget, or with a full snapshot each epoch (which would write
-        // them all to redb at the first barrier), into redb.
+        // handed (the chain holds them, so a delete must reach the next delta). With a
+        // budget, or with a full snapshot each epoch (which would write them all to redb at
+        // the first barrier), into redb.
         if self.incremental && self.working_set_bytes.is_none() {
             // The full payloads of a state's shards hold disjoint keys, so their entry
             // count is a lower bound of its restored keys: the plain map is sized for them
