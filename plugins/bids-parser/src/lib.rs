@@ -15,8 +15,10 @@
 //! | 24..32 | date_time, ms since the Unix epoch, `i64` LE |
 //! | 32.. | channel, UTF-8 as in the input |
 //!
-//! Parsing allocates nothing per record: fields are split in place and integers are read
-//! digit by digit; the record is written straight into the output batch.
+//! Parsing allocates nothing per record: fields are split in place and the record is written
+//! straight into the output batch. The common line (four commas, unsigned integers of at most
+//! 16 digits) is read eight bytes at a time ([`fast`]); anything else (the header, a sign, a
+//! malformed line) takes the byte-by-byte path, which gives the same result and the errors.
 
 use nop_stream_sdk::{Batch, Context, Operator, PluginError, PluginInfo, Result, TaskInfo};
 use serde::Deserialize;
@@ -79,6 +81,15 @@ pub enum Line<'a> {
 #[inline]
 pub fn parse_line(line: &[u8]) -> std::result::Result<Line<'_>, String> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
+    match fast::parse(line) {
+        Some(bid) => Ok(Line::Bid(bid)),
+        None => parse_bytewise(line),
+    }
+}
+
+/// [`parse_line`] one byte at a time, for a line without its `\r`: the reference the fast
+/// path must agree with, and the path of every line it declines.
+fn parse_bytewise(line: &[u8]) -> std::result::Result<Line<'_>, String> {
     if line.starts_with(b"auction,") {
         return Ok(Line::Header);
     }
@@ -107,6 +118,149 @@ pub fn parse_line(line: &[u8]) -> std::result::Result<Line<'_>, String> {
         channel,
         date_time,
     }))
+}
+
+pub mod fast {
+    //! The word-at-a-time path of [`parse_line`](super::parse_line): SWAR ("SIMD within a
+    //! register") on `u64` words, the same code natively and in WebAssembly.
+    //!
+    //! Why: in the sandbox every loop iteration pays wasmtime's epoch-interruption check, so
+    //! a byte loop over a 35-byte line costs some 70 checks; this path takes about ten (one
+    //! per 8-byte word and per comma). The comma test is the exact zero-byte test of
+    //! Hacker's Delight §6-1; the digit conversion is the eight-digit multiply of
+    //! simdjson/fast_float (`parse_eight_digits_unrolled`).
+
+    use super::Bid;
+
+    /// `b` in every byte.
+    const fn splat(b: u8) -> u64 {
+        0x0101_0101_0101_0101 * b as u64
+    }
+    const HIGH_BITS: u64 = splat(0x80);
+    const LOW_7: u64 = splat(0x7f);
+    const ASCII_ZEROS: u64 = splat(b'0');
+
+    /// `line[at..at + 8]` as a little-endian word (byte `at` lowest).
+    #[inline(always)]
+    fn load8(line: &[u8], at: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&line[at..at + 8]);
+        u64::from_le_bytes(b)
+    }
+
+    /// The high bit of every byte of `w` that is `,`, and no other bit.
+    #[inline(always)]
+    fn comma_bits(w: u64) -> u64 {
+        let x = w ^ splat(b',');
+        // A byte of `x` is zero iff neither its low seven bits carry into bit 7 nor bit 7 is
+        // set; the sum cannot carry between bytes (0x7f + 0x7f < 0x100).
+        !(((x & LOW_7) + LOW_7) | x) & HIGH_BITS
+    }
+
+    /// The offsets of the line's four commas, or `None` if it has another number of them or
+    /// is shorter than 8 bytes.
+    #[inline(always)]
+    fn commas(line: &[u8]) -> Option<[usize; 4]> {
+        let len = line.len();
+        if len < 8 {
+            return None;
+        }
+        let mut at = [0usize; 4];
+        let mut n = 0;
+        let mut i = 0;
+        while i < len {
+            let w = if i + 8 <= len {
+                load8(line, i)
+            } else {
+                // The last word, shifted so that byte `i` is lowest; zeros above the end.
+                load8(line, len - 8) >> ((i + 8 - len) * 8)
+            };
+            let mut bits = comma_bits(w);
+            while bits != 0 {
+                if n == 4 {
+                    return None;
+                }
+                at[n] = i + (bits.trailing_zeros() / 8) as usize;
+                n += 1;
+                bits &= bits - 1;
+            }
+            i += 8;
+        }
+        (n == 4).then_some(at)
+    }
+
+    /// The value of eight ASCII digits, the most significant in the lowest byte, or `None`
+    /// if a byte is not a digit.
+    #[inline(always)]
+    fn eight_digits(w: u64) -> Option<u64> {
+        let d = w.wrapping_sub(ASCII_ZEROS);
+        // The lowest non-digit byte sets its high bit in `d` (below `0`: the subtraction
+        // wraps) or in `d + 0x76` (above `9`); digit bytes set neither and carry nothing.
+        if (d | d.wrapping_add(splat(0x76))) & HIGH_BITS != 0 {
+            return None;
+        }
+        let pairs = d.wrapping_mul(10).wrapping_add(d >> 8);
+        const MASK: u64 = 0x0000_00ff_0000_00ff;
+        let v = (pairs & MASK)
+            .wrapping_mul(100 + (1_000_000 << 32))
+            .wrapping_add(((pairs >> 16) & MASK).wrapping_mul(1 + (10_000 << 32)))
+            >> 32;
+        Some(v)
+    }
+
+    /// The value of `line[start..end]`, 1 to 8 ASCII digits; `None` otherwise, or if the
+    /// line is too short to load a word around them (a field that ends before byte 8 of a
+    /// line shorter than `start + 8`: only lines under 15 bytes).
+    #[inline(always)]
+    fn up_to_8(line: &[u8], start: usize, end: usize) -> Option<u64> {
+        let len = end - start;
+        // Bits of leading `0` digits that pad the field to eight.
+        let pad = (8 - len) * 8;
+        let w = if end >= 8 {
+            // The word ending at `end`: the field is in its high bytes; pad the rest.
+            let low = (1u64 << pad) - 1;
+            (load8(line, end - 8) & !low) | (ASCII_ZEROS & low)
+        } else if start + 8 <= line.len() {
+            // The word starting at `start`: move the field up into the high bytes.
+            let w = load8(line, start);
+            if pad == 0 {
+                w
+            } else {
+                (w << pad) | (ASCII_ZEROS >> (64 - pad))
+            }
+        } else {
+            return None;
+        };
+        eight_digits(w)
+    }
+
+    /// The value of `line[start..end]`, 1 to 16 ASCII digits, or `None`.
+    #[inline(always)]
+    fn digits(line: &[u8], start: usize, end: usize) -> Option<i64> {
+        let len = end.checked_sub(start)?;
+        let v = match len {
+            1..=8 => up_to_8(line, start, end)?,
+            9..=16 => up_to_8(line, start, end - 8)? * 100_000_000 + up_to_8(line, end - 8, end)?,
+            _ => return None,
+        };
+        // At most 16 digits: below 10^16 < 2^63.
+        Some(v as i64)
+    }
+
+    /// A bid line without its line ending: five fields, the four numbers unsigned with 1 to
+    /// 16 digits. `None` for anything else (the header, a sign, 17 or 18 digits, a malformed
+    /// line): the caller then takes the byte-by-byte path, which decides.
+    #[inline]
+    pub fn parse(line: &[u8]) -> Option<Bid<'_>> {
+        let [c0, c1, c2, c3] = commas(line)?;
+        Some(Bid {
+            auction: digits(line, 0, c0)?,
+            bidder: digits(line, c0 + 1, c1)?,
+            price: digits(line, c1 + 1, c2)?,
+            channel: &line[c2 + 1..c3],
+            date_time: digits(line, c3 + 1, line.len())?,
+        })
+    }
 }
 
 /// Appends the binary encoding of `bid` (layout in the [module docs](self)).
@@ -206,6 +360,7 @@ nop_stream_sdk::export_operator!(BidsParser);
 #[cfg(test)]
 mod tests {
     use nop_stream_sdk::{ErrorCode, MockContext};
+    use proptest::prelude::*;
 
     use super::*;
 
@@ -241,6 +396,109 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    /// A line for the property test: a valid bid or one near it.
+    fn line_strategy() -> impl Strategy<Value = Vec<u8>> {
+        let number = prop_oneof![
+            0i64..10,
+            0i64..100_000_000,
+            0i64..10_000_000_000_000_000,
+            -1_000i64..0,
+            Just(999_999_999_999_999_999),
+        ]
+        .prop_map(|v| v.to_string().into_bytes());
+        let channel = prop_oneof![
+            Just(b"Google".to_vec()),
+            Just(Vec::new()),
+            proptest::collection::vec(any::<u8>(), 0..12),
+        ];
+        let bid = (
+            number.clone(),
+            number.clone(),
+            number.clone(),
+            channel,
+            number,
+        )
+            .prop_map(|(a, b, p, c, d)| [a, b, p, c, d].join(&b","[..]));
+        (
+            bid,
+            proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 0..3),
+            any::<bool>(),
+        )
+            .prop_map(|(mut line, edits, cr)| {
+                // Edits: overwrite, insert or delete a byte (0 and 1 insert/overwrite digits
+                // and commas, the bytes the fast path decides on), or none.
+                for (at, byte, kind) in edits {
+                    let i = at.index(line.len() + 1);
+                    let byte = [b',', b'0' + byte % 10, byte, b'-'][usize::from(byte % 4)];
+                    match kind {
+                        0 if i < line.len() => line[i] = byte,
+                        1 => line.insert(i, byte),
+                        2 if i < line.len() => {
+                            line.remove(i);
+                        }
+                        _ => {}
+                    }
+                }
+                if cr {
+                    line.push(b'\r');
+                }
+                line
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+        /// The word-at-a-time path agrees with the byte-by-byte one on every line it takes,
+        /// so `parse_line` is the byte-by-byte parser, results and errors alike.
+        #[test]
+        fn fast_path_agrees_with_the_bytewise_parser(line in line_strategy()) {
+            let trimmed = line.strip_suffix(b"\r").unwrap_or(&line);
+            let reference = parse_bytewise(trimmed);
+            prop_assert_eq!(parse_line(&line), reference.clone());
+            if let Some(bid) = fast::parse(trimmed) {
+                prop_assert_eq!(Ok(Line::Bid(bid)), reference);
+            }
+        }
+    }
+
+    #[test]
+    fn fast_path_takes_the_common_lines_and_declines_the_rest() {
+        for (line, fast) in [
+            (&b"1042,77,12345,Baidu,1700000000003"[..], true),
+            (b"1,2,3,,45678901", true),
+            // Too short to load a word around every field: the byte-by-byte path.
+            (b"1,2,3,,4567", false),
+            (b"12345678,87654321,1,c,1234567812345678", true),
+            (b"123456789,1,2,c,3", true),
+            (b"1,2,3,c,4", false),
+            (b"auction,bidder,price,channel,date_time", false),
+            (b"-1,2,3,c,4567890", false),
+            (b"1,2,3,c,12345678901234567", false),
+            (b"1,2,3,c,4,5678901", false),
+            (b"1,2,3,c;4567890", false),
+            (b"1,2,3,c,45 7890", false),
+            (b"1,2,3,c,4567890/", false),
+            (b"1,2,3,c,4567890:", false),
+        ] {
+            assert_eq!(
+                fast::parse(line).is_some(),
+                fast,
+                "{:?}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        assert_eq!(
+            fast::parse(b"12345678,87654321,1,c,1234567812345678").map(|b| (
+                b.auction,
+                b.bidder,
+                b.price,
+                b.date_time
+            )),
+            Some((12_345_678, 87_654_321, 1, 1_234_567_812_345_678))
+        );
     }
 
     #[test]
