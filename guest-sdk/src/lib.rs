@@ -26,7 +26,7 @@ pub mod wit;
 /// serve `nop:stream@0.2.x` load it.
 pub const WIT_PACKAGE: &str = "nop:stream@0.2.1";
 
-pub use batch::{Batch, RecordRef};
+pub use batch::{Batch, RecordRef, extend_key};
 pub use context::{Context, KeyPage, StateHandle, ValueBatch};
 pub use error::{ErrorCode, PluginError, Result};
 pub use host::{HostContext, counter_add, gauge_set, log};

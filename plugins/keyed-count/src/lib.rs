@@ -19,10 +19,11 @@
 //! reused scratch buffers, and nothing is allocated per record.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use nop_stream_sdk::{
     Batch, Context, Operator, PluginError, PluginInfo, Result, StateDescriptor, StateHandle,
-    StateKind, TaskInfo,
+    StateKind, TaskInfo, extend_key,
 };
 
 /// Name of the count state.
@@ -60,14 +61,34 @@ pub struct Groups {
     pub of_record: Vec<u32>,
 }
 
+/// Distinct key `g` of `keys`/`key_ends`.
+#[inline(always)]
+fn key_of<'a>(keys: &'a [u8], key_ends: &[u32], g: usize) -> &'a [u8] {
+    let start = if g == 0 { 0 } else { key_ends[g - 1] as usize };
+    &keys[start..key_ends[g] as usize]
+}
+
+/// `a == b`, comparing 8-byte keys (the common `u64` id) as one word: slice equality is a
+/// `memcmp` call in a wasm guest.
+#[inline(always)]
+fn key_eq(a: &[u8], b: &[u8]) -> bool {
+    match (<&[u8; 8]>::try_from(a), <&[u8; 8]>::try_from(b)) {
+        (Ok(a), Ok(b)) => u64::from_ne_bytes(*a) == u64::from_ne_bytes(*b),
+        _ => a == b,
+    }
+}
+
+/// Appends a distinct key, returning its group.
+#[inline(always)]
+fn push_key(keys: &mut Vec<u8>, key_ends: &mut Vec<u32>, key: &[u8]) -> u32 {
+    extend_key(keys, key);
+    key_ends.push(keys.len() as u32);
+    (key_ends.len() - 1) as u32
+}
+
 impl Groups {
     fn key(&self, g: usize) -> &[u8] {
-        let start = if g == 0 {
-            0
-        } else {
-            self.key_ends[g - 1] as usize
-        };
-        &self.keys[start..self.key_ends[g] as usize]
+        key_of(&self.keys, &self.key_ends, g)
     }
 
     /// Number of distinct keys.
@@ -88,28 +109,30 @@ impl Groups {
         self.of_record.clear();
     }
 
-    fn push_key(&mut self, key: &[u8]) -> u32 {
-        self.keys.extend_from_slice(key);
-        self.key_ends.push(self.keys.len() as u32);
-        (self.key_ends.len() - 1) as u32
-    }
-
-    /// Adds one record with `key`, returning its group.
+    /// Adds one record with `key`, returning its group. One probe of the index per record.
     pub fn add(&mut self, key: &[u8]) -> u32 {
-        let h = fx_hash(key);
-        let g = match self.index.get(&h) {
-            Some(&g) if self.key(g as usize) == key => g,
-            Some(_) => match (0..self.len()).find(|&g| self.key(g) == key) {
-                Some(g) => g as u32,
-                None => self.push_key(key),
-            },
-            None => {
-                let g = self.push_key(key);
-                self.index.insert(h, g);
-                g
+        let Groups {
+            index,
+            keys,
+            key_ends,
+            of_record,
+        } = self;
+        let g = match index.entry(fx_hash(key)) {
+            Entry::Occupied(e) => {
+                let g = *e.get();
+                if key_eq(key_of(keys, key_ends, g as usize), key) {
+                    g
+                } else {
+                    // Another key with the same hash: not indexed, found by a scan.
+                    match (0..key_ends.len()).find(|&g| key_of(keys, key_ends, g) == key) {
+                        Some(g) => g as u32,
+                        None => push_key(keys, key_ends, key),
+                    }
+                }
             }
+            Entry::Vacant(e) => *e.insert(push_key(keys, key_ends, key)),
         };
-        self.of_record.push(g);
+        of_record.push(g);
         g
     }
 }
@@ -206,7 +229,7 @@ impl Operator for KeyedCount {
                     let key = g.key(grp as usize);
                     let count = *c;
                     out.push_with(Some(key), batch.timestamp(i), |buf| {
-                        buf.extend_from_slice(key);
+                        extend_key(buf, key);
                         buf.extend_from_slice(&count.to_le_bytes());
                     });
                 }
@@ -309,6 +332,20 @@ mod tests {
         assert_eq!(g.add(b"a"), 0);
         assert_eq!(g.of_record, vec![0, 1, 1, 0]);
         assert_eq!(g.len(), 2);
+        // The same with 8-byte keys (compared as one word) beside keys of other lengths.
+        let mut g = Groups::default();
+        let a = 7u64.to_le_bytes();
+        let b = 8u64.to_le_bytes();
+        assert_eq!(g.add(&a), 0);
+        g.index.insert(fx_hash(&b), 0);
+        assert_eq!(g.add(&b), 1);
+        assert_eq!(g.add(&a[..7]), 2);
+        assert_eq!(g.add(b"\x07\0\0\0\0\0\0\0\0"), 3);
+        assert_eq!(g.add(&b), 1);
+        assert_eq!(g.add(&a), 0);
+        assert_eq!(g.of_record, vec![0, 1, 2, 3, 1, 0]);
+        assert_eq!(g.key(3), b"\x07\0\0\0\0\0\0\0\0");
+        assert!(key_eq(&a, &a) && !key_eq(&a, &b) && !key_eq(&a, &a[..7]));
         assert!(parse_emit(r#"{"emit":"never"}"#).is_err());
         let mut ctx = MockContext::for_operator::<KeyedCount>();
         let mut op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), "{}").unwrap();
