@@ -44,6 +44,18 @@ fn empty_batch() -> Batch {
     }
 }
 
+/// An empty batch with room for as much as `like` holds, so that the next batch split off
+/// for the same subtask fills without regrowing its buffers.
+fn empty_batch_like(like: &Batch) -> Batch {
+    Batch {
+        data: Vec::with_capacity(like.data.len()),
+        ends: Vec::with_capacity(like.ends.len()),
+        keys: Vec::with_capacity(like.keys.len()),
+        key_ends: Vec::with_capacity(like.key_ends.len()),
+        timestamps: Vec::with_capacity(like.timestamps.len()),
+    }
+}
+
 impl OutputEdge {
     /// Makes this edge carry the side output `tag` instead of the main output.
     pub fn with_output(mut self, tag: Option<String>) -> Self {
@@ -148,7 +160,8 @@ impl OutputEdge {
         }
         for (i, out) in self.scratch.iter_mut().enumerate() {
             if !out.ends.is_empty() {
-                let b = std::mem::replace(out, empty_batch());
+                let next = empty_batch_like(out);
+                let b = std::mem::replace(out, next);
                 self.senders[i].send(Message::Records(b))?;
             }
         }
