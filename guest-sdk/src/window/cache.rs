@@ -139,7 +139,7 @@ fn sort_by_prefix(v: &mut Vec<(u64, u32)>) {
         return;
     }
     // One pass counts all eight bytes.
-    let mut counts = vec![[0u32; 256]; 8];
+    let mut counts = [[0u32; 256]; 8];
     for e in v.iter() {
         for (b, c) in counts.iter_mut().enumerate() {
             c[((e.0 >> (8 * b)) & 0xff) as usize] += 1;
@@ -204,15 +204,11 @@ impl<Acc> AccCache<Acc> {
         // Records mostly reach the newest windows: search from the back.
         let pos = match self.windows.iter().rposition(|(x, _)| *x <= w) {
             Some(p) if self.windows[p].0 == w => p,
-            Some(p) => {
+            found => {
+                let at = found.map_or(0, |p| p + 1);
                 let slot = Slot::with_capacity(self.last_entries, self.last_key_bytes);
-                self.windows.insert(p + 1, (w, slot));
-                p + 1
-            }
-            None => {
-                let slot = Slot::with_capacity(self.last_entries, self.last_key_bytes);
-                self.windows.insert(0, (w, slot));
-                0
+                self.windows.insert(at, (w, slot));
+                at
             }
         };
         &mut self.windows[pos].1
