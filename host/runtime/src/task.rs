@@ -306,7 +306,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         attempt,
         stages: stage_specs,
         mut inputs,
-        outputs,
+        mut outputs,
         splits,
         watermarks: watermark_spec,
         alignment,
@@ -323,6 +323,9 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         async_snapshots,
         incremental_snapshots,
     } = spec;
+    for out in &mut outputs {
+        out.set_flush_records(batch_records as usize);
+    }
     let mut stages = Vec::with_capacity(stage_specs.len());
     let mut sites = Vec::with_capacity(stage_specs.len());
     let mut operator_ids = Vec::with_capacity(stage_specs.len());
@@ -1062,6 +1065,14 @@ impl Task {
             .unwrap_or(i64::MAX)
     }
 
+    /// Sends the records buffered on every output edge (see [`OutputEdge::flush`]).
+    fn flush_outputs(&mut self) -> Result<()> {
+        for out in &mut self.outputs {
+            out.flush()?;
+        }
+        Ok(())
+    }
+
     fn is_source(&self) -> bool {
         matches!(self.stages.first(), Some(Stage::Source(_)))
     }
@@ -1112,6 +1123,7 @@ impl Task {
                 > a.slowest_other(*slot)
                     .saturating_add(i64::try_from(drift).unwrap_or(i64::MAX))
         {
+            self.flush_outputs()?;
             std::thread::sleep(Duration::from_millis(1));
             return Ok(());
         }
@@ -1141,6 +1153,7 @@ impl Task {
             let unfinished = self.splits.iter().filter(|s| !s.finished).count();
             if self.empty_reads >= unfinished {
                 self.empty_reads = 0;
+                self.flush_outputs()?;
                 std::thread::sleep(Duration::from_millis(1));
             }
         } else {
@@ -1234,6 +1247,14 @@ impl Task {
         let active: Vec<usize> = (0..self.inputs.len())
             .filter(|i| !self.inputs[*i].closed && !self.aligner.is_blocked(*i))
             .collect();
+        if self.outputs.iter().any(OutputEdge::has_buffered)
+            && self.commands.is_empty()
+            && active.iter().all(|&i| self.inputs[i].rx.queue().is_empty())
+        {
+            // About to wait: records buffered on HASH edges go out first, so that a quiet
+            // input never holds back output already produced.
+            self.flush_outputs()?;
+        }
         let mut sel = Select::new();
         let cmd_index = sel.recv(&self.commands);
         for &i in &active {

@@ -478,6 +478,11 @@ fn entry_cost(key_len: usize, value: Option<&Bytes>) -> usize {
 type Bytes = smallvec::SmallVec<[u8; 24]>;
 
 /// Key bytes -> slot, hashed with foldhash (SipHash dominated the keyed hot path).
+///
+/// Every key in it lies in a shard this subtask owns: keys enter only through a call that
+/// checked them ([`KeyedState::check_owned`]) or through a restore that checks each key
+/// against its shard. So a key found here needs no second check, which saves the shard
+/// hash on every hit at parallelism above 1.
 type SlotMap = HashMap<Bytes, Slot, foldhash::fast::RandomState>;
 
 /// The working set of one state: a map per namespace, keyed by the raw key bytes, so a
@@ -965,10 +970,16 @@ impl KeyedState {
     /// [`StateError::KeyOutsideShards`] for a key outside the owned shards.
     #[inline]
     pub fn check_owned(&self, key: &[u8]) -> Result<()> {
-        if self.owned.start == 0 && self.owned.end >= self.shard_count {
+        if self.owns_all() {
             return Ok(());
         }
         self.check_key(key).map(drop)
+    }
+
+    /// Whether this subtask owns every shard (parallelism 1): no key needs checking.
+    #[inline]
+    fn owns_all(&self) -> bool {
+        self.owned.start == 0 && self.owned.end >= self.shard_count
     }
 
     /// Checks that `key` belongs to a shard this subtask owns; returns its shard.
@@ -1036,7 +1047,7 @@ impl KeyedState {
         let may_miss = self.cache[state as usize].maybe_in_db(namespace);
         let map = self.cache[state as usize].map(namespace);
         for (i, key) in slices(keys, key_ends).enumerate() {
-            self.check_owned(key)?;
+            // A cached key is owned (see `SlotMap`); only a miss is checked.
             match map.and_then(|m| m.get(key)) {
                 Some(slot) => {
                     if let Some(v) = slot.value.as_deref().and_then(|v| live(v, ttl, now)) {
@@ -1048,8 +1059,10 @@ impl KeyedState {
                 }
                 None => {
                     if may_miss {
-                        let shard = shard_of(key, self.shard_count);
+                        let shard = self.check_key(key)?;
                         misses.push((i, key.to_vec(), composite(shard.0, namespace, key)));
+                    } else {
+                        self.check_owned(key)?;
                     }
                     present.push(false);
                 }
@@ -1103,7 +1116,10 @@ impl KeyedState {
     /// Stores one value per key.
     ///
     /// # Errors
-    /// As [`Self::value_get_many`]; also if key and value counts differ.
+    /// As [`Self::value_get_many`]; also if key and value counts differ. A key outside the
+    /// owned shards stops the call there: the keys before it are stored. (The runtime traps
+    /// the plugin on it, which fails the task; recovery restores the last checkpoint, so
+    /// the partial write is never seen.)
     pub fn value_put_many(
         &mut self,
         state: u32,
@@ -1122,10 +1138,6 @@ impl KeyedState {
                 detail: format!("{} keys but {} values", key_ends.len(), value_ends.len()),
             });
         }
-        // Check every key first, so a refused key leaves the state unchanged.
-        for key in slices(keys, key_ends) {
-            self.check_owned(key)?;
-        }
         if self.ttl_ms(state).is_some() {
             let now = (self.clock)();
             for (key, value) in slices(keys, key_ends).zip(slices(values, value_ends)) {
@@ -1135,6 +1147,8 @@ impl KeyedState {
             }
             return Ok(());
         }
+        // A cached key is owned (see `SlotMap`): only a new key is checked, in the loop.
+        let check = !self.owns_all();
         let cache = &mut self.cache[state as usize];
         let in_db = cache.maybe_in_db(namespace);
         // Counted apart and added once: `map` borrows the cache.
@@ -1152,6 +1166,17 @@ impl KeyedState {
                     slot.fresh = true;
                 }
                 None => {
+                    if check {
+                        let shard = shard_of(key, self.shard_count);
+                        if !self.owned.contains(&shard.0) {
+                            cache.bytes = cache.bytes + added - removed;
+                            return Err(StateError::KeyOutsideShards {
+                                key: printable(key),
+                                shard,
+                                owned: self.owned.clone(),
+                            });
+                        }
+                    }
                     added += key.len() + value.len() + ENTRY_OVERHEAD_BYTES;
                     map.insert(
                         Bytes::from_slice(key),

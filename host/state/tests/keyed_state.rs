@@ -261,3 +261,55 @@ fn snapshot_moves_shards_between_subtasks() {
         Err(StateError::KeyOutsideShards { .. })
     ));
 }
+
+/// Keys found in the working set skip the shard hash (they were checked on the way in);
+/// every other key is still checked, by reads and by writes, with the working set holding
+/// all keys (no budget) or spilling most of them to redb (a budget of 4 entries).
+#[test]
+fn only_cached_keys_skip_the_shard_check() {
+    for max_cached in [None, Some(4)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = KeyedState::open(config(dir.path(), 0..8, max_cached)).unwrap();
+        let owned: Vec<Vec<u8>> = (0u32..1000)
+            .map(|i| i.to_string().into_bytes())
+            .filter(|k| shard_of(k, 16).0 < 8)
+            .take(20)
+            .collect();
+        let outside = (0u32..1000)
+            .map(|i| i.to_string().into_bytes())
+            .find(|k| shard_of(k, 16).0 >= 8)
+            .unwrap();
+        let (k, ke) = flat(&owned);
+        s.value_put_many(0, b"", &k, &ke, &k, &ke).unwrap();
+        assert_eq!(
+            get(&mut s, b"", &owned),
+            owned.iter().cloned().map(Some).collect::<Vec<_>>()
+        );
+        s.value_put_many(0, b"", &k, &ke, &k, &ke).unwrap();
+        let mut mixed = owned.clone();
+        mixed.push(outside.clone());
+        let (mk, mke) = flat(&mixed);
+        let (mut d, mut e, mut p) = (Vec::new(), Vec::new(), Vec::new());
+        let err = s
+            .value_get_many(0, b"", &mk, &mke, &mut d, &mut e, &mut p)
+            .unwrap_err();
+        assert!(
+            matches!(err, StateError::KeyOutsideShards { .. }),
+            "{max_cached:?}: {err}"
+        );
+        let err = s.value_put_many(0, b"", &mk, &mke, &mk, &mke).unwrap_err();
+        assert!(
+            matches!(err, StateError::KeyOutsideShards { .. }),
+            "{max_cached:?}: {err}"
+        );
+        // Refused keys never entered the working set: asking again is refused again.
+        let (ok, oke) = flat(std::slice::from_ref(&outside));
+        let err = s
+            .value_get_many(0, b"", &ok, &oke, &mut d, &mut e, &mut p)
+            .unwrap_err();
+        assert!(
+            matches!(err, StateError::KeyOutsideShards { .. }),
+            "{max_cached:?}: {err}"
+        );
+    }
+}
