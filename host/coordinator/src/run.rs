@@ -557,6 +557,13 @@ fn drive_attempt<W: Workers>(
     let clock = Instant::now();
     while d.ended < total {
         let next = live.workers.next_event(opts.poll);
+        // The event first, then the tick: a tick that sees the event at once starts the
+        // final epoch as soon as the last source ends, not one poll interval later.
+        match next {
+            Next::Event(e) => d.on_event(e, tally, &mut live),
+            Next::Timeout => {}
+            Next::Closed => break,
+        }
         if d.failure.is_none() && d.stop_at.is_none() {
             // Once a stop's savepoint is taken no further epoch starts.
             let now = clock.elapsed().as_millis() as u64;
@@ -587,11 +594,6 @@ fn drive_attempt<W: Workers>(
                 d.queue
                     .extend(d.coord.handle(Event::Trigger { now_ms: now }));
             }
-        }
-        match next {
-            Next::Event(e) => d.on_event(e, tally, &mut live),
-            Next::Timeout => {}
-            Next::Closed => break,
         }
         d.carry_out(&mut live, tally)?;
         if let Some((epoch, _)) = &d.stop_at

@@ -76,6 +76,8 @@ struct Scripted {
     /// end of data at `total`; `None`: end of data at once.
     feed: Option<(u64, u64)>,
     read: u64,
+    /// How many polls found no event (each one a `poll` interval of a real run).
+    timeouts: u32,
 }
 
 impl Scripted {
@@ -91,6 +93,7 @@ impl Scripted {
             live: false,
             feed: None,
             read: 0,
+            timeouts: 0,
         }
     }
 
@@ -239,7 +242,10 @@ impl Workers for Scripted {
         }
         match self.events.pop_front() {
             Some(e) => Next::Event(e),
-            None => Next::Timeout,
+            None => {
+                self.timeouts += 1;
+                Next::Timeout
+            }
         }
     }
 
@@ -344,6 +350,19 @@ fn a_job_runs_to_its_final_epoch_and_commits_it() {
     let r2 = run_job(&plan, &mut again, storage, &opts()).unwrap();
     assert!(r2.already_finished);
     assert!(again.log.is_empty(), "{:?}", again.log);
+}
+
+/// Every step of a bounded job's end follows from an event: the final epoch starts on the
+/// last end of data, not at the next tick one `poll` later (10 ms a job, before).
+#[test]
+fn a_bounded_job_ends_without_waiting_for_a_poll_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(2, 8);
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let mut w = Scripted::new(plan.clone());
+    let report = run_job(&plan, &mut w, storage, &opts()).unwrap();
+    assert!(report.final_epoch.is_some());
+    assert_eq!(w.timeouts, 0, "polls that found no event");
 }
 
 #[test]
