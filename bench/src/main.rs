@@ -910,11 +910,19 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
                     "stats": s,
                 }));
             }
+            if !child.threads.is_empty() {
+                eprintln!(
+                    "   run {}: nop-stream threads, CPU s: {}",
+                    i + 1,
+                    report::threads_line(&child.threads, 6)
+                );
+            }
             ns_runs.push(Run {
                 e2e_s: child.wall_s,
                 steady_s: steady,
                 cpu_s: child.cpu_s,
                 max_rss_mib: child.max_rss_mib,
+                threads: child.threads.clone(),
             });
             let (child, f) = floor_run(case)?;
             eprintln!(
@@ -930,6 +938,7 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
                 steady_s: f.seconds,
                 cpu_s: child.cpu_s,
                 max_rss_mib: child.max_rss_mib,
+                threads: Vec::new(),
             });
         }
         let input = case
@@ -1185,6 +1194,7 @@ fn run_flink(results: &mut Results, peer: &FlinkConfig, out: &Path) -> Result<()
                     steady_s: job_s,
                     cpu_s,
                     max_rss_mib: child.max_rss_mib,
+                    threads: Vec::new(),
                 });
             }
             results.upsert(Row {

@@ -9,6 +9,11 @@
 //! process's address space), so `ru_maxrss` is at least this process's own RSS at the
 //! spawn. A bench that holds a folded state of 100 MiB then reported every later child as
 //! at least that large. `ru_maxrss` is the fallback where `/proc` is not readable.
+//!
+//! The same poll reads each thread's CPU time (`/proc/<pid>/task/*/stat`, user + system)
+//! and keeps the last value seen, so [`ChildRun::threads`] tells which thread limits a
+//! pipelined run. A thread's last 10 ms before it exits can be missed. `perf` is no
+//! substitute on a virtual machine that samples `cpu-clock`: it overcharges kernel entries.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -27,10 +32,85 @@ pub struct ChildRun {
     pub sys_s: f64,
     /// Peak resident set size, MiB.
     pub max_rss_mib: f64,
+    /// CPU seconds per thread name (threads of one name summed), busiest first; empty
+    /// where `/proc` is not readable.
+    pub threads: Vec<ThreadCpu>,
     /// Standard output.
     pub stdout: String,
     /// Standard error.
     pub stderr: String,
+}
+
+/// CPU time of the threads of one name in a child process.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ThreadCpu {
+    /// Thread name as the kernel keeps it (at most 15 bytes; a task's is
+    /// `{head operator}#{subtask}`).
+    pub name: String,
+    /// User + system CPU seconds.
+    pub cpu_s: f64,
+}
+
+/// Clock ticks per second of `/proc` CPU times.
+#[allow(unsafe_code)]
+fn clock_ticks() -> f64 {
+    // SAFETY: `sysconf` has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// One thread's name and CPU ticks (user + system) from a `/proc/.../stat` line. The name
+/// is in parentheses and may itself hold spaces and parentheses, so the fields are counted
+/// from the last `)`.
+fn parse_thread_stat(stat: &str) -> Option<(String, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_owned();
+    let mut rest = stat.get(close + 2..)?.split_ascii_whitespace();
+    // After the name: state (field 3) ... utime (14), stime (15).
+    let utime: u64 = rest.nth(11)?.parse().ok()?;
+    let stime: u64 = rest.next()?.parse().ok()?;
+    Some((name, utime + stime))
+}
+
+/// Records the latest CPU ticks of every thread of `pid` into `seen` (by thread id).
+fn poll_threads(pid: u32, seen: &mut std::collections::HashMap<String, (String, u64)>) {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        if let Some((name, ticks)) = parse_thread_stat(&stat) {
+            seen.insert(
+                entry.file_name().to_string_lossy().into_owned(),
+                (name, ticks),
+            );
+        }
+    }
+}
+
+/// Sums the threads seen by name, busiest first.
+fn threads_by_name(seen: &std::collections::HashMap<String, (String, u64)>) -> Vec<ThreadCpu> {
+    let hz = clock_ticks();
+    let mut by_name: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for (name, ticks) in seen.values() {
+        *by_name.entry(name).or_default() += ticks;
+    }
+    let mut v: Vec<ThreadCpu> = by_name
+        .into_iter()
+        .map(|(name, ticks)| ThreadCpu {
+            name: name.to_owned(),
+            cpu_s: ticks as f64 / hz,
+        })
+        .collect();
+    v.sort_by(|a, b| {
+        b.cpu_s
+            .total_cmp(&a.cpu_s)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    v
 }
 
 /// The `VmHWM` (peak RSS) of process `pid` in KiB, if it is running.
@@ -94,13 +174,15 @@ pub fn run(mut cmd: Command) -> Result<ChildRun> {
         let (stop, pid) = (std::sync::Arc::clone(&stop.0), child.id());
         std::thread::spawn(move || {
             let mut peak_kib = 0u64;
+            let mut threads = std::collections::HashMap::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Some(kib) = vm_hwm_kib(pid) {
                     peak_kib = peak_kib.max(kib);
                 }
+                poll_threads(pid, &mut threads);
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            peak_kib
+            (peak_kib, threads_by_name(&threads))
         })
     };
     let mut stdout = String::new();
@@ -112,7 +194,7 @@ pub fn run(mut cmd: Command) -> Result<ChildRun> {
     // The last poll before the exit: the child is a zombie (no `VmHWM`) only after it.
     let (status, usage) = wait4(child.id())?;
     drop(stop);
-    let hwm_kib = hwm.join().unwrap_or(0);
+    let (hwm_kib, threads) = hwm.join().unwrap_or_default();
     let wall_s = started.elapsed().as_secs_f64();
     let stderr = err_reader.join().unwrap_or_default();
     if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
@@ -131,6 +213,7 @@ pub fn run(mut cmd: Command) -> Result<ChildRun> {
         } else {
             usage.ru_maxrss as f64 / 1024.0
         },
+        threads,
         stdout,
         stderr,
     })
@@ -156,6 +239,31 @@ mod tests {
         let mut fail = Command::new("sh");
         fail.args(["-c", "echo oops >&2; exit 3"]);
         assert!(run(fail).unwrap_err().to_string().contains("oops"));
+    }
+
+    #[test]
+    fn a_thread_stat_line_is_read_past_a_name_with_spaces_and_parentheses() {
+        let line = "4242 (snap (a) 1) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 1 0 100 0 0";
+        assert_eq!(
+            parse_thread_stat(line),
+            Some(("snap (a) 1".to_owned(), 175))
+        );
+        assert_eq!(parse_thread_stat("4242 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn a_busy_child_thread_is_charged_its_cpu() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"]);
+        let r = run(cmd).unwrap();
+        let sh = r
+            .threads
+            .iter()
+            .find(|t| t.name == "sh")
+            .expect("the shell's thread");
+        // Ticks are 10 ms; the last poll can miss the final 10 ms.
+        assert!(sh.cpu_s > 0.5 * r.cpu_s, "{r:?}");
+        assert!(sh.cpu_s <= r.cpu_s + 0.02, "{r:?}");
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct Run {
     pub cpu_s: f64,
     /// Peak resident set size, MiB.
     pub max_rss_mib: f64,
+    /// CPU seconds per thread name, busiest first (nop-stream runs; empty for the others
+    /// and in results written before it was measured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<crate::measure::ThreadCpu>,
 }
 
 /// All runs of one workload on one engine.
@@ -369,6 +373,32 @@ impl Results {
         t
     }
 
+    /// For each nop-stream row with per-thread CPU: the threads of the run with the
+    /// median CPU seconds, as a Markdown table (empty if no row has them).
+    pub fn threads_table(&self) -> String {
+        let mut t = String::new();
+        for row in self.rows.iter().filter(|r| r.engine == NOP_STREAM) {
+            let mut runs: Vec<&Run> = row.runs.iter().filter(|r| !r.threads.is_empty()).collect();
+            if runs.is_empty() {
+                continue;
+            }
+            runs.sort_by(|a, b| a.cpu_s.total_cmp(&b.cpu_s));
+            let median = runs[runs.len() / 2];
+            if t.is_empty() {
+                t.push_str("| workload | input | CPU s | threads, CPU s |\n|---|---|---|---|\n");
+            }
+            let _ = writeln!(
+                t,
+                "| {} | {} | {:.2} | {} |",
+                row.workload,
+                row.input,
+                median.cpu_s,
+                threads_line(&median.threads, 4)
+            );
+        }
+        t
+    }
+
     fn ratio(&self, workload: &str, input: &str, versus: &str) -> Option<Ratio> {
         self.ratios()
             .into_iter()
@@ -441,6 +471,13 @@ impl Results {
                     base
                 );
             }
+        }
+        let threads = self.threads_table();
+        if !threads.is_empty() {
+            let _ = write!(
+                t,
+                "\nnop-stream's busiest threads (the run with the median CPU seconds; a task thread is `{{head operator}}#{{subtask}}`):\n\n{threads}"
+            );
         }
         let targets = self.targets_table();
         if !targets.is_empty() {
@@ -619,6 +656,22 @@ impl Results {
     }
 }
 
+/// The first `n` threads that used at least 5 ms, as `name 0.80 · name 0.78`, then how
+/// many more such threads there are (`+ 3 more`).
+pub fn threads_line(threads: &[crate::measure::ThreadCpu], n: usize) -> String {
+    let busy: Vec<_> = threads.iter().filter(|t| t.cpu_s >= 0.005).collect();
+    let mut s = busy
+        .iter()
+        .take(n)
+        .map(|t| format!("{} {:.2}", t.name, t.cpu_s))
+        .collect::<Vec<_>>()
+        .join(" · ");
+    if busy.len() > n {
+        let _ = write!(s, " · + {} more", busy.len() - n);
+    }
+    s
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -655,6 +708,7 @@ mod tests {
                     steady_s: s,
                     cpu_s: s,
                     max_rss_mib: 10.0,
+                    threads: Vec::new(),
                 })
                 .collect(),
             note: String::new(),
@@ -685,12 +739,48 @@ mod tests {
         assert_eq!(human(1_234_567.0), "1.23 M");
     }
 
+    #[test]
+    fn the_threads_table_shows_the_median_run_and_leaves_out_idle_threads() {
+        use crate::measure::ThreadCpu;
+        let th = |pairs: &[(&str, f64)]| {
+            pairs
+                .iter()
+                .map(|&(name, cpu_s)| ThreadCpu {
+                    name: name.into(),
+                    cpu_s,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut ns = row(NOP_STREAM, &[1.0, 3.0, 2.0]);
+        ns.runs[0].threads = th(&[("bids#0", 0.6), ("count#0", 0.4)]);
+        ns.runs[1].threads = th(&[("bids#0", 1.6), ("count#0", 1.4)]);
+        ns.runs[2].threads = th(&[("count#0", 1.1), ("bids#0", 0.9), ("wasm-ticker", 0.0)]);
+        let res = Results {
+            rows: vec![ns, row(FLOOR, &[0.25; 3])],
+            ..Results::default()
+        };
+        let t = res.threads_table();
+        assert!(
+            t.contains("| count | bids-1m.csv | 2.00 | count#0 1.10 · bids#0 0.90 |\n"),
+            "{t}"
+        );
+        assert_eq!(t.lines().count(), 3, "{t}");
+        assert!(res.table().contains("busiest threads"));
+        let many = th(&[("a", 0.5), ("b", 0.4), ("c", 0.3), ("d", 0.001)]);
+        assert_eq!(threads_line(&many, 2), "a 0.50 · b 0.40 · + 1 more");
+        // Results written before threads were measured still read.
+        let old = r#"{"e2e_s":1.0,"steady_s":1.0,"cpu_s":1.0,"max_rss_mib":1.0}"#;
+        let run: Run = serde_json::from_str(old).unwrap();
+        assert!(run.threads.is_empty());
+    }
+
     fn runs(e2e: f64, cpu: f64) -> Vec<Run> {
         vec![Run {
             e2e_s: e2e,
             steady_s: e2e,
             cpu_s: cpu,
             max_rss_mib: 10.0,
+            threads: Vec::new(),
         }]
     }
 

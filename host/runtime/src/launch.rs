@@ -483,7 +483,7 @@ impl PreparedTasks {
         };
         let mut spawn_error = None;
         for spec in self.specs {
-            let name = format!("task-{}", spec.task);
+            let name = task_thread_name(&spec.task);
             match std::thread::Builder::new()
                 .name(name)
                 .spawn(move || task::run(spec))
@@ -588,5 +588,33 @@ impl Drop for LiveTasks {
             self.fence();
             self.join_threads();
         }
+    }
+}
+
+/// The name of a task's thread: `{head operator}#{subtask}`, the head operator's id
+/// without its `sources/`, `operators/` or `sinks/` prefix (`count#0`). Linux keeps the
+/// first 15 bytes, which is what `top -H`, `perf` and `/proc/PID/task/*/stat` show, so
+/// the job name is left out (the full task id is in every error and panic message).
+pub(crate) fn task_thread_name(task: &TaskId) -> String {
+    let head = task.vertex.0.rsplit('/').next().unwrap_or(&task.vertex.0);
+    format!("{head}#{}", task.subtask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nop_stream_api::{JobId, PipelineId, SubtaskIndex, VertexId};
+
+    #[test]
+    fn task_threads_are_named_by_head_operator_and_subtask() {
+        let task = |vertex: &str, subtask| TaskId {
+            job: JobId::new("a-job-with-a-long-name"),
+            pipeline: PipelineId::new("main"),
+            vertex: VertexId::new(vertex),
+            subtask: SubtaskIndex(subtask),
+        };
+        assert_eq!(task_thread_name(&task("operators/count", 1)), "count#1");
+        assert_eq!(task_thread_name(&task("sources/bids", 0)), "bids#0");
+        assert_eq!(task_thread_name(&task("custom-uid", 12)), "custom-uid#12");
     }
 }
