@@ -848,6 +848,79 @@ fn slices<'a>(data: &'a [u8], ends: &'a [u32]) -> impl Iterator<Item = &'a [u8]>
     })
 }
 
+/// The redb file behind a subtask's working set, without its syncs.
+///
+/// The file is scratch space. Every deployment deletes the state directory before it
+/// opens one (`nop_stream_runtime::launch`), and state comes back from checkpoint
+/// segments, which are synced, never from this file. So a sync here buys nothing: it
+/// skips redb's `fdatasync`s (three when the file is created, more at close), a few ms per
+/// subtask and job. Everything else goes to redb's own file backend.
+#[derive(Debug)]
+struct ScratchFile(redb::backends::FileBackend);
+
+impl redb::StorageBackend for ScratchFile {
+    fn len(&self) -> std::io::Result<u64> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0.write(offset, data)
+    }
+    fn close(&self) -> std::io::Result<()> {
+        self.0.close()
+    }
+    fn try_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> std::result::Result<bool, redb::BackendError> {
+        self.0.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> std::result::Result<bool, redb::BackendError> {
+        self.0.try_lock_shared_range(start, end)
+    }
+    fn lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> std::result::Result<(), redb::BackendError> {
+        self.0.lock_range(start, end)
+    }
+    fn lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> std::result::Result<(), redb::BackendError> {
+        self.0.lock_shared_range(start, end)
+    }
+    fn unlock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> std::result::Result<(), redb::BackendError> {
+        self.0.unlock_range(start, end)
+    }
+    fn query_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> std::result::Result<bool, redb::BackendError> {
+        self.0.query_lock_range(start, end)
+    }
+}
+
 impl KeyedState {
     /// Opens (or creates) the database of `config.path`.
     ///
@@ -861,8 +934,17 @@ impl KeyedState {
         if let Some(budget) = config.memory_bytes {
             builder.set_cache_size((budget / 4).max(MIN_REDB_CACHE_BYTES) as usize);
         }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&config.path)
+            .map_err(|e| db_err(&config.path, e))?;
+        let backend =
+            redb::backends::FileBackend::new(file).map_err(|e| db_err(&config.path, e))?;
         let db = builder
-            .create(&config.path)
+            .create_with_backend(ScratchFile(backend))
             .map_err(|e| db_err(&config.path, e))?;
         // A reopened database may hold entries of any namespace.
         let mut cache = Vec::with_capacity(config.states.len());
