@@ -6,8 +6,9 @@
 //! subtask would receive batches of `1/n` the size. Instead, each subtask's records are
 //! buffered across input batches and sent once [`OutputEdge::set_flush_records`] records
 //! are buffered, when a control message goes out (so records never cross a barrier or a
-//! watermark), when the task is about to wait for input ([`OutputEdge::flush`]), or once the
-//! oldest buffered record has waited [`BUFFER_TIMEOUT`] (Flink's buffer timeout).
+//! watermark), when the task is about to wait for input or its source read came back short
+//! of a full batch ([`OutputEdge::flush`]), or once the oldest buffered record has waited
+//! [`BUFFER_TIMEOUT`] (Flink's buffer timeout).
 
 use crate::error::{Result, RuntimeError, Site};
 use crate::transport::{ChannelSender, Message};

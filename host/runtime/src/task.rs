@@ -1148,12 +1148,17 @@ impl Task {
         self.next_split = (i + 1) % len;
         self.push(1, 0, r.records)?;
         self.source_watermark()?;
+        if n < u64::from(self.batch_records) {
+            // A short read: the split is caught up, and its next read may block (a
+            // connector waiting for messages). Records buffered on HASH edges go out now
+            // rather than wait for it; full reads keep filling the buffers.
+            self.flush_outputs()?;
+        }
         if n == 0 && !finished {
             self.empty_reads += 1;
             let unfinished = self.splits.iter().filter(|s| !s.finished).count();
             if self.empty_reads >= unfinished {
                 self.empty_reads = 0;
-                self.flush_outputs()?;
                 std::thread::sleep(Duration::from_millis(1));
             }
         } else {
