@@ -76,16 +76,9 @@ fn free_udp_port() -> Result<u16> {
 pub fn proc_cpu_s(pid: u32) -> Result<f64> {
     let path = format!("/proc/{pid}/stat");
     let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
-    // The command name (field 2) is in parentheses and may hold spaces: count from the
-    // last `)`. Fields 14 and 15 (utime, stime) are then the 12th and 13th.
-    let rest = &text[text.rfind(')').context("no `)` in stat")? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    ensure!(fields.len() > 13, "short {path}");
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    #[allow(unsafe_code)]
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    Ok(ticks as f64 / hz.max(1) as f64)
+    let (_, ticks) =
+        crate::measure::parse_stat(&text).with_context(|| format!("unexpected {path}"))?;
+    Ok(ticks as f64 / crate::measure::clock_ticks())
 }
 
 impl LocalCluster {

@@ -53,16 +53,16 @@ pub struct ThreadCpu {
 
 /// Clock ticks per second of `/proc` CPU times.
 #[allow(unsafe_code)]
-fn clock_ticks() -> f64 {
+pub fn clock_ticks() -> f64 {
     // SAFETY: `sysconf` has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as f64 } else { 100.0 }
 }
 
-/// One thread's name and CPU ticks (user + system) from a `/proc/.../stat` line. The name
-/// is in parentheses and may itself hold spaces and parentheses, so the fields are counted
-/// from the last `)`.
-fn parse_thread_stat(stat: &str) -> Option<(String, u64)> {
+/// The name and CPU ticks (user + system) of a process or thread from its `/proc/.../stat`
+/// line. The name is in parentheses and may itself hold spaces and parentheses, so the
+/// fields are counted from the last `)`.
+pub fn parse_stat(stat: &str) -> Option<(String, u64)> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let name = stat.get(open + 1..close)?.to_owned();
@@ -82,7 +82,7 @@ fn poll_threads(pid: u32, seen: &mut std::collections::HashMap<String, (String, 
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        if let Some((name, ticks)) = parse_thread_stat(&stat) {
+        if let Some((name, ticks)) = parse_stat(&stat) {
             seen.insert(
                 entry.file_name().to_string_lossy().into_owned(),
                 (name, ticks),
@@ -244,11 +244,8 @@ mod tests {
     #[test]
     fn a_thread_stat_line_is_read_past_a_name_with_spaces_and_parentheses() {
         let line = "4242 (snap (a) 1) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 1 0 100 0 0";
-        assert_eq!(
-            parse_thread_stat(line),
-            Some(("snap (a) 1".to_owned(), 175))
-        );
-        assert_eq!(parse_thread_stat("4242 (x) S 1 2"), None);
+        assert_eq!(parse_stat(line), Some(("snap (a) 1".to_owned(), 175)));
+        assert_eq!(parse_stat("4242 (x) S 1 2"), None);
     }
 
     #[test]

@@ -32,7 +32,6 @@ pub struct OutputEdge {
     next: usize,
     /// HASH with several senders: the records buffered for each downstream subtask.
     scratch: Vec<Batch>,
-
     /// A subtask's buffer is sent once it holds this many records.
     flush_records: usize,
     /// When the oldest record still buffered was buffered; `None`: nothing is buffered.
@@ -230,14 +229,11 @@ impl OutputEdge {
                 left = true;
             }
         }
-        if !left {
-            self.buffered_since = None;
-        } else {
-            match self.buffered_since {
-                None => self.buffered_since = Some(Instant::now()),
-                Some(t) if t.elapsed() >= BUFFER_TIMEOUT => self.flush()?,
-                Some(_) => {}
-            }
+        match self.buffered_since {
+            _ if !left => self.buffered_since = None,
+            None => self.buffered_since = Some(Instant::now()),
+            Some(t) if t.elapsed() >= BUFFER_TIMEOUT => self.flush()?,
+            Some(_) => {}
         }
         Ok(())
     }

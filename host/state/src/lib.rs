@@ -848,6 +848,22 @@ fn slices<'a>(data: &'a [u8], ends: &'a [u32]) -> impl Iterator<Item = &'a [u8]>
     })
 }
 
+/// The shard of `key` among `shard_count`, if it is one of `owned`.
+///
+/// # Errors
+/// [`StateError::KeyOutsideShards`] otherwise.
+fn shard_in(key: &[u8], shard_count: u32, owned: &Range<u32>) -> Result<StateShardId> {
+    let shard = shard_of(key, shard_count);
+    if !owned.contains(&shard.0) {
+        return Err(StateError::KeyOutsideShards {
+            key: printable(key),
+            shard,
+            owned: owned.clone(),
+        });
+    }
+    Ok(shard)
+}
+
 /// The redb file behind a subtask's working set, without its syncs.
 ///
 /// The file is scratch space. Every deployment deletes the state directory before it
@@ -1069,15 +1085,7 @@ impl KeyedState {
     /// # Errors
     /// [`StateError::KeyOutsideShards`] otherwise.
     pub fn check_key(&self, key: &[u8]) -> Result<StateShardId> {
-        let shard = shard_of(key, self.shard_count);
-        if !self.owned.contains(&shard.0) {
-            return Err(StateError::KeyOutsideShards {
-                key: printable(key),
-                shard,
-                owned: self.owned.clone(),
-            });
-        }
-        Ok(shard)
+        shard_in(key, self.shard_count, &self.owned)
     }
 
     fn read_db(&self, state: u32, composite: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
@@ -1248,16 +1256,9 @@ impl KeyedState {
                     slot.fresh = true;
                 }
                 None => {
-                    if check {
-                        let shard = shard_of(key, self.shard_count);
-                        if !self.owned.contains(&shard.0) {
-                            cache.bytes = cache.bytes + added - removed;
-                            return Err(StateError::KeyOutsideShards {
-                                key: printable(key),
-                                shard,
-                                owned: self.owned.clone(),
-                            });
-                        }
+                    if check && let Err(e) = shard_in(key, self.shard_count, &self.owned) {
+                        cache.bytes = cache.bytes + added - removed;
+                        return Err(e);
                     }
                     added += key.len() + value.len() + ENTRY_OVERHEAD_BYTES;
                     map.insert(
