@@ -97,6 +97,16 @@ pub fn fx_hash(bytes: &[u8]) -> u64 {
     h.finish()
 }
 
+/// `a == b`, comparing 8-byte keys (the common `u64` id) as one word: slice equality is
+/// a `memcmp` call in a wasm guest.
+#[inline(always)]
+pub fn key_eq(a: &[u8], b: &[u8]) -> bool {
+    match (<&[u8; 8]>::try_from(a), <&[u8; 8]>::try_from(b)) {
+        (Ok(a), Ok(b)) => u64::from_ne_bytes(*a) == u64::from_ne_bytes(*b),
+        _ => a == b,
+    }
+}
+
 /// The first 8 bytes of `key`, zero-padded, as a big-endian integer. Keys whose prefixes
 /// differ compare (as byte strings) like their prefixes, so a sort or a heap can order
 /// most keys without a `memcmp` call (a function call in a wasm guest); equal prefixes

@@ -59,7 +59,6 @@ mod pattern;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
 
 pub use operator::{
     BUFFER_STATE, CEP_NAMESPACE, CepOperator, DecodeFn, EmitFn, LATE, LateEvents, MAX_CACHED_KEYS,
@@ -67,7 +66,7 @@ pub use operator::{
 };
 pub use pattern::{AfterMatchSkip, Contiguity, Pattern, StageKind};
 
-use nfa::BufEntry;
+use nfa::SharedBuffer;
 use pattern::Stage;
 
 /// The events a partial match has taken so far, as seen by a condition (iterative
@@ -75,7 +74,7 @@ use pattern::Stage;
 pub struct MatchSoFar<'a, E> {
     stages: &'a [Stage],
     events: &'a [(u16, u64)],
-    buffer: &'a BTreeMap<u64, BufEntry<E>>,
+    buffer: &'a SharedBuffer<E>,
 }
 
 impl<'a, E> MatchSoFar<'a, E> {

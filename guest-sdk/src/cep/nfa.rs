@@ -3,6 +3,7 @@
 //! time advances, and writes it back (design §9.2).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Index;
 
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -78,6 +79,109 @@ pub(crate) struct BufEntry<E> {
     pub refs: u32,
 }
 
+/// One key's shared buffer: event id → [`BufEntry`], ascending by id. Event ids are
+/// handed out in increasing order, so an insert appends; a lookup is a binary search over
+/// the few events a key's partial matches hold. Stored as the map event id → entry (the
+/// [`super::BUFFER_STATE`] layout and schema, postcard): serialized entry by entry,
+/// deserialized through `BTreeMap<u64, BufEntry<E>>`. (Until December 2026 it was that
+/// `BTreeMap`, which allocated a node for a key's first event and freed it when the
+/// key's last partial match ended: about every event of the CEP benchmark.)
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SharedBuffer<E> {
+    items: Vec<(u64, BufEntry<E>)>,
+}
+
+impl<E> Default for SharedBuffer<E> {
+    fn default() -> Self {
+        SharedBuffer { items: Vec::new() }
+    }
+}
+
+impl<E> SharedBuffer<E> {
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn position(&self, id: u64) -> std::result::Result<usize, usize> {
+        self.items.binary_search_by_key(&id, |(i, _)| *i)
+    }
+
+    /// Stores `entry` as event `id`, replacing an entry of that id.
+    pub fn insert(&mut self, id: u64, entry: BufEntry<E>) {
+        if self.items.last().is_none_or(|(last, _)| *last < id) {
+            self.items.push((id, entry));
+            return;
+        }
+        match self.position(id) {
+            Ok(at) => self.items[at].1 = entry,
+            Err(at) => self.items.insert(at, (id, entry)),
+        }
+    }
+
+    pub fn get(&self, id: &u64) -> Option<&BufEntry<E>> {
+        self.position(*id).ok().map(|at| &self.items[at].1)
+    }
+
+    pub fn get_mut(&mut self, id: &u64) -> Option<&mut BufEntry<E>> {
+        self.position(*id).ok().map(|at| &mut self.items[at].1)
+    }
+
+    /// Entries in ascending id order.
+    #[cfg(test)]
+    pub fn iter(&self) -> impl Iterator<Item = (&u64, &BufEntry<E>)> {
+        self.items.iter().map(|(id, e)| (id, e))
+    }
+
+    #[cfg(test)]
+    pub fn keys(&self) -> impl Iterator<Item = &u64> {
+        self.items.iter().map(|(id, _)| id)
+    }
+
+    pub fn clear(&mut self) {
+        self.items.clear();
+    }
+}
+
+impl<E> Index<&u64> for SharedBuffer<E> {
+    type Output = BufEntry<E>;
+
+    /// # Panics
+    /// If no event of that id is buffered (a run references only buffered events).
+    fn index(&self, id: &u64) -> &BufEntry<E> {
+        self.get(id).expect("a referenced event is in the shared buffer")
+    }
+}
+
+impl<E> FromIterator<(u64, BufEntry<E>)> for SharedBuffer<E> {
+    fn from_iter<I: IntoIterator<Item = (u64, BufEntry<E>)>>(iter: I) -> Self {
+        let mut b = SharedBuffer::default();
+        for (id, e) in iter {
+            b.insert(id, e);
+        }
+        b
+    }
+}
+
+impl<E: Serialize> Serialize for SharedBuffer<E> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.items.len()))?;
+        for (id, e) in &self.items {
+            map.serialize_entry(id, e)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de, E: Deserialize<'de>> Deserialize<'de> for SharedBuffer<E> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let map = BTreeMap::<u64, BufEntry<E>>::deserialize(d)?;
+        Ok(SharedBuffer {
+            items: map.into_iter().collect(),
+        })
+    }
+}
+
 /// What processing produced, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Output<E> {
@@ -90,7 +194,7 @@ pub(crate) enum Output<E> {
 /// One key's NFA: state plus the in-memory shared buffer.
 pub(crate) struct KeyNfa<E> {
     pub state: NfaState,
-    pub buffer: BTreeMap<u64, BufEntry<E>>,
+    pub buffer: SharedBuffer<E>,
     /// Build [`Output::TimedOut`] for partial matches pruned by `within` (false: prune
     /// them silently, as `MATCH_RECOGNIZE` does).
     pub report_timeouts: bool,
@@ -351,6 +455,20 @@ impl<E: Clone> KeyNfa<E> {
         {
             return;
         }
+        // Runs that only time out, unreported: pruned in place (this is where a
+        // `MATCH_RECOGNIZE`-like pattern spends most calls).
+        if !self.report_timeouts
+            && !self
+                .state
+                .runs
+                .iter()
+                .any(|r| usize::from(r.stage) == p.stages.len())
+        {
+            self.state
+                .runs
+                .retain(|r| Self::deadline(p, r).is_none_or(|d| d > t));
+            return;
+        }
         // The live runs stay where they are, in order.
         let mut expired: Vec<Run> = self
             .state
@@ -386,7 +504,11 @@ impl<E: Clone> KeyNfa<E> {
 
     /// Recomputes reference counts and drops buffered events no run references.
     pub fn collect_garbage(&mut self) {
-        for b in self.buffer.values_mut() {
+        if self.state.runs.is_empty() {
+            self.buffer.clear();
+            return;
+        }
+        for (_, b) in &mut self.buffer.items {
             b.refs = 0;
         }
         for r in &self.state.runs {
@@ -396,7 +518,7 @@ impl<E: Clone> KeyNfa<E> {
                 }
             }
         }
-        self.buffer.retain(|_, b| b.refs > 0);
+        self.buffer.items.retain(|(_, b)| b.refs > 0);
     }
 }
 
@@ -496,6 +618,40 @@ mod tests {
             let got: BTreeMap<u64, u32> = k.buffer.iter().map(|(id, b)| (*id, b.refs)).collect();
             assert_eq!(got, want, "round {round}");
         }
+    }
+
+    #[test]
+    fn a_shared_buffer_is_stored_as_the_map_of_event_id_to_entry() {
+        let entry = |ts: i64, refs: u32| BufEntry {
+            ts,
+            event: ts as u32 * 7,
+            refs,
+        };
+        // Ids in order (the operator's case), then out of order and one replaced.
+        let ids = [3u64, 4, 9, 20, 1, 15, 9];
+        let mut b: SharedBuffer<u32> = SharedBuffer::default();
+        let mut map: BTreeMap<u64, BufEntry<u32>> = BTreeMap::new();
+        for (i, id) in ids.into_iter().enumerate() {
+            b.insert(id, entry(i as i64, i as u32 + 1));
+            map.insert(id, entry(i as i64, i as u32 + 1));
+        }
+        let flat: Vec<(u64, BufEntry<u32>)> = map.clone().into_iter().collect();
+        assert_eq!(b.items, flat);
+        assert_eq!(b[&9], map[&9]);
+        assert!(b.get(&2).is_none() && b.get(&21).is_none());
+        let bytes = postcard::to_allocvec(&b).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec(&map).unwrap());
+        assert_eq!(postcard::from_bytes::<SharedBuffer<u32>>(&bytes).unwrap(), b);
+        assert_eq!(
+            postcard::to_allocvec(&SharedBuffer::<u32>::default()).unwrap(),
+            postcard::to_allocvec(&BTreeMap::<u64, BufEntry<u32>>::new()).unwrap()
+        );
+        let schema = crate::state::schema_of::<SharedBuffer<u32>>();
+        assert!(schema.is_some());
+        assert_eq!(
+            schema,
+            crate::state::schema_of::<BTreeMap<u64, BufEntry<u32>>>()
+        );
     }
 
     #[test]

@@ -4,11 +4,13 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use crate::hash::FxHashMap;
+use hashbrown::HashTable;
+
+use crate::hash::{fx_hash, key_eq};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use super::nfa::{BufEntry, KeyNfa, NfaState, Output};
+use super::nfa::{KeyNfa, NfaState, Output, SharedBuffer};
 use super::{Match, Pattern};
 use crate::{
     Batch, Context, PluginError, PluginInfo, RecordRef, Result, TimeDomain, TimerGroup, ValueState,
@@ -127,7 +129,7 @@ impl<'de, E: Deserialize<'de>> Deserialize<'de> for Queue<E> {
     }
 }
 /// A key's shared buffer: event id → entry.
-type Buffer<E> = BTreeMap<u64, BufEntry<E>>;
+type Buffer<E> = SharedBuffer<E>;
 /// The cached keys' timers (see [`CepOperator::due`]): (event time, key) entries in
 /// buckets of 2^[`DueQueue::SLOT_BITS`] ms of event time. Every timer pushed lies after
 /// the last time taken (a queued event is after the watermark, a deadline after the
@@ -255,9 +257,11 @@ impl DueQueue {
 /// The keys a [`CepOperator`] holds decoded: an index from key to slot, and the entries
 /// in slots that keep their place while the key is cached, so a timer entry reaches its
 /// key's entry without a hash lookup (a probe of the index per timer, with its key
-/// comparison, was 13 % of the samples of the CEP benchmark).
+/// comparison, was 13 % of the samples of the CEP benchmark). The index is a
+/// [`HashTable`] of slots probed with [`key_eq`]: a `HashMap` keyed by the key bytes
+/// compared them with a `memcmp` call, 5 % of the samples.
 struct KeyCache<E> {
-    index: FxHashMap<Rc<[u8]>, u32>,
+    index: HashTable<u32>,
     slots: Vec<Option<KeyEntry<E>>>,
     /// Empty slots, reused first.
     free: Vec<u32>,
@@ -266,7 +270,7 @@ struct KeyCache<E> {
 impl<E> Default for KeyCache<E> {
     fn default() -> Self {
         KeyCache {
-            index: FxHashMap::default(),
+            index: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
         }
@@ -278,12 +282,24 @@ impl<E> KeyCache<E> {
         self.index.len()
     }
 
+    /// The slot of `key`, if cached.
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let slots = &self.slots;
+        self.index
+            .find(fx_hash(key), |&s| {
+                slots[s as usize]
+                    .as_ref()
+                    .is_some_and(|e| key_eq(&e.key, key))
+            })
+            .copied()
+    }
+
     fn contains(&self, key: &[u8]) -> bool {
-        self.index.contains_key(key)
+        self.find(key).is_some()
     }
 
     fn get_mut(&mut self, key: &[u8]) -> Option<&mut KeyEntry<E>> {
-        let slot = *self.index.get(key)?;
+        let slot = self.find(key)?;
         self.slots[slot as usize].as_mut()
     }
 
@@ -298,20 +314,34 @@ impl<E> KeyCache<E> {
 
     /// Caches `entry` (its key must not be cached) and returns it, its slot set.
     fn insert(&mut self, mut entry: KeyEntry<E>) -> &mut KeyEntry<E> {
+        debug_assert!(!self.contains(&entry.key), "a cached key inserted again");
         let slot = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
             (self.slots.len() - 1) as u32
         });
         entry.slot = slot;
-        let old = self.index.insert(Rc::clone(&entry.key), slot);
-        debug_assert!(old.is_none(), "a cached key inserted again");
-        self.slots[slot as usize].insert(entry)
+        let hash = fx_hash(&entry.key);
+        self.slots[slot as usize] = Some(entry);
+        let slots = &self.slots;
+        self.index.insert_unique(hash, slot, |&s| {
+            fx_hash(&slots[s as usize].as_ref().expect("indexed slots are full").key)
+        });
+        self.slots[slot as usize].as_mut().expect("just filled")
     }
 
+    /// Empties `slot` (which must hold an entry) and unindexes it.
+    fn vacate(&mut self, slot: u32) {
+        let entry = self.slots[slot as usize].take().expect("a full slot");
+        if let Ok(found) = self.index.find_entry(fx_hash(&entry.key), |&s| s == slot) {
+            found.remove();
+        }
+        self.free.push(slot);
+    }
+
+    #[cfg(test)]
     fn remove(&mut self, key: &[u8]) {
-        if let Some(slot) = self.index.remove(key) {
-            self.slots[slot as usize] = None;
-            self.free.push(slot);
+        if let Some(slot) = self.find(key) {
+            self.vacate(slot);
         }
     }
 
@@ -319,6 +349,15 @@ impl<E> KeyCache<E> {
         self.index.clear();
         self.slots.clear();
         self.free.clear();
+    }
+
+    /// Drops every entry `keep` refuses.
+    fn retain(&mut self, mut keep: impl FnMut(&KeyEntry<E>) -> bool) {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].as_ref().is_some_and(|e| !keep(e)) {
+                self.vacate(slot as u32);
+            }
+        }
     }
 
     fn iter(&self) -> impl Iterator<Item = &KeyEntry<E>> {
@@ -405,6 +444,13 @@ struct KeyEntry<E> {
 impl<E> KeyEntry<E> {
     fn is_empty(&self) -> bool {
         self.nfa.runs.is_empty() && self.queue.is_empty()
+    }
+
+    /// Holds nothing a load of the key would not give: empty, absent from host state,
+    /// no host timer. Such an entry may stay cached (its next event then needs no load)
+    /// or be dropped at no cost.
+    fn is_idle(&self) -> bool {
+        self.is_empty() && !self.stored && self.host_timer.is_none()
     }
 }
 
@@ -725,17 +771,25 @@ where
         let wm = ctx.current_watermark();
         self.advance_due(ctx, wm, out)?;
         self.write_back(ctx);
-        if self.cache.len() > MAX_CACHED_KEYS {
-            self.cache.clear();
-            self.due.clear();
-        }
+        self.shrink(ctx);
         Ok(())
     }
 
-    /// Writes back and drops the cache once it holds more than [`MAX_CACHED_KEYS`]
-    /// keys (the host state and timers are then exact, as at a checkpoint).
+    /// Shrinks the cache once it holds more than [`MAX_CACHED_KEYS`] keys.
     fn spill_if_full(&mut self, ctx: &mut (impl Context + ?Sized)) {
-        if self.cache.len() > MAX_CACHED_KEYS {
+        self.shrink(ctx);
+    }
+
+    /// Past [`MAX_CACHED_KEYS`] keys: drops the idle keys ([`KeyEntry::is_idle`]) and, if
+    /// more than three quarters of the limit remain, writes every key back and drops them
+    /// all (the host state and timers are then exact, as at a checkpoint). The margin
+    /// keeps a cache of busy keys from being scanned on every call.
+    fn shrink(&mut self, ctx: &mut (impl Context + ?Sized)) {
+        if self.cache.len() <= MAX_CACHED_KEYS {
+            return;
+        }
+        self.cache.retain(|e| !e.is_idle());
+        if self.cache.len() > MAX_CACHED_KEYS / 4 * 3 {
             self.write_back(ctx);
             self.cache.clear();
             self.due.clear();
@@ -744,12 +798,11 @@ where
 
     /// Writes every dirty key back (one batched put per state, one batched delete per
     /// state for emptied keys) and moves every host timer that differs from its key's
-    /// timer (one `retime-keys` call). Emptied keys leave the cache.
+    /// timer (one `retime-keys` call). Emptied keys stay cached, idle.
     fn write_back(&mut self, ctx: &mut (impl Context + ?Sized)) {
         let mut deletes: Vec<u8> = Vec::new();
         let mut delete_ends: Vec<u32> = Vec::new();
         let mut retimes = Retimes::default();
-        let mut emptied: Vec<Rc<[u8]>> = Vec::new();
         for entry in self.cache.iter_mut() {
             let key = &entry.key;
             retimes.push(key, entry.host_timer, entry.timer);
@@ -763,7 +816,6 @@ where
                     deletes.extend_from_slice(key);
                     delete_ends.push(deletes.len() as u32);
                 }
-                emptied.push(Rc::clone(key));
             }
         }
         let puts = || self.cache.iter().filter(|e| e.dirty && !e.is_empty());
@@ -780,11 +832,8 @@ where
         for entry in self.cache.iter_mut() {
             if entry.dirty {
                 entry.dirty = false;
-                entry.stored = true;
+                entry.stored = !entry.is_empty();
             }
-        }
-        for key in emptied {
-            self.cache.remove(&key);
         }
     }
 
@@ -836,8 +885,11 @@ where
             spare = k.spare;
             entry.dirty = true;
             Self::retime(&self.pattern, &mut self.due, entry);
-            if entry.is_empty() && !entry.stored && entry.host_timer.is_none() {
-                self.cache.remove(&key);
+            if entry.is_empty() {
+                // As a load of the key gives it once its host state is deleted; the key
+                // stays cached, so its next event needs no load.
+                entry.nfa.next_event_id = 0;
+                entry.nfa.next_run_id = 0;
             }
             for o in outputs.drain(..) {
                 let (m, target, f) = match &o {

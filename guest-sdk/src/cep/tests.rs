@@ -862,3 +862,55 @@ fn keys_past_the_cache_limit_are_written_back_and_read_again() {
     assert_eq!(ctx.state_entry_count(), 0);
     assert!(ctx.registered_timers().is_empty());
 }
+
+#[test]
+fn idle_keys_are_dropped_before_a_full_cache_writes_anything_back() {
+    let p = || {
+        Pattern::begin("a")
+            .where_("is_a", is('a'))
+            .next("b")
+            .where_("is_b", is('b'))
+            .within(100)
+    };
+    let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
+    let mut ctx = MockContext::new(&info);
+    let mut op = open(&mut ctx, p(), LateEvents::Drop);
+    let mut out = Batch::new();
+    // As many keys as the cache holds, each with one event that starts no partial
+    // match: run at the watermark, they are empty and stay cached, idle.
+    let mut b = Batch::new();
+    for i in 0..MAX_CACHED_KEYS {
+        b.push_record(Some(format!("x{i}").as_bytes()), Some(10), b"x");
+    }
+    op.process(&mut ctx, &b, &mut out).unwrap();
+    op.on_watermark(&mut ctx, 20, &mut out).unwrap();
+    assert!(out.is_empty());
+    // Ten keys more go past the limit: the idle keys are dropped, nothing is written
+    // back (the new keys' queues stay in the instance), and the new keys still match.
+    let mut b = Batch::new();
+    for i in 0..10 {
+        b.push_record(Some(format!("n{i}").as_bytes()), Some(30), b"a");
+    }
+    op.process(&mut ctx, &b, &mut out).unwrap();
+    assert_eq!(ctx.state_entry_count(), 0);
+    assert!(ctx.registered_timers().is_empty());
+    let mut b = Batch::new();
+    for i in 0..10 {
+        b.push_record(Some(format!("n{i}").as_bytes()), Some(40), b"b");
+    }
+    // One dropped key comes back: loaded as absent, it starts afresh.
+    b.push_record(Some(b"x0"), Some(40), b"a");
+    b.push_record(Some(b"x0"), Some(41), b"b");
+    op.process(&mut ctx, &b, &mut out).unwrap();
+    op.on_watermark(&mut ctx, 50, &mut out).unwrap();
+    let mut matched = BTreeMap::new();
+    collect(&mut matched, &out);
+    let mut want: BTreeMap<String, Vec<String>> = (0..10)
+        .map(|i| (format!("n{i}"), vec!["a b".to_string()]))
+        .collect();
+    want.insert("x0".into(), vec!["a b".into()]);
+    assert_eq!(matched, want);
+    op.flush(&mut ctx, &mut out).unwrap();
+    assert_eq!(ctx.state_entry_count(), 0);
+    assert!(ctx.registered_timers().is_empty());
+}

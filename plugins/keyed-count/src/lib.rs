@@ -36,7 +36,7 @@ pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false
 
 /// The guest SDK's Fx hasher, used for the per-batch key index (and, natively, by the
 /// bench's floor); re-exported here for the bench.
-pub use nop_stream_sdk::hash::{FxBuildHasher, FxHasher, fx_hash};
+pub use nop_stream_sdk::hash::{FxBuildHasher, FxHasher, fx_hash, key_eq};
 
 /// When updates are emitted; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,15 +68,6 @@ fn key_of<'a>(keys: &'a [u8], key_ends: &[u32], g: usize) -> &'a [u8] {
     &keys[start..key_ends[g] as usize]
 }
 
-/// `a == b`, comparing 8-byte keys (the common `u64` id) as one word: slice equality is a
-/// `memcmp` call in a wasm guest.
-#[inline(always)]
-fn key_eq(a: &[u8], b: &[u8]) -> bool {
-    match (<&[u8; 8]>::try_from(a), <&[u8; 8]>::try_from(b)) {
-        (Ok(a), Ok(b)) => u64::from_ne_bytes(*a) == u64::from_ne_bytes(*b),
-        _ => a == b,
-    }
-}
 
 /// Appends a distinct key, returning its group.
 #[inline(always)]
