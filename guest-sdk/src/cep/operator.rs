@@ -1026,6 +1026,44 @@ mod tests {
     }
 
     #[test]
+    fn the_key_index_finds_keys_that_share_their_first_eight_bytes() {
+        let entry = |k: &[u8]| KeyEntry::<u32> {
+            key: Rc::from(k),
+            slot: u32::MAX,
+            queue: Queue::default(),
+            nfa: NfaState::default(),
+            buffer: Buffer::default(),
+            dirty: false,
+            stored: false,
+            host_timer: None,
+            timer: None,
+        };
+        // Keys equal in their first 8 bytes (and zero-padded look-alikes), longer and
+        // shorter than 8 bytes, and the empty key.
+        let keys: [&[u8]; 8] = [
+            b"auction-1", b"auction-2", b"auction-", b"auction", b"auction\0",
+            b"auction-12", b"", b"\0",
+        ];
+        let mut c = KeyCache::default();
+        for k in keys {
+            assert!(!c.contains(k));
+            c.insert(entry(k));
+        }
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(c.find(k), Some(i as u32), "{k:?}");
+            assert_eq!(&*c.get_mut(k).unwrap().key, *k);
+        }
+        assert!(!c.contains(b"auction-3") && !c.contains(b"\0\0"));
+        c.remove(b"auction-1");
+        c.retain(|e| &*e.key != b"auction-12");
+        assert!(!c.contains(b"auction-1") && !c.contains(b"auction-12"));
+        for k in &keys[1..5] {
+            assert!(c.contains(k), "{k:?}");
+        }
+        assert_eq!(c.len(), 6);
+    }
+
+    #[test]
     fn a_slot_sorts_as_a_comparison_sort_does() {
         // Deterministic LCG: entries of one slot (times sharing their high bits, negative
         // ones too), many on the same millisecond, keys of several lengths.
