@@ -12,7 +12,7 @@ use super::pattern::{AfterMatchSkip, Contiguity, Pattern, StageKind};
 use super::{Match, MatchSoFar, MatchedStage, Timed};
 
 /// A partial match. Stored in the `cep-nfa` value state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Run {
     /// Creation order within the key; orders runs and same-step matches.
     pub id: u64,
@@ -30,6 +30,21 @@ pub(crate) struct Run {
     pub guards: Vec<u16>,
     /// Whether `events` already formed an emitted match (then a timeout is not reported).
     pub emitted: bool,
+}
+
+impl Clone for Run {
+    /// Copies the taken events as one slice (a derived clone extends them one by one).
+    fn clone(&self) -> Self {
+        Run {
+            id: self.id,
+            stage: self.stage,
+            count: self.count,
+            events: TakenEvents::from_slice(&self.events),
+            start_ts: self.start_ts,
+            guards: self.guards.clone(),
+            emitted: self.emitted,
+        }
+    }
 }
 
 impl Run {
@@ -298,7 +313,7 @@ impl<E: Clone> KeyNfa<E> {
             id,
             stage: stage as u16,
             count: 0,
-            events: base.events.clone(),
+            events: TakenEvents::from_slice(&base.events),
             start_ts: base.start_ts,
             guards,
             emitted: false,
