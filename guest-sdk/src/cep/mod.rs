@@ -59,7 +59,6 @@ mod pattern;
 #[cfg(test)]
 mod tests;
 
-
 pub use operator::{
     BUFFER_STATE, CEP_NAMESPACE, CepOperator, DecodeFn, EmitFn, LATE, LateEvents, MAX_CACHED_KEYS,
     NFA_STATE, QUEUE_STATE, STATE_SCHEMA, TIMED_OUT,

@@ -163,7 +163,8 @@ impl<E> Index<&u64> for SharedBuffer<E> {
     /// # Panics
     /// If no event of that id is buffered (a run references only buffered events).
     fn index(&self, id: &u64) -> &BufEntry<E> {
-        self.get(id).expect("a referenced event is in the shared buffer")
+        self.get(id)
+            .expect("a referenced event is in the shared buffer")
     }
 }
 
@@ -656,7 +657,10 @@ mod tests {
         assert!(b.get(&2).is_none() && b.get(&21).is_none());
         let bytes = postcard::to_allocvec(&b).unwrap();
         assert_eq!(bytes, postcard::to_allocvec(&map).unwrap());
-        assert_eq!(postcard::from_bytes::<SharedBuffer<u32>>(&bytes).unwrap(), b);
+        assert_eq!(
+            postcard::from_bytes::<SharedBuffer<u32>>(&bytes).unwrap(),
+            b
+        );
         assert_eq!(
             postcard::to_allocvec(&SharedBuffer::<u32>::default()).unwrap(),
             postcard::to_allocvec(&BTreeMap::<u64, BufEntry<u32>>::new()).unwrap()

@@ -914,3 +914,54 @@ fn idle_keys_are_dropped_before_a_full_cache_writes_anything_back() {
     assert_eq!(ctx.state_entry_count(), 0);
     assert!(ctx.registered_timers().is_empty());
 }
+
+#[test]
+fn keys_due_at_one_time_run_in_key_order_whatever_their_arrival() {
+    // One-stage pattern: every `a` is a match when its key runs, so the output order is
+    // the order the keys ran in: by time, then key bytes.
+    let p = || Pattern::begin("a").where_("is_a", is('a')).within(100);
+    let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
+    for arrival in [
+        &["k9", "k3", "k5", "k1", "k10"][..],
+        &["k1", "k10", "k3", "k5", "k9"],
+        &["k5", "k9", "k10", "k1", "k3"],
+    ] {
+        let mut ctx = MockContext::new(&info);
+        let mut op = open(&mut ctx, p(), LateEvents::Drop);
+        let mut b = Batch::new();
+        // `k7` one millisecond earlier; `k3` first queued at 12, then at 10 (its
+        // timer moves, leaving a stale entry at 12).
+        b.push_record(Some(b"k7"), Some(9), b"a");
+        for k in arrival {
+            if *k == "k3" {
+                b.push_record(Some(b"k3"), Some(12), b"a");
+            }
+            b.push_record(Some(k.as_bytes()), Some(10), b"a");
+        }
+        let mut out = Batch::new();
+        op.process(&mut ctx, &b, &mut out).unwrap();
+        op.on_watermark(&mut ctx, 20, &mut out).unwrap();
+        let got: Vec<(String, i64)> = out
+            .iter()
+            .map(|r| {
+                (
+                    String::from_utf8(r.key.unwrap().to_vec()).unwrap(),
+                    r.timestamp.unwrap(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, i64)> = [
+            ("k7", 9),
+            ("k1", 10),
+            ("k10", 10),
+            ("k3", 10),
+            ("k3", 12),
+            ("k5", 10),
+            ("k9", 10),
+        ]
+        .iter()
+        .map(|(k, t)| (k.to_string(), *t))
+        .collect();
+        assert_eq!(got, want, "arrival {arrival:?}");
+    }
+}

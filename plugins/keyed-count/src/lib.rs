@@ -68,7 +68,6 @@ fn key_of<'a>(keys: &'a [u8], key_ends: &[u32], g: usize) -> &'a [u8] {
     &keys[start..key_ends[g] as usize]
 }
 
-
 /// Appends a distinct key, returning its group.
 #[inline(always)]
 fn push_key(keys: &mut Vec<u8>, key_ends: &mut Vec<u32>, key: &[u8]) -> u32 {
