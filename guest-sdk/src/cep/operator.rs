@@ -10,7 +10,7 @@ use crate::hash::{be_prefix, fx_hash, key_eq};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::nfa::{KeyNfa, NfaState, Output, SharedBuffer};
-use super::{Match, Pattern};
+use super::{Match, Pattern, StageKind};
 use crate::{
     Batch, Context, PluginError, PluginInfo, RecordRef, Result, TimeDomain, TimerGroup, ValueState,
     counter_add,
@@ -434,6 +434,10 @@ pub struct CepOperator<E> {
     emit_timed_out: Option<EmitFn<E>>,
     /// Timed-out partial matches are dropped instead of built and emitted.
     discard_timed_out: bool,
+    /// An expired partial match leaves no trace (timeouts discarded, no
+    /// `not_followed_by` that completes by a timeout): deadlines then take no timer in the
+    /// instance ([`CepOperator::discard_timed_out`]).
+    silent_expiry: bool,
     late: LateEvents,
     late_events: u64,
     nfa: ValueState<NfaState>,
@@ -483,6 +487,15 @@ impl<E> KeyEntry<E> {
     /// or be dropped at no cost.
     fn is_idle(&self) -> bool {
         self.is_empty() && !self.stored && self.host_timer.is_none()
+    }
+
+    /// An emptied key's id counters restart, as a load of the key gives them once its
+    /// host state is deleted; the key stays cached, so its next event needs no load.
+    fn reset_if_empty(&mut self) {
+        if self.is_empty() {
+            self.nfa.next_event_id = 0;
+            self.nfa.next_run_id = 0;
+        }
     }
 }
 
@@ -536,6 +549,7 @@ where
             emit: Box::new(emit),
             emit_timed_out: None,
             discard_timed_out: false,
+            silent_expiry: false,
             late: LateEvents::Drop,
             late_events: 0,
             nfa: ValueState::open(ctx, NFA_STATE)?,
@@ -558,8 +572,22 @@ where
     /// Drops partial matches pruned by `within` instead of sending them to
     /// [`TIMED_OUT`] (Flink's `MATCH_RECOGNIZE` behaviour): no [`Match`] is built for
     /// them, which saves most of the work when nearly every partial match times out.
+    ///
+    /// Unless the pattern has a `not_followed_by` stage (whose window running out
+    /// completes a match), an expired partial match then has no effect on the output, and
+    /// its deadline takes no timer in the instance: it is pruned when its key next runs
+    /// (before that key's next event, as `within` requires) or, for a key with no further
+    /// event, by the sweep before every write-back (each checkpoint, and a full cache). So
+    /// host state never holds an expired partial match, and the host timer of a key is
+    /// still at its earliest deadline, for a restore. In the CEP benchmark a third of the
+    /// keys run only to prune a partial match.
     pub fn discard_timed_out(mut self) -> Self {
         self.discard_timed_out = true;
+        self.silent_expiry = !self
+            .pattern
+            .stages
+            .iter()
+            .any(|s| s.kind == StageKind::NotFollowedBy);
         self
     }
 
@@ -632,7 +660,14 @@ where
                 Default::default();
             for (key, ts, event) in events {
                 match self.cache.get_mut(key) {
-                    Some(entry) => Self::enqueue(&self.pattern, &mut self.due, entry, ts, event),
+                    Some(entry) => Self::enqueue(
+                        &self.pattern,
+                        self.silent_expiry,
+                        &mut self.due,
+                        entry,
+                        ts,
+                        event,
+                    ),
                     None => {
                         if seen.insert(key) {
                             keys.push(key);
@@ -645,10 +680,17 @@ where
                 self.load(ctx, &keys, false);
                 for (key, ts, event) in waiting {
                     let entry = self.cache.get_mut(key).expect("loaded");
-                    Self::enqueue(&self.pattern, &mut self.due, entry, ts, event);
+                    Self::enqueue(
+                        &self.pattern,
+                        self.silent_expiry,
+                        &mut self.due,
+                        entry,
+                        ts,
+                        event,
+                    );
                 }
             }
-            self.spill_if_full(ctx);
+            self.shrink(ctx);
         }
         if !late.is_empty() {
             self.late_events += late.len() as u64;
@@ -682,6 +724,7 @@ where
     /// Queues one event of a cached key and moves the key's timer if it came earlier.
     fn enqueue(
         pattern: &Pattern<E>,
+        silent_expiry: bool,
         due: &mut DueQueue,
         entry: &mut KeyEntry<E>,
         ts: i64,
@@ -689,13 +732,28 @@ where
     ) {
         entry.queue.push(ts, event);
         entry.dirty = true;
-        Self::retime(pattern, due, entry);
+        Self::retime(pattern, silent_expiry, due, entry);
+    }
+
+    /// The time a cached key must run at in the instance: its host timer's
+    /// ([`Self::next_timer`]), or with silent expiry its earliest queued event only.
+    fn run_time(pattern: &Pattern<E>, silent_expiry: bool, entry: &KeyEntry<E>) -> Option<i64> {
+        if silent_expiry {
+            entry.queue.first_time()
+        } else {
+            Self::next_timer(pattern, entry.queue.first_time(), Some(&entry.nfa))
+        }
     }
 
     /// Recomputes a cached key's timer and moves it in the in-memory timer queue (the
     /// old entry stays behind, stale).
-    fn retime(pattern: &Pattern<E>, due: &mut DueQueue, entry: &mut KeyEntry<E>) {
-        let next = Self::next_timer(pattern, entry.queue.first_time(), Some(&entry.nfa));
+    fn retime(
+        pattern: &Pattern<E>,
+        silent_expiry: bool,
+        due: &mut DueQueue,
+        entry: &mut KeyEntry<E>,
+    ) {
+        let next = Self::run_time(pattern, silent_expiry, entry);
         if next == entry.timer {
             return;
         }
@@ -731,7 +789,7 @@ where
             let stored = nfa.is_some() || queue.is_some() || buffer.is_some();
             let queue = queue.unwrap_or_default();
             let nfa = nfa.unwrap_or_default();
-            let timer = Self::next_timer(&self.pattern, queue.first_time(), Some(&nfa));
+            let host_timer = Self::next_timer(&self.pattern, queue.first_time(), Some(&nfa));
             let entry = self.cache.insert(KeyEntry {
                 key: Box::from(key),
                 slot: 0,
@@ -740,10 +798,11 @@ where
                 buffer: buffer.unwrap_or_default(),
                 dirty: false,
                 stored,
-                host_timer: if fired { None } else { timer },
-                timer,
+                host_timer: if fired { None } else { host_timer },
+                timer: None,
             });
-            if let Some(t) = timer {
+            entry.timer = Self::run_time(&self.pattern, self.silent_expiry, entry);
+            if let Some(t) = entry.timer {
                 self.due.push(t, entry.slot);
             }
         }
@@ -807,11 +866,6 @@ where
         Ok(())
     }
 
-    /// Shrinks the cache once it holds more than [`MAX_CACHED_KEYS`] keys.
-    fn spill_if_full(&mut self, ctx: &mut (impl Context + ?Sized)) {
-        self.shrink(ctx);
-    }
-
     /// Past [`MAX_CACHED_KEYS`] keys: drops the idle keys ([`KeyEntry::is_idle`]) and, if
     /// more than three quarters of the limit remain, writes every key back and drops them
     /// all (the host state and timers are then exact, as at a checkpoint). The margin
@@ -820,6 +874,7 @@ where
         if self.cache.len() <= MAX_CACHED_KEYS {
             return;
         }
+        self.sweep(ctx.current_watermark());
         self.cache.retain(|e| !e.is_idle());
         if self.cache.len() > MAX_CACHED_KEYS / 4 * 3 {
             self.write_back(ctx);
@@ -828,17 +883,52 @@ where
         }
     }
 
+    /// With silent expiry, prunes the partial matches of every cached key whose
+    /// deadline is at or before `wm`, as the deadline timers the instance skips would
+    /// have ([`CepOperator::discard_timed_out`]). Emits nothing. Every queued event is
+    /// after `wm` (later ones are late, earlier ones ran at the watermark), so this is
+    /// exactly the key running at `wm`.
+    fn sweep(&mut self, wm: i64) {
+        if !self.silent_expiry {
+            return;
+        }
+        let mut outputs = Vec::new();
+        for entry in self.cache.iter_mut() {
+            let expired = |r| KeyNfa::deadline(&self.pattern, r).is_some_and(|d| d <= wm);
+            if !entry.nfa.runs.iter().any(expired) {
+                continue;
+            }
+            debug_assert!(entry.queue.first_time().is_none_or(|t| t > wm));
+            let mut k = KeyNfa {
+                state: std::mem::take(&mut entry.nfa),
+                buffer: std::mem::take(&mut entry.buffer),
+                report_timeouts: false,
+                spare: Vec::new(),
+            };
+            k.advance_time(&self.pattern, &entry.key, wm, &mut outputs);
+            k.collect_garbage();
+            debug_assert!(outputs.is_empty(), "a silent expiry emitted");
+            entry.nfa = k.state;
+            entry.buffer = k.buffer;
+            entry.dirty = true;
+            entry.reset_if_empty();
+        }
+    }
+
     /// Writes every dirty key back (one batched put per state, one batched delete per
     /// state for emptied keys) and moves every host timer that differs from its key's
-    /// timer (one `retime-keys` call). Emptied keys stay cached, idle.
+    /// next one (earliest queued event or deadline; one `retime-keys` call), after a
+    /// [`Self::sweep`]. Emptied keys stay cached, idle.
     fn write_back(&mut self, ctx: &mut (impl Context + ?Sized)) {
+        self.sweep(ctx.current_watermark());
         let mut deletes: Vec<u8> = Vec::new();
         let mut delete_ends: Vec<u32> = Vec::new();
         let mut retimes = Retimes::default();
         for entry in self.cache.iter_mut() {
             let key = &entry.key;
-            retimes.push(key, entry.host_timer, entry.timer);
-            entry.host_timer = entry.timer;
+            let next = Self::next_timer(&self.pattern, entry.queue.first_time(), Some(&entry.nfa));
+            retimes.push(key, entry.host_timer, next);
+            entry.host_timer = next;
             if !entry.dirty {
                 continue;
             }
@@ -919,13 +1009,8 @@ where
             entry.buffer = k.buffer;
             spare = k.spare;
             entry.dirty = true;
-            Self::retime(&self.pattern, &mut self.due, entry);
-            if entry.is_empty() {
-                // As a load of the key gives it once its host state is deleted; the key
-                // stays cached, so its next event needs no load.
-                entry.nfa.next_event_id = 0;
-                entry.nfa.next_run_id = 0;
-            }
+            Self::retime(&self.pattern, self.silent_expiry, &mut self.due, entry);
+            entry.reset_if_empty();
             for o in outputs.drain(..) {
                 let (m, target, f) = match &o {
                     Output::Matched(m) => (m, &mut *out, &self.emit),

@@ -965,3 +965,60 @@ fn keys_due_at_one_time_run_in_key_order_whatever_their_arrival() {
         assert_eq!(got, want, "arrival {arrival:?}");
     }
 }
+
+#[test]
+fn a_silently_expired_partial_match_leaves_host_state_at_the_next_write_back() {
+    // With timeouts discarded, deadlines take no timer in the instance: `k`'s partial
+    // match expires with no event after it and is pruned by the sweep before the
+    // write-back, not by a run of its own. Outputs equal the reporting operator's matches.
+    let p = || {
+        Pattern::begin("a")
+            .where_("is_a", is('a'))
+            .next("b")
+            .where_("is_b", is('b'))
+            .within(50)
+    };
+    let timers = |ctx: &MockContext| -> Vec<(i64, Vec<u8>)> {
+        ctx.registered_timers()
+            .into_iter()
+            .map(|t| (t.timestamp, t.key))
+            .collect()
+    };
+    let run = |discard: bool| {
+        let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
+        let mut ctx = MockContext::new(&info);
+        let mut op = open(&mut ctx, p(), LateEvents::Drop);
+        if discard {
+            op = op.discard_timed_out();
+        }
+        let mut out = Batch::new();
+        let mut b = Batch::new();
+        b.push_record(Some(b"k"), Some(0), b"a0");
+        b.push_record(Some(b"j"), Some(10), b"a10");
+        op.process(&mut ctx, &b, &mut out).unwrap();
+        ctx.set_watermark(20);
+        op.on_watermark(&mut ctx, 20, &mut out).unwrap();
+        // A checkpoint: both partial matches are live, their host timers at their
+        // deadlines (for a restore).
+        op.flush(&mut ctx, &mut out).unwrap();
+        assert_eq!(timers(&ctx), [(50, b"k".to_vec()), (60, b"j".to_vec())]);
+        assert!(ctx.state_entry_count() > 0);
+        let mut b = Batch::new();
+        b.push_record(Some(b"j"), Some(55), b"b55");
+        op.process(&mut ctx, &b, &mut out).unwrap();
+        ctx.set_watermark(100);
+        let fired = ctx.fire_due_event_timers(100);
+        op.on_timers(&mut ctx, &fired, &mut out).unwrap();
+        op.on_watermark(&mut ctx, 100, &mut out).unwrap();
+        op.flush(&mut ctx, &mut out).unwrap();
+        assert_eq!(ctx.state_entry_count(), 0, "discard {discard}");
+        assert!(timers(&ctx).is_empty(), "discard {discard}");
+        let matches: Vec<String> = out
+            .iter()
+            .map(|r| String::from_utf8(r.data.to_vec()).unwrap())
+            .collect();
+        (matches, ctx.take_side_output(TIMED_OUT).len())
+    };
+    assert_eq!(run(false), (vec!["a10 b55".to_string()], 1));
+    assert_eq!(run(true), (vec!["a10 b55".to_string()], 0));
+}
