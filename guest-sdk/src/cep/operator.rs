@@ -8,6 +8,7 @@ use hashbrown::HashTable;
 use crate::hash::{be_prefix, fx_hash, key_eq};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use smallvec::SmallVec;
 
 use super::nfa::{KeyNfa, NfaState, Output, SharedBuffer};
 use super::{Match, Pattern, StageKind};
@@ -458,10 +459,14 @@ pub struct CepOperator<E> {
 /// them, between checkpoints too (at most this many keys, plus one call's new keys).
 pub const MAX_CACHED_KEYS: usize = 65_536;
 
+/// Key bytes a [`KeyEntry`] holds inline.
+const INLINE_KEY: usize = 16;
+
 /// One key's CEP state, decoded, with its write-back bookkeeping.
 struct KeyEntry<E> {
-    /// The key.
-    key: Box<[u8]>,
+    /// The key: inline up to [`INLINE_KEY`] bytes, so a probe of the index compares it
+    /// in the entry it reads anyway, not in an allocation of its own.
+    key: SmallVec<[u8; INLINE_KEY]>,
     /// Its slot in the [`KeyCache`].
     slot: u32,
     queue: Queue<E>,
@@ -791,7 +796,7 @@ where
             let nfa = nfa.unwrap_or_default();
             let host_timer = Self::next_timer(&self.pattern, queue.first_time(), Some(&nfa));
             let entry = self.cache.insert(KeyEntry {
-                key: Box::from(key),
+                key: SmallVec::from_slice(key),
                 slot: 0,
                 queue,
                 nfa,
@@ -1109,7 +1114,7 @@ mod tests {
 
     fn entry(k: &[u8], timer: Option<i64>) -> KeyEntry<u32> {
         KeyEntry {
-            key: Box::from(k),
+            key: SmallVec::from_slice(k),
             slot: u32::MAX,
             queue: Queue::default(),
             nfa: NfaState::default(),
@@ -1176,8 +1181,8 @@ mod tests {
     fn the_key_index_finds_keys_that_share_their_first_eight_bytes() {
         let entry = |k: &[u8]| entry(k, None);
         // Keys equal in their first 8 bytes (and zero-padded look-alikes), longer and
-        // shorter than 8 bytes, and the empty key.
-        let keys: [&[u8]; 8] = [
+        // shorter than 8 bytes, longer than an entry holds inline, and the empty key.
+        let keys: [&[u8]; 10] = [
             b"auction-1",
             b"auction-2",
             b"auction-",
@@ -1186,6 +1191,8 @@ mod tests {
             b"auction-12",
             b"",
             b"\0",
+            b"auction-1-longer-than-16",
+            b"auction-1-longer-than-17",
         ];
         let mut c = KeyCache::default();
         for k in keys {
@@ -1203,7 +1210,7 @@ mod tests {
         for k in &keys[1..5] {
             assert!(c.contains(k), "{k:?}");
         }
-        assert_eq!(c.len(), 6);
+        assert_eq!(c.len(), 8);
     }
 
     #[test]
