@@ -33,9 +33,15 @@
 //! write every changed key back to the three states and move each key's one host timer
 //! to its current time, so at every barrier host state and timers are exact, and an
 //! instance may be dropped after `prepare_checkpoint` and re-opened on the restored state
-//! (the runtime only restores from checkpoints). Past [`MAX_CACHED_KEYS`] keys the copy
-//! is written back and dropped between checkpoints too. (Until December 2026,
-//! every call read and wrote the states and moved the timers; the state layout is
+//! (the runtime only restores from checkpoints). A key left with nothing stays cached
+//! (its next event then needs no read); past [`MAX_CACHED_KEYS`] keys those are dropped
+//! first, and if that is not enough the copy is written back and dropped between
+//! checkpoints too. With timeouts discarded ([`CepOperator::discard_timed_out`]) and no
+//! `not_followed_by`, an expired partial match has no effect on the output, so the
+//! instance runs a key for its queued events only: expired partial matches are pruned
+//! when the key next runs, or by a sweep before every write-back, and host state and
+//! timers at a barrier are the same as with a run at every deadline. (Until December
+//! 2026, every call read and wrote the states and moved the timers; the state layout is
 //! unchanged, so savepoints restore across the change.)
 //!
 //! # Semantics in brief

@@ -423,11 +423,14 @@ impl<E> KeyCache<E> {
 /// one batched put (and delete) per state, and each key's one host timer is moved to its
 /// current time with one `retime-keys` call, so the host state and timers are exact at
 /// every barrier and a restore needs nothing else. Past [`MAX_CACHED_KEYS`] keys the
-/// copy is written back and dropped (also between checkpoints). Each key holds exactly
-/// one CEP timer, at its earliest queued event or partial-match deadline. Memory per key
-/// is bounded by its queued events plus the events referenced by its partial matches.
-/// Without `within`, partial matches of a pattern that cannot complete are kept forever
-/// (as in Flink).
+/// keys left with nothing are dropped, then if need be the copy is written back and
+/// dropped (also between checkpoints). Each key holds exactly one CEP host timer, at its
+/// earliest queued event or partial-match deadline; in the instance, with silent expiry
+/// ([`CepOperator::discard_timed_out`]), only at its earliest queued event. Memory per
+/// key is bounded by its queued events plus the events referenced by its partial
+/// matches (with silent expiry, expired ones until the next write-back). Without
+/// `within`, partial matches of a pattern that cannot complete are kept forever (as in
+/// Flink).
 pub struct CepOperator<E> {
     pattern: Pattern<E>,
     decode: DecodeFn<E>,
