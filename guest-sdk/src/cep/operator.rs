@@ -666,16 +666,10 @@ where
             let mut keys: Vec<&[u8]> = Vec::new();
             let mut seen: std::collections::HashSet<&[u8], crate::hash::FxBuildHasher> =
                 Default::default();
+            let (pattern, silent) = (&self.pattern, self.silent_expiry);
             for (key, ts, event) in events {
                 match self.cache.get_mut(key) {
-                    Some(entry) => Self::enqueue(
-                        &self.pattern,
-                        self.silent_expiry,
-                        &mut self.due,
-                        entry,
-                        ts,
-                        event,
-                    ),
+                    Some(entry) => Self::enqueue(pattern, silent, &mut self.due, entry, ts, event),
                     None => {
                         if seen.insert(key) {
                             keys.push(key);
@@ -686,16 +680,10 @@ where
             }
             if !waiting.is_empty() {
                 self.load(ctx, &keys, false);
+                let (pattern, silent) = (&self.pattern, self.silent_expiry);
                 for (key, ts, event) in waiting {
                     let entry = self.cache.get_mut(key).expect("loaded");
-                    Self::enqueue(
-                        &self.pattern,
-                        self.silent_expiry,
-                        &mut self.due,
-                        entry,
-                        ts,
-                        event,
-                    );
+                    Self::enqueue(pattern, silent, &mut self.due, entry, ts, event);
                 }
             }
             self.shrink(ctx);
