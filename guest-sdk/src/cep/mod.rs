@@ -25,7 +25,8 @@
 //! them are they fed to the NFA, in timestamp order (arrival order for equal
 //! timestamps), so out-of-order arrival within the watermark gives the same matches as
 //! sorted input. A further timer at `start + within` prunes partial matches (design §8.4:
-//! timers are state). When a key has no partial match and no queued event, all its CEP
+//! timers are state; in the instance, with silent expiry below, the sweep and the key's
+//! next run do). When a key has no partial match and no queued event, all its CEP
 //! state and timers are deleted.
 //!
 //! Between checkpoints the instance keeps the keys it has read decoded, with their timers
@@ -37,10 +38,13 @@
 //! (its next event then needs no read); past [`MAX_CACHED_KEYS`] keys those are dropped
 //! first, and if that is not enough the copy is written back and dropped between
 //! checkpoints too. With timeouts discarded ([`CepOperator::discard_timed_out`]) and no
-//! `not_followed_by`, an expired partial match has no effect on the output, so the
-//! instance runs a key for its queued events only: expired partial matches are pruned
-//! when the key next runs, or by a sweep before every write-back, and host state and
-//! timers at a barrier are the same as with a run at every deadline. (Until December
+//! `not_followed_by`, an expired partial match produces nothing, so the instance runs a
+//! key for its queued events only (silent expiry): expired partial matches are pruned
+//! when the key next runs, or by a sweep before every write-back, so host state at a
+//! barrier holds no expired partial match and each key's host timer is still at its
+//! earliest deadline. Keys due at one watermark then run in the order of their earliest
+//! queued event, which can order different keys' matches differently from reporting
+//! timeouts (see [`CepOperator::discard_timed_out`]). (Until December
 //! 2026, every call read and wrote the states and moved the timers; the state layout is
 //! unchanged, so savepoints restore across the change.)
 //!

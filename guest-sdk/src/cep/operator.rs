@@ -447,8 +447,8 @@ pub struct CepOperator<E> {
     nfa: ValueState<NfaState>,
     buffer: ValueState<Buffer<E>>,
     queue: ValueState<Queue<E>>,
-    /// The keys read from host state since they were last dropped, decoded. A key's
-    /// bytes are allocated once, when it is loaded, and shared with [`Self::due`].
+    /// The keys read from host state since they were last dropped, decoded, with the
+    /// idle ones ([`KeyEntry::is_idle`]) kept for their next event.
     cache: KeyCache<E>,
     /// The cached keys' timers: (event time, slot). A moved timer's old entry is not
     /// removed but skipped when it comes due (its slot's key no longer has a timer at
@@ -458,8 +458,9 @@ pub struct CepOperator<E> {
     due: DueQueue,
 }
 
-/// Keys a [`CepOperator`] keeps decoded in memory before it writes them back and drops
-/// them, between checkpoints too (at most this many keys, plus one call's new keys).
+/// Keys a [`CepOperator`] keeps decoded in memory (at most this many keys, plus one
+/// call's new keys). Past it, the idle ones are dropped, and if more than three quarters
+/// of it remain, every key is written back and dropped, between checkpoints too.
 pub const MAX_CACHED_KEYS: usize = 65_536;
 
 /// Key bytes a [`KeyEntry`] holds inline.
@@ -582,13 +583,21 @@ where
     /// them, which saves most of the work when nearly every partial match times out.
     ///
     /// Unless the pattern has a `not_followed_by` stage (whose window running out
-    /// completes a match), an expired partial match then has no effect on the output, and
-    /// its deadline takes no timer in the instance: it is pruned when its key next runs
+    /// completes a match), an expired partial match then produces nothing, and its
+    /// deadline takes no timer in the instance: it is pruned when its key next runs
     /// (before that key's next event, as `within` requires) or, for a key with no further
     /// event, by the sweep before every write-back (each checkpoint, and a full cache). So
     /// host state never holds an expired partial match, and the host timer of a key is
     /// still at its earliest deadline, for a restore. In the CEP benchmark a third of the
-    /// keys run only to prune a partial match.
+    /// keys ran only to prune a partial match.
+    ///
+    /// What differs from reporting timeouts, besides the side output: the keys that run
+    /// at one watermark run in the order of their earliest queued event (then key), not
+    /// of their earliest event or deadline, so matches of different keys emitted at one
+    /// watermark can come out in another order (each key's own matches keep theirs, and
+    /// a restored run emits the same order as an uninterrupted one); and a key's event
+    /// and partial-match id counters in host state can differ (they only order one key's
+    /// partial matches).
     pub fn discard_timed_out(mut self) -> Self {
         self.discard_timed_out = true;
         self.silent_expiry = !self
@@ -760,8 +769,10 @@ where
     }
 
     /// Reads the keys of `keys` that are not cached from host state (one batched get
-    /// per state) into the cache. Their host timer is at their timer (the state and the
-    /// timer are written back together), or gone if `fired`.
+    /// per state) into the cache. Their host timer is at their earliest queued event or
+    /// deadline ([`Self::next_timer`]; the state and the timer are written back
+    /// together), or gone if `fired`; their timer in the instance is their
+    /// [`Self::run_time`].
     fn load(&mut self, ctx: &mut (impl Context + ?Sized), keys: &[&[u8]], fired: bool) {
         let missing: Vec<&[u8]> = keys
             .iter()

@@ -1022,3 +1022,47 @@ fn a_silently_expired_partial_match_leaves_host_state_at_the_next_write_back() {
     assert_eq!(run(false), (vec!["a10 b55".to_string()], 1));
     assert_eq!(run(true), (vec!["a10 b55".to_string()], 0));
 }
+
+#[test]
+fn with_silent_expiry_keys_run_in_the_order_of_their_earliest_queued_event() {
+    // `k` holds a partial match (deadline 50) when the watermark jumps to 200 over both
+    // keys' events. Reporting timeouts, `k` runs first (its timer is the deadline, 50);
+    // with silent expiry its timer is its first queued event (100), after `j`'s (60). Each
+    // key's matches are the same either way. (Found by a review of the change.)
+    let p = || {
+        Pattern::begin("a")
+            .where_("is_a", is('a'))
+            .next("b")
+            .where_("is_b", is('b'))
+            .within(50)
+    };
+    let run = |discard: bool| {
+        let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
+        let mut ctx = MockContext::new(&info);
+        let mut op = open(&mut ctx, p(), LateEvents::Drop);
+        if discard {
+            op = op.discard_timed_out();
+        }
+        let mut out = Batch::new();
+        let mut b = Batch::new();
+        b.push_record(Some(b"k"), Some(0), b"a0");
+        op.process(&mut ctx, &b, &mut out).unwrap();
+        op.on_watermark(&mut ctx, 10, &mut out).unwrap();
+        let mut b = Batch::new();
+        for (k, t, l) in [
+            ("k", 100, "a100"),
+            ("k", 110, "b110"),
+            ("j", 60, "a60"),
+            ("j", 70, "b70"),
+        ] {
+            b.push_record(Some(k.as_bytes()), Some(t), l.as_bytes());
+        }
+        op.process(&mut ctx, &b, &mut out).unwrap();
+        op.on_watermark(&mut ctx, 200, &mut out).unwrap();
+        out.iter()
+            .map(|r| String::from_utf8(r.data.to_vec()).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(false), ["a100 b110", "a60 b70"]);
+    assert_eq!(run(true), ["a60 b70", "a100 b110"]);
+}
