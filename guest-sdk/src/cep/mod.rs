@@ -48,6 +48,11 @@
 //! 2026, every call read and wrote the states and moved the timers; the state layout is
 //! unchanged, so savepoints restore across the change.)
 //!
+//! Because a cached key is read from the host only once, a job-level state TTL
+//! (`state_ttl_ms`) on these states expires a key only after the instance has dropped it
+//! from its cache (a full cache, a restart); the guest cannot see the TTL. The pattern's
+//! `within` bounds partial matches either way.
+//!
 //! # Semantics in brief
 //! - `within(w)`: a partial match is pruned when event time reaches `start + w`
 //!   (`ts - start >= w`, as in Flink), before events of that timestamp are processed.
