@@ -41,6 +41,25 @@ fn open(ctx: &mut MockContext, p: Pattern<Ev>, late: LateEvents) -> CepOperator<
     .late_policy(late)
 }
 
+/// `a` then strictly `b`, within 50: the pattern of the timeout tests.
+fn a_next_b_within_50() -> Pattern<Ev> {
+    Pattern::begin("a")
+        .where_("is_a", is('a'))
+        .next("b")
+        .where_("is_b", is('b'))
+        .within(50)
+}
+
+/// A mock context and an operator over [`a_next_b_within_50`], dropping late events,
+/// with timeouts reported or (`discard`) discarded.
+fn open_a_next_b(discard: bool) -> (MockContext, CepOperator<Ev>) {
+    let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &a_next_b_within_50());
+    let mut ctx = MockContext::new(&info);
+    let op = open(&mut ctx, a_next_b_within_50(), LateEvents::Drop);
+    let op = if discard { op.discard_timed_out() } else { op };
+    (ctx, op)
+}
+
 /// Outputs of one run, per key, in emission order.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Outs {
@@ -406,13 +425,6 @@ use crate::FiredTimer;
 #[test]
 fn discarded_timeouts_leave_matches_and_cleanup_unchanged() {
     // Every `a` starts a run; most time out. Same matches, no side output, state empty.
-    let p = || {
-        Pattern::begin("a")
-            .where_("is_a", is('a'))
-            .next("b")
-            .where_("is_b", is('b'))
-            .within(50)
-    };
     let input: Vec<(&str, i64, &str)> = vec![
         ("k", 0, "a0"),
         ("k", 100, "a100"),
@@ -423,12 +435,7 @@ fn discarded_timeouts_leave_matches_and_cleanup_unchanged() {
         ("j", 320, "b320"),
     ];
     let run = |discard: bool| {
-        let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
-        let mut ctx = MockContext::new(&info);
-        let mut op = open(&mut ctx, p(), LateEvents::Drop);
-        if discard {
-            op = op.discard_timed_out();
-        }
+        let (mut ctx, mut op) = open_a_next_b(discard);
         let mut b = Batch::new();
         for (k, ts, l) in &input {
             b.push_record(Some(k.as_bytes()), Some(*ts), l.as_bytes());
@@ -971,13 +978,6 @@ fn a_silently_expired_partial_match_leaves_host_state_at_the_next_write_back() {
     // With timeouts discarded, deadlines take no timer in the instance: `k`'s partial
     // match expires with no event after it and is pruned by the sweep before the
     // write-back, not by a run of its own. Outputs equal the reporting operator's matches.
-    let p = || {
-        Pattern::begin("a")
-            .where_("is_a", is('a'))
-            .next("b")
-            .where_("is_b", is('b'))
-            .within(50)
-    };
     let timers = |ctx: &MockContext| -> Vec<(i64, Vec<u8>)> {
         ctx.registered_timers()
             .into_iter()
@@ -985,12 +985,7 @@ fn a_silently_expired_partial_match_leaves_host_state_at_the_next_write_back() {
             .collect()
     };
     let run = |discard: bool| {
-        let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
-        let mut ctx = MockContext::new(&info);
-        let mut op = open(&mut ctx, p(), LateEvents::Drop);
-        if discard {
-            op = op.discard_timed_out();
-        }
+        let (mut ctx, mut op) = open_a_next_b(discard);
         let mut out = Batch::new();
         let mut b = Batch::new();
         b.push_record(Some(b"k"), Some(0), b"a0");
@@ -1029,20 +1024,8 @@ fn with_silent_expiry_keys_run_in_the_order_of_their_earliest_queued_event() {
     // keys' events. Reporting timeouts, `k` runs first (its timer is the deadline, 50);
     // with silent expiry its timer is its first queued event (100), after `j`'s (60). Each
     // key's matches are the same either way. (Found by a review of the change.)
-    let p = || {
-        Pattern::begin("a")
-            .where_("is_a", is('a'))
-            .next("b")
-            .where_("is_b", is('b'))
-            .within(50)
-    };
     let run = |discard: bool| {
-        let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &p());
-        let mut ctx = MockContext::new(&info);
-        let mut op = open(&mut ctx, p(), LateEvents::Drop);
-        if discard {
-            op = op.discard_timed_out();
-        }
+        let (mut ctx, mut op) = open_a_next_b(discard);
         let mut out = Batch::new();
         let mut b = Batch::new();
         b.push_record(Some(b"k"), Some(0), b"a0");
