@@ -162,6 +162,16 @@ pub trait Context {
         unreachable!("operator state {state:?} was never opened in this context")
     }
 
+    /// The time-to-live of state `state` in ms of processing time (job-file
+    /// `state_ttl_ms`), or `None` if its entries never expire; fixed for the instance's
+    /// lifetime (WIT `state-ttl`, `0.2.2`).
+    ///
+    /// The host restarts an entry's lifetime when a write reaches it, so an operator that
+    /// caches values in the instance across calls must, when this is `Some`, write every
+    /// change back within the call that made it and read the value from the host again in
+    /// the next (README "State TTL").
+    fn state_ttl_ms(&mut self, state: StateHandle) -> Option<u64>;
+
     /// Looks up one value per key, in key order, in one host call.
     fn value_get_many(
         &mut self,

@@ -91,6 +91,10 @@ impl Context for HostContext {
         wopstate::entries(state.raw())
     }
 
+    fn state_ttl_ms(&mut self, state: StateHandle) -> Option<u64> {
+        wstate::state_ttl(state.raw())
+    }
+
     fn value_get_many(
         &mut self,
         state: StateHandle,

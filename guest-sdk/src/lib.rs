@@ -21,10 +21,10 @@ pub mod window;
 pub mod wit;
 
 /// The WIT package this SDK binds to and every component built with it imports and
-/// exports: `nop:stream@0.2.1` (the files in the crate's `wit/`, a copy of the
+/// exports: `nop:stream@0.2.2` (the files in the crate's `wit/`, a copy of the
 /// repository's `wit/`; `wit/CHANGELOG.md` says what each version changed). Hosts that
 /// serve `nop:stream@0.2.x` load it.
-pub const WIT_PACKAGE: &str = "nop:stream@0.2.1";
+pub const WIT_PACKAGE: &str = "nop:stream@0.2.2";
 
 pub use batch::{Batch, RecordRef, extend_key};
 pub use context::{Context, KeyPage, StateHandle, ValueBatch};

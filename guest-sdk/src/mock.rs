@@ -37,6 +37,8 @@ pub struct MockContext {
     side: BTreeMap<String, Batch>,
     operator_declared: Vec<crate::OperatorStateDescriptor>,
     operator_values: Vec<BTreeMap<String, Vec<u8>>>,
+    // TTLs reported by `state_ttl_ms`, by state handle.
+    ttl_ms: BTreeMap<u32, u64>,
 }
 
 impl MockContext {
@@ -69,6 +71,7 @@ impl MockContext {
             side: BTreeMap::new(),
             operator_declared: Vec::new(),
             operator_values: Vec::new(),
+            ttl_ms: BTreeMap::new(),
         }
     }
 
@@ -109,6 +112,21 @@ impl MockContext {
             "owned shards {owned:?} exceed count {count}"
         );
         self.shards = Some((count, owned));
+        self
+    }
+
+    /// Gives declared state `name` a TTL of `ttl_ms`, as a job file's `state_ttl_ms` does:
+    /// [`Context::state_ttl_ms`] reports it. The mock does not expire entries.
+    ///
+    /// # Panics
+    /// If no state `name` is declared.
+    pub fn with_state_ttl(mut self, name: &str, ttl_ms: u64) -> Self {
+        let i = self
+            .declared
+            .iter()
+            .position(|d| d.name == name)
+            .unwrap_or_else(|| panic!("state `{name}` is not declared"));
+        self.ttl_ms.insert(i as u32, ttl_ms);
         self
     }
 
@@ -272,6 +290,14 @@ impl Context for MockContext {
                 self.declared.iter().map(|d| &d.name).collect::<Vec<_>>()
             ))),
         }
+    }
+
+    fn state_ttl_ms(&mut self, state: StateHandle) -> Option<u64> {
+        assert!(
+            (state.raw() as usize) < self.declared.len(),
+            "unknown state handle {state:?}"
+        );
+        self.ttl_ms.get(&state.raw()).copied()
     }
 
     fn value_get_many(

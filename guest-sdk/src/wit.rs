@@ -23,9 +23,9 @@ pub mod source {
         default_bindings_module: "::nop_stream_sdk::wit::source",
         runtime_path: "::nop_stream_sdk::__private::wit_bindgen::rt",
         with: {
-            "nop:stream/types@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::types,
-            "nop:stream/log@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::log,
-            "nop:stream/metrics@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::metrics,
+            "nop:stream/types@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::types,
+            "nop:stream/log@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::log,
+            "nop:stream/metrics@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::metrics,
         },
     });
 }
@@ -39,9 +39,9 @@ pub mod sink {
         default_bindings_module: "::nop_stream_sdk::wit::sink",
         runtime_path: "::nop_stream_sdk::__private::wit_bindgen::rt",
         with: {
-            "nop:stream/types@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::types,
-            "nop:stream/log@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::log,
-            "nop:stream/metrics@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::metrics,
+            "nop:stream/types@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::types,
+            "nop:stream/log@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::log,
+            "nop:stream/metrics@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::metrics,
         },
     });
 }
@@ -56,7 +56,7 @@ pub mod state_migrator {
         default_bindings_module: "::nop_stream_sdk::wit::state_migrator",
         runtime_path: "::nop_stream_sdk::__private::wit_bindgen::rt",
         with: {
-            "nop:stream/types@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::types,
+            "nop:stream/types@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::types,
         },
     });
 }
@@ -71,8 +71,8 @@ pub mod state_declarer {
         default_bindings_module: "::nop_stream_sdk::wit::state_declarer",
         runtime_path: "::nop_stream_sdk::__private::wit_bindgen::rt",
         with: {
-            "nop:stream/types@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::types,
-            "nop:stream/operator-state@0.2.1": ::nop_stream_sdk::wit::operator::nop::stream::operator_state,
+            "nop:stream/types@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::types,
+            "nop:stream/operator-state@0.2.2": ::nop_stream_sdk::wit::operator::nop::stream::operator_state,
         },
     });
 }

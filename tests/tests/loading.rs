@@ -344,11 +344,11 @@ fn with_wit_version(bytes: &[u8], from: &str, to: &str) -> (Vec<u8>, usize) {
 #[test]
 fn a_component_of_a_wit_version_the_host_does_not_serve_is_refused_naming_both() {
     let served = nop_stream_runtime::WIT_PACKAGE;
-    assert_eq!(served, "nop:stream@0.2.1");
+    assert_eq!(served, "nop:stream@0.2.2");
     let original = std::fs::read(wasm("tally-v1")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     for version in ["0.1.0", "0.9.0", "0.2.9"] {
-        let (bytes, n) = with_wit_version(&original, "0.2.1", version);
+        let (bytes, n) = with_wit_version(&original, "0.2.2", version);
         assert!(n >= 2, "the component names nop:stream interfaces ({n})");
         let path = dir.path().join(format!("tally-{version}.wasm"));
         std::fs::write(&path, bytes).unwrap();
@@ -364,18 +364,23 @@ fn a_component_of_a_wit_version_the_host_does_not_serve_is_refused_naming_both()
     }
 }
 
-/// `nop:stream@0.2.1` is additive: a component whose imports and exports name `0.2.0`
-/// loads on this host (the linker's semver matching), describes itself, and its
-/// `state-declarations` export is still found; so does the same component as built.
+/// `nop:stream@0.2.1` and `0.2.2` are additive: a component whose imports and exports
+/// name `0.2.0` or `0.2.1` loads on this host (the linker's semver matching), describes
+/// itself, and its `state-declarations` export is still found; so does the same
+/// component as built.
 #[test]
-fn a_component_built_against_0_2_0_loads_on_the_0_2_1_host() {
+fn components_built_against_0_2_0_and_0_2_1_load_on_the_0_2_2_host() {
     let original = std::fs::read(wasm("opstate-probe")).unwrap();
-    let (bytes, n) = with_wit_version(&original, "0.2.1", "0.2.0");
-    assert!(n >= 2, "the component names nop:stream interfaces ({n})");
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("probe-0.2.0.wasm");
-    std::fs::write(&path, bytes).unwrap();
-    for p in [path.display().to_string(), wasm("opstate-probe")] {
+    let mut paths = vec![wasm("opstate-probe")];
+    for old in ["0.2.0", "0.2.1"] {
+        let (bytes, n) = with_wit_version(&original, "0.2.2", old);
+        assert!(n >= 2, "the component names nop:stream interfaces ({n})");
+        let path = dir.path().join(format!("probe-{old}.wasm"));
+        std::fs::write(&path, bytes).unwrap();
+        paths.push(path.display().to_string());
+    }
+    for p in paths {
         let loaded = registry(dir.path().to_owned())
             .load(&path_ref(&p), PluginKind::Operator)
             .unwrap_or_else(|e| panic!("{p}: {e}"));

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// The WIT packages this host serves to components.
-pub const SERVED_WIT: &[&str] = &["nop:stream@0.2.1"];
+pub const SERVED_WIT: &[&str] = &["nop:stream@0.2.2"];
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

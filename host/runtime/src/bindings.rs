@@ -1,4 +1,4 @@
-//! Generated host bindings of the `nop:stream@0.2.1` worlds. One module per world; the
+//! Generated host bindings of the `nop:stream@0.2.2` worlds. One module per world; the
 //! source and sink worlds reuse the operator world's shared interfaces so one linker and
 //! one set of host implementations serve all three.
 

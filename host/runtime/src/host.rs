@@ -435,6 +435,11 @@ impl state::Host for StoreData {
         })
     }
 
+    fn state_ttl(&mut self, state: u32) -> wasmtime::Result<Option<u64>> {
+        self.user_handle(state)?;
+        self.keyed()?.declared_ttl_ms(state).map_err(trap)
+    }
+
     fn value_get_many(
         &mut self,
         state: u32,

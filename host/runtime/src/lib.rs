@@ -24,11 +24,11 @@ mod workers;
 
 pub use error::{MAX_RECORD_IN_ERROR, Result, RuntimeError, Site, printable_record};
 
-/// The WIT package (and version) this host serves to components: `nop:stream@0.2.1`
+/// The WIT package (and version) this host serves to components: `nop:stream@0.2.2`
 /// (`wit/`; `wit/CHANGELOG.md` lists the versions). Components built against an older
 /// `0.2.x` link too (the linker matches semver-compatible versions); others are refused
 /// at load naming both versions.
-pub const WIT_PACKAGE: &str = "nop:stream@0.2.1";
+pub const WIT_PACKAGE: &str = "nop:stream@0.2.2";
 pub use host::HostTrap;
 pub use job::{JobProgress, JobReport, PluginSet, RunOptions, run_job};
 pub use launch::{LiveTasks, LocalTaskEvent, PreparedTasks, TaskHost};

@@ -130,7 +130,7 @@ fn uploads_are_validated_stored_by_hash_and_bad_ones_refused() {
     assert_eq!(entry.reference(), "file-source@0.1.0");
     assert_eq!(entry.sha256, sha256_hex(&source));
     assert_eq!(entry.size, source.len() as u64);
-    assert_eq!(entry.wit, "nop:stream@0.2.1");
+    assert_eq!(entry.wit, "nop:stream@0.2.2");
     assert!(
         dir.path()
             .join("coord/plugins/blobs")
@@ -184,7 +184,7 @@ fn uploads_are_validated_stored_by_hash_and_bad_ones_refused() {
     // A component of the wrong world.
     let e = error_of(s.upload(plugin("fault_wrong_world")));
     assert!(
-        e.contains("exports none of the worlds operator, source, sink of nop:stream@0.2.1"),
+        e.contains("exports none of the worlds operator, source, sink of nop:stream@0.2.2"),
         "{e}"
     );
 

@@ -1012,6 +1012,17 @@ impl KeyedState {
         self.ttl.get(state as usize).copied().flatten()
     }
 
+    /// The TTL of state `state` in ms, if it has one, for the guest (WIT `state-ttl`).
+    ///
+    /// # Errors
+    /// [`StateError::UnknownHandle`] for a handle no state has.
+    pub fn declared_ttl_ms(&self, state: u32) -> Result<Option<u64>, StateError> {
+        self.ttl
+            .get(state as usize)
+            .copied()
+            .ok_or(StateError::UnknownHandle(state))
+    }
+
     /// Entries the snapshots' TTL cleanup removed so far.
     pub fn expired_removed(&self) -> u64 {
         self.expired_removed
