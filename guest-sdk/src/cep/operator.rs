@@ -456,6 +456,10 @@ pub struct CepOperator<E> {
     /// and taken; stale ones are bounded by the timer moves since the watermark last
     /// passed them.
     due: DueQueue,
+    /// One of the three states has a TTL (`state_ttl_ms`): nothing stays cached between
+    /// calls ([`CepOperator::end_call`]), so the host sees every write when it happens and
+    /// expires what it should.
+    ttl: bool,
 }
 
 /// Keys a [`CepOperator`] keeps decoded in memory (at most this many keys, plus one
@@ -552,6 +556,12 @@ where
         emit: impl Fn(&Match<E>, &mut Vec<u8>) -> Result<()> + 'static,
     ) -> Result<Self> {
         pattern.validate()?;
+        let nfa = ValueState::open(ctx, NFA_STATE)?;
+        let buffer = ValueState::open(ctx, BUFFER_STATE)?;
+        let queue = ValueState::open(ctx, QUEUE_STATE)?;
+        let ttl = [nfa.handle(), buffer.handle(), queue.handle()]
+            .into_iter()
+            .any(|h| ctx.state_ttl_ms(h).is_some());
         Ok(CepOperator {
             pattern,
             decode: Box::new(decode),
@@ -561,11 +571,12 @@ where
             silent_expiry: false,
             late: LateEvents::Drop,
             late_events: 0,
-            nfa: ValueState::open(ctx, NFA_STATE)?,
-            buffer: ValueState::open(ctx, BUFFER_STATE)?,
-            queue: ValueState::open(ctx, QUEUE_STATE)?,
+            nfa,
+            buffer,
+            queue,
             cache: KeyCache::default(),
             due: DueQueue::default(),
+            ttl,
         })
     }
 
@@ -644,6 +655,12 @@ where
         out: &mut Batch,
     ) -> Result<()> {
         let _ = out;
+        let r = self.process_cached(ctx, batch);
+        self.end_call(ctx, &r);
+        r
+    }
+
+    fn process_cached(&mut self, ctx: &mut (impl Context + ?Sized), batch: &Batch) -> Result<()> {
         let wm = ctx.current_watermark();
         // Every record is checked and decoded before anything is stored.
         let mut events: Vec<(&[u8], i64, E)> = Vec::with_capacity(batch.len());
@@ -827,6 +844,17 @@ where
         timers: &[TimerGroup],
         out: &mut Batch,
     ) -> Result<()> {
+        let r = self.on_timers_cached(ctx, timers, out);
+        self.end_call(ctx, &r);
+        r
+    }
+
+    fn on_timers_cached(
+        &mut self,
+        ctx: &mut (impl Context + ?Sized),
+        timers: &[TimerGroup],
+        out: &mut Batch,
+    ) -> Result<()> {
         let mut upto = ctx.current_watermark();
         let mut fired: Vec<&[u8]> = Vec::new();
         for g in timers.iter().filter(|g| Self::is_cep_timer(g)) {
@@ -856,7 +884,25 @@ where
         watermark: i64,
         out: &mut Batch,
     ) -> Result<()> {
-        self.advance_due(ctx, watermark, out)
+        let r = self.advance_due(ctx, watermark, out);
+        self.end_call(ctx, &r);
+        r
+    }
+
+    /// With a TTL ([`CepOperator`]'s `ttl`), the end of every call: writes the changed
+    /// keys back and drops the cache, so a key is read from the host again (and may have
+    /// expired there) at its next event or timer. A failed call drops the cache without
+    /// writing: every earlier call ended written back, so the host state and timers are
+    /// exactly as before the call.
+    fn end_call(&mut self, ctx: &mut (impl Context + ?Sized), result: &Result<()>) {
+        if !self.ttl {
+            return;
+        }
+        if result.is_ok() {
+            self.write_back(ctx);
+        }
+        self.cache.clear();
+        self.due.clear();
     }
 
     /// Brings the cached keys up to the context's watermark, then writes every changed

@@ -89,8 +89,24 @@ fn run_batches(
     lag: i64,
     restore: bool,
 ) -> (Outs, MockContext) {
+    run_batches_ttl(pattern, batches, lag, restore, false)
+}
+
+/// [`run_batches`], with `ttl`: the NFA state has a TTL (which the mock reports but never
+/// expires), and a restore re-opens the operator without flushing it first, as a task
+/// that crashed right after the call would, reading only what the call left in the host.
+fn run_batches_ttl(
+    pattern: &dyn Fn() -> Pattern<Ev>,
+    batches: &[Vec<Rec>],
+    lag: i64,
+    restore: bool,
+    ttl: bool,
+) -> (Outs, MockContext) {
     let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &pattern());
     let mut ctx = MockContext::new(&info);
+    if ttl {
+        ctx = ctx.with_state_ttl(NFA_STATE, 60_000);
+    }
     let mut op = open(&mut ctx, pattern(), LateEvents::SideOutput);
     let mut outs = Outs::default();
     let mut max_ts = i64::MIN;
@@ -109,9 +125,11 @@ fn run_batches(
     // `prepare_checkpoint` (here `flush`), which writes the cached keys back.
     let reopen = |ctx: &mut MockContext, op: &mut CepOperator<Ev>, outs: &mut Outs| {
         if restore {
-            let mut out = Batch::new();
-            op.flush(ctx, &mut out).unwrap();
-            collect(&mut outs.matches, &out);
+            if !ttl {
+                let mut out = Batch::new();
+                op.flush(ctx, &mut out).unwrap();
+                collect(&mut outs.matches, &out);
+            }
             let mut fresh = ctx.clone();
             *op = open(&mut fresh, pattern(), LateEvents::SideOutput);
             *ctx = fresh;
@@ -707,6 +725,37 @@ fn restore_at_every_boundary_equals_uninterrupted_run() {
         assert_eq!(ctx.state_entry_count(), 0);
         assert!(ctx.registered_timers().is_empty());
     }
+}
+
+/// With a TTL on its state, the operator keeps nothing between calls: every call ends
+/// with host state and timers exact, so a re-open after any call without a checkpoint
+/// (what a crash would leave) gives the uninterrupted output, with or without a TTL.
+/// Without a TTL the same re-open loses the cached keys.
+#[test]
+fn a_ttl_leaves_nothing_cached_between_calls() {
+    for seed in [3u64, 4242] {
+        let events = random_events(seed, 300);
+        let batches: Vec<Vec<Rec>> = events.chunks(3).map(<[Rec]>::to_vec).collect();
+        let (want, _) = run_batches(&rich_pattern, &batches, 13, false);
+        let (got, ctx) = run_batches_ttl(&rich_pattern, &batches, 13, true, true);
+        assert_eq!(got, want, "seed {seed}");
+        assert_eq!(ctx.state_entry_count(), 0);
+        assert!(ctx.registered_timers().is_empty());
+        let (uninterrupted, _) = run_batches_ttl(&rich_pattern, &batches, 13, false, true);
+        assert_eq!(uninterrupted, want, "seed {seed}");
+    }
+    // Without a TTL, state lives in the instance between checkpoints.
+    let info = CepOperator::declare(PluginInfo::operator("t", "0.1.0"), &rich_pattern());
+    let mut ctx = MockContext::new(&info);
+    let mut op = open(&mut ctx, rich_pattern(), LateEvents::Drop);
+    let mut input = Batch::new();
+    input.push_record(Some(b"k0"), Some(10), b"a1");
+    op.process(&mut ctx, &input, &mut Batch::new()).unwrap();
+    assert_eq!(ctx.state_entry_count(), 0, "cached, not yet written");
+    let mut ctx = ctx.with_state_ttl(BUFFER_STATE, 1);
+    let mut op = open(&mut ctx, rich_pattern(), LateEvents::Drop);
+    op.process(&mut ctx, &input, &mut Batch::new()).unwrap();
+    assert!(ctx.state_entry_count() > 0, "written within the call");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::function::{KeyGroup, WindowFunction};
-use super::{LATE_OUTPUT, MERGE_STATE, Window, WindowSpec};
+use super::{ACC_STATE, LATE_OUTPUT, MERGE_STATE, Window, WindowSpec};
 use crate::{Batch, Context, PluginError, Result, TimeDomain, TimerGroup, ValueState};
 
 /// One window of a key's merge set (session windows), stored in [`MERGE_STATE`] as a
@@ -30,6 +30,8 @@ pub struct WindowOperator<F: WindowFunction> {
     windows: Vec<Window>,
     /// Whether the accumulator cache is on ([`Self::cached`]).
     cache: bool,
+    /// Whether [`ACC_STATE`] has a TTL (`state_ttl_ms`), which keeps the cache off.
+    acc_ttl: bool,
 }
 
 impl<F: WindowFunction + std::fmt::Debug> std::fmt::Debug for WindowOperator<F> {
@@ -116,19 +118,24 @@ impl<F: WindowFunction> WindowOperator<F> {
         } else {
             None
         };
+        let acc_ttl = ctx
+            .open_state(ACC_STATE)
+            .is_ok_and(|h| ctx.state_ttl_ms(h).is_some());
         Ok(WindowOperator {
             spec,
             function,
             merge,
             windows: Vec::new(),
             cache: false,
+            acc_ttl,
         })
     }
 
     /// Turns on the accumulator cache where it applies (see "Accumulator cache" in the
     /// [module docs](super)): for an [`super::Aggregating`] function over tumbling or
-    /// sliding event-time windows with zero allowed lateness; elsewhere it changes
-    /// nothing. The plugin must then forward `on_watermark` to [`Self::on_watermark`]
+    /// sliding event-time windows with zero allowed lateness, whose [`ACC_STATE`] has no
+    /// TTL (a cached accumulator would reach the host, and start its lifetime, only at the
+    /// next checkpoint or firing; README "State TTL"); elsewhere it changes nothing. The plugin must then forward `on_watermark` to [`Self::on_watermark`]
     /// and call [`Self::flush`] from `prepare_checkpoint` and `finish`, as
     /// [`crate::window_operator_hooks!`] does: without the flush a checkpoint would miss
     /// the cached contents.
@@ -144,7 +151,8 @@ impl<F: WindowFunction> WindowOperator<F> {
         self.cache = self.function.caches()
             && self.spec.is_event_time()
             && !self.spec.assigner.is_merging()
-            && self.spec.allowed_lateness_ms == 0;
+            && self.spec.allowed_lateness_ms == 0
+            && !self.acc_ttl;
         self
     }
 

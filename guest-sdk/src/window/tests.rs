@@ -492,6 +492,12 @@ fn the_cache_is_off_where_it_does_not_apply() {
     let mut ctx = MockContext::new(&info(FunctionKind::Process));
     let op = WindowOperator::open(&mut ctx, TUMBLING, Processing::new(EmitResult)).unwrap();
     assert!(!op.cached().is_cached());
+    // A TTL on the accumulators keeps it off; on another state it does not.
+    let mut ctx =
+        MockContext::new(&info(FunctionKind::Aggregate)).with_state_ttl(ACC_STATE, 60_000);
+    assert!(!agg_op(TUMBLING)(&mut ctx).cached().is_cached());
+    let mut ctx = MockContext::new(&info(FunctionKind::Aggregate));
+    assert!(agg_op(TUMBLING)(&mut ctx).cached().is_cached());
 }
 
 #[test]
