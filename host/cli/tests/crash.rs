@@ -516,6 +516,36 @@ fn a_crash_or_failure_while_an_asynchronous_snapshot_is_in_flight_keeps_the_outp
     assert_eq!(common::files::blackhole_totals(&failed.out), expected);
 }
 
+#[test]
+fn a_state_ttl_longer_than_the_run_keeps_the_counts_exact_through_a_crash() {
+    // With a TTL on `count`, keyed-count learns it through WIT `state-ttl` (0.2.2) and
+    // caches nothing across batches: every batch reads and writes its keys in the host.
+    // An hour outlives the run, so nothing expires and the committed output equals the
+    // run without a TTL, uninterrupted and after a crash.
+    let job = |ttl: bool| {
+        let text = small_bids_job("ttl", "");
+        if !ttl {
+            return text;
+        }
+        let with = text.replace(
+            "plugin = \"keyed-count@0.1.0\"\n",
+            "plugin = \"keyed-count@0.1.0\"\nstate_ttl_ms = { count = 3600000 }\n",
+        );
+        assert_ne!(with, text);
+        with
+    };
+    let (_, expected) = reference_run("ttl-ref", &job(false), SMALL_BIDS);
+    let with_ttl = Job::new("crash", "ttl-on", &job(true));
+    let (ok, log) = with_ttl.run(None);
+    assert!(ok, "{log}");
+    assert_eq!(common::files::blackhole_totals(&with_ttl.out), expected);
+    assert_eq!(
+        crash_at_then_resume("ttl-abort", &job(true), "async-snapshot-write=3"),
+        expected,
+        "output after a crash"
+    );
+}
+
 /// The newest manifest's JSON under `work` (`None` before the first one).
 fn latest_manifest_text(work: &std::path::Path) -> Option<String> {
     let ns = std::fs::read_dir(work.join("checkpoints"))

@@ -13,10 +13,17 @@
 //! is keyed by the same key and keeps the input timestamp (`record`) or carries none
 //! (`batch`). Input records must be keyed (arrive over a HASH edge).
 //!
-//! State: one value state `count` (schema 1, codec [`COUNT_CODEC`]: `u64` LE). Each batch
-//! costs exactly one `value_get_many` and one `value_put_many` over its distinct keys
-//! (design §16, "batch at the boundary"); nothing survives a batch in the instance except
-//! reused scratch buffers, and nothing is allocated per record.
+//! State: one value state `count` (schema 1, codec [`COUNT_CODEC`]: `u64` LE), with a
+//! write-back cache in the instance (design §16, "batch at the boundary"): a key's count
+//! is read from the host once, with one `value_get_many` for a batch's uncached keys,
+//! and kept; at every checkpoint (`prepare_checkpoint`) and at `finish` the counts
+//! changed since the last write-back go to the host in one `value_put_many`, so host
+//! state is exact at every barrier and a restore, rescale or savepoint needs nothing from
+//! the instance. Past [`MAX_CACHED_KEYS`] keys or [`MAX_CACHED_KEY_BYTES`] key bytes the
+//! cache is written back and emptied before the next batch. With a TTL on `count`
+//! (`state_ttl_ms`) nothing is cached across batches: each batch reads and writes its keys
+//! in the host, so lifetimes start at each write, as the host defines them. Nothing is
+//! allocated per record.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -99,6 +106,23 @@ impl Groups {
         self.of_record.clear();
     }
 
+    /// Forgets the keys from group `len` on (a load that failed).
+    pub fn truncate(&mut self, len: usize) {
+        for g in len..self.len() {
+            let h = fx_hash(self.key(g));
+            if self.index.get(&h) == Some(&(g as u32)) {
+                self.index.remove(&h);
+            }
+        }
+        let end = if len == 0 {
+            0
+        } else {
+            self.key_ends[len - 1] as usize
+        };
+        self.keys.truncate(end);
+        self.key_ends.truncate(len);
+    }
+
     /// Adds one record with `key`, returning its group. One probe of the index per record.
     pub fn add(&mut self, key: &[u8]) -> u32 {
         let Groups {
@@ -127,15 +151,112 @@ impl Groups {
     }
 }
 
+/// Most keys [`KeyedCount`] keeps cached between batches; past it (or past
+/// [`MAX_CACHED_KEY_BYTES`]) the cache is written back and emptied before the next batch.
+pub const MAX_CACHED_KEYS: usize = 1 << 16;
+/// Most key bytes [`KeyedCount`] keeps cached between batches (4 MiB).
+pub const MAX_CACHED_KEY_BYTES: usize = 4 << 20;
+
 /// The operator.
 #[derive(Debug)]
 pub struct KeyedCount {
     emit: Emit,
     state: StateHandle,
+    /// Whether the count state has a TTL (`state_ttl_ms`): then nothing is cached across
+    /// batches, so every write reaches the host within its batch and starts the entry's
+    /// lifetime there (README "State TTL").
+    ttl: bool,
+    /// The cached keys (the index persists across batches; `of_record` is per batch).
     groups: Groups,
+    /// Count of each cached key, including every record processed so far.
     counts: Vec<u64>,
+    /// Whether each cached key changed since the last write-back.
+    dirty: Vec<bool>,
+    /// The dirty keys, in the order they were first changed.
+    dirty_list: Vec<u32>,
+    /// Batch number in which each cached key was last seen (`Emit::Batch`).
+    seen: Vec<u64>,
+    /// Number of the current batch.
+    batch_no: u64,
+    /// Scratch: keys of a batch in first-seen order (`Emit::Batch`), relative key ends
+    /// of a load, values of a write-back.
+    scratch: Vec<u32>,
+    keys: Vec<u8>,
+    key_ends: Vec<u32>,
     values: Vec<u8>,
     value_ends: Vec<u32>,
+}
+
+impl KeyedCount {
+    /// Writes every count changed since the last write-back to host state with one
+    /// `value_put_many`.
+    fn write_back(&mut self, ctx: &mut dyn Context) {
+        if self.dirty_list.is_empty() {
+            return;
+        }
+        self.keys.clear();
+        self.key_ends.clear();
+        self.values.clear();
+        self.value_ends.clear();
+        for &g in &self.dirty_list {
+            let g = g as usize;
+            self.dirty[g] = false;
+            extend_key(&mut self.keys, self.groups.key(g));
+            self.key_ends.push(self.keys.len() as u32);
+            self.values.extend_from_slice(&self.counts[g].to_le_bytes());
+            self.value_ends.push(self.values.len() as u32);
+        }
+        self.dirty_list.clear();
+        ctx.value_put_many(
+            self.state,
+            &[],
+            &self.keys,
+            &self.key_ends,
+            &self.values,
+            &self.value_ends,
+        );
+    }
+
+    /// Writes back and forgets every cached key.
+    fn drop_cache(&mut self, ctx: &mut dyn Context) {
+        self.write_back(ctx);
+        self.groups.clear();
+        self.counts.clear();
+        self.dirty.clear();
+        self.seen.clear();
+    }
+
+    /// Reads the counts of the keys cached since group `known` (this batch's misses)
+    /// with one `value_get_many`. On a malformed stored count those keys leave the cache
+    /// again and nothing changed.
+    fn load(&mut self, ctx: &mut dyn Context, known: usize) -> Result<()> {
+        let g = &mut self.groups;
+        let start = if known == 0 { 0 } else { g.key_ends[known - 1] };
+        self.scratch.clear();
+        self.scratch
+            .extend(g.key_ends[known..].iter().map(|&e| e - start));
+        let stored = ctx.value_get_many(self.state, &[], &g.keys[start as usize..], &self.scratch);
+        for i in 0..g.len() - known {
+            let c = match stored.get(i) {
+                None => 0,
+                Some(v) => match <[u8; 8]>::try_from(v) {
+                    Ok(b) => u64::from_le_bytes(b),
+                    Err(_) => {
+                        g.truncate(known);
+                        self.counts.truncate(known);
+                        return Err(PluginError::state(format!(
+                            "stored count of {} bytes, expected 8 ({COUNT_CODEC})",
+                            v.len()
+                        )));
+                    }
+                },
+            };
+            self.counts.push(c);
+        }
+        self.dirty.resize(g.len(), false);
+        self.seen.resize(g.len(), 0);
+        Ok(())
+    }
 }
 
 fn parse_emit(config: &str) -> std::result::Result<Emit, String> {
@@ -163,11 +284,21 @@ impl Operator for KeyedCount {
     }
 
     fn open(ctx: &mut dyn Context, _task: &TaskInfo, config: &str) -> Result<Self> {
+        let emit = parse_emit(config).map_err(PluginError::invalid_config)?;
+        let state = ctx.open_state(COUNT_STATE)?;
         Ok(Self {
-            emit: parse_emit(config).map_err(PluginError::invalid_config)?,
-            state: ctx.open_state(COUNT_STATE)?,
+            emit,
+            state,
+            ttl: ctx.state_ttl_ms(state).is_some(),
             groups: Groups::default(),
             counts: Vec::new(),
+            dirty: Vec::new(),
+            dirty_list: Vec::new(),
+            seen: Vec::new(),
+            batch_no: 0,
+            scratch: Vec::new(),
+            keys: Vec::new(),
+            key_ends: Vec::new(),
             values: Vec::new(),
             value_ends: Vec::new(),
         })
@@ -188,31 +319,31 @@ impl Operator for KeyedCount {
                 "keyed-count needs keyed records (a HASH input edge)",
             ));
         }
+        if self.groups.len() >= MAX_CACHED_KEYS || self.groups.keys.len() >= MAX_CACHED_KEY_BYTES {
+            self.drop_cache(ctx);
+        }
+        let known = self.groups.len();
         let g = &mut self.groups;
-        g.clear();
+        g.of_record.clear();
         for i in 0..batch.len() {
             g.add(batch.key(i).unwrap_or_default());
         }
-        let stored = ctx.value_get_many(self.state, &[], &g.keys, &g.key_ends);
-        self.counts.clear();
-        for i in 0..g.len() {
-            let c = match stored.get(i) {
-                None => 0,
-                Some(v) => {
-                    let b: [u8; 8] = v.try_into().map_err(|_| {
-                        PluginError::state(format!(
-                            "stored count of {} bytes, expected 8 ({COUNT_CODEC})",
-                            v.len()
-                        ))
-                    })?;
-                    u64::from_le_bytes(b)
-                }
-            };
-            self.counts.push(c);
+        if g.len() > known {
+            self.load(ctx, known)?;
+        }
+        // Nothing below fails: a batch either changes every count it touches or none.
+        let g = &self.groups;
+        for &grp in &g.of_record {
+            let d = &mut self.dirty[grp as usize];
+            if !*d {
+                *d = true;
+                self.dirty_list.push(grp);
+            }
         }
         match self.emit {
             Emit::Record => {
-                out.data.reserve(batch.len() * (8 + g.keys.len() / g.len()));
+                out.data
+                    .reserve(batch.len() * (8 + g.keys.len() / g.len().max(1)));
                 for (i, &grp) in g.of_record.iter().enumerate() {
                     let c = &mut self.counts[grp as usize];
                     *c += 1;
@@ -225,11 +356,19 @@ impl Operator for KeyedCount {
                 }
             }
             Emit::Batch => {
+                self.batch_no += 1;
+                self.scratch.clear();
                 for &grp in &g.of_record {
                     self.counts[grp as usize] += 1;
+                    let seen = &mut self.seen[grp as usize];
+                    if *seen != self.batch_no {
+                        *seen = self.batch_no;
+                        self.scratch.push(grp);
+                    }
                 }
-                for (i, &count) in self.counts.iter().enumerate() {
-                    let key = g.key(i);
+                for &grp in &self.scratch {
+                    let key = g.key(grp as usize);
+                    let count = self.counts[grp as usize];
                     out.push_with(Some(key), None, |buf| {
                         buf.extend_from_slice(key);
                         buf.extend_from_slice(&count.to_le_bytes());
@@ -237,20 +376,24 @@ impl Operator for KeyedCount {
                 }
             }
         }
-        self.values.clear();
-        self.value_ends.clear();
-        for c in &self.counts {
-            self.values.extend_from_slice(&c.to_le_bytes());
-            self.value_ends.push(self.values.len() as u32);
+        if self.ttl {
+            self.drop_cache(ctx);
         }
-        ctx.value_put_many(
-            self.state,
-            &[],
-            &g.keys,
-            &g.key_ends,
-            &self.values,
-            &self.value_ends,
-        );
+        Ok(())
+    }
+
+    fn prepare_checkpoint(
+        &mut self,
+        ctx: &mut dyn Context,
+        _epoch: u64,
+        _out: &mut Batch,
+    ) -> Result<()> {
+        self.write_back(ctx);
+        Ok(())
+    }
+
+    fn finish(&mut self, ctx: &mut dyn Context, _out: &mut Batch) -> Result<()> {
+        self.write_back(ctx);
         Ok(())
     }
 }
@@ -265,34 +408,85 @@ mod tests {
 
     use super::*;
 
-    fn run(keys: &[u64], batch: usize, config: &str) -> (Vec<(u64, u64)>, BTreeMap<u64, u64>) {
-        let mut ctx = MockContext::for_operator::<KeyedCount>();
-        let mut updates = Vec::new();
-        for chunk in keys.chunks(batch) {
-            // A fresh instance per batch: nothing may live in the guest.
-            let mut op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), config).unwrap();
-            let mut input = Batch::default();
-            for k in chunk {
-                input.push_keyed(&k.to_le_bytes(), b"x");
-            }
-            let mut out = Batch::default();
-            op.process(&mut ctx, 0, &input, &mut out).unwrap();
-            for r in out.iter() {
+    fn batch_of(keys: &[u64]) -> Batch {
+        let mut input = Batch::default();
+        for k in keys {
+            input.push_keyed(&k.to_le_bytes(), b"x");
+        }
+        input
+    }
+
+    fn decode(out: &Batch) -> Vec<(u64, u64)> {
+        out.iter()
+            .map(|r| {
                 assert_eq!(r.key.unwrap(), &r.data[..8]);
                 let k = u64::from_le_bytes(r.data[..8].try_into().unwrap());
                 let c = u64::from_le_bytes(r.data[8..].try_into().unwrap());
-                updates.push((k, c));
+                (k, c)
+            })
+            .collect()
+    }
+
+    /// The count of `key` in host state (the mock), if any.
+    fn stored(ctx: &mut MockContext, key: u64) -> Option<u64> {
+        let h = ctx.open_state(COUNT_STATE).unwrap();
+        let v = ctx.value_get_many(h, &[], &key.to_le_bytes(), &[8]);
+        v.get(0).map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    }
+
+    /// Runs `keys` in batches of `batch`, taking a checkpoint every `every` batches and,
+    /// when `crash` is set, dropping the instance right after each checkpoint's next
+    /// batch and restoring from that checkpoint (state and input position), so every
+    /// batch after a checkpoint runs twice. Returns the updates the surviving runs
+    /// emitted, in order, and the stored counts after `finish`.
+    fn run(
+        keys: &[u64],
+        batch: usize,
+        every: usize,
+        crash: bool,
+        config: &str,
+    ) -> (Vec<(u64, u64)>, BTreeMap<u64, u64>) {
+        let mut ctx = MockContext::for_operator::<KeyedCount>();
+        let mut op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), config).unwrap();
+        let chunks: Vec<&[u64]> = keys.chunks(batch).collect();
+        let mut updates = Vec::new();
+        // (input position, state, updates emitted) at the last checkpoint.
+        let mut checkpoint = (0, ctx.clone(), 0);
+        let mut crashed_at = None;
+        let mut i = 0;
+        while i < chunks.len() {
+            let mut out = Batch::default();
+            op.process(&mut ctx, 0, &batch_of(chunks[i]), &mut out)
+                .unwrap();
+            updates.extend(decode(&out));
+            i += 1;
+            if crash && checkpoint.0 + 1 == i && crashed_at != Some(i) {
+                // Crash after the first batch past the checkpoint: state and output go
+                // back to the checkpoint, and the instance is new.
+                crashed_at = Some(i);
+                i = checkpoint.0;
+                ctx = checkpoint.1.clone();
+                updates.truncate(checkpoint.2);
+                op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), config).unwrap();
+                continue;
+            }
+            if i % every == 0 {
+                let mut out = Batch::default();
+                op.prepare_checkpoint(&mut ctx, i as u64, &mut out).unwrap();
+                assert!(out.is_empty());
+                checkpoint = (i, ctx.clone(), updates.len());
             }
         }
+        op.finish(&mut ctx, &mut Batch::default()).unwrap();
         let mut last = BTreeMap::new();
-        for &(k, c) in &updates {
-            last.insert(k, c);
+        for &(k, _) in &updates {
+            last.insert(k, stored(&mut ctx, k).unwrap());
         }
         (updates, last)
     }
 
     #[test]
-    fn counts_match_a_direct_computation() {
+    fn counts_match_a_direct_computation_across_checkpoints_and_restores() {
         let keys: Vec<u64> = (0..5000u64).map(|i| (i * 7919) % 97).collect();
         let mut want_updates = Vec::new();
         let mut want: BTreeMap<u64, u64> = BTreeMap::new();
@@ -302,13 +496,110 @@ mod tests {
             want_updates.push((k, *c));
         }
         for batch in [1, 7, 1000, 10_000] {
-            let (updates, last) = run(&keys, batch, "{}");
-            assert_eq!(updates, want_updates, "batch {batch}");
-            assert_eq!(last, want);
-            let (updates, last) = run(&keys, batch, r#"{"emit": "batch"}"#);
-            assert!(updates.len() <= keys.len());
-            assert_eq!(last, want, "batch {batch}");
+            for (every, crash) in [(1, false), (3, false), (1, true), (4, true)] {
+                let what = format!("batch {batch}, checkpoint every {every}, crash {crash}");
+                let (updates, last) = run(&keys, batch, every, crash, "{}");
+                assert_eq!(updates, want_updates, "{what}");
+                assert_eq!(last, want, "{what}");
+                let (updates, last) = run(&keys, batch, every, crash, r#"{"emit": "batch"}"#);
+                // One update per distinct key of each batch, first-seen order, with the
+                // key's count at the end of the batch.
+                let mut want_batch = Vec::new();
+                let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
+                for chunk in keys.chunks(batch) {
+                    let mut order = Vec::new();
+                    for &k in chunk {
+                        *counts.entry(k).or_default() += 1;
+                        if !order.contains(&k) {
+                            order.push(k);
+                        }
+                    }
+                    want_batch.extend(order.iter().map(|k| (*k, counts[k])));
+                }
+                assert_eq!(updates, want_batch, "{what}");
+                assert_eq!(last, want, "{what}");
+            }
         }
+    }
+
+    /// Without a TTL counts stay in the instance until a checkpoint (or a full cache);
+    /// with one (`state_ttl_ms`), every batch writes its counts back and reads them again,
+    /// so each write reaches the host when it happens.
+    #[test]
+    fn a_ttl_writes_every_batch_back_and_a_full_cache_writes_back_early() {
+        let cached = |ctx: &mut MockContext| {
+            let mut op = KeyedCount::open(ctx, &TaskInfo::for_tests(), "{}").unwrap();
+            for _ in 0..2 {
+                op.process(ctx, 0, &batch_of(&[1, 2, 1]), &mut Batch::default())
+                    .unwrap();
+            }
+            op
+        };
+        let mut ctx = MockContext::for_operator::<KeyedCount>();
+        let mut op = cached(&mut ctx);
+        assert_eq!(stored(&mut ctx, 1), None, "cached until the checkpoint");
+        op.prepare_checkpoint(&mut ctx, 1, &mut Batch::default())
+            .unwrap();
+        assert_eq!(
+            (stored(&mut ctx, 1), stored(&mut ctx, 2)),
+            (Some(4), Some(2))
+        );
+
+        let mut ctx = MockContext::for_operator::<KeyedCount>().with_state_ttl(COUNT_STATE, 1000);
+        let mut op = cached(&mut ctx);
+        assert_eq!(
+            (stored(&mut ctx, 1), stored(&mut ctx, 2)),
+            (Some(4), Some(2))
+        );
+        // A value changed in the host (expired and rewritten) is read again.
+        let h = ctx.open_state(COUNT_STATE).unwrap();
+        ctx.value_put_many(
+            h,
+            &[],
+            &1u64.to_le_bytes(),
+            &[8],
+            &10u64.to_le_bytes(),
+            &[8],
+        );
+        let mut out = Batch::default();
+        op.process(&mut ctx, 0, &batch_of(&[1]), &mut out).unwrap();
+        assert_eq!(decode(&out), [(1, 11)]);
+
+        // Past MAX_CACHED_KEYS distinct keys the cache is written back before a batch.
+        let mut ctx = MockContext::for_operator::<KeyedCount>();
+        let mut op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), "{}").unwrap();
+        let keys: Vec<u64> = (0..MAX_CACHED_KEYS as u64 + 1000).collect();
+        for chunk in keys.chunks(1000) {
+            op.process(&mut ctx, 0, &batch_of(chunk), &mut Batch::default())
+                .unwrap();
+        }
+        assert_eq!(stored(&mut ctx, 0), Some(1), "written back when full");
+        assert_eq!(stored(&mut ctx, keys[keys.len() - 1]), None);
+        let mut out = Batch::default();
+        op.process(&mut ctx, 0, &batch_of(&[0, 0]), &mut out)
+            .unwrap();
+        assert_eq!(decode(&out), [(0, 2), (0, 3)]);
+    }
+
+    /// A malformed stored count fails the batch before any count changes, and leaves no
+    /// trace of the batch's keys in the cache.
+    #[test]
+    fn a_malformed_stored_count_fails_the_batch_and_changes_nothing() {
+        let mut ctx = MockContext::for_operator::<KeyedCount>();
+        let mut op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), "{}").unwrap();
+        op.process(&mut ctx, 0, &batch_of(&[1]), &mut Batch::default())
+            .unwrap();
+        let h = ctx.open_state(COUNT_STATE).unwrap();
+        ctx.value_put_many(h, &[], &2u64.to_le_bytes(), &[8], b"bad", &[3]);
+        let err = op
+            .process(&mut ctx, 0, &batch_of(&[1, 3, 2]), &mut Batch::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("stored count of 3 bytes"), "{err}");
+        ctx.value_put_many(h, &[], &2u64.to_le_bytes(), &[8], &5u64.to_le_bytes(), &[8]);
+        let mut out = Batch::default();
+        op.process(&mut ctx, 0, &batch_of(&[1, 3, 2]), &mut out)
+            .unwrap();
+        assert_eq!(decode(&out), [(1, 2), (3, 1), (2, 6)]);
     }
 
     #[test]
