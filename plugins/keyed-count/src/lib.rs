@@ -25,8 +25,7 @@
 //! in the host, so lifetimes start at each write, as the host defines them. Nothing is
 //! allocated per record.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use hashbrown::HashTable;
 
 use nop_stream_sdk::{
     Batch, Context, Operator, PluginError, PluginInfo, Result, StateDescriptor, StateHandle,
@@ -41,8 +40,8 @@ pub const COUNT_CODEC: &str = "u64-le";
 /// JSON Schema of the config, reported by `describe()`.
 pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"emit":{"enum":["record","batch"],"default":"record","description":"one update per input record, or per distinct key of each batch"}}}"#;
 
-/// The guest SDK's Fx hasher, used for the per-batch key index (and, natively, by the
-/// bench's floor); re-exported here for the bench.
+/// The guest SDK's Fx hasher, used for the key index (and, natively, by the bench's
+/// floor); re-exported here for the bench.
 pub use nop_stream_sdk::hash::{FxBuildHasher, FxHasher, fx_hash, key_eq};
 
 /// When updates are emitted; see the [module docs](self).
@@ -54,12 +53,36 @@ pub enum Emit {
     Batch,
 }
 
-/// Per-batch grouping of records by key, reused across batches (cleared, not freed).
+/// An entry of [`Groups`]' index: a key's first 8 bytes (zero-padded) as a word, its
+/// length and its group. A key of at most 8 bytes is equal to a probed one iff word and
+/// length are, so the common `u64` key is matched without reading the key bytes.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    word: u64,
+    len: u32,
+    group: u32,
+}
+
+/// The first 8 bytes of `key`, zero-padded, as a little-endian word.
+#[inline(always)]
+fn word_of(key: &[u8]) -> u64 {
+    match <&[u8; 8]>::try_from(key) {
+        Ok(k) => u64::from_le_bytes(*k),
+        Err(_) => {
+            let mut b = [0u8; 8];
+            let n = key.len().min(8);
+            b[..n].copy_from_slice(&key[..n]);
+            u64::from_le_bytes(b)
+        }
+    }
+}
+
+/// Distinct keys and the group of each record of a batch, with a hash index over the
+/// keys. [`KeyedCount`] keeps the keys (its cache) across batches; `of_record` is per batch.
 #[derive(Debug, Default)]
 pub struct Groups {
-    /// Key hash → group index. A second key with the same 64-bit hash is not indexed and
-    /// is found by a linear scan instead (correct, merely slow, and practically never hit).
-    index: HashMap<u64, u32, FxBuildHasher>,
+    /// The keys' slots, hashed by [`fx_hash`] of the key bytes.
+    index: HashTable<Slot>,
     /// Distinct keys, concatenated, first-seen order.
     pub keys: Vec<u8>,
     /// Exclusive end of each distinct key in `keys`.
@@ -73,14 +96,6 @@ pub struct Groups {
 fn key_of<'a>(keys: &'a [u8], key_ends: &[u32], g: usize) -> &'a [u8] {
     let start = if g == 0 { 0 } else { key_ends[g - 1] as usize };
     &keys[start..key_ends[g] as usize]
-}
-
-/// Appends a distinct key, returning its group.
-#[inline(always)]
-fn push_key(keys: &mut Vec<u8>, key_ends: &mut Vec<u32>, key: &[u8]) -> u32 {
-    extend_key(keys, key);
-    key_ends.push(keys.len() as u32);
-    (key_ends.len() - 1) as u32
 }
 
 impl Groups {
@@ -108,12 +123,7 @@ impl Groups {
 
     /// Forgets the keys from group `len` on (a load that failed).
     pub fn truncate(&mut self, len: usize) {
-        for g in len..self.len() {
-            let h = fx_hash(self.key(g));
-            if self.index.get(&h) == Some(&(g as u32)) {
-                self.index.remove(&h);
-            }
-        }
+        self.index.retain(|s| (s.group as usize) < len);
         let end = if len == 0 {
             0
         } else {
@@ -123,7 +133,9 @@ impl Groups {
         self.key_ends.truncate(len);
     }
 
-    /// Adds one record with `key`, returning its group. One probe of the index per record.
+    /// Adds one record with `key`, returning its group. One probe of the index per record;
+    /// a key of at most 8 bytes is compared as a word and a length.
+    #[inline]
     pub fn add(&mut self, key: &[u8]) -> u32 {
         let Groups {
             index,
@@ -131,20 +143,25 @@ impl Groups {
             key_ends,
             of_record,
         } = self;
-        let g = match index.entry(fx_hash(key)) {
-            Entry::Occupied(e) => {
-                let g = *e.get();
-                if key_eq(key_of(keys, key_ends, g as usize), key) {
-                    g
-                } else {
-                    // Another key with the same hash: not indexed, found by a scan.
-                    match (0..key_ends.len()).find(|&g| key_of(keys, key_ends, g) == key) {
-                        Some(g) => g as u32,
-                        None => push_key(keys, key_ends, key),
-                    }
-                }
+        let word = word_of(key);
+        let len = key.len() as u32;
+        let hash = fx_hash(key);
+        let eq = |s: &Slot| {
+            s.word == word
+                && s.len == len
+                && (len <= 8 || key_of(keys, key_ends, s.group as usize) == key)
+        };
+        let g = match index.find(hash, eq) {
+            Some(s) => s.group,
+            None => {
+                extend_key(keys, key);
+                key_ends.push(keys.len() as u32);
+                let group = (key_ends.len() - 1) as u32;
+                index.insert_unique(hash, Slot { word, len, group }, |s| {
+                    fx_hash(key_of(keys, key_ends, s.group as usize))
+                });
+                group
             }
-            Entry::Vacant(e) => *e.insert(push_key(keys, key_ends, key)),
         };
         of_record.push(g);
         g
@@ -603,30 +620,38 @@ mod tests {
     }
 
     #[test]
-    fn colliding_hashes_stay_correct_and_config_is_checked() {
-        let mut g = Groups::default();
-        assert_eq!(g.add(b"a"), 0);
-        // Simulate a collision: b"b"'s hash already names the group of b"a".
-        g.index.insert(fx_hash(b"b"), 0);
-        assert_eq!(g.add(b"b"), 1);
-        assert_eq!(g.add(b"b"), 1);
-        assert_eq!(g.add(b"a"), 0);
-        assert_eq!(g.of_record, vec![0, 1, 1, 0]);
-        assert_eq!(g.len(), 2);
-        // The same with 8-byte keys (compared as one word) beside keys of other lengths.
-        let mut g = Groups::default();
+    fn look_alike_keys_stay_apart_and_config_is_checked() {
+        // Keys that share a word or a prefix: an 8-byte key, the same bytes without the
+        // last (zero-padded alike), with a zero appended, two 12-byte keys with one first
+        // word, the empty key and a zero byte.
         let a = 7u64.to_le_bytes();
-        let b = 8u64.to_le_bytes();
-        assert_eq!(g.add(&a), 0);
-        g.index.insert(fx_hash(&b), 0);
-        assert_eq!(g.add(&b), 1);
-        assert_eq!(g.add(&a[..7]), 2);
-        assert_eq!(g.add(b"\x07\0\0\0\0\0\0\0\0"), 3);
-        assert_eq!(g.add(&b), 1);
-        assert_eq!(g.add(&a), 0);
-        assert_eq!(g.of_record, vec![0, 1, 2, 3, 1, 0]);
-        assert_eq!(g.key(3), b"\x07\0\0\0\0\0\0\0\0");
-        assert!(key_eq(&a, &a) && !key_eq(&a, &b) && !key_eq(&a, &a[..7]));
+        let long1 = b"\x07\0\0\0\0\0\0\0abcd";
+        let long2 = b"\x07\0\0\0\0\0\0\0abce";
+        let keys: [&[u8]; 7] = [
+            &a,
+            &a[..7],
+            b"\x07\0\0\0\0\0\0\0\0",
+            long1,
+            long2,
+            b"",
+            b"\0",
+        ];
+        let mut g = Groups::default();
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(g.add(k), i as u32, "{k:?}");
+        }
+        for (i, k) in keys.iter().enumerate().rev() {
+            assert_eq!(g.add(k), i as u32, "{k:?} again");
+            assert_eq!(g.key(i), *k);
+        }
+        assert_eq!(g.len(), keys.len());
+        // A truncated index forgets exactly the keys past the cut.
+        g.truncate(3);
+        assert_eq!(g.len(), 3);
+        assert_eq!(g.add(long2), 3);
+        assert_eq!(g.add(&a[..7]), 1);
+        assert_eq!(g.key(3), long2);
+        assert!(key_eq(&a, &a) && !key_eq(&a, &a[..7]));
         assert!(parse_emit(r#"{"emit":"never"}"#).is_err());
         let mut ctx = MockContext::for_operator::<KeyedCount>();
         let mut op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), "{}").unwrap();
