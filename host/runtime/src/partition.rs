@@ -413,6 +413,58 @@ mod tests {
         }
     }
 
+    /// Payloads and keys of varying lengths (empty ones too) reach their owners intact, in
+    /// order, at parallelism 2 and 3.
+    #[test]
+    fn records_of_varying_lengths_are_split_intact() {
+        for p in [2u32, 3] {
+            let (mut edge, logs) = hash_edge(p);
+            edge.set_flush_records(7);
+            let rec = |i: u64| {
+                let key = format!("k{}", i % 23).repeat((i % 4) as usize);
+                let data = "x".repeat((i % 11) as usize) + &i.to_string();
+                (key, data)
+            };
+            let mut want: Vec<Vec<(String, String, i64)>> = vec![Vec::new(); p as usize];
+            for b in 0..20u64 {
+                let mut batch = empty_batch();
+                for i in b * 13..b * 13 + 13 {
+                    let (key, data) = rec(i);
+                    batch.data.extend_from_slice(data.as_bytes());
+                    batch.ends.push(batch.data.len() as u32);
+                    batch.keys.extend_from_slice(key.as_bytes());
+                    batch.key_ends.push(batch.keys.len() as u32);
+                    batch.timestamps.push(i as i64);
+                    let shard = shard_of(key.as_bytes(), SHARDS).0;
+                    let owner = (0..p)
+                        .find(|s| shards_of(SubtaskIndex(*s), SHARDS, p).contains(&shard))
+                        .unwrap();
+                    want[owner as usize].push((key, data, i as i64));
+                }
+                edge.emit(batch, &site()).unwrap();
+            }
+            edge.flush().unwrap();
+            for (s, log) in logs.iter().enumerate() {
+                let mut got = Vec::new();
+                for m in log.lock().unwrap().iter() {
+                    let Message::Records(b) = m else { continue };
+                    let (mut start, mut kstart) = (0usize, 0usize);
+                    for i in 0..b.ends.len() {
+                        let (end, kend) = (b.ends[i] as usize, b.key_ends[i] as usize);
+                        let key = String::from_utf8(b.keys[kstart..kend].to_vec()).unwrap();
+                        let data = String::from_utf8(b.data[start..end].to_vec()).unwrap();
+                        got.push((key, data, b.timestamps[i]));
+                        (start, kstart) = (end, kend);
+                    }
+                    assert_eq!(b.data.len(), start, "no stray bytes");
+                    assert_eq!(b.keys.len(), kstart, "no stray key bytes");
+                }
+                assert!(!want[s].is_empty());
+                assert_eq!(got, want[s], "p {p}, subtask {s}");
+            }
+        }
+    }
+
     #[test]
     fn control_messages_follow_the_records_buffered_before_them() {
         let (mut edge, logs) = hash_edge(3);
