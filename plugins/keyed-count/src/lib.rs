@@ -17,10 +17,14 @@
 //! write-back cache in the instance (design §16, "batch at the boundary"): a key's count
 //! is read from the host once, with one `value_get_many` for a batch's uncached keys,
 //! and kept; at every checkpoint (`prepare_checkpoint`) and at `finish` the counts
-//! changed since the last write-back go to the host in one `value_put_many`, so host
+//! changed since the last write-back go to the host (one `value_put_many` per
+//! [`WRITE_BACK_CHUNK`] keys), so host
 //! state is exact at every barrier and a restore, rescale or savepoint needs nothing from
 //! the instance. Past [`MAX_CACHED_KEYS`] keys or [`MAX_CACHED_KEY_BYTES`] key bytes the
-//! cache is written back and emptied before the next batch. With a TTL on `count`
+//! cache is written back and emptied before the next batch; if most lookups since it was
+//! last emptied missed (a key space much larger than the cache), the next
+//! [`BYPASS_BATCHES`] batches each read and write their keys in the host, as without a
+//! cache, before it is tried again. With a TTL on `count`
 //! (`state_ttl_ms`) nothing is cached across batches: each batch reads and writes its keys
 //! in the host, so lifetimes start at each write, as the host defines them. Nothing is
 //! allocated per record.
@@ -91,6 +95,9 @@ pub struct Groups {
     pub of_record: Vec<u32>,
 }
 
+/// The capacity [`Groups::clear`] keeps: a default batch's records (1024) and then some.
+const SMALL_INDEX: usize = 4096;
+
 /// Distinct key `g` of `keys`/`key_ends`.
 #[inline(always)]
 fn key_of<'a>(keys: &'a [u8], key_ends: &[u32], g: usize) -> &'a [u8] {
@@ -113,9 +120,17 @@ impl Groups {
         self.key_ends.is_empty()
     }
 
-    /// Empties the groups, keeping capacity.
+    /// Empties the groups, keeping the capacity of a batch or so: an index grown to a full
+    /// cache is freed, because probing a large, nearly empty table misses the CPU cache on
+    /// every record (batches of a key space larger than the cache run through an emptied
+    /// one).
     pub fn clear(&mut self) {
-        self.index.clear();
+        // `with_capacity(SMALL_INDEX)` gives up to twice that (a power of two of buckets).
+        if self.index.capacity() > 2 * SMALL_INDEX {
+            self.index = HashTable::with_capacity(SMALL_INDEX);
+        } else {
+            self.index.clear();
+        }
         self.keys.clear();
         self.key_ends.clear();
         self.of_record.clear();
@@ -173,6 +188,16 @@ impl Groups {
 pub const MAX_CACHED_KEYS: usize = 1 << 16;
 /// Most key bytes [`KeyedCount`] keeps cached between batches (4 MiB).
 pub const MAX_CACHED_KEY_BYTES: usize = 4 << 20;
+/// Batches [`KeyedCount`] runs without its cache (each batch written back and the cache
+/// emptied after it) once the cache filled up with more than half of its lookups missing:
+/// a key space much larger than the cache (a million auctions) is faster without it.
+/// Then it tries the cache again.
+pub const BYPASS_BATCHES: u32 = 1024;
+/// Most keys one `value_put_many` of a write-back carries. The host applies a memory
+/// budget (`state_memory_bytes`) after each call, so a write-back of a full cache in one
+/// call would grow its working set by up to [`MAX_CACHED_KEYS`] entries past the budget
+/// (and its hash tables keep that capacity); in chunks it grows by at most this many.
+pub const WRITE_BACK_CHUNK: usize = 1024;
 
 /// The operator.
 #[derive(Debug)]
@@ -195,6 +220,12 @@ pub struct KeyedCount {
     seen: Vec<u64>,
     /// Number of the current batch.
     batch_no: u64,
+    /// Records looked up, and keys read from the host, since the cache was last emptied.
+    cycle_lookups: u64,
+    cycle_misses: u64,
+    /// Batches left that write back and empty the cache after themselves, as with a TTL
+    /// (set when the cache filled up with most lookups missing).
+    bypass: u32,
     /// Scratch: keys of a batch in first-seen order (`Emit::Batch`), relative key ends
     /// of a load, values of a write-back.
     scratch: Vec<u32>,
@@ -205,37 +236,38 @@ pub struct KeyedCount {
 }
 
 impl KeyedCount {
-    /// Writes every count changed since the last write-back to host state with one
-    /// `value_put_many`.
+    /// Writes every count changed since the last write-back to host state, with one
+    /// `value_put_many` per [`WRITE_BACK_CHUNK`] keys.
     fn write_back(&mut self, ctx: &mut dyn Context) {
-        if self.dirty_list.is_empty() {
-            return;
-        }
-        self.keys.clear();
-        self.key_ends.clear();
-        self.values.clear();
-        self.value_ends.clear();
-        for &g in &self.dirty_list {
-            let g = g as usize;
-            self.dirty[g] = false;
-            extend_key(&mut self.keys, self.groups.key(g));
-            self.key_ends.push(self.keys.len() as u32);
-            self.values.extend_from_slice(&self.counts[g].to_le_bytes());
-            self.value_ends.push(self.values.len() as u32);
+        for chunk in self.dirty_list.chunks(WRITE_BACK_CHUNK) {
+            self.keys.clear();
+            self.key_ends.clear();
+            self.values.clear();
+            self.value_ends.clear();
+            for &g in chunk {
+                let g = g as usize;
+                self.dirty[g] = false;
+                extend_key(&mut self.keys, self.groups.key(g));
+                self.key_ends.push(self.keys.len() as u32);
+                self.values.extend_from_slice(&self.counts[g].to_le_bytes());
+                self.value_ends.push(self.values.len() as u32);
+            }
+            ctx.value_put_many(
+                self.state,
+                &[],
+                &self.keys,
+                &self.key_ends,
+                &self.values,
+                &self.value_ends,
+            );
         }
         self.dirty_list.clear();
-        ctx.value_put_many(
-            self.state,
-            &[],
-            &self.keys,
-            &self.key_ends,
-            &self.values,
-            &self.value_ends,
-        );
     }
 
     /// Writes back and forgets every cached key.
     fn drop_cache(&mut self, ctx: &mut dyn Context) {
+        self.cycle_lookups = 0;
+        self.cycle_misses = 0;
         self.write_back(ctx);
         self.groups.clear();
         self.counts.clear();
@@ -313,6 +345,9 @@ impl Operator for KeyedCount {
             dirty_list: Vec::new(),
             seen: Vec::new(),
             batch_no: 0,
+            cycle_lookups: 0,
+            cycle_misses: 0,
+            bypass: 0,
             scratch: Vec::new(),
             keys: Vec::new(),
             key_ends: Vec::new(),
@@ -337,6 +372,13 @@ impl Operator for KeyedCount {
             ));
         }
         if self.groups.len() >= MAX_CACHED_KEYS || self.groups.keys.len() >= MAX_CACHED_KEY_BYTES {
+            // The cache filled up: the key space is larger than it. If most lookups since
+            // it was last emptied missed, caching costs more than it saves (each key is
+            // read and written in the host anyway, and written back long after, when its
+            // entry is cold there): bypass it for a while.
+            if self.cycle_misses * 2 > self.cycle_lookups {
+                self.bypass = BYPASS_BATCHES;
+            }
             self.drop_cache(ctx);
         }
         let known = self.groups.len();
@@ -345,6 +387,8 @@ impl Operator for KeyedCount {
         for i in 0..batch.len() {
             g.add(batch.key(i).unwrap_or_default());
         }
+        self.cycle_lookups += batch.len() as u64;
+        self.cycle_misses += (g.len() - known) as u64;
         if g.len() > known {
             self.load(ctx, known)?;
         }
@@ -394,6 +438,9 @@ impl Operator for KeyedCount {
             }
         }
         if self.ttl {
+            self.drop_cache(ctx);
+        } else if self.bypass > 0 {
+            self.bypass -= 1;
             self.drop_cache(ctx);
         }
         Ok(())
@@ -583,19 +630,59 @@ mod tests {
         assert_eq!(decode(&out), [(1, 11)]);
 
         // Past MAX_CACHED_KEYS distinct keys the cache is written back before a batch.
+        // Half of these lookups hit (each key twice in a row), so caching goes on.
+        let fill = |ctx: &mut MockContext, op: &mut KeyedCount, keys: &[u64], twice: bool| {
+            for chunk in keys.chunks(500) {
+                let mut batch: Vec<u64> = chunk.to_vec();
+                if twice {
+                    batch.extend_from_slice(chunk);
+                }
+                op.process(ctx, 0, &batch_of(&batch), &mut Batch::default())
+                    .unwrap();
+            }
+        };
         let mut ctx = MockContext::for_operator::<KeyedCount>();
         let mut op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), "{}").unwrap();
         let keys: Vec<u64> = (0..MAX_CACHED_KEYS as u64 + 1000).collect();
-        for chunk in keys.chunks(1000) {
-            op.process(&mut ctx, 0, &batch_of(chunk), &mut Batch::default())
-                .unwrap();
-        }
-        assert_eq!(stored(&mut ctx, 0), Some(1), "written back when full");
-        assert_eq!(stored(&mut ctx, keys[keys.len() - 1]), None);
+        fill(&mut ctx, &mut op, &keys, true);
+        assert_eq!(stored(&mut ctx, 0), Some(2), "written back when full");
+        assert_eq!(stored(&mut ctx, keys[keys.len() - 1]), None, "cached");
         let mut out = Batch::default();
         op.process(&mut ctx, 0, &batch_of(&[0, 0]), &mut out)
             .unwrap();
-        assert_eq!(decode(&out), [(0, 2), (0, 3)]);
+        assert_eq!(decode(&out), [(0, 3), (0, 4)]);
+
+        // With every lookup a miss, a full cache is bypassed for BYPASS_BATCHES batches:
+        // each batch writes back at once.
+        let mut ctx = MockContext::for_operator::<KeyedCount>();
+        let mut op = KeyedCount::open(&mut ctx, &TaskInfo::for_tests(), "{}").unwrap();
+        fill(&mut ctx, &mut op, &keys, false);
+        assert_eq!(stored(&mut ctx, keys[keys.len() - 1]), Some(1), "bypassed");
+        assert_eq!(op.bypass, BYPASS_BATCHES - 2);
+        // Then the cache is tried again.
+        for i in 0..u64::from(BYPASS_BATCHES - 2) {
+            op.process(
+                &mut ctx,
+                0,
+                &batch_of(&[1 << 40 | i]),
+                &mut Batch::default(),
+            )
+            .unwrap();
+            assert_eq!(stored(&mut ctx, 1 << 40 | i), Some(1), "bypassed");
+        }
+        assert_eq!(op.bypass, 0);
+        for _ in 0..2 {
+            op.process(&mut ctx, 0, &batch_of(&[1 << 41]), &mut Batch::default())
+                .unwrap();
+        }
+        assert_eq!(
+            stored(&mut ctx, 1 << 41),
+            None,
+            "cached again, not yet written"
+        );
+        op.prepare_checkpoint(&mut ctx, 9, &mut Batch::default())
+            .unwrap();
+        assert_eq!(stored(&mut ctx, 1 << 41), Some(2));
     }
 
     /// A malformed stored count fails the batch before any count changes, and leaves no
@@ -645,6 +732,17 @@ mod tests {
             assert_eq!(g.key(i), *k);
         }
         assert_eq!(g.len(), keys.len());
+        // Emptied, an index grown past a batch's size is freed; a small one is kept.
+        let mut big = Groups::default();
+        for k in 0..20_000u64 {
+            big.add(&k.to_le_bytes());
+        }
+        big.clear();
+        assert!(big.index.capacity() <= 2 * SMALL_INDEX && big.is_empty());
+        let small = big.index.capacity();
+        big.add(b"x");
+        big.clear();
+        assert_eq!(big.index.capacity(), small, "kept");
         // A truncated index forgets exactly the keys past the cut.
         g.truncate(3);
         assert_eq!(g.len(), 3);
