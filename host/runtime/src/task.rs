@@ -1265,19 +1265,17 @@ impl Task {
         let active: Vec<usize> = (0..self.inputs.len())
             .filter(|i| !self.inputs[*i].closed && !self.aligner.is_blocked(*i))
             .collect();
-        if self.outputs.iter().any(OutputEdge::has_buffered)
-            && self.commands.is_empty()
-            && active.iter().all(|&i| self.inputs[i].rx.queue().is_empty())
-        {
-            // About to wait: records buffered on HASH edges go out first, so that a quiet
-            // input never holds back output already produced.
-            self.flush_outputs()?;
-        }
-        if self.commands.is_empty()
-            && !active.is_empty()
-            && active.iter().all(|&i| self.inputs[i].rx.queue().is_empty())
-        {
-            std::thread::sleep(LINGER);
+        let nothing_ready = self.commands.is_empty()
+            && active.iter().all(|&i| self.inputs[i].rx.queue().is_empty());
+        if nothing_ready {
+            if self.outputs.iter().any(OutputEdge::has_buffered) {
+                // About to wait: records buffered on HASH edges go out first, so that a
+                // quiet input never holds back output already produced.
+                self.flush_outputs()?;
+            }
+            if !active.is_empty() {
+                std::thread::sleep(LINGER);
+            }
         }
         let mut sel = Select::new();
         let cmd_index = sel.recv(&self.commands);

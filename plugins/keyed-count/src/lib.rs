@@ -308,6 +308,16 @@ impl KeyedCount {
     }
 }
 
+/// Marks cached key `g` changed since the last write-back.
+#[inline(always)]
+fn mark_dirty(dirty: &mut [bool], dirty_list: &mut Vec<u32>, g: u32) {
+    let d = &mut dirty[g as usize];
+    if !*d {
+        *d = true;
+        dirty_list.push(g);
+    }
+}
+
 fn parse_emit(config: &str) -> std::result::Result<Emit, String> {
     let trimmed: String = config.chars().filter(|c| !c.is_whitespace()).collect();
     match trimmed.as_str() {
@@ -394,18 +404,12 @@ impl Operator for KeyedCount {
         }
         // Nothing below fails: a batch either changes every count it touches or none.
         let g = &self.groups;
-        for &grp in &g.of_record {
-            let d = &mut self.dirty[grp as usize];
-            if !*d {
-                *d = true;
-                self.dirty_list.push(grp);
-            }
-        }
         match self.emit {
             Emit::Record => {
                 out.data
                     .reserve(batch.len() * (8 + g.keys.len() / g.len().max(1)));
                 for (i, &grp) in g.of_record.iter().enumerate() {
+                    mark_dirty(&mut self.dirty, &mut self.dirty_list, grp);
                     let c = &mut self.counts[grp as usize];
                     *c += 1;
                     let key = g.key(grp as usize);
@@ -425,6 +429,7 @@ impl Operator for KeyedCount {
                     if *seen != self.batch_no {
                         *seen = self.batch_no;
                         self.scratch.push(grp);
+                        mark_dirty(&mut self.dirty, &mut self.dirty_list, grp);
                     }
                 }
                 for &grp in &self.scratch {
