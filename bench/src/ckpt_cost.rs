@@ -28,6 +28,12 @@ use crate::epochs;
 use crate::measure;
 use crate::workload;
 
+/// Periodic checkpoints (beyond the final epoch) the median run of a periodic variant must
+/// take for its overhead to count as a measure of its interval. A run shorter than its
+/// interval takes none, and its "overhead" is noise: the 10M-bid default of earlier
+/// sessions ran 0.8 s by 12-05, so its 1 s variant took only the final epoch.
+pub const MIN_PERIODIC_EPOCHS: usize = 3;
+
 /// What to measure.
 pub struct Setup {
     /// The release `nopstream` binary.
@@ -94,6 +100,10 @@ pub struct TimedVariant {
     pub wall_overhead: f64,
     /// Records per durable epoch, median.
     pub records_per_epoch: f64,
+    /// Whether the median run took at least [`MIN_PERIODIC_EPOCHS`] periodic checkpoints
+    /// (always true for `none`); when false the overhead measures nothing and the table
+    /// says so.
+    pub enough_epochs: bool,
 }
 
 /// One callgrind run.
@@ -169,6 +179,13 @@ fn job_text(file: &str, batch_records: u32, trigger: Trigger) -> Result<String> 
         &format!("{}\n[[source]]", trigger.job_line()),
         1,
     ))
+}
+
+/// Whether a variant whose median run took `median_epochs` durable epochs (the final one
+/// included) took at least [`MIN_PERIODIC_EPOCHS`] periodic checkpoints; `none` takes
+/// none by design and always counts.
+fn enough_epochs(trigger: Trigger, median_epochs: f64) -> bool {
+    trigger == Trigger::None || median_epochs >= (MIN_PERIODIC_EPOCHS + 1) as f64
 }
 
 struct Variant {
@@ -316,6 +333,7 @@ pub fn run(s: &Setup) -> Result<CostReport> {
                 cpu_overhead: ratio(&cpu, i),
                 wall_overhead: ratio(&wall, i),
                 records_per_epoch: s.records as f64 / median(&epochs).max(1.0),
+                enough_epochs: enough_epochs(v.trigger, median(&epochs)),
             }
         })
         .collect();
@@ -385,7 +403,7 @@ fn counted_runs(s: &Setup, records: u64, timed: &[TimedVariant]) -> Result<(u64,
     let (startup, _, _) = callgrind(s, &small[0], 1_000)?;
     eprintln!("   callgrind: start-up (1,000 bids)  {startup} instructions");
     let mut triggers = vec![Trigger::None];
-    for t in timed.iter().skip(1) {
+    for t in timed.iter().skip(1).filter(|t| t.enough_epochs) {
         let every = t.records_per_epoch.round() as u64;
         if every == 0 || every >= records {
             eprintln!(
@@ -428,6 +446,7 @@ fn counted_runs(s: &Setup, records: u64, timed: &[TimedVariant]) -> Result<(u64,
                     timed
                         .iter()
                         .skip(1)
+                        .filter(|t| t.enough_epochs)
                         .map(|t| {
                             (
                                 t.trigger.label(),
@@ -462,8 +481,13 @@ impl CostReport {
         );
         for t in &self.timed {
             let epochs: Vec<f64> = t.epochs.iter().map(|&e| e as f64).collect();
+            let flag = if t.enough_epochs {
+                ""
+            } else {
+                " (too few periodic checkpoints to measure; raise --records)"
+            };
             s += &format!(
-                "| {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:+.1} % | {:+.1} % |\n",
+                "| {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:+.1} %{flag} | {:+.1} %{flag} |\n",
                 t.trigger.label(),
                 median(&t.cpu_s),
                 median(&t.sys_s),
@@ -551,6 +575,45 @@ mod tests {
                 assert!(text.contains(l), "{text}");
             }
         }
+    }
+
+    #[test]
+    fn a_variant_with_too_few_periodic_checkpoints_is_not_reported_as_a_measure() {
+        let v = |trigger, epochs: Vec<usize>, enough| TimedVariant {
+            trigger,
+            cpu_s: vec![1.0; epochs.len()],
+            sys_s: vec![0.0; epochs.len()],
+            wall_s: vec![1.0; epochs.len()],
+            epochs,
+            cpu_overhead: 0.02,
+            wall_overhead: 0.0,
+            records_per_epoch: 1.0,
+            enough_epochs: enough,
+        };
+        let report = CostReport {
+            date: String::new(),
+            machine: String::new(),
+            records: 10,
+            runs: 3,
+            timed: vec![
+                v(Trigger::None, vec![1, 1, 1], true),
+                v(Trigger::IntervalMs(1000), vec![1, 2, 1], false),
+                v(Trigger::IntervalMs(100), vec![9, 9, 8], true),
+            ],
+            valgrind_records: None,
+            startup_instructions: 0,
+            counted: Vec::new(),
+            counted_error: None,
+        };
+        assert!(enough_epochs(Trigger::None, 1.0));
+        assert!(!enough_epochs(Trigger::IntervalMs(1000), 1.0));
+        assert!(!enough_epochs(Trigger::IntervalMs(1000), 3.5));
+        assert!(enough_epochs(Trigger::IntervalMs(1000), 4.0));
+        let t = report.table();
+        let line = |label: &str| t.lines().find(|l| l.starts_with(label)).unwrap().to_owned();
+        assert!(line("| every 1000 ms").contains("too few periodic"), "{t}");
+        assert!(!line("| every 100 ms").contains("too few"), "{t}");
+        assert!(!line("| none").contains("too few"), "{t}");
     }
 
     #[test]

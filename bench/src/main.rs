@@ -139,8 +139,10 @@ enum Cmd {
         /// Interleaved rounds (after one unmeasured warm-up of each variant).
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Bids of the timed runs.
-        #[arg(long, default_value_t = 10_000_000)]
+        /// Bids of the timed runs: enough for several 1 s epochs (a periodic variant
+        /// whose median run takes fewer than 3 periodic checkpoints is reported as not
+        /// measured). 40M bids are a 1.5 GB file and about 4 s of the keyed count.
+        #[arg(long, default_value_t = 40_000_000)]
         records: u64,
         /// Bids of the callgrind runs.
         #[arg(long, default_value_t = 2_000_000)]
@@ -892,8 +894,10 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
                 report.records_read == warm_floor.records,
                 "{name}: record count changed"
             );
+            let mut epochs_taken = None;
             if case.workload.checkpoint_ms.is_some() {
                 let s = epochs::stats(&case.run_dir.join("work"))?;
+                epochs_taken = Some(s.durable_epochs);
                 eprintln!(
                     "   run {}: {} epochs durable, epoch duration median {:.0} ms (max {:.0}), snapshot median {:.0} B (max {:.0}, retained manifests)",
                     i + 1,
@@ -923,6 +927,7 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
                 cpu_s: child.cpu_s,
                 max_rss_mib: child.max_rss_mib,
                 threads: child.threads.clone(),
+                epochs: epochs_taken,
             });
             let (child, f) = floor_run(case)?;
             eprintln!(
@@ -939,6 +944,7 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
                 cpu_s: child.cpu_s,
                 max_rss_mib: child.max_rss_mib,
                 threads: Vec::new(),
+                epochs: None,
             });
         }
         let input = case
@@ -1195,6 +1201,7 @@ fn run_flink(results: &mut Results, peer: &FlinkConfig, out: &Path) -> Result<()
                     cpu_s,
                     max_rss_mib: child.max_rss_mib,
                     threads: Vec::new(),
+                    epochs: None,
                 });
             }
             results.upsert(Row {

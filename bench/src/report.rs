@@ -37,6 +37,12 @@ pub struct Run {
     /// and in results written before it was measured).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub threads: Vec<crate::measure::ThreadCpu>,
+    /// Durable epochs of a checkpointing nop-stream run, the final one included (`None`
+    /// for other runs and in results written before it was recorded). A run shorter than
+    /// its checkpoint interval takes only the final epoch, so its figures carry no
+    /// periodic checkpoint ([`TargetLine::caveat`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<usize>,
 }
 
 /// All runs of one workload on one engine.
@@ -54,6 +60,32 @@ pub struct Row {
     pub runs: Vec<Run>,
     /// Free-form note (parallelism, checks passed).
     pub note: String,
+}
+
+impl Row {
+    /// A caveat when this row's runs recorded their epochs and the median run took only
+    /// the final one: it ended within its first checkpoint interval, so its figures carry
+    /// no periodic checkpoint.
+    pub fn no_periodic_checkpoint(&self) -> Option<String> {
+        let epochs: Vec<f64> = self
+            .runs
+            .iter()
+            .filter_map(|r| r.epochs.map(|e| e as f64))
+            .collect();
+        if epochs.is_empty() {
+            return None;
+        }
+        let median = Stat::of(epochs).median;
+        (median <= 1.0).then(|| {
+            format!(
+                "{} on {}: the median run took {} durable epoch(s), the final one only: it \
+             ended before its first periodic checkpoint, so these figures carry no \
+             checkpoint cost. `nopstream-bench checkpoint-cost` measures it on an input \
+             long enough for several.",
+                self.workload, self.input, median
+            )
+        })
+    }
 }
 
 /// Median, minimum and maximum.
@@ -179,6 +211,11 @@ pub struct TargetLine {
     pub target: f64,
     /// Whether larger is better (ratios) or smaller (overheads).
     pub higher_is_better: bool,
+    /// Why the figure does not measure what the target is about, when it does not: a
+    /// `count-ckpt` whose runs ended before their first periodic checkpoint (only the
+    /// final epoch) measures no checkpoint cost. A ratio keeps its verdict with the
+    /// caveat beside it; the checkpoint overhead line is then "not measured".
+    pub caveat: Option<String>,
 }
 
 impl TargetLine {
@@ -302,6 +339,10 @@ impl Results {
     pub fn targets(&self) -> Vec<TargetLine> {
         let mut out = Vec::new();
         let ratios = self.ratios();
+        let caveat = |workload: &str, input: &str| {
+            self.row(workload, input, NOP_STREAM)
+                .and_then(Row::no_periodic_checkpoint)
+        };
         for (workload, versus, measure, target) in TARGETS {
             for r in ratios
                 .iter()
@@ -318,6 +359,7 @@ impl Results {
                     measured,
                     target: *target,
                     higher_is_better: true,
+                    caveat: caveat(workload, &r.input),
                 });
             }
         }
@@ -333,6 +375,7 @@ impl Results {
                     measured: c.summary().cpu_s.median / u.summary().cpu_s.median - 1.0,
                     target: CKPT_CPU_OVERHEAD,
                     higher_is_better: false,
+                    caveat: c.no_periodic_checkpoint(),
                 });
             }
         }
@@ -349,8 +392,16 @@ impl Results {
         let mut t = String::from(
             "| target | input | measured | target | verdict |\n|---|---|---|---|---|\n",
         );
+        let mut caveats = Vec::new();
         for l in lines {
-            let verdict = if l.meets() {
+            if let Some(c) = &l.caveat
+                && !caveats.contains(c)
+            {
+                caveats.push(c.clone());
+            }
+            let verdict = if l.caveat.is_some() && !l.higher_is_better {
+                "not measured: no periodic checkpoint (see below)".to_owned()
+            } else if l.meets() {
                 "meets".to_owned()
             } else if l.higher_is_better {
                 format!(
@@ -368,7 +419,15 @@ impl Results {
                     format!("≤ {:.0} %", 100.0 * l.target),
                 )
             };
+            let verdict = if l.caveat.is_some() && l.higher_is_better {
+                format!("{verdict}; no periodic checkpoint (see below)")
+            } else {
+                verdict
+            };
             let _ = writeln!(t, "| {} | {} | {m} | {tg} | {verdict} |", l.what, l.input);
+        }
+        for c in caveats {
+            let _ = write!(t, "\n{c}\n");
         }
         t
     }
@@ -461,14 +520,19 @@ impl Results {
                 let (c, u) = (r.summary(), b.summary());
                 let _ = writeln!(
                     t,
-                    "\ncheckpointed ÷ unchecked, {} on {}: {:.2} steady / {:.2} end-to-end / {:.3} CPU seconds ({} ÷ {})",
+                    "\ncheckpointed ÷ unchecked, {} on {}: {:.2} steady / {:.2} end-to-end / {:.3} CPU seconds ({} ÷ {}){}",
                     r.engine,
                     r.input,
                     c.steady_rps.median / u.steady_rps.median,
                     c.e2e_rps.median / u.e2e_rps.median,
                     c.cpu_s.median / u.cpu_s.median,
                     r.workload,
-                    base
+                    base,
+                    if r.no_periodic_checkpoint().is_some() {
+                        "; no periodic checkpoint in these runs, so this is noise"
+                    } else {
+                        ""
+                    }
                 );
             }
         }
@@ -709,6 +773,7 @@ mod tests {
                     cpu_s: s,
                     max_rss_mib: 10.0,
                     threads: Vec::new(),
+                    epochs: None,
                 })
                 .collect(),
             note: String::new(),
@@ -737,6 +802,55 @@ mod tests {
         );
         assert!(res.svg().contains("<svg") && res.svg().ends_with("</svg>\n"));
         assert_eq!(human(1_234_567.0), "1.23 M");
+    }
+
+    #[test]
+    fn a_checkpointing_run_without_a_periodic_checkpoint_is_flagged_in_the_targets() {
+        let rows = |epochs: [usize; 3]| {
+            let mut ckpt = row(NOP_STREAM, &[1.0, 1.0, 1.0]);
+            ckpt.workload = "count-ckpt".into();
+            for (r, e) in ckpt.runs.iter_mut().zip(epochs) {
+                r.epochs = Some(e);
+            }
+            let mut floor = row(FLOOR, &[0.25; 3]);
+            floor.workload = "count-ckpt".into();
+            Results {
+                rows: vec![ckpt, floor, row(NOP_STREAM, &[1.0; 3])],
+                ..Results::default()
+            }
+        };
+        // The median run took the final epoch only: the ratios keep their verdicts with
+        // the caveat, and the overhead is not measured.
+        let t = rows([1, 2, 1]).targets_table();
+        assert!(
+            t.contains("| count-ckpt ÷ floor (steady) | bids-1m.csv | 0.25 | ≥ 0.50 | misses: 50 % of the target; no periodic checkpoint (see below) |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| checkpoint CPU overhead (count-ckpt ÷ count − 1) | bids-1m.csv | +0.0 % | ≤ 5 % | not measured: no periodic checkpoint (see below) |"),
+            "{t}"
+        );
+        assert_eq!(
+            t.matches("ended before its first periodic checkpoint")
+                .count(),
+            1,
+            "{t}"
+        );
+        assert!(
+            rows([1, 2, 1])
+                .table()
+                .contains("(count-ckpt ÷ count); no periodic checkpoint in these runs")
+        );
+        // Periodic checkpoints taken, or epochs not recorded: no caveat.
+        for res in [rows([3, 2, 4]), {
+            let mut r = rows([1, 1, 1]);
+            r.rows[0].runs.iter_mut().for_each(|x| x.epochs = None);
+            r
+        }] {
+            let t = res.table();
+            assert!(!t.contains("periodic"), "{t}");
+            assert!(t.contains("| ≤ 5 % | meets |"), "{t}");
+        }
     }
 
     #[test]
@@ -781,6 +895,7 @@ mod tests {
             cpu_s: cpu,
             max_rss_mib: 10.0,
             threads: Vec::new(),
+            epochs: None,
         }]
     }
 
