@@ -470,6 +470,9 @@ impl Operator for KeyedCount {
 nop_stream_sdk::export_operator!(KeyedCount);
 
 #[cfg(test)]
+mod diff_random_tests;
+
+#[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
