@@ -520,6 +520,8 @@ pub struct NodeArgs {
     pub listen: SocketAddr,
     /// `--slots`.
     pub slots: u32,
+    /// `--task-scheduling`.
+    pub task_scheduling: nop_stream_runtime::TaskScheduling,
 }
 
 /// `nopstream node`: serves until killed.
@@ -531,6 +533,7 @@ pub fn run_node(a: NodeArgs) -> Result<()> {
             id: nop_stream_cluster::NodeId(a.id),
             data: data.clone(),
             channel_capacity: 0,
+            task_scheduling: a.task_scheduling,
         },
         rt.handle().clone(),
     )

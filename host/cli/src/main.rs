@@ -104,6 +104,11 @@ enum Command {
         /// findings.
         #[arg(long, value_name = "A.toml")]
         actions: Option<PathBuf>,
+        /// How the kernel schedules task threads: `batch` (SCHED_BATCH on Linux: a woken
+        /// task does not preempt a running one, fewer context switches when task threads
+        /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
+        #[arg(long, default_value = "batch", value_name = "batch|normal")]
+        task_scheduling: nop_stream_runtime::TaskScheduling,
     },
     /// Savepoints: promote a checkpoint to one, check a job against one.
     Savepoint {
@@ -239,6 +244,11 @@ enum Command {
         /// Task slots offered: slot groups (one subtask of each vertex) it runs at once.
         #[arg(long, default_value_t = nop_stream_server::DEFAULT_SLOTS)]
         slots: u32,
+        /// How the kernel schedules task threads: `batch` (SCHED_BATCH on Linux: a woken
+        /// task does not preempt a running one, fewer context switches when task threads
+        /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
+        #[arg(long, default_value = "batch", value_name = "batch|normal")]
+        task_scheduling: nop_stream_runtime::TaskScheduling,
     },
     /// Write plugins: `nopstream plugin new NAME --kind operator|source|sink`.
     Plugin {
@@ -751,6 +761,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             certs,
             listen,
             slots,
+            task_scheduling,
         } => {
             cluster::run_node(cluster::NodeArgs {
                 join,
@@ -759,6 +770,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                 certs,
                 listen,
                 slots,
+                task_scheduling,
             })?;
             Ok(std::process::ExitCode::SUCCESS)
         }
@@ -842,6 +854,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             from_savepoint,
             delta,
             actions,
+            task_scheduling,
         } => {
             anyhow::ensure!(
                 actions.is_none() || from_savepoint.is_some() || delta.is_some(),
@@ -996,6 +1009,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             opts.resume = resume;
             opts.max_restarts = max_restarts;
             opts.rescale_from = rescale_from;
+            opts.task_scheduling = task_scheduling;
             let progress = Arc::new(JobProgress::default());
             let done = Arc::new(AtomicBool::new(false));
             let display = (!no_progress && !json)

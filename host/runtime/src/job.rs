@@ -60,6 +60,9 @@ pub struct RunOptions {
     /// Where savepoints requested without a directory go (`<dir>/epoch-N`). Default
     /// `<work_dir>/savepoints`.
     pub savepoint_dir: PathBuf,
+    /// How the kernel schedules the task threads. Default
+    /// [`TaskScheduling::Batch`](crate::launch::TaskScheduling::Batch).
+    pub task_scheduling: crate::launch::TaskScheduling,
 }
 
 impl RunOptions {
@@ -92,6 +95,7 @@ impl RunOptions {
             rescale_from: None,
             savepoints: None,
             savepoint_dir,
+            task_scheduling: crate::launch::TaskScheduling::default(),
         }
     }
 }

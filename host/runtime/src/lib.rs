@@ -31,7 +31,7 @@ pub use error::{MAX_RECORD_IN_ERROR, Result, RuntimeError, Site, printable_recor
 pub const WIT_PACKAGE: &str = "nop:stream@0.2.2";
 pub use host::HostTrap;
 pub use job::{JobProgress, JobReport, PluginSet, RunOptions, run_job};
-pub use launch::{LiveTasks, LocalTaskEvent, PreparedTasks, TaskHost};
+pub use launch::{LiveTasks, LocalTaskEvent, PreparedTasks, TaskHost, TaskScheduling};
 pub use limits::{Limits, TICK_MS};
 pub use plugin::{DirGrant, Instance, InstanceOptions, LoadedPlugin, PluginHost, Rejected};
 pub use task::TaskReport;

@@ -49,6 +49,8 @@ pub struct NodeOptions {
     pub data: PathBuf,
     /// Capacity of each receiving channel queue, in messages (batches). Default 16.
     pub channel_capacity: usize,
+    /// How the kernel schedules this node's task threads.
+    pub task_scheduling: nop_stream_runtime::TaskScheduling,
 }
 
 enum Control {
@@ -406,6 +408,7 @@ impl NodeHost {
             ..Limits::default()
         };
         opts.channel_capacity = self.opts.channel_capacity;
+        opts.task_scheduling = self.opts.task_scheduling;
         opts
     }
 
