@@ -92,6 +92,12 @@ enum Cmd {
         /// Parallelism of every nop-stream job (`nopstream run -p`).
         #[arg(long, short = 'p', default_value_t = 1)]
         parallelism: u32,
+        /// Also run `count-ckpt` at this parallelism, each run right after its p=1 run and
+        /// the floor's, as the row `nop-stream -p N`; the targets table then has issue 14
+        /// item 5's "records per CPU-second at p=N within 10 % of p=1". 0: not. Only with
+        /// `-p 1` and `count-ckpt` selected.
+        #[arg(long, default_value_t = 2)]
+        scaling: u32,
         /// Records per batch of the generated jobs.
         #[arg(long, default_value_t = 1024)]
         batch_records: u32,
@@ -465,6 +471,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             large,
             workloads,
             parallelism,
+            scaling,
             batch_records,
             nopstream,
             out,
@@ -489,7 +496,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                 nopstream,
                 out: absolute(&out)?,
             };
-            let results = run_all(&cfg, &selected, large)?;
+            let scaling = (parallelism == 1 && scaling > 1).then_some(scaling);
+            let results = run_all(&cfg, &selected, large, scaling)?;
             println!("\n{}", results.table());
             results.write(&cfg.out)?;
             println!(
@@ -764,6 +772,7 @@ fn bids_file(data: &Path, label: &str, records: u64, header: bool) -> Result<Pat
     Ok(path)
 }
 
+#[derive(Clone)]
 struct RunConfig {
     runs: usize,
     parallelism: u32,
@@ -813,7 +822,16 @@ struct Case<'a> {
     run_dir: PathBuf,
 }
 
-fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Results> {
+/// The scaling runs of [`run_all`]: `count-ckpt` at parallelism `cfg.parallelism`, in
+/// its own run directory.
+const SCALING_WORKLOAD: &str = "count-ckpt";
+
+fn run_all(
+    cfg: &RunConfig,
+    selected: &[&Workload],
+    large: bool,
+    scaling: Option<u32>,
+) -> Result<Results> {
     let data = cfg.out.join("data");
     let jobs = cfg.out.join("jobs");
     std::fs::create_dir_all(&jobs)?;
@@ -877,6 +895,41 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
             }
             None => "records read = floor",
         };
+        // Scaling runs beside the p=1 ones: the same job at parallelism `p`, its output
+        // checked against the floor's too.
+        let scaled = match scaling {
+            Some(p) if name == SCALING_WORKLOAD => {
+                let cfg = RunConfig {
+                    parallelism: p,
+                    ..cfg.clone()
+                };
+                let mut run_dir = case.run_dir.clone().into_os_string();
+                run_dir.push(format!("-p{p}"));
+                let case = Case {
+                    workload: case.workload,
+                    input: case.input.clone(),
+                    job: case.job.clone(),
+                    run_dir: run_dir.into(),
+                };
+                let (_, warm) = nopstream_run(&cfg, &case)?;
+                ensure!(
+                    warm.records_read == warm_floor.records,
+                    "{name} -p {p}: nop-stream read {} records, the floor {}",
+                    warm.records_read,
+                    warm_floor.records
+                );
+                if let Some(o) = committed_output(&case.run_dir.join("output"))? {
+                    ensure!(
+                        o == warm_floor.output,
+                        "{name} -p {p}: nop-stream output {o:?} differs from the floor's {:?}",
+                        warm_floor.output
+                    );
+                }
+                Some((cfg, case))
+            }
+            _ => None,
+        };
+        let mut scaled_runs = Vec::new();
         let mut ns_runs = Vec::new();
         let mut floor_runs = Vec::new();
         for i in 0..cfg.runs {
@@ -946,6 +999,33 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
                 threads: Vec::new(),
                 epochs: None,
             });
+            if let Some((scfg, scase)) = &scaled {
+                let (child, report) = nopstream_run(scfg, scase)?;
+                let steady = report.wall.secs as f64 + f64::from(report.wall.nanos) / 1e9;
+                eprintln!(
+                    "   run {}: -p {}       {:.3} s job, {:.3} s process, {:.2} CPU s, {:.0} MiB",
+                    i + 1,
+                    scfg.parallelism,
+                    steady,
+                    child.wall_s,
+                    child.cpu_s,
+                    child.max_rss_mib
+                );
+                ensure!(
+                    report.records_read == warm_floor.records,
+                    "{name} -p {}: record count changed",
+                    scfg.parallelism
+                );
+                let epochs = epochs::stats(&scase.run_dir.join("work"))?.durable_epochs;
+                scaled_runs.push(Run {
+                    e2e_s: child.wall_s,
+                    steady_s: steady,
+                    cpu_s: child.cpu_s,
+                    max_rss_mib: child.max_rss_mib,
+                    threads: child.threads.clone(),
+                    epochs: Some(epochs),
+                });
+            }
         }
         let input = case
             .input
@@ -963,11 +1043,21 @@ fn run_all(cfg: &RunConfig, selected: &[&Workload], large: bool) -> Result<Resul
         results.rows.push(Row {
             workload: name.into(),
             engine: FLOOR.into(),
-            input,
+            input: input.clone(),
             records: warm_floor.records,
             runs: floor_runs,
             note: "one thread, same parsing code, HashMap".into(),
         });
+        if let Some((scfg, _)) = &scaled {
+            results.rows.push(Row {
+                workload: name.into(),
+                engine: report::scaled_engine(scfg.parallelism),
+                input,
+                records: warm.records_read,
+                runs: scaled_runs,
+                note: format!("-p {}, run after each p=1 run, {checked}", scfg.parallelism),
+            });
+        }
     }
     if !checkpoint_stats.is_empty() {
         std::fs::write(

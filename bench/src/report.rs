@@ -246,6 +246,16 @@ pub const TARGETS: &[(&str, &str, &str, f64)] = &[
 /// most this much more.
 pub const CKPT_CPU_OVERHEAD: f64 = 0.05;
 
+/// Issue 14 item 5: records per CPU-second of `count-ckpt` at p=N at least this share of
+/// p=1's ("within 10 %").
+pub const SCALING_EFFICIENCY: f64 = 0.90;
+
+/// The engine name of nop-stream's rows at parallelism `p` beside the p=1 ones
+/// (`nopstream-bench run --scaling p`): `nop-stream -p 2`.
+pub fn scaled_engine(p: u32) -> String {
+    format!("{NOP_STREAM} -p {p}")
+}
+
 impl Results {
     fn row(&self, workload: &str, input: &str, engine: &str) -> Option<&Row> {
         self.rows
@@ -363,6 +373,27 @@ impl Results {
                 });
             }
         }
+        for scaled in self
+            .rows
+            .iter()
+            .filter(|r| r.engine.starts_with(&format!("{NOP_STREAM} -p ")))
+        {
+            if let Some(base) = self.row(&scaled.workload, &scaled.input, NOP_STREAM) {
+                let per_cpu = |r: &Row| r.records as f64 / r.summary().cpu_s.median;
+                out.push(TargetLine {
+                    what: format!(
+                        "{} records per CPU-second, {} ÷ p=1",
+                        scaled.workload,
+                        scaled.engine.trim_start_matches(NOP_STREAM).trim()
+                    ),
+                    input: scaled.input.clone(),
+                    measured: per_cpu(scaled) / per_cpu(base),
+                    target: SCALING_EFFICIENCY,
+                    higher_is_better: true,
+                    caveat: None,
+                });
+            }
+        }
         for c in self
             .rows
             .iter()
@@ -436,7 +467,11 @@ impl Results {
     /// median CPU seconds, as a Markdown table (empty if no row has them).
     pub fn threads_table(&self) -> String {
         let mut t = String::new();
-        for row in self.rows.iter().filter(|r| r.engine == NOP_STREAM) {
+        for row in self
+            .rows
+            .iter()
+            .filter(|r| r.engine.starts_with(NOP_STREAM))
+        {
             let mut runs: Vec<&Run> = row.runs.iter().filter(|r| !r.threads.is_empty()).collect();
             if runs.is_empty() {
                 continue;
@@ -448,8 +483,12 @@ impl Results {
             }
             let _ = writeln!(
                 t,
-                "| {} | {} | {:.2} | {} |",
+                "| {}{} | {} | {:.2} | {} |",
                 row.workload,
+                match row.engine.strip_prefix(NOP_STREAM) {
+                    Some(p) if !p.is_empty() => format!(" ({})", p.trim()),
+                    _ => String::new(),
+                },
                 row.input,
                 median.cpu_s,
                 threads_line(&median.threads, 4)
@@ -778,6 +817,56 @@ mod tests {
                 .collect(),
             note: String::new(),
         }
+    }
+
+    #[test]
+    fn a_scaling_row_gets_its_per_cpu_ratio_to_p1_as_a_target() {
+        let at = |engine: &str, cpu: [f64; 3], thread: &str| {
+            let mut r = row(engine, &cpu);
+            r.workload = "count-ckpt".into();
+            for run in &mut r.runs {
+                run.threads = vec![crate::measure::ThreadCpu {
+                    name: thread.into(),
+                    cpu_s: run.cpu_s,
+                }];
+            }
+            r
+        };
+        let res = |p2: [f64; 3]| Results {
+            rows: vec![
+                at(NOP_STREAM, [1.0, 1.2, 0.9], "count#0"),
+                at(&scaled_engine(2), p2, "count#1"),
+            ],
+            ..Results::default()
+        };
+        // Medians 1.0 at p=1 and 1.25 at p=2: the same records in 25 % more CPU, 0.80.
+        let t = res([1.3, 1.25, 1.1]).targets_table();
+        assert!(
+            t.contains("| count-ckpt records per CPU-second, -p 2 ÷ p=1 | bids-1m.csv | 0.80 | ≥ 0.90 | misses: 89 % of the target |"),
+            "{t}"
+        );
+        let t = res([1.05, 1.1, 1.0]).targets_table();
+        assert!(
+            t.contains("÷ p=1 | bids-1m.csv | 0.95 | ≥ 0.90 | meets |"),
+            "{t}"
+        );
+        // Its threads are listed under its own label; no ratio against the floor is made
+        // for it, and without a p=1 row there is no target line.
+        let r = res([1.0; 3]);
+        let threads = r.threads_table();
+        assert!(
+            threads.contains("| count-ckpt (-p 2) | bids-1m.csv | 1.00 | count#1 1.00 |"),
+            "{threads}"
+        );
+        assert!(
+            threads.contains("| count-ckpt | bids-1m.csv | 1.00 | count#0 1.00 |"),
+            "{threads}"
+        );
+        let alone = Results {
+            rows: vec![at(&scaled_engine(2), [1.0; 3], "count#1")],
+            ..Results::default()
+        };
+        assert!(alone.targets().is_empty());
     }
 
     #[test]
