@@ -546,6 +546,54 @@ fn a_state_ttl_longer_than_the_run_keeps_the_counts_exact_through_a_crash() {
     );
 }
 
+#[test]
+fn a_state_ttl_shorter_than_the_gap_between_bids_restarts_every_count() {
+    // One auction, four bids a second at p=1 (the generator's throttle: about 250 ms
+    // between bids): with a 60 ms TTL on `count` each bid finds its auction's count
+    // expired, so every update is (auction, 1); with 60 s the counts run 1..n. A cache in
+    // keyed-count that outlived a batch under a TTL would count on past the expiry.
+    const BIDS: u64 = 6;
+    let job = |ttl_ms: u64| {
+        let text = bids_count_job(
+            "ttl-expiry",
+            "",
+            &format!("records = {BIDS}, splits = 1, keys = 1, records_per_second = 4"),
+        )
+        .replace("parallelism = 2", "parallelism = 1")
+        .replace(
+            "plugin = \"keyed-count@0.1.0\"\n",
+            &format!("plugin = \"keyed-count@0.1.0\"\nstate_ttl_ms = {{ count = {ttl_ms} }}\n"),
+        );
+        assert!(text.contains("state_ttl_ms") && text.contains("parallelism = 1\n"));
+        text
+    };
+    // The independent expectation: keyed-count's payload is the key (the auction, `u64`
+    // LE, as bids-parser keys a bid) and the count (`u64` LE); the generator's only
+    // auction with `keys = 1` is 1000.
+    let totals = |counts: &mut dyn Iterator<Item = u64>| {
+        let mut s = blackhole_sink::Summary::default();
+        for c in counts {
+            let mut payload = 1000u64.to_le_bytes().to_vec();
+            payload.extend_from_slice(&c.to_le_bytes());
+            s.add(&payload);
+        }
+        (s.records, s.checksum)
+    };
+    for (ttl_ms, expected) in [
+        (60, totals(&mut std::iter::repeat_n(1, BIDS as usize))),
+        (60_000, totals(&mut (1..=BIDS))),
+    ] {
+        let run = Job::new("crash", &format!("ttl-expiry-{ttl_ms}"), &job(ttl_ms));
+        let (ok, log) = run.run(None);
+        assert!(ok, "{log}");
+        assert_eq!(
+            common::files::blackhole_totals(&run.out),
+            expected,
+            "counts under a {ttl_ms} ms TTL"
+        );
+    }
+}
+
 /// The newest manifest's JSON under `work` (`None` before the first one).
 fn latest_manifest_text(work: &std::path::Path) -> Option<String> {
     let ns = std::fs::read_dir(work.join("checkpoints"))
