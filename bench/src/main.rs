@@ -822,8 +822,8 @@ struct Case<'a> {
     run_dir: PathBuf,
 }
 
-/// The scaling runs of [`run_all`]: `count-ckpt` at parallelism `cfg.parallelism`, in
-/// its own run directory.
+/// The workload `run --scaling N` runs again at parallelism N (issue 14 item 5 measures
+/// the keyed count with checkpoints), in the run directory `<case>-pN`.
 const SCALING_WORKLOAD: &str = "count-ckpt";
 
 fn run_all(
