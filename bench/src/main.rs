@@ -147,8 +147,9 @@ enum Cmd {
         runs: usize,
         /// Bids of the timed runs: enough for several 1 s epochs (a periodic variant
         /// whose median run takes fewer than 3 periodic checkpoints is reported as not
-        /// measured). 40M bids are a 1.5 GB file and about 4 s of the keyed count.
-        #[arg(long, default_value_t = 40_000_000)]
+        /// measured). 80M bids are a 3.1 GB file and about 6.4 s of the keyed count (at
+        /// 40M its 1 s variant took only 2 periodic checkpoints by 12-05).
+        #[arg(long, default_value_t = 80_000_000)]
         records: u64,
         /// Bids of the callgrind runs.
         #[arg(long, default_value_t = 2_000_000)]
