@@ -41,7 +41,7 @@ pub use plugin::{
 };
 pub use state::{
     KEYS_PAGE_LIMIT, ListState, ListStateIn, MapState, MapStateIn, OperatorState, POSTCARD,
-    ValueState, ValueStateIn, decode_value, encode_value, schema_of,
+    STATE_WRITE_CHUNK, ValueState, ValueStateIn, decode_value, encode_value, schema_of,
 };
 
 /// A deterministic pseudo-random sequence for tests: an LCG (Knuth's MMIX constants)

@@ -39,6 +39,8 @@ pub struct MockContext {
     operator_values: Vec<BTreeMap<String, Vec<u8>>>,
     // TTLs reported by `state_ttl_ms`, by state handle.
     ttl_ms: BTreeMap<u32, u64>,
+    // The most keys one `value_put_many` call carried.
+    largest_put_many: usize,
 }
 
 impl MockContext {
@@ -72,6 +74,7 @@ impl MockContext {
             operator_declared: Vec::new(),
             operator_values: Vec::new(),
             ttl_ms: BTreeMap::new(),
+            largest_put_many: 0,
         }
     }
 
@@ -197,6 +200,12 @@ impl MockContext {
     /// in emission order; empty if nothing was emitted).
     pub fn take_side_output(&mut self, tag: &str) -> Batch {
         self.side.remove(tag).unwrap_or_default()
+    }
+
+    /// The most keys one `value_put_many` call has carried so far (0: none yet): what a
+    /// host state memory budget, applied after each call, could be passed by.
+    pub fn largest_put_many(&self) -> usize {
+        self.largest_put_many
     }
 
     /// Number of stored items: one per value, one per list element, one per map entry.
@@ -338,6 +347,7 @@ impl Context for MockContext {
             key_ends.len(),
             value_ends.len()
         );
+        self.largest_put_many = self.largest_put_many.max(key_ends.len());
         for (key, value) in split(keys, key_ends).zip(split(values, value_ends)) {
             let slot = self.slot(state, namespace, key);
             self.values.insert(slot, value.to_vec());

@@ -28,6 +28,14 @@ pub const POSTCARD: &str = "postcard";
 /// Page size [`ValueState::keys`] asks the host for, in keys.
 pub const KEYS_PAGE_LIMIT: u32 = 1024;
 
+/// Keys per batched state call when an operator writes a cache back to host state (the
+/// SDK's CEP operator and window accumulator cache, `keyed-count`). The host applies a
+/// job's state memory budget (`state_memory_bytes`) after each state call, so a
+/// write-back in calls of at most this many keys passes the budget by at most that many
+/// entries before the host spills; one call for a whole cache (65,536 keys for CEP) passed
+/// it by the whole cache.
+pub const STATE_WRITE_CHUNK: usize = 1024;
+
 fn described<T: DeserializeOwned>(d: StateDescriptor) -> StateDescriptor {
     match schema_of::<T>() {
         Some(schema) => d.with_schema(schema),

@@ -13,8 +13,8 @@ use smallvec::SmallVec;
 use super::nfa::{KeyNfa, NfaState, Output, SharedBuffer};
 use super::{Match, Pattern, StageKind};
 use crate::{
-    Batch, Context, PluginError, PluginInfo, RecordRef, Result, TimeDomain, TimerGroup, ValueState,
-    counter_add,
+    Batch, Context, PluginError, PluginInfo, RecordRef, Result, STATE_WRITE_CHUNK, TimeDomain,
+    TimerGroup, ValueState, counter_add,
 };
 
 /// Per-key NFA state (partial matches, id counters): value state.
@@ -968,8 +968,8 @@ where
         }
     }
 
-    /// Writes every dirty key back (one batched put per state, one batched delete per
-    /// state for emptied keys) and moves every host timer that differs from its key's
+    /// Writes every dirty key back (batched puts per state of [`STATE_WRITE_CHUNK`] keys,
+    /// one batched delete per state for emptied keys) and moves every host timer that differs from its key's
     /// next one (earliest queued event or deadline; one `retime-keys` call), after a
     /// [`Self::sweep`]. Emptied keys stay cached, idle.
     fn write_back(&mut self, ctx: &mut (impl Context + ?Sized)) {
@@ -993,13 +993,26 @@ where
                 }
             }
         }
-        let puts = || self.cache.iter().filter(|e| e.dirty && !e.is_empty());
         let nfa_state = self.nfa.in_namespace(CEP_NAMESPACE);
         let queue_state = self.queue.in_namespace(CEP_NAMESPACE);
         let buffer_state = self.buffer.in_namespace(CEP_NAMESPACE);
-        nfa_state.put_many_refs(ctx, puts().map(|e| (&*e.key, &e.nfa)));
-        queue_state.put_many_refs(ctx, puts().map(|e| (&*e.key, &e.queue)));
-        buffer_state.put_many_refs(ctx, puts().map(|e| (&*e.key, &e.buffer)));
+        {
+            // In calls of STATE_WRITE_CHUNK keys, so that a state memory budget applies
+            // between them.
+            let mut puts = self
+                .cache
+                .iter()
+                .filter(|e| e.dirty && !e.is_empty())
+                .peekable();
+            let mut chunk = Vec::new();
+            while puts.peek().is_some() {
+                chunk.clear();
+                chunk.extend(puts.by_ref().take(STATE_WRITE_CHUNK));
+                nfa_state.put_many_refs(ctx, chunk.iter().map(|e| (&*e.key, &e.nfa)));
+                queue_state.put_many_refs(ctx, chunk.iter().map(|e| (&*e.key, &e.queue)));
+                buffer_state.put_many_refs(ctx, chunk.iter().map(|e| (&*e.key, &e.buffer)));
+            }
+        }
         nfa_state.delete_many_flat(ctx, &deletes, &delete_ends);
         queue_state.delete_many_flat(ctx, &deletes, &delete_ends);
         buffer_state.delete_many_flat(ctx, &deletes, &delete_ends);

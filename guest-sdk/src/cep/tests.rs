@@ -885,8 +885,10 @@ fn keys_past_the_cache_limit_are_written_back_and_read_again() {
     };
     op.process(&mut ctx, &batch("a", 10), &mut Batch::new())
         .unwrap();
-    // Written back past the limit: one queue entry and one timer per key at the host.
+    // Written back past the limit: one queue entry and one timer per key at the host, in
+    // calls of STATE_WRITE_CHUNK keys (a state memory budget applies between them).
     assert_eq!(ctx.registered_timers().len(), n);
+    assert_eq!(ctx.largest_put_many(), crate::STATE_WRITE_CHUNK);
     op.process(&mut ctx, &batch("b", 20), &mut Batch::new())
         .unwrap();
     let mut out = Batch::new();

@@ -7,7 +7,9 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use super::cache::AccCache;
 use super::{ACC_STATE, CONTENTS_STATE, FunctionKind, Window};
-use crate::{Batch, Context, RecordRef, Result, StateHandle, TimeDomain, ValueState};
+use crate::{
+    Batch, Context, RecordRef, Result, STATE_WRITE_CHUNK, StateHandle, TimeDomain, ValueState,
+};
 
 /// An incremental aggregate (Flink's `AggregateFunction<IN, ACC, OUT>`): records are
 /// decoded once, folded into an accumulator stored per (key, window) in value state
@@ -605,24 +607,32 @@ impl<A: AggregateFunction, P: ProcessWindowFunction<A::Out>> WindowFunction for 
         Ok(())
     }
 
-    /// Per cached window: one batched read of the stored accumulators, one batched write
-    /// of the merged ones, one timer registration for all its keys.
+    /// Per cached window, per [`STATE_WRITE_CHUNK`] of its keys (so that a state memory
+    /// budget applies between the calls): one batched read of the stored accumulators,
+    /// one batched write of the merged ones, one timer registration.
     fn flush_cache(&mut self, ctx: &mut dyn Context) {
         let state = self.acc.as_ref().expect("window function used before open");
         for (window, mut slot) in self.cache.drain() {
             let ns = window.namespace();
             let state = state.in_namespace(&ns);
-            let deltas = slot.take_accs();
+            let mut deltas = slot.take_accs().into_iter();
             let keys: Vec<&[u8]> = (0..slot.len()).map(|i| slot.key(i)).collect();
-            let stored = state.get_many(ctx, &keys);
-            let entries: Vec<(&[u8], A::Acc)> = keys
-                .iter()
-                .zip(deltas)
-                .zip(stored)
-                .map(|((&k, delta), stored)| (k, self.merged(stored, delta)))
-                .collect();
-            state.put_many(ctx, &entries);
-            ctx.register_timers_for_keys(TimeDomain::EventTime, &ns, window.max_timestamp(), &keys);
+            for keys in keys.chunks(STATE_WRITE_CHUNK) {
+                let stored = state.get_many(ctx, keys);
+                let entries: Vec<(&[u8], A::Acc)> = keys
+                    .iter()
+                    .zip(deltas.by_ref())
+                    .zip(stored)
+                    .map(|((&k, delta), stored)| (k, self.merged(stored, delta)))
+                    .collect();
+                state.put_many(ctx, &entries);
+                ctx.register_timers_for_keys(
+                    TimeDomain::EventTime,
+                    &ns,
+                    window.max_timestamp(),
+                    keys,
+                );
+            }
         }
     }
 }

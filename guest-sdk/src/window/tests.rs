@@ -481,6 +481,44 @@ fn a_checkpoint_writes_the_cache_as_the_uncached_operator_would_have() {
 }
 
 #[test]
+fn a_large_cached_window_is_written_back_in_chunks_as_the_uncached_operator_would_have() {
+    // More keys in one window than one state call may carry: the write-back goes in calls
+    // of STATE_WRITE_CHUNK keys (a state memory budget applies between them), and a second
+    // checkpoint merges each key's stored accumulator with its own cached delta, chunk by
+    // chunk, so the fired results equal the uncached operator's.
+    let n = 3 * crate::STATE_WRITE_CHUNK + 5;
+    let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    let recs = |v: i64| -> Vec<(&str, i64, i64)> {
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), 1 + (i % 7) as i64, v + i as i64))
+            .collect()
+    };
+    let mut plain = Harness::new(FunctionKind::Aggregate, tumbling_op);
+    let mut cached = Harness::new(FunctionKind::Aggregate, cached_tumbling_op);
+    for v in [1, 1000] {
+        plain.feed(&recs(v));
+        cached.feed(&recs(v));
+        cached.flush();
+        assert_eq!(
+            cached.ctx.state_entry_count(),
+            plain.ctx.state_entry_count()
+        );
+        assert_eq!(
+            cached.ctx.registered_timers(),
+            plain.ctx.registered_timers()
+        );
+    }
+    assert_eq!(cached.ctx.largest_put_many(), crate::STATE_WRITE_CHUNK);
+    for h in [&mut plain, &mut cached] {
+        h.watermark(i64::MAX);
+        h.assert_clean();
+    }
+    assert_eq!(cached.out.len(), n);
+    assert_eq!(cached.out, plain.out);
+}
+
+#[test]
 fn the_cache_is_off_where_it_does_not_apply() {
     let off = |spec: WindowSpec| {
         let mut ctx = MockContext::new(&info(FunctionKind::Aggregate));

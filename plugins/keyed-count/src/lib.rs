@@ -196,8 +196,10 @@ pub const BYPASS_BATCHES: u32 = 1024;
 /// Most keys one `value_put_many` of a write-back carries. The host applies a memory
 /// budget (`state_memory_bytes`) after each call, so a write-back of a full cache in one
 /// call would grow its working set by up to [`MAX_CACHED_KEYS`] entries past the budget
-/// (and its hash tables keep that capacity); in chunks it grows by at most this many.
-pub const WRITE_BACK_CHUNK: usize = 1024;
+/// (and its hash tables keep that capacity); in chunks it grows by at most this many. The
+/// SDK's [`STATE_WRITE_CHUNK`](nop_stream_sdk::STATE_WRITE_CHUNK), which its CEP operator
+/// and window cache use too.
+pub const WRITE_BACK_CHUNK: usize = nop_stream_sdk::STATE_WRITE_CHUNK;
 
 /// The operator.
 #[derive(Debug)]
