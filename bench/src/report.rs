@@ -390,7 +390,7 @@ impl Results {
                     measured: per_cpu(scaled) / per_cpu(base),
                     target: SCALING_EFFICIENCY,
                     higher_is_better: true,
-                    caveat: None,
+                    caveat: base.no_periodic_checkpoint(),
                 });
             }
         }

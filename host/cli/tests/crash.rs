@@ -548,16 +548,18 @@ fn a_state_ttl_longer_than_the_run_keeps_the_counts_exact_through_a_crash() {
 
 #[test]
 fn a_state_ttl_shorter_than_the_gap_between_bids_restarts_every_count() {
-    // One auction, four bids a second at p=1 (the generator's throttle: about 250 ms
-    // between bids): with a 60 ms TTL on `count` each bid finds its auction's count
-    // expired, so every update is (auction, 1); with 60 s the counts run 1..n. A cache in
-    // keyed-count that outlived a batch under a TTL would count on past the expiry.
-    const BIDS: u64 = 6;
+    // One auction, two bids a second at p=1, one record per batch (the generator's
+    // throttle: about 500 ms between bids): with a 20 ms TTL on `count` each bid finds its
+    // auction's count expired, so every update is (auction, 1); with 60 s the counts run
+    // 1..n. A cache in keyed-count that outlived a batch under a TTL would count on past
+    // the expiry. (The throttle catches up after a stall: only a stall of about 480 ms
+    // between two reads could bring two bids within the TTL.)
+    const BIDS: u64 = 5;
     let job = |ttl_ms: u64| {
         let text = bids_count_job(
             "ttl-expiry",
-            "",
-            &format!("records = {BIDS}, splits = 1, keys = 1, records_per_second = 4"),
+            "batch_records = 1",
+            &format!("records = {BIDS}, splits = 1, keys = 1, records_per_second = 2"),
         )
         .replace("parallelism = 2", "parallelism = 1")
         .replace(
@@ -580,7 +582,7 @@ fn a_state_ttl_shorter_than_the_gap_between_bids_restarts_every_count() {
         (s.records, s.checksum)
     };
     for (ttl_ms, expected) in [
-        (60, totals(&mut std::iter::repeat_n(1, BIDS as usize))),
+        (20, totals(&mut std::iter::repeat_n(1, BIDS as usize))),
         (60_000, totals(&mut (1..=BIDS))),
     ] {
         let run = Job::new("crash", &format!("ttl-expiry-{ttl_ms}"), &job(ttl_ms));

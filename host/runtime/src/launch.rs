@@ -596,7 +596,7 @@ impl Drop for LiveTasks {
 
 /// How the kernel schedules this process's task threads (`RunOptions::task_scheduling`,
 /// `--task-scheduling` of `nopstream run` and `nopstream node`). Threads a task starts
-/// (its snapshot writer) inherit the policy; the process's other threads (the
+/// (its snapshot writer, its background compaction) inherit the policy; the process's other threads (the
 /// coordinator, QUIC, the control socket) keep the default one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TaskScheduling {
@@ -631,7 +631,10 @@ impl TaskScheduling {
                 // Started under another policy on purpose (`chrt`): left as it is.
                 return;
             }
-            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `sched_param` is plain integers (more fields than the priority on
+            // some C libraries); all zero is priority 0, the only one SCHED_BATCH takes.
+            #[allow(unsafe_code)]
+            let param: libc::sched_param = unsafe { std::mem::zeroed() };
             // SAFETY: `sched_setscheduler` with pid 0 changes only the calling thread's
             // policy and reads `param`, a valid `sched_param` on the stack, during the
             // call. An unprivileged thread may move from SCHED_OTHER to SCHED_BATCH
