@@ -6,7 +6,7 @@
 //! `keyed-count` (its `count` state with a TTL unless `--no-ttl`) → `blackhole-sink`.
 //! Every `sample_secs` it records the process's resident set size (`/proc/PID/status`
 //! `VmRSS`), the bytes under the work directory's `checkpoints/` and `state/`, and the
-//! durable epochs (epoch log). At the end it kills the job and prints the samples and the
+//! latest durable epoch (epoch log). At the end it kills the job and prints the samples and the
 //! growth between the first sample after the warm-up quarter and the last one.
 //!
 //! It is not part of any test run (it takes `minutes`); `just soak` or
@@ -50,7 +50,8 @@ pub struct Sample {
     pub checkpoints_mib: f64,
     /// Bytes under `work/state` (redb), MiB.
     pub state_mib: f64,
-    /// Durable epochs so far.
+    /// The latest durable epoch (epochs are numbered from 1, one per checkpoint; before
+    /// 12-05 this counted the `durable` lines of the epoch log, which compaction trims).
     pub durable_epochs: usize,
 }
 
@@ -141,14 +142,24 @@ fn rss_mib(pid: u32) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// The latest epoch the epoch log records as durable (0: none yet). Epochs are numbered
+/// from 1 in a fresh namespace, one per checkpoint; the log is compacted as the job runs,
+/// so counting its `durable` lines undercounts.
 fn durable_epochs(work: &Path) -> usize {
     let Ok(rd) = std::fs::read_dir(work.join("checkpoints")) else {
         return 0;
     };
     rd.filter_map(|e| e.ok())
         .filter_map(|e| std::fs::read_to_string(e.path().join("epochs.log")).ok())
-        .map(|t| t.lines().filter(|l| l.contains("\"durable\"")).count())
-        .sum()
+        .flat_map(|t| {
+            t.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["state"] == "durable")
+                .filter_map(|v| v["epoch"].as_u64())
+                .collect::<Vec<_>>()
+        })
+        .max()
+        .unwrap_or(0) as usize
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -182,7 +193,7 @@ pub fn run(s: &Setup) -> Result<SoakReport> {
     let date = crate::utc_now();
     let total = Duration::from_secs_f64(s.minutes * 60.0);
     let mut samples = Vec::new();
-    eprintln!("   t (s) | RSS MiB | checkpoints MiB | state MiB | durable epochs");
+    eprintln!("   t (s) | RSS MiB | checkpoints MiB | state MiB | latest durable epoch");
     while started.elapsed() < total {
         std::thread::sleep(Duration::from_secs(s.sample_secs).min(total - started.elapsed()));
         if let Some(status) = child.try_wait()? {
@@ -245,7 +256,7 @@ impl SoakReport {
         let last = &self.samples[self.samples.len() - 1];
         format!(
             "soak: {:.1} min at {} rec/s, {} live keys, a new key every {} records, TTL {}; \
-             {} durable epochs\n\
+             latest durable epoch {}\n\
              last: RSS {:.1} MiB, checkpoints {:.2} MiB, state {:.2} MiB\n\
              growth from the end of the first quarter to the end: RSS ×{rss:.2}, \
              checkpoints ×{ck:.2}, state ×{st:.2}\n",
@@ -266,6 +277,26 @@ impl SoakReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_latest_durable_epoch_is_read_from_a_compacted_log() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(durable_epochs(dir.path()), 0);
+        let ns = dir.path().join("checkpoints").join("job.main");
+        std::fs::create_dir_all(&ns).unwrap();
+        // What compaction leaves: the last epochs only, one line per state change.
+        std::fs::write(
+            ns.join("epochs.log"),
+            concat!(
+                "{\"epoch\":771,\"state\":\"durable\",\"attempt\":1,\"at_ms\":1}\n",
+                "{\"epoch\":771,\"state\":\"committed\",\"attempt\":1,\"at_ms\":2}\n",
+                "{\"epoch\":772,\"state\":\"durable\",\"attempt\":1,\"at_ms\":3}\n",
+                "{\"epoch\":773,\"state\":\"created\",\"attempt\":1,\"at_ms\":4}\n",
+            ),
+        )
+        .unwrap();
+        assert_eq!(durable_epochs(dir.path()), 772);
+    }
 
     #[test]
     fn the_soak_job_parses_with_and_without_ttl() {
