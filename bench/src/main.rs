@@ -934,24 +934,10 @@ fn run_all(
         let mut ns_runs = Vec::new();
         let mut floor_runs = Vec::new();
         for i in 0..cfg.runs {
-            let (child, report) = nopstream_run(cfg, case)?;
-            let steady = report.wall.secs as f64 + f64::from(report.wall.nanos) / 1e9;
-            eprintln!(
-                "   run {}: nop-stream {:.3} s job, {:.3} s process, {:.2} CPU s, {:.0} MiB",
-                i + 1,
-                steady,
-                child.wall_s,
-                child.cpu_s,
-                child.max_rss_mib
-            );
-            ensure!(
-                report.records_read == warm_floor.records,
-                "{name}: record count changed"
-            );
-            let mut epochs_taken = None;
+            let mut run = measured_run(cfg, case, i, "nop-stream", warm_floor.records)?;
             if case.workload.checkpoint_ms.is_some() {
                 let s = epochs::stats(&case.run_dir.join("work"))?;
-                epochs_taken = Some(s.durable_epochs);
+                run.epochs = Some(s.durable_epochs);
                 eprintln!(
                     "   run {}: {} epochs durable, epoch duration median {:.0} ms (max {:.0}), snapshot median {:.0} B (max {:.0}, retained manifests)",
                     i + 1,
@@ -968,21 +954,14 @@ fn run_all(
                     "stats": s,
                 }));
             }
-            if !child.threads.is_empty() {
+            if !run.threads.is_empty() {
                 eprintln!(
                     "   run {}: nop-stream threads, CPU s: {}",
                     i + 1,
-                    report::threads_line(&child.threads, 6)
+                    report::threads_line(&run.threads, 6)
                 );
             }
-            ns_runs.push(Run {
-                e2e_s: child.wall_s,
-                steady_s: steady,
-                cpu_s: child.cpu_s,
-                max_rss_mib: child.max_rss_mib,
-                threads: child.threads.clone(),
-                epochs: epochs_taken,
-            });
+            ns_runs.push(run);
             let (child, f) = floor_run(case)?;
             eprintln!(
                 "   run {}: floor      {:.3} s loop, {:.3} s process, {:.2} CPU s, {:.0} MiB",
@@ -1001,31 +980,10 @@ fn run_all(
                 epochs: None,
             });
             if let Some((scfg, scase)) = &scaled {
-                let (child, report) = nopstream_run(scfg, scase)?;
-                let steady = report.wall.secs as f64 + f64::from(report.wall.nanos) / 1e9;
-                eprintln!(
-                    "   run {}: -p {}       {:.3} s job, {:.3} s process, {:.2} CPU s, {:.0} MiB",
-                    i + 1,
-                    scfg.parallelism,
-                    steady,
-                    child.wall_s,
-                    child.cpu_s,
-                    child.max_rss_mib
-                );
-                ensure!(
-                    report.records_read == warm_floor.records,
-                    "{name} -p {}: record count changed",
-                    scfg.parallelism
-                );
-                let epochs = epochs::stats(&scase.run_dir.join("work"))?.durable_epochs;
-                scaled_runs.push(Run {
-                    e2e_s: child.wall_s,
-                    steady_s: steady,
-                    cpu_s: child.cpu_s,
-                    max_rss_mib: child.max_rss_mib,
-                    threads: child.threads.clone(),
-                    epochs: Some(epochs),
-                });
+                let label = format!("-p {}", scfg.parallelism);
+                let mut run = measured_run(scfg, scase, i, &label, warm_floor.records)?;
+                run.epochs = Some(epochs::stats(&scase.run_dir.join("work"))?.durable_epochs);
+                scaled_runs.push(run);
             }
         }
         let input = case
@@ -1067,6 +1025,41 @@ fn run_all(
         )?;
     }
     Ok(results)
+}
+
+/// Measured run `i` (from 0) of `case`, printed as `label`; its records read must be
+/// `records` (the floor's). The [`Run`]'s epochs are left for the caller.
+fn measured_run(
+    cfg: &RunConfig,
+    case: &Case<'_>,
+    i: usize,
+    label: &str,
+    records: u64,
+) -> Result<Run> {
+    let (child, report) = nopstream_run(cfg, case)?;
+    let steady = report.wall.secs as f64 + f64::from(report.wall.nanos) / 1e9;
+    eprintln!(
+        "   run {}: {label:<10} {:.3} s job, {:.3} s process, {:.2} CPU s, {:.0} MiB",
+        i + 1,
+        steady,
+        child.wall_s,
+        child.cpu_s,
+        child.max_rss_mib
+    );
+    ensure!(
+        report.records_read == records,
+        "{} ({label}): record count changed: {} read, the floor {records}",
+        case.workload.name,
+        report.records_read
+    );
+    Ok(Run {
+        e2e_s: child.wall_s,
+        steady_s: steady,
+        cpu_s: child.cpu_s,
+        max_rss_mib: child.max_rss_mib,
+        threads: child.threads,
+        epochs: None,
+    })
 }
 
 fn nopstream_run(cfg: &RunConfig, case: &Case<'_>) -> Result<(measure::ChildRun, JobReport)> {
