@@ -39,7 +39,11 @@
 //! last id back to its last remaining entry (XSETID, restoring `max-deleted-entry-id` to
 //! its value before the deletion, or `0-1` if nothing had been deleted), so the replayed
 //! records are written again under the new epochs and the final stream holds each record
-//! once, in input order. Consumers reading the stream before a recovery may see entries
+//! once, in input order. An abort cut short between its XDELs and its XSETID (a crash
+//! during recovery) leaves no entry to find but the last id in an uncommitted epoch's id
+//! space; the next recovery finds nothing pending and moves the last id back to the last
+//! entry all the same (a job with no durable epoch restarts at epoch 1 and would have its
+//! ids refused otherwise). Consumers reading the stream before a recovery may see entries
 //! of an epoch that is later deleted and rewritten: that is why this sink is idempotent
 //! (EFFECTIVELY_ONCE), not strict.
 //!
@@ -485,9 +489,12 @@ impl<S: Streams> RedisSink<S> {
             .unwrap_or((0, 0))
             .max((0, 1));
         let last = format!("{}-{}", top.0, top.1);
-        let max_deleted = (prev <= top).then(|| format!("{}-{}", prev.0, prev.1));
+        // Redis refuses a last id below the max deleted id: a `prev` above `top` (an
+        // earlier abort of this epoch was cut short after its deletes) becomes `top`.
+        let max = prev.min(top);
+        let max_deleted = format!("{}-{}", max.0, max.1);
         self.io
-            .set_last_id(&self.key, &last, max_deleted.as_deref())
+            .set_last_id(&self.key, &last, Some(&max_deleted))
             .map_err(|e| redis_err(&format!("XSETID `{}` {last}", self.key), e))?;
         log(
             LogLevel::Info,
@@ -497,6 +504,49 @@ impl<S: Streams> RedisSink<S> {
             ),
         );
         Ok(deleted)
+    }
+
+    /// Finishes an abort that was cut short between its deletes and its XSETID (a crash
+    /// during recovery): no entry above the `committed` epoch is left, but the stream's
+    /// last id is still in the id space of an uncommitted epoch. The next run would write
+    /// that epoch's ids again (a job with no durable epoch restarts at epoch 1) and have
+    /// them refused as "lost or foreign". Moves the last id back to the last entry, as the
+    /// abort would have. A last id within committed epochs (a consumer deleted committed
+    /// entries) is left alone.
+    fn finish_interrupted_abort(&mut self, committed: u64) -> Result<()> {
+        let Some(info) = self
+            .io
+            .stream_info(&self.key)
+            .map_err(|e| redis_err(&format!("XINFO `{}`", self.key), e))?
+        else {
+            return Ok(());
+        };
+        let Some(generated) = parse_id(&info.last_generated_id) else {
+            return Ok(());
+        };
+        if generated <= (committed, MAX_SEQ) {
+            return Ok(());
+        }
+        let top = parse_id(&info.last_id).unwrap_or((0, 0)).max((0, 1));
+        let max = parse_id(&info.max_deleted_id)
+            .unwrap_or((0, 0))
+            .max((0, 1))
+            .min(top);
+        let (last, max_deleted) = (
+            format!("{}-{}", top.0, top.1),
+            format!("{}-{}", max.0, max.1),
+        );
+        self.io
+            .set_last_id(&self.key, &last, Some(&max_deleted))
+            .map_err(|e| redis_err(&format!("XSETID `{}` {last}", self.key), e))?;
+        log(
+            LogLevel::Info,
+            &format!(
+                "redis-sink: `{}` had its last id at {} with no entry above committed epoch {committed} (an abort cut short); its last id is {last} again",
+                self.key, info.last_generated_id
+            ),
+        );
+        Ok(())
     }
 
     fn decode(&self, committable: &[u8]) -> Result<Committable> {
@@ -661,6 +711,9 @@ impl<S: Streams> RedisSink<S> {
                 break;
             }
             after = format!("{epoch}-{MAX_SEQ}");
+        }
+        if epochs.is_empty() {
+            self.finish_interrupted_abort(committed)?;
         }
         let mut out: Vec<String> = epochs
             .into_iter()
@@ -864,9 +917,13 @@ mod tests {
                 "XSETID below the top entry"
             );
             *l = id(last);
-            if let Some(d) = max_deleted {
-                assert!(id(d) <= id(last));
-                *del = id(d);
+            match max_deleted {
+                Some(d) => {
+                    assert!(id(d) <= id(last), "MAXDELETEDID above the last id");
+                    *del = id(d);
+                }
+                // Redis refuses XSETID below the current max deleted id without one.
+                None => assert!(*del <= id(last), "XSETID below the max deleted id"),
             }
             Ok(())
         }
@@ -965,6 +1022,47 @@ mod tests {
         s.commit_impl(&c5).unwrap();
         assert_eq!(s.committed().unwrap(), 6);
         assert_eq!(s.recover_impl(&c5).unwrap(), CommitOutcome::Committed);
+    }
+
+    #[test]
+    fn an_abort_cut_short_after_its_deletes_is_finished_by_the_next_recovery() {
+        let mut s = sink(Model::default());
+        let c1 = epoch(&mut s, 1, &["a", "b", "c"]);
+        s.commit_impl(&c1).unwrap();
+        epoch(&mut s, 2, &["d", "e", "f"]);
+        let model = std::mem::take(&mut s.io);
+        // A recovery deletes epoch 2's entries and dies before its XSETID.
+        let mut s = sink(model);
+        s.commit_impl(&c1).unwrap();
+        assert_eq!(s.pending_impl().unwrap(), vec![txn(&s, 2)]);
+        let ids = s.epoch_ids(2, 1000).unwrap();
+        assert_eq!(s.io.delete("out:0", &ids).unwrap(), 3);
+        let model = std::mem::take(&mut s.io);
+        // The next run finds nothing pending, but the last id is still 2-3: the restart
+        // (no durable epoch after 1, so epoch 2 again) would have 2-1 refused.
+        let mut s = sink(model);
+        s.commit_impl(&c1).unwrap();
+        assert!(s.pending_impl().unwrap().is_empty());
+        let info = s.io.stream_info("out:0").unwrap().unwrap();
+        assert_eq!(
+            (
+                info.last_generated_id.as_str(),
+                info.max_deleted_id.as_str()
+            ),
+            ("1-3", "1-3")
+        );
+        let c2 = epoch(&mut s, 2, &["d", "e", "f"]);
+        s.commit_impl(&c2).unwrap();
+        let got: Vec<String> = contents(&mut s).into_iter().map(|x| x.1).collect();
+        assert_eq!(got, ["a", "b", "c", "d", "e", "f"]);
+        // Committed entries deleted by a consumer leave the last id alone.
+        let mut s = sink(std::mem::take(&mut s.io));
+        let top = contents(&mut s).last().unwrap().0.clone();
+        s.io.delete("out:0", &[top]).unwrap();
+        s.commit_impl(&c2).unwrap();
+        assert!(s.pending_impl().unwrap().is_empty());
+        let info = s.io.stream_info("out:0").unwrap().unwrap();
+        assert_eq!(info.last_generated_id, "2-3");
     }
 
     #[test]
