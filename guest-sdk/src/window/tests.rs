@@ -195,6 +195,12 @@ impl<F: WindowFunction> Harness<F> {
         v
     }
 
+    /// The same number of stored state items and the same registered timers as `other`.
+    fn assert_same_state_as(&self, other: &Self) {
+        assert_eq!(self.ctx.state_entry_count(), other.ctx.state_entry_count());
+        assert_eq!(self.ctx.registered_timers(), other.ctx.registered_timers());
+    }
+
     fn assert_clean(&self) {
         assert_eq!(self.ctx.state_entry_count(), 0, "state left behind");
         assert!(
@@ -454,14 +460,7 @@ fn a_checkpoint_writes_the_cache_as_the_uncached_operator_would_have() {
     assert!(cached.ctx.registered_timers().is_empty());
     cached.flush();
     assert!(plain.ctx.state_entry_count() > 5);
-    assert_eq!(
-        cached.ctx.state_entry_count(),
-        plain.ctx.state_entry_count()
-    );
-    assert_eq!(
-        cached.ctx.registered_timers(),
-        plain.ctx.registered_timers()
-    );
+    cached.assert_same_state_as(&plain);
     // More records for the same windows, a second checkpoint: accumulators merge.
     cached.feed(&recs);
     plain.feed(&recs);
@@ -500,14 +499,7 @@ fn a_large_cached_window_is_written_back_in_chunks_as_the_uncached_operator_woul
         plain.feed(&recs(v));
         cached.feed(&recs(v));
         cached.flush();
-        assert_eq!(
-            cached.ctx.state_entry_count(),
-            plain.ctx.state_entry_count()
-        );
-        assert_eq!(
-            cached.ctx.registered_timers(),
-            plain.ctx.registered_timers()
-        );
+        cached.assert_same_state_as(&plain);
     }
     assert_eq!(cached.ctx.largest_put_many(), crate::STATE_WRITE_CHUNK);
     for h in [&mut plain, &mut cached] {

@@ -596,8 +596,8 @@ impl Drop for LiveTasks {
 
 /// How the kernel schedules this process's task threads (`RunOptions::task_scheduling`,
 /// `--task-scheduling` of `nopstream run` and `nopstream node`). Threads a task starts
-/// (its snapshot writer, its background compaction) inherit the policy; the process's other threads (the
-/// coordinator, QUIC, the control socket) keep the default one.
+/// (its snapshot writer, its background compaction) inherit the policy; the process's
+/// other threads (the coordinator, QUIC, the control socket) keep the default one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TaskScheduling {
     /// `SCHED_BATCH` on Linux (default): a task thread that wakes does not preempt the

@@ -339,10 +339,7 @@ impl<S: Streams> RedisSink<S> {
                 )));
             }
             None => {
-                let info = self
-                    .io
-                    .stream_info(&self.key)
-                    .map_err(|e| redis_err(&format!("XINFO `{}`", self.key), e))?;
+                let info = self.info()?;
                 if info.is_some_and(|i| i.length > 0) {
                     return Err(PluginError::transaction(format!(
                         "redis-sink: stream `{}` holds entries this sink did not write (no marker `{}`); use another \"stream\" or remove it",
@@ -455,11 +452,7 @@ impl<S: Streams> RedisSink<S> {
 
     /// Deletes every entry of `epoch` and moves the stream's last id back (module docs).
     fn delete_epoch(&mut self, epoch: u64) -> Result<u64> {
-        let before = self
-            .io
-            .stream_info(&self.key)
-            .map_err(|e| redis_err(&format!("XINFO `{}`", self.key), e))?;
-        let Some(before) = before else {
+        let Some(before) = self.info()? else {
             return Ok(0);
         };
         let mut deleted = 0;
@@ -476,26 +469,9 @@ impl<S: Streams> RedisSink<S> {
         if deleted == 0 {
             return Ok(0);
         }
-        let after = self
-            .io
-            .stream_info(&self.key)
-            .map_err(|e| redis_err(&format!("XINFO `{}`", self.key), e))?;
-        let top = after
-            .as_ref()
-            .and_then(|i| parse_id(&i.last_id))
-            .unwrap_or((0, 0))
-            .max((0, 1));
-        let prev = parse_id(&before.max_deleted_id)
-            .unwrap_or((0, 0))
-            .max((0, 1));
-        let last = format!("{}-{}", top.0, top.1);
-        // Redis refuses a last id below the max deleted id: a `prev` above `top` (an
-        // earlier abort of this epoch was cut short after its deletes) becomes `top`.
-        let max = prev.min(top);
-        let max_deleted = format!("{}-{}", max.0, max.1);
-        self.io
-            .set_last_id(&self.key, &last, Some(&max_deleted))
-            .map_err(|e| redis_err(&format!("XSETID `{}` {last}", self.key), e))?;
+        let after = self.info()?;
+        let last_entry = after.as_ref().map_or("", |i| i.last_id.as_str());
+        let last = self.move_last_id_back(last_entry, &before.max_deleted_id)?;
         log(
             LogLevel::Info,
             &format!(
@@ -506,6 +482,29 @@ impl<S: Streams> RedisSink<S> {
         Ok(deleted)
     }
 
+    /// XINFO of this subtask's stream (`None`: no such stream).
+    fn info(&mut self) -> Result<Option<StreamInfo>> {
+        self.io
+            .stream_info(&self.key)
+            .map_err(|e| redis_err(&format!("XINFO `{}`", self.key), e))
+    }
+
+    /// XSETID: moves the stream's last id back to `last_entry` (its last remaining entry;
+    /// `0-1` if it has none) and sets the max deleted id to `max_deleted` (its value before
+    /// the deletes; `0-1` if none), but never above the new last id, which Redis refuses
+    /// (a `max_deleted` above it is left by an abort cut short after its deletes).
+    /// Returns the new last id.
+    fn move_last_id_back(&mut self, last_entry: &str, max_deleted: &str) -> Result<String> {
+        let floor = |id: &str| parse_id(id).unwrap_or((0, 0)).max((0, 1));
+        let top = floor(last_entry);
+        let max = floor(max_deleted).min(top);
+        let last = format!("{}-{}", top.0, top.1);
+        self.io
+            .set_last_id(&self.key, &last, Some(&format!("{}-{}", max.0, max.1)))
+            .map_err(|e| redis_err(&format!("XSETID `{}` {last}", self.key), e))?;
+        Ok(last)
+    }
+
     /// Finishes an abort that was cut short between its deletes and its XSETID (a crash
     /// during recovery): no entry above the `committed` epoch is left, but the stream's
     /// last id is still in the id space of an uncommitted epoch. The next run would write
@@ -514,11 +513,7 @@ impl<S: Streams> RedisSink<S> {
     /// abort would have. A last id within committed epochs (a consumer deleted committed
     /// entries) is left alone.
     fn finish_interrupted_abort(&mut self, committed: u64) -> Result<()> {
-        let Some(info) = self
-            .io
-            .stream_info(&self.key)
-            .map_err(|e| redis_err(&format!("XINFO `{}`", self.key), e))?
-        else {
+        let Some(info) = self.info()? else {
             return Ok(());
         };
         let Some(generated) = parse_id(&info.last_generated_id) else {
@@ -527,18 +522,7 @@ impl<S: Streams> RedisSink<S> {
         if generated <= (committed, MAX_SEQ) {
             return Ok(());
         }
-        let top = parse_id(&info.last_id).unwrap_or((0, 0)).max((0, 1));
-        let max = parse_id(&info.max_deleted_id)
-            .unwrap_or((0, 0))
-            .max((0, 1))
-            .min(top);
-        let (last, max_deleted) = (
-            format!("{}-{}", top.0, top.1),
-            format!("{}-{}", max.0, max.1),
-        );
-        self.io
-            .set_last_id(&self.key, &last, Some(&max_deleted))
-            .map_err(|e| redis_err(&format!("XSETID `{}` {last}", self.key), e))?;
+        let last = self.move_last_id_back(&info.last_id, &info.max_deleted_id)?;
         log(
             LogLevel::Info,
             &format!(
@@ -975,6 +959,12 @@ mod tests {
         s.pre_commit_impl(&t).unwrap()
     }
 
+    /// The stream's (last generated id, max deleted id).
+    fn last_ids(s: &mut RedisSink<Model>) -> (String, String) {
+        let info = s.io.stream_info("out:0").unwrap().unwrap();
+        (info.last_generated_id, info.max_deleted_id)
+    }
+
     fn contents(s: &mut RedisSink<Model>) -> Vec<(String, String)> {
         let key = s.key.clone();
         s.io.range(&key, "", "", u32::MAX)
@@ -1002,14 +992,7 @@ mod tests {
             s.abort_impl(&t).unwrap();
         }
         assert!(s.pending_impl().unwrap().is_empty());
-        let info = s.io.stream_info("out:0").unwrap().unwrap();
-        assert_eq!(
-            (
-                info.last_generated_id.as_str(),
-                info.max_deleted_id.as_str()
-            ),
-            ("1-3", "0-1")
-        );
+        assert_eq!(last_ids(&mut s), ("1-3".into(), "0-1".into()));
         // The replay cuts epochs differently, under new numbers.
         let c5 = epoch(&mut s, 5, &["d"]);
         s.commit_impl(&c5).unwrap();
@@ -1043,14 +1026,7 @@ mod tests {
         let mut s = sink(model);
         s.commit_impl(&c1).unwrap();
         assert!(s.pending_impl().unwrap().is_empty());
-        let info = s.io.stream_info("out:0").unwrap().unwrap();
-        assert_eq!(
-            (
-                info.last_generated_id.as_str(),
-                info.max_deleted_id.as_str()
-            ),
-            ("1-3", "1-3")
-        );
+        assert_eq!(last_ids(&mut s), ("1-3".into(), "1-3".into()));
         let c2 = epoch(&mut s, 2, &["d", "e", "f"]);
         s.commit_impl(&c2).unwrap();
         let got: Vec<String> = contents(&mut s).into_iter().map(|x| x.1).collect();
@@ -1061,8 +1037,7 @@ mod tests {
         s.io.delete("out:0", &[top]).unwrap();
         s.commit_impl(&c2).unwrap();
         assert!(s.pending_impl().unwrap().is_empty());
-        let info = s.io.stream_info("out:0").unwrap().unwrap();
-        assert_eq!(info.last_generated_id, "2-3");
+        assert_eq!(last_ids(&mut s).0, "2-3");
     }
 
     #[test]
