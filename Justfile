@@ -55,7 +55,7 @@ bench-cluster:
     target/release/nopstream-bench channel
     target/release/nopstream-bench cluster-recovery --trials 3
 
-# Criterion microbenchmarks: boundary call, state get/put and flush, channel hop, shard snapshot/restore.
+# Criterion microbenchmarks: boundary call, state get/put and flush, channel hop, HASH split, shard snapshot/restore.
 bench-micro:
     cargo bench -p nop-stream-bench
 

@@ -13,7 +13,7 @@ pub mod launch;
 mod limits;
 pub mod nats;
 pub mod op_state;
-mod partition;
+pub mod partition;
 pub mod pg;
 pub mod plugin;
 pub mod redis;
