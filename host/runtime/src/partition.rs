@@ -65,18 +65,15 @@ fn empty_batch() -> Batch {
     }
 }
 
-/// An empty batch with the capacity `like` has, so that the next batch split off for the
-/// same subtask fills without regrowing its buffers: a buffer is sent once it reaches
-/// `flush_records` records, so it ends up holding up to one input batch more than that, and
-/// a new buffer sized by the length sent would be regrown (a `realloc` copying what it
-/// holds) on many of its fills.
+/// An empty batch with room for as much as `like` holds, so that the next batch split off
+/// for the same subtask fills without regrowing its buffers.
 fn empty_batch_like(like: &Batch) -> Batch {
     Batch {
-        data: Vec::with_capacity(like.data.capacity()),
-        ends: Vec::with_capacity(like.ends.capacity()),
-        keys: Vec::with_capacity(like.keys.capacity()),
-        key_ends: Vec::with_capacity(like.key_ends.capacity()),
-        timestamps: Vec::with_capacity(like.timestamps.capacity()),
+        data: Vec::with_capacity(like.data.len()),
+        ends: Vec::with_capacity(like.ends.len()),
+        keys: Vec::with_capacity(like.keys.len()),
+        key_ends: Vec::with_capacity(like.key_ends.len()),
+        timestamps: Vec::with_capacity(like.timestamps.len()),
     }
 }
 
