@@ -35,13 +35,7 @@ impl ChannelSender for Drop0 {
 }
 
 fn batch() -> Batch {
-    let mut b = Batch {
-        data: Vec::new(),
-        ends: Vec::new(),
-        keys: Vec::new(),
-        key_ends: Vec::new(),
-        timestamps: Vec::new(),
-    };
+    let mut b = Batch::default();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for i in 0..RECORDS {
         x ^= x << 13;
