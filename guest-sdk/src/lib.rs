@@ -16,6 +16,7 @@ mod plugin;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod state;
+pub mod throttle;
 pub mod window;
 #[doc(hidden)]
 pub mod wit;

@@ -17,7 +17,8 @@
 //! Split `s` of `S` generates the global indexes `g = s, s + S, s + 2S, ...`; its cursor
 //! is the number of records it returned (`u64` little-endian, exclusive). With `records`
 //! the splits together return exactly that many records and finish; without it they never
-//! finish. `records_per_second` throttles each instance (counted from its first read).
+//! finish. `records_per_second` throttles each instance (counted from its first read), in
+//! whole batches ([`nop_stream_sdk::throttle`]: a due record waits at most about 5 ms).
 //!
 //! Config: `{ "records": u64, "keys": u32 (default 10000), "rotate_every": u64,
 //! "seed": u64 (default 42), "splits": u32 (default: the parallelism),
@@ -151,7 +152,7 @@ fn split_len(total: u64, index: u32, count: u32) -> u64 {
 #[derive(Debug)]
 pub struct DatagenSource {
     config: Config,
-    throttle: Option<(std::time::Instant, u64)>,
+    throttle: Option<nop_stream_sdk::throttle::RateLimit>,
     line: String,
 }
 
@@ -203,9 +204,10 @@ impl Source for DatagenSource {
         let len = self.config.records.map(|t| split_len(t, index, count));
         let mut budget = u64::from(max_records);
         if let Some(rate) = self.config.records_per_second {
-            let (since, read) = self.throttle.get_or_insert((std::time::Instant::now(), 0));
-            let allowed = (since.elapsed().as_secs_f64() * rate as f64) as u64;
-            budget = budget.min(allowed.saturating_sub(*read).max(u64::from(*read == 0)));
+            let limit = self
+                .throttle
+                .get_or_insert_with(|| nop_stream_sdk::throttle::RateLimit::new(rate));
+            budget = u64::from(limit.grant(max_records));
         }
         let end = len.map_or(done + budget, |l| l.min(done + budget));
         for n in done..end {
@@ -213,8 +215,8 @@ impl Source for DatagenSource {
             let ts = record(&self.config, g, &mut self.line);
             out.push_record(None, Some(ts), self.line.as_bytes());
         }
-        if let Some((_, read)) = &mut self.throttle {
-            *read += end - done;
+        if let Some(limit) = &mut self.throttle {
+            limit.took(end - done);
         }
         Ok(ReadOutcome {
             next_cursor: end.to_le_bytes().to_vec(),

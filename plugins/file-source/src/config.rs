@@ -43,8 +43,9 @@ pub struct Config {
     /// [`crate::event_time`]); `None`: records carry no timestamp.
     pub event_time: Option<EventTimeConfig>,
     /// Throttle: at most this many records per second per source instance, counted from
-    /// its first read (demos and tests that need a job to run for a while). `None`: as
-    /// fast as it reads. At least 1.
+    /// its first read (demos and tests that need a job to run for a while), granted in
+    /// whole batches ([`nop_stream_sdk::throttle`]). `None`: as fast as it reads. At
+    /// least 1.
     pub max_records_per_second: Option<u64>,
 }
 

@@ -48,8 +48,8 @@ pub struct FileSource {
     config: Config,
     cached: Option<(String, LineReader<File>)>,
     event_time: Option<(String, EventTime)>,
-    /// With `max_records_per_second`: when this instance first read, and records since.
-    throttle: Option<(std::time::Instant, u64)>,
+    /// With `max_records_per_second`: its limit, from this instance's first read.
+    throttle: Option<nop_stream_sdk::throttle::RateLimit>,
 }
 
 /// Longest header line read to resolve `event_time` columns: 1 MiB.
@@ -201,10 +201,10 @@ impl Source for FileSource {
         let d = SplitDescriptor::decode(&split.descriptor).map_err(PluginError::internal)?;
         let mut max_records = max_records;
         if let Some(rate) = self.config.max_records_per_second {
-            let (since, read) = self.throttle.get_or_insert((std::time::Instant::now(), 0));
-            let allowed = (since.elapsed().as_secs_f64() * rate as f64) as u64;
-            let budget = allowed.saturating_sub(*read).max(u64::from(*read == 0));
-            max_records = max_records.min(u32::try_from(budget).unwrap_or(u32::MAX));
+            let limit = self
+                .throttle
+                .get_or_insert_with(|| nop_stream_sdk::throttle::RateLimit::new(rate));
+            max_records = limit.grant(max_records);
             if max_records == 0 {
                 // Nothing due yet: the same cursor, no records (the host waits a little).
                 return Ok(ReadOutcome {
@@ -256,8 +256,8 @@ impl Source for FileSource {
         if let Some(message) = bad_record {
             return Err(PluginError::invalid_record(message));
         }
-        if let Some((_, read)) = &mut self.throttle {
-            *read += out.len() as u64;
+        if let Some(limit) = &mut self.throttle {
+            limit.took(out.len() as u64);
         }
         Ok(ReadOutcome {
             next_cursor: encode_cursor(step.next),
