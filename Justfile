@@ -41,6 +41,12 @@ soak *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     target/release/nopstream-bench soak {{ARGS}}
 
+# Task scheduling latency: SCHED_BATCH vs the default policy for task threads, at p=2 with
+# 100 ms checkpoints, below and at saturation: checkpoint duration and commit latency p50/p99.
+bench-latency *ARGS:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    target/release/nopstream-bench latency {{ARGS}}
+
 # Large keyed state (issue 14 item 4): the keyed count with 1M and 5M distinct keys and 1 s
 # checkpoints: rec/s, bytes and stall per epoch, peak RSS, a run with the state memory budget
 # at a quarter of the state, recovery after SIGKILL; output checked against an expectation.

@@ -35,6 +35,7 @@ mod cluster_bench;
 mod epochs;
 mod floor;
 mod large_state;
+mod latency;
 mod measure;
 mod pg;
 mod report;
@@ -192,6 +193,34 @@ enum Cmd {
         /// Run without a TTL (state grows with the key space).
         #[arg(long)]
         no_ttl: bool,
+        /// The `nopstream` binary [default: next to this one].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// What `SCHED_BATCH` task threads cost in latency: the keyed count over generated
+    /// bids at parallelism 2 with 100 ms checkpoints, at loads below and at saturation,
+    /// both `--task-scheduling` policies interleaved; per load and policy p50/p99/max of
+    /// barrier injection → snapshot durable and → sinks committed, CPU seconds, and
+    /// `batch ÷ normal`; writes `<out>/latency.json`. Not run by any test.
+    Latency {
+        /// Parallelism.
+        #[arg(long, default_value_t = 2)]
+        parallelism: u32,
+        /// Checkpoint interval, ms.
+        #[arg(long, default_value_t = 100)]
+        interval_ms: u64,
+        /// Seconds of input per run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Loads as fractions of the saturated rate (1 = unthrottled), comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [0.5, 0.9, 1.0])]
+        loads: Vec<f64>,
+        /// Rounds per load, each running both policies.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// The `nopstream` binary [default: next to this one].
         #[arg(long)]
         nopstream: Option<PathBuf>,
@@ -684,6 +713,33 @@ fn dispatch(cli: Cli) -> Result<()> {
                 serde_json::to_string_pretty(&report)?,
             )?;
             println!("wrote {}/soak.json", setup.out.display());
+            Ok(())
+        }
+        Cmd::Latency {
+            parallelism,
+            interval_ms,
+            seconds,
+            loads,
+            rounds,
+            nopstream,
+            out,
+        } => {
+            let setup = latency::Setup {
+                nopstream: nopstream_binary(nopstream)?,
+                out: absolute(&out)?,
+                parallelism: parallelism.max(1),
+                interval_ms: interval_ms.max(1),
+                seconds,
+                loads,
+                rounds,
+            };
+            let report = latency::run(&setup)?;
+            print!("{}", report.table());
+            std::fs::write(
+                setup.out.join("latency.json"),
+                serde_json::to_string_pretty(&report)?,
+            )?;
+            println!("wrote {}/latency.json", setup.out.display());
             Ok(())
         }
         Cmd::LargeState {

@@ -98,7 +98,7 @@ fn connect(url: &str, password: &str) -> Result<postgres::Client> {
 }
 
 /// p50 and p99 (nearest rank) of `v`, or zeros.
-fn percentiles(v: &mut [f64]) -> (f64, f64) {
+pub(crate) fn percentiles(v: &mut [f64]) -> (f64, f64) {
     if v.is_empty() {
         return (0.0, 0.0);
     }
