@@ -607,9 +607,16 @@ pub enum TaskScheduling {
     /// preempts the upstream one mid-batch: in `count-ckpt` at 10 M bids and p=2 on two
     /// cores the process's threads were preempted about 4,400 times (about 500 under
     /// `SCHED_BATCH`), and it took 1.50–1.52 CPU s against 1.34–1.36 (`bench/RESULTS.md`,
-    /// 2026-12-05). The cost is latency on a saturated machine: a woken task may wait for
-    /// the running thread's slice (a few ms) instead of starting at once. On an idle CPU
-    /// it starts at once either way. Elsewhere than Linux: as [`TaskScheduling::Normal`].
+    /// 2026-12-05). The cost is latency on a busy machine: a woken task may wait for the
+    /// running thread's slice (a few ms) instead of starting at once, at every hand-over
+    /// a barrier makes. `nopstream-bench latency` (the keyed count over generated bids at
+    /// p=2 on two cores, 100 ms checkpoints, 2026-12-05) measured checkpoint duration
+    /// (barrier injection → snapshot durable) p50 / p99 of 28–32 / 51–56 ms against
+    /// 13–15 / 22–24 ms under `Normal` at 90 % load and at saturation, and 20 / 40 against
+    /// 18 / 29 ms at 50 % load; the commit (output visible) came 15–21 ms later in the
+    /// median. Jobs that need the lowest checkpoint latency on a saturated host run with
+    /// `Normal`. On an idle CPU a woken task starts at once either way. Elsewhere than
+    /// Linux: as [`TaskScheduling::Normal`].
     #[default]
     Batch,
     /// The default policy (`SCHED_OTHER`): a woken task thread may preempt a running one
