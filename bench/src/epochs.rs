@@ -8,12 +8,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+/// One line of a namespace's `epochs.log`: `state` is `created`, `durable`, `committed`
+/// or `aborted`; `at_ms` Unix ms.
 #[derive(Deserialize)]
-struct LogRecord {
-    epoch: u64,
-    state: String,
-    attempt: u32,
-    at_ms: u64,
+pub(crate) struct LogRecord {
+    pub(crate) epoch: u64,
+    pub(crate) state: String,
+    pub(crate) attempt: u32,
+    pub(crate) at_ms: u64,
 }
 
 #[derive(Deserialize)]

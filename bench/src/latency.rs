@@ -32,8 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use crate::epochs::LogRecord;
 use crate::measure;
 
 /// What to run.
@@ -56,14 +57,6 @@ pub struct Setup {
 
 /// The two policies of `--task-scheduling`.
 const POLICIES: [&str; 2] = ["batch", "normal"];
-
-#[derive(Deserialize)]
-struct LogRecord {
-    epoch: u64,
-    state: String,
-    attempt: u32,
-    at_ms: u64,
-}
 
 /// Every epoch-log record seen under `<work>/checkpoints/*/epochs.log`, keyed by
 /// (namespace, epoch, attempt, state). The log is compacted past 64 KiB, so a run is polled
