@@ -124,8 +124,6 @@ fn split(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, split);
-criterion_main!(benches);
 /// Nanoseconds per record of hashing each key to its shard, the part of a split no layout
 /// avoids, over about 1 s.
 fn hash_ns_per_record(b: &Batch) -> f64 {
@@ -187,3 +185,6 @@ fn scatter_floor_ns_per_record(b: &Batch) -> f64 {
     black_box(&outs);
     started.elapsed().as_nanos() as f64 / (n as f64 * RECORDS as f64)
 }
+
+criterion_group!(benches, split);
+criterion_main!(benches);

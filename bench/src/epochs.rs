@@ -70,7 +70,7 @@ pub struct EpochStats {
 }
 
 /// The checkpoint namespace directories under `<work>/checkpoints`.
-fn namespaces(work: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn namespaces(work: &Path) -> Result<Vec<PathBuf>> {
     let dir = work.join("checkpoints");
     let mut out = Vec::new();
     for e in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
@@ -82,7 +82,8 @@ fn namespaces(work: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn read_log(ns: &Path) -> Result<Vec<LogRecord>> {
+/// The records of `<ns>/epochs.log`, a torn last line (a killed or running job) skipped.
+pub(crate) fn read_log(ns: &Path) -> Result<Vec<LogRecord>> {
     let path = ns.join("epochs.log");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;

@@ -34,7 +34,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use serde::Serialize;
 
-use crate::epochs::LogRecord;
+use crate::epochs;
 use crate::measure;
 
 /// What to run.
@@ -64,19 +64,14 @@ const POLICIES: [&str; 2] = ["batch", "normal"];
 type Seen = BTreeMap<(String, u64, u32, String), u64>;
 
 fn poll_logs(work: &Path, seen: &mut Seen) {
-    let Ok(rd) = std::fs::read_dir(work.join("checkpoints")) else {
-        return;
-    };
-    for ns in rd.filter_map(|e| e.ok()) {
-        let name = ns.file_name().to_string_lossy().into_owned();
-        let Ok(text) = std::fs::read_to_string(ns.path().join("epochs.log")) else {
-            continue;
-        };
-        // A torn last line is skipped; the next poll reads it whole.
-        for r in text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<LogRecord>(l).ok())
-        {
+    // No checkpoint directory or log yet: nothing to merge; the next poll looks again.
+    for ns in epochs::namespaces(work).unwrap_or_default() {
+        let name = ns
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        for r in epochs::read_log(&ns).unwrap_or_default() {
             seen.entry((name.clone(), r.epoch, r.attempt, r.state))
                 .or_insert(r.at_ms);
         }

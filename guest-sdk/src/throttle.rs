@@ -29,7 +29,8 @@ pub const MAX_BATCH_WAIT: Duration = Duration::from_millis(5);
 pub struct RateLimit {
     rate: u64,
     since: Option<Instant>,
-    granted: u64,
+    /// Records returned so far ([`RateLimit::took`]).
+    taken: u64,
 }
 
 impl RateLimit {
@@ -39,7 +40,7 @@ impl RateLimit {
         Self {
             rate: records_per_second.max(1),
             since: None,
-            granted: 0,
+            taken: 0,
         }
     }
 
@@ -53,7 +54,7 @@ impl RateLimit {
     /// Counts `records` returned against the limit (fewer than granted at the end of a
     /// split, say).
     pub fn took(&mut self, records: u64) {
-        self.granted += records;
+        self.taken += records;
     }
 
     fn grant_at(&mut self, now: Instant, max_records: u32) -> u32 {
@@ -61,11 +62,11 @@ impl RateLimit {
         let allowed =
             (now.saturating_duration_since(since).as_secs_f64() * self.rate as f64) as u64;
         let due = allowed
-            .saturating_sub(self.granted)
-            .max(u64::from(self.granted == 0));
+            .saturating_sub(self.taken)
+            .max(u64::from(self.taken == 0));
         let batch = ((self.rate as f64 * MAX_BATCH_WAIT.as_secs_f64()) as u64)
             .clamp(1, u64::from(max_records.max(1)));
-        if due < batch && self.granted > 0 {
+        if due < batch && self.taken > 0 {
             return 0;
         }
         u32::try_from(due.min(u64::from(max_records))).unwrap_or(max_records)
