@@ -266,6 +266,19 @@ impl EpochManifest {
     pub fn task(&self, task: &TaskId) -> Option<&TaskSnapshot> {
         self.tasks.iter().find(|t| &t.task == task)
     }
+
+    /// The split states of source operator `source`, over all its subtasks.
+    ///
+    /// A split is identified by (source operator, split id), never by its id alone: two
+    /// sources may name their splits alike (two file sources both call theirs `0`, `1`,
+    /// ...), and a cursor of one must never restore the other (design §4). A source heads
+    /// its vertex, so its tasks are the ones whose vertex id is the source's operator id.
+    pub fn source_splits<'a>(&'a self, source: &'a str) -> impl Iterator<Item = &'a SplitState> {
+        self.tasks
+            .iter()
+            .filter(move |t| t.task.vertex.as_str() == source)
+            .flat_map(|t| &t.splits)
+    }
 }
 
 /// Checksum of a segment payload (xxh3-64, hex).

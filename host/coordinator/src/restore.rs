@@ -120,13 +120,8 @@ pub fn restored_splits(
         return Ok(None);
     };
     let descriptors: BTreeMap<&str, &str> = m
-        .tasks
-        .iter()
-        .flat_map(|t| {
-            t.splits
-                .iter()
-                .map(|s| (s.split_id.as_str(), s.descriptor.as_str()))
-        })
+        .source_splits(head.operator_id.as_str())
+        .map(|s| (s.split_id.as_str(), s.descriptor.as_str()))
         .collect();
     let refuse = |message: String| CoordinatorError::Restore {
         epoch: m.epoch.0,
@@ -260,11 +255,14 @@ pub fn plan_restore(
                 r.ended_inputs = s.ended_inputs.iter().cloned().collect();
                 r.pending = s.pending_transactions.clone();
             }
+            // This reader's splits and their cursors, by (source operator, split id): a
+            // split of another source with the same id is not this one.
             let mine: BTreeSet<&str> = splits
                 .get(&(vi, st.index.0))
                 .map(|s| s.iter().map(|s| s.id.as_str()).collect())
                 .unwrap_or_default();
-            for sp in m.tasks.iter().flat_map(|t| &t.splits) {
+            let head = v.operators[0].operator_id.as_str();
+            for sp in m.source_splits(head) {
                 if !mine.contains(sp.split_id.as_str()) {
                     continue;
                 }

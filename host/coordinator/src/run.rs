@@ -841,13 +841,15 @@ impl<E: TaskError> Driver<'_, E> {
         tally: &mut RunTally,
     ) -> Result<(), CoordinatorError> {
         let job = &self.plan.job;
-        let finished: BTreeSet<&str> = snapshots
+        // Finished splits by (source operator, split id): a source heads its vertex, so
+        // its tasks' vertex id is its operator id.
+        let finished: BTreeSet<(&str, &str)> = snapshots
             .iter()
             .flat_map(|s| {
                 s.splits
                     .iter()
                     .filter(|sp| sp.finished)
-                    .map(|sp| sp.split_id.as_str())
+                    .map(|sp| (s.task.vertex.as_str(), sp.split_id.as_str()))
             })
             .collect();
         let enumerators = self
@@ -859,7 +861,7 @@ impl<E: TaskError> Driver<'_, E> {
                 finished: e
                     .splits
                     .iter()
-                    .filter(|(id, _)| finished.contains(id.as_str()))
+                    .filter(|(id, _)| finished.contains(&(e.operator_id.as_str(), id.as_str())))
                     .map(|(id, _)| id.clone())
                     .collect(),
             })

@@ -84,3 +84,45 @@ pub fn plan(parallelism: u32, shards: u32) -> PartitionedPlan {
     let g = stream_graph(&m, &Fake).unwrap_or_else(|d| panic!("{d}"));
     partitioned_plan(&job_graph(&g))
 }
+
+/// Two sources, `fast` (p) and `slow` (q), each into its own sink: their splits may share
+/// ids, as two file sources' do.
+pub fn two_sources_job(p: u32, q: u32) -> String {
+    format!(
+        r#"[job]
+name = "coord-two-sources"
+parallelism = 1
+state_shards = 8
+checkpoint_interval_ms = 1000
+
+[[source]]
+name = "fast"
+plugin = "src@1.0.0"
+parallelism = {p}
+
+[[source]]
+name = "slow"
+plugin = "src@1.0.0"
+parallelism = {q}
+
+[[sink]]
+name = "fast_out"
+plugin = "out@1.0.0"
+parallelism = {p}
+inputs = ["fast"]
+
+[[sink]]
+name = "slow_out"
+plugin = "out@1.0.0"
+parallelism = {q}
+inputs = ["slow"]
+"#
+    )
+}
+
+/// The plan of [`two_sources_job`].
+pub fn two_sources_plan(p: u32, q: u32) -> PartitionedPlan {
+    let m = parse_job_file("job.toml", &two_sources_job(p, q)).unwrap_or_else(|d| panic!("{d}"));
+    let g = stream_graph(&m, &Fake).unwrap_or_else(|d| panic!("{d}"));
+    partitioned_plan(&job_graph(&g))
+}

@@ -297,3 +297,143 @@ proptest! {
         prop_assert_eq!(cursors, 3);
     }
 }
+
+/// A manifest of [`common::two_sources_plan`] at epoch 7: both sources own splits
+/// `0..n` (the same ids, as two file sources over one file have), round robin over their
+/// readers, each cursor naming its source and split.
+fn two_sources_manifest(plan: &PartitionedPlan, n: u32) -> EpochManifest {
+    let mut m = manifest_with(plan, |vi, st, snap| {
+        let v = &plan.vertices[vi];
+        let head = v.operators[0].name.clone();
+        if v.operators[0].kind != nop_stream_api::PluginKind::Source {
+            return;
+        }
+        for j in (0..n).filter(|j| j % v.parallelism == st) {
+            snap.splits.push(SplitState {
+                split_id: j.to_string(),
+                descriptor: hex::encode(format!("{head}-d{j}")),
+                cursor: hex::encode(format!("{head}-c{j}")),
+                finished: head == "slow" && j == 0,
+                max_timestamp: None,
+            });
+        }
+    });
+    m.enumerators = ["fast", "slow"]
+        .iter()
+        .map(|name| {
+            let vi = vertex_of(plan, name);
+            EnumeratorState {
+                operator_id: plan.vertices[vi].operators[0].operator_id.to_string(),
+                splits: (0..n)
+                    .map(|j| (j.to_string(), j % plan.vertices[vi].parallelism))
+                    .collect(),
+                finished: Vec::new(),
+            }
+        })
+        .collect();
+    m.seal();
+    m
+}
+
+/// A bare manifest of `plan` at epoch 7 whose task snapshots `fill` completes.
+fn manifest_with(
+    plan: &PartitionedPlan,
+    mut fill: impl FnMut(usize, u32, &mut TaskSnapshot),
+) -> EpochManifest {
+    let mut tasks = Vec::new();
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        for st in &v.subtasks {
+            let mut snap = TaskSnapshot {
+                task: st.task.clone(),
+                epoch: EpochId(7),
+                end_of_data: false,
+                segments: Vec::new(),
+                operator_state: Vec::new(),
+                splits: Vec::new(),
+                watermarks: Vec::new(),
+                ended_inputs: Vec::new(),
+                pending_transactions: Vec::new(),
+                sink_operator: None,
+                snapshot_bytes: 0,
+                alignment_ms: 0,
+                duration_ms: 0,
+                async_ms: 0,
+                compacted_bytes: 0,
+            };
+            fill(vi, st.index.0, &mut snap);
+            tasks.push(snap);
+        }
+    }
+    EpochManifest {
+        epoch: EpochId(7),
+        job_id: plan.job.job_id.to_string(),
+        pipeline_id: plan.job.pipeline_id.to_string(),
+        namespace: "ns".into(),
+        plan_fingerprint: plan.fingerprint.clone(),
+        state_shard_count: plan.job.state_shard_count,
+        attempt: AttemptId(1),
+        fencing_token: FencingToken(1),
+        final_epoch: false,
+        enumerators: Vec::new(),
+        tasks,
+        state_format_version: STATE_FORMAT_VERSION,
+        created_ms: 0,
+        durable_ms: 0,
+        meta: None,
+        checksum: String::new(),
+    }
+}
+
+/// The split map of a restore of `plan` from `m`: each source's registry, assigned to its
+/// readers, as the coordinator does.
+fn split_map_all(plan: &PartitionedPlan, m: &EpochManifest) -> BTreeMap<(usize, u32), Vec<Split>> {
+    let mut out = BTreeMap::new();
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        if v.operators[0].kind != nop_stream_api::PluginKind::Source {
+            continue;
+        }
+        let splits = restored_splits(plan, vi, m)
+            .unwrap()
+            .expect("the manifest has a registry for every source");
+        let (per, _) = assign_splits(v.operators[0].operator_id.as_str(), splits, v.parallelism);
+        for (i, s) in per.into_iter().enumerate() {
+            out.insert((vi, i as u32), s);
+        }
+    }
+    out
+}
+
+proptest! {
+    /// Regression: two sources with equal split ids swapped their cursors on restore (the
+    /// cursors were collected by split id alone, so the later source's overwrote the
+    /// earlier's) and the fast source resumed from the slow one's position, committing
+    /// duplicates. Whatever the parallelisms before and after, every reader restores its
+    /// own source's cursor and descriptor for each of its splits, and each split of each
+    /// source lands with exactly one reader.
+    #[test]
+    fn two_sources_with_equal_split_ids_keep_their_own_cursors(
+        p in 1u32..4, q in 1u32..4, p2 in 1u32..4, q2 in 1u32..4, n in 1u32..6,
+    ) {
+        let old = common::two_sources_plan(p, q);
+        let m = two_sources_manifest(&old, n);
+        let new = common::two_sources_plan(p2, q2);
+        let rescale = check_restore(&m, &new, Some(&old.fingerprint)).unwrap();
+        let splits = split_map_all(&new, &m);
+        let r = plan_restore(&new, Some(&m), rescale, &splits).unwrap();
+        for name in ["fast", "slow"] {
+            let vi = vertex_of(&new, name);
+            let mut seen = BTreeSet::new();
+            for st in &new.vertices[vi].subtasks {
+                for s in &splits[&(vi, st.index.0)] {
+                    prop_assert_eq!(s.descriptor.clone(), format!("{name}-d{}", s.id).into_bytes());
+                }
+                for (id, c) in &r[&st.task].splits {
+                    prop_assert_eq!(c.cursor.clone(), format!("{name}-c{id}").into_bytes(), "{} of {}", id, name);
+                    prop_assert_eq!(c.finished, name == "slow" && id == "0");
+                    prop_assert!(seen.insert(id.clone()), "split {} of {} restored twice", id, name);
+                }
+            }
+            prop_assert_eq!(seen.len() as u32, n, "every split of {} restored", name);
+        }
+    }
+}

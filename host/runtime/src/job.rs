@@ -105,7 +105,9 @@ impl RunOptions {
 pub struct JobProgress {
     records_read: AtomicU64,
     records_written: AtomicU64,
-    splits: Mutex<BTreeMap<String, (u64, Option<u64>)>>,
+    /// Input position per split, keyed by (source operator, split id): two sources may
+    /// name their splits alike.
+    splits: Mutex<BTreeMap<(String, String), (u64, Option<u64>)>>,
     started: Instant,
 }
 
@@ -121,12 +123,21 @@ impl Default for JobProgress {
 }
 
 impl JobProgress {
-    pub(crate) fn record_read(&self, split: &str, n: u64, consumed: u64, total: Option<u64>) {
+    /// Counts `n` records read from split `split` of source operator `source`, now at
+    /// `consumed` of `total` units.
+    pub(crate) fn record_read(
+        &self,
+        source: &str,
+        split: &str,
+        n: u64,
+        consumed: u64,
+        total: Option<u64>,
+    ) {
         self.records_read.fetch_add(n, Ordering::Relaxed);
         self.splits
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(split.to_owned(), (consumed, total));
+            .insert((source.to_owned(), split.to_owned()), (consumed, total));
     }
 
     pub(crate) fn add_written(&self, n: u64) {

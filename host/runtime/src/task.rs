@@ -1147,8 +1147,13 @@ impl Task {
         let r = src.read(&sc.split, &sc.cursor, self.batch_records)?;
         let n = r.records.ends.len() as u64;
         self.report.records_in += n;
-        self.progress
-            .record_read(&sc.split.id, n, r.progress.consumed, r.progress.total);
+        self.progress.record_read(
+            self.id.vertex.as_str(),
+            &sc.split.id,
+            n,
+            r.progress.consumed,
+            r.progress.total,
+        );
         sc.cursor = r.next_cursor;
         sc.finished = r.finished;
         if n > 0 || sc.last_records.is_none() {
