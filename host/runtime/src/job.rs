@@ -107,9 +107,12 @@ pub struct JobProgress {
     records_written: AtomicU64,
     /// Input position per split, keyed by (source operator, split id): two sources may
     /// name their splits alike.
-    splits: Mutex<BTreeMap<(String, String), (u64, Option<u64>)>>,
+    splits: Mutex<BTreeMap<SourceSplit, (u64, Option<u64>)>>,
     started: Instant,
 }
+
+/// A split as (source operator, split id).
+type SourceSplit = (String, String);
 
 impl Default for JobProgress {
     fn default() -> Self {
