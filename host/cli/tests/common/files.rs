@@ -76,3 +76,14 @@ pub fn check_split_output(jsonl: &[String], reference: &[String], out: &Path) {
         "the blackhole sink got every record after the savepoint once"
     );
 }
+
+/// The (first) checkpoint namespace in `<work>/checkpoints`, opened.
+pub fn namespace_in(work: &Path) -> Option<nop_stream_checkpoint::Namespace> {
+    let root = nop_stream_checkpoint::Location::Local(work.join("checkpoints"));
+    let store = root.open().ok()?;
+    let name = nop_stream_checkpoint::namespace::list_namespaces(&store)
+        .ok()?
+        .into_iter()
+        .next()?;
+    Some(nop_stream_checkpoint::Namespace::new(store.scope(&name)))
+}
