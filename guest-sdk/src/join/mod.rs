@@ -57,11 +57,13 @@
 //!   has one).
 //! - A window join's results carry the window's max timestamp (`end - 1`).
 //! - A padded row of an outer interval join, and whatever
-//!   [`IntervalJoinFunction::left_expired`] emits, carries the time its row expired (the
-//!   timer that freed it): never behind the watermark downstream.
+//!   [`IntervalJoinFunction::left_expired`] emits, carries the time its row expired
+//!   (`upper(l)` for a left row, `r - lower` for a right one): the timer that freed it,
+//!   so never behind the watermark downstream.
 //! - A padded row of an outer regular join carries its row's own timestamp.
 //!
-//! Every output record is keyed with the join key.
+//! Every output record is keyed with the join key, unless the function chooses another
+//! ([`JoinOutput::emit_keyed`]).
 
 mod interval;
 mod regular;
@@ -221,6 +223,13 @@ impl<'a> JoinOutput<'a> {
     /// Emits one record whose payload `write` appends in place (see [`Batch::push_with`]).
     pub fn emit_with<R>(&mut self, write: impl FnOnce(&mut Vec<u8>) -> R) -> R {
         self.batch.push_with(Some(self.key), self.timestamp, write)
+    }
+
+    /// Emits one record keyed with `key` instead of the join key: for a result that a
+    /// HASH edge routes by another field (Nexmark q4's category after a join on the
+    /// auction).
+    pub fn emit_keyed(&mut self, key: &[u8], data: &[u8]) {
+        self.batch.push_record(Some(key), self.timestamp, data);
     }
 }
 
