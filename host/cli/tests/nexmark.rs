@@ -181,3 +181,135 @@ fn the_example_files_name_their_query() {
         assert!(Path::new(&common::job::repo().join("examples/nexmark")).is_dir());
     }
 }
+
+/// The example's stream, by kind.
+fn stream(events: u64) -> (Vec<nexmark_model::Person>, Vec<nexmark_model::Auction>) {
+    let c = Config::default();
+    let (mut p, mut a) = (Vec::new(), Vec::new());
+    for i in 0..events {
+        match event(&c, i) {
+            Event::Person(x) => p.push(x),
+            Event::Auction(x) => a.push(x),
+            Event::Bid(_) => {}
+        }
+    }
+    (p, a)
+}
+
+/// A regular full outer join end to end: q3 with `type = "full"` pads the auctions whose
+/// seller never came (`,,,id`) and the persons without auction (`name,city,state,`),
+/// emitted at the end of the bounded input, at p=2 and after a restore at p=1.
+#[test]
+fn a_full_outer_regular_join_pads_the_rows_that_never_matched() {
+    use nexmark_model::queries::{Q3_CATEGORY, Q3_STATES};
+    let (persons, auctions) = stream(EVENTS);
+    let persons: Vec<_> = persons
+        .iter()
+        .filter(|p| Q3_STATES.contains(&p.state.as_str()))
+        .collect();
+    let auctions: Vec<_> = auctions
+        .iter()
+        .filter(|a| a.category == Q3_CATEGORY)
+        .collect();
+    let mut want = Vec::new();
+    for a in &auctions {
+        let sellers: Vec<_> = persons.iter().filter(|p| p.id == a.seller).collect();
+        for p in &sellers {
+            want.push(format!("{},{},{},{}", p.name, p.city, p.state, a.id));
+        }
+        if sellers.is_empty() {
+            want.push(format!(",,,{}", a.id));
+        }
+    }
+    for p in &persons {
+        if !auctions.iter().any(|a| a.seller == p.id) {
+            want.push(format!("{},{},{},", p.name, p.city, p.state));
+        }
+    }
+    want.sort();
+    assert!(want.iter().any(|l| l.starts_with(",,,")) && want.iter().any(|l| l.ends_with(',')));
+    let full = |p: u32, interval: u64, rate: Option<u64>| {
+        job_text(Query::Q3, EVENTS, p, interval, rate).replace(
+            "plugin = \"nexmark-q3@0.1.0\"",
+            "plugin = \"nexmark-q3@0.1.0\"\nconfig = { type = \"full\" }",
+        )
+    };
+    let t = temp_job(Query::Q3, &full(2, 1000, None));
+    run_ok(&t.job, &[]);
+    check(Query::Q3, &t.job.committed(), &want, "full outer at p=2");
+    let t = temp_job(Query::Q3, &full(2, 100, Some(200_000)));
+    let (ok, text) = t.job.run(Some("after-manifest-publish=2"));
+    assert!(!ok && text.contains("failpoint"), "{text}");
+    std::fs::write(&t.job.file, full(1, 100, Some(200_000))).unwrap();
+    run_ok(&t.job, &["--rescale"]);
+    check(
+        Query::Q3,
+        &t.job.committed(),
+        &want,
+        "full outer restored at p=1",
+    );
+}
+
+/// A session window join end to end: q8 with 2 s sessions formed over persons and
+/// auctions together (merging only when they overlap) emits each person of a session
+/// that also holds an auction of theirs, with the session's start.
+#[test]
+fn a_session_window_join_forms_sessions_over_both_inputs() {
+    const GAP: i64 = 2000;
+    let (persons, auctions) = stream(EVENTS);
+    // Per person id: its rows' times (person rows marked true), sorted.
+    let mut by_key: std::collections::BTreeMap<i64, Vec<(i64, bool, String)>> = Default::default();
+    for p in &persons {
+        by_key
+            .entry(p.id)
+            .or_default()
+            .push((p.date_time, true, format!("{},{}", p.id, p.name)));
+    }
+    for a in &auctions {
+        by_key
+            .entry(a.seller)
+            .or_default()
+            .push((a.date_time, false, String::new()));
+    }
+    let mut want = Vec::new();
+    for rows in by_key.values_mut() {
+        rows.sort();
+        let mut i = 0;
+        while i < rows.len() {
+            let (start, mut end) = (rows[i].0, rows[i].0 + GAP);
+            let mut j = i;
+            while j < rows.len() && rows[j].0 < end {
+                end = end.max(rows[j].0 + GAP);
+                j += 1;
+            }
+            let session = &rows[i..j];
+            if session.iter().any(|r| !r.1) {
+                let mut people: Vec<&String> =
+                    session.iter().filter(|r| r.1).map(|r| &r.2).collect();
+                people.dedup();
+                for p in people {
+                    want.push(format!("{p},{start}"));
+                }
+            }
+            i = j;
+        }
+    }
+    want.sort();
+    assert!(!want.is_empty());
+    let session = |p: u32| {
+        job_text(Query::Q8, EVENTS, p, 1000, None).replace(
+            "plugin = \"nexmark-q8@0.1.0\"",
+            &format!("plugin = \"nexmark-q8@0.1.0\"\nconfig = {{ window = {{ kind = \"session\", gap_ms = {GAP} }} }}"),
+        )
+    };
+    for p in [1, 2] {
+        let t = temp_job(Query::Q8, &session(p));
+        run_ok(&t.job, &[]);
+        check(
+            Query::Q8,
+            &t.job.committed(),
+            &want,
+            &format!("session join at p={p}"),
+        );
+    }
+}
