@@ -112,7 +112,11 @@ pub fn job_text(repo: &Path, q: Query, data: &Path) -> Result<String> {
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
     let mut out = String::new();
     let mut sources = 0;
+    let mut in_source = false;
     for line in text.lines() {
+        if line.starts_with("[[") {
+            in_source = line == "[[source]]";
+        }
         if line == "plugin = \"nexmark-source@0.1.0\"" {
             out.push_str("plugin = \"file-source@0.1.0\"\n");
             out.push_str(&format!(
@@ -120,7 +124,10 @@ pub fn job_text(repo: &Path, q: Query, data: &Path) -> Result<String> {
                 data.display()
             ));
             sources += 1;
-        } else if let Some(rest) = line.strip_prefix("config = { kind = \"") {
+        } else if let Some(rest) = line
+            .strip_prefix("config = { kind = \"")
+            .filter(|_| in_source)
+        {
             let kind = rest.split('"').next().unwrap_or_default();
             let kind = Kind::parse(kind).with_context(|| format!("{}: {line}", path.display()))?;
             out.push_str(&format!(
