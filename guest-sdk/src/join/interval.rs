@@ -13,6 +13,21 @@ pub const INTERVAL_LEFT_STATE: &str = "interval-left";
 /// Value state of the right rows: a postcard `Vec<IntervalRightRow>` per key.
 pub const INTERVAL_RIGHT_STATE: &str = "interval-right";
 
+/// The time of the timer that frees a row expiring at `expiry`: exactly then if its
+/// expiry may emit, else the next multiple of [`CLEANUP_GRANULARITY_MS`].
+fn timer_at(expiry: i64, exact: bool) -> i64 {
+    if exact {
+        expiry
+    } else {
+        expiry
+            .div_euclid(CLEANUP_GRANULARITY_MS)
+            .saturating_add(1)
+            .saturating_mul(CLEANUP_GRANULARITY_MS)
+            .saturating_sub(1)
+            .max(expiry)
+    }
+}
+
 /// A key's rows to write back.
 type KeyRows<'k, R> = (&'k [u8], Vec<R>);
 
@@ -69,6 +84,13 @@ pub trait IntervalJoinFunction {
     /// tie-broken best), since pairs join in arrival order. Bump the plugin's
     /// accumulator schema version when its type changes.
     type Acc: Serialize + DeserializeOwned + Default;
+
+    /// Whether [`Self::left_expired`] may emit for an inner or right join (it always
+    /// may for a left or full join): then every left row gets a timer at its exact
+    /// expiry, so what it emits is stamped and sent before the watermark passes it.
+    /// Otherwise rows are freed by coarser cleanup timers
+    /// ([`CLEANUP_GRANULARITY_MS`]). Default `false`.
+    const EMITS_ON_LEFT_EXPIRY: bool = false;
 
     /// The last right timestamp (inclusive) a left row at `left.timestamp` joins; must be
     /// a pure function of the row. `default` is `timestamp + upper` of the spec. Use it
@@ -150,7 +172,19 @@ pub struct IntervalJoinSpec {
     pub upper_ms: i64,
     /// Inner or outer.
     pub join_type: JoinType,
+    /// The plugin's promise that the left side has at most one row per key (a primary
+    /// key, as an auction id): then a right row that found its key's left row is not
+    /// stored (no other left row can come for it), unless the join type keeps
+    /// unmatched right rows. Default `false`.
+    pub left_unique: bool,
 }
+
+/// Granularity (ms of event time) of the timers that only free rows: a row whose expiry
+/// emits nothing is removed by the first cleanup timer at a multiple of this at or after
+/// its expiry. Keeping an expired row a little longer changes no result (its bound
+/// excludes every record that can still arrive without being late), and one timer per
+/// key and second replaces one per key and millisecond.
+pub const CLEANUP_GRANULARITY_MS: i64 = 1000;
 
 impl IntervalJoinSpec {
     /// An inner interval join within `[l + lower_ms, l + upper_ms]`.
@@ -159,7 +193,15 @@ impl IntervalJoinSpec {
             lower_ms,
             upper_ms,
             join_type: JoinType::Inner,
+            left_unique: false,
         }
+    }
+
+    /// The same spec with the left side promised unique per key (see
+    /// [`Self::left_unique`]).
+    pub const fn with_unique_left(mut self) -> Self {
+        self.left_unique = true;
+        self
     }
 
     /// The same bounds with another join type.
@@ -183,13 +225,14 @@ impl IntervalJoinSpec {
     }
 
     /// The model JSON, fixed field order:
-    /// `{"operator":"interval-join","type":…,"lower_ms":…,"upper_ms":…}`.
+    /// `{"operator":"interval-join","type":…,"lower_ms":…,"upper_ms":…,"left_unique":…}`.
     pub fn to_model_json(&self) -> String {
         format!(
-            r#"{{"operator":"interval-join","type":"{}","lower_ms":{},"upper_ms":{}}}"#,
+            r#"{{"operator":"interval-join","type":"{}","lower_ms":{},"upper_ms":{},"left_unique":{}}}"#,
             self.join_type.as_str(),
             self.lower_ms,
-            self.upper_ms
+            self.upper_ms,
+            self.left_unique
         )
     }
 
@@ -300,6 +343,8 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
         let mut timers: Vec<(i64, &[u8])> = Vec::new();
         let lower = self.spec.lower_ms;
         let track_right = self.spec.join_type.keeps_right();
+        let exact_left = self.spec.join_type.keeps_left() || F::EMITS_ON_LEFT_EXPIRY;
+        let exact_right = track_right;
         for ((key, idx), (lrows, rrows)) in
             keys.iter().zip(&recs).zip(lefts.into_iter().zip(rights))
         {
@@ -363,7 +408,7 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
                                 data: data.to_vec(),
                             });
                             lchanged = true;
-                            timers.push((upper, key));
+                            timers.push((timer_at(upper, exact_left), key));
                         }
                     }
                     Side::Right => {
@@ -386,7 +431,9 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
                             lchanged = true;
                         }
                         let expiry = ts.saturating_sub(lower);
-                        if expiry <= watermark {
+                        if self.spec.left_unique && !track_right && !lrows.is_empty() {
+                            // The key's one left row is here: no other can come.
+                        } else if expiry <= watermark {
                             if track_right && !matched {
                                 let mut o = JoinOutput::new(out, key, Some(expiry));
                                 self.function.right_only(key, row, &mut o)?;
@@ -398,7 +445,7 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
                                 data: data.to_vec(),
                             });
                             rchanged = true;
-                            timers.push((expiry, key));
+                            timers.push((timer_at(expiry, exact_right), key));
                         }
                     }
                 }

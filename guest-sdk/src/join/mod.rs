@@ -76,8 +76,8 @@ use serde::{Deserialize, Serialize};
 use crate::{Batch, PluginError, Result};
 
 pub use interval::{
-    INTERVAL_LEFT_STATE, INTERVAL_RIGHT_STATE, IntervalJoin, IntervalJoinFunction,
-    IntervalJoinSpec, IntervalLeftRow, IntervalRightRow,
+    CLEANUP_GRANULARITY_MS, INTERVAL_LEFT_STATE, INTERVAL_RIGHT_STATE, IntervalJoin,
+    IntervalJoinFunction, IntervalJoinSpec, IntervalLeftRow, IntervalRightRow,
 };
 pub use regular::{
     JoinFunction, REGULAR_LEFT_STATE, REGULAR_RIGHT_STATE, RegularJoin, RegularJoinSpec, RegularRow,

@@ -560,9 +560,14 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
         Just(JoinType::Right),
         Just(JoinType::Full)
     ];
-    (jt, 0u8..6, -6i64..6, 0i64..8, 1i64..8).prop_map(|(t, k, lower, width, size)| match k {
+    (jt, 0u8..7, -6i64..6, 0i64..8, 1i64..8).prop_map(|(t, k, lower, width, size)| match k {
         0 => Kind::Regular(RegularJoinSpec::of(t)),
         1 | 2 => Kind::Interval(IntervalJoinSpec::between(lower, lower + width).with_type(t)),
+        6 => Kind::Interval(
+            IntervalJoinSpec::between(lower, lower + width)
+                .with_type(t)
+                .with_unique_left(),
+        ),
         3 => Kind::Window(WindowJoinSpec::tumbling(size).with_type(t)),
         4 => Kind::Window(WindowJoinSpec::sliding(size * 2, size).with_type(t)),
         _ => Kind::Window(WindowJoinSpec::session(size).with_type(t)),
@@ -600,6 +605,13 @@ proptest! {
                 worst
             };
             lag(&left).max(lag(&right))
+        };
+        // A left side promised unique per key gets its first row per key only.
+        let left = if let Kind::Interval(IntervalJoinSpec { left_unique: true, .. }) = kind {
+            let mut seen = Vec::new();
+            left.into_iter().filter(|r| { let new = !seen.contains(&r.key); seen.push(r.key); new }).collect()
+        } else {
+            left
         };
         let input = interleave(left, right, &pick);
         let want = reference(kind, &input);
@@ -672,6 +684,7 @@ fn interval_join_folds_into_the_left_accumulator_and_emits_it_at_expiry() {
     struct Best;
     impl IntervalJoinFunction for Best {
         type Acc = Option<Vec<u8>>;
+        const EMITS_ON_LEFT_EXPIRY: bool = true;
         fn upper_bound(&self, _key: &[u8], left: Row<'_>, _default: i64) -> i64 {
             // The row carries its own end: "<name>:<end>".
             let s = std::str::from_utf8(left.data).unwrap();
@@ -836,7 +849,7 @@ fn models_name_the_operator_and_its_parameters() {
     );
     assert_eq!(
         IntervalJoinSpec::between(-1, 2).to_model_json(),
-        r#"{"operator":"interval-join","type":"inner","lower_ms":-1,"upper_ms":2}"#
+        r#"{"operator":"interval-join","type":"inner","lower_ms":-1,"upper_ms":2,"left_unique":false}"#
     );
     assert_eq!(
         WindowJoinSpec::session(7).to_model_json(),

@@ -71,6 +71,7 @@ pub struct Close;
 
 impl IntervalJoinFunction for Close {
     type Acc = Option<i64>;
+    const EMITS_ON_LEFT_EXPIRY: bool = true;
 
     fn upper_bound(&self, _key: &[u8], auction: Row<'_>, default: i64) -> i64 {
         int(auction.data, 3).unwrap_or(default)
@@ -236,7 +237,7 @@ impl Operator for Q4 {
         match c.stage.as_str() {
             "close" => Ok(Q4::Close(IntervalJoin::open(
                 ctx,
-                IntervalJoinSpec::between(0, 0),
+                IntervalJoinSpec::between(0, 0).with_unique_left(),
                 Close,
             )?)),
             "average" => Ok(Q4::Average(Average {

@@ -91,6 +91,7 @@ pub struct WinningBids;
 
 impl IntervalJoinFunction for WinningBids {
     type Acc = Option<Best>;
+    const EMITS_ON_LEFT_EXPIRY: bool = true;
 
     fn upper_bound(&self, _key: &[u8], auction: Row<'_>, default: i64) -> i64 {
         std::str::from_utf8(auction.data)
@@ -160,7 +161,11 @@ impl Operator for Q9 {
             .filter(|m: &serde_json::Map<String, serde_json::Value>| m.is_empty())
             .ok_or_else(|| PluginError::invalid_config("nexmark-q9 takes no config"))?;
         Ok(Q9 {
-            join: IntervalJoin::open(ctx, IntervalJoinSpec::between(0, 0), WinningBids)?,
+            join: IntervalJoin::open(
+                ctx,
+                IntervalJoinSpec::between(0, 0).with_unique_left(),
+                WinningBids,
+            )?,
         })
     }
 
