@@ -150,6 +150,8 @@ struct RunTally {
     committed: Vec<CommittedTransaction>,
     committed_total: u64,
     refused_stale: u64,
+    /// Records read by sources and written by sinks up to the latest durable epoch.
+    durable_records: (u64, u64),
 }
 
 /// Runs `plan` to completion on `workers`: epoch checkpoints, resuming from the latest
@@ -179,6 +181,9 @@ pub fn run_job<W: Workers>(
         let prepared = prepare_attempt(plan, workers, storage.as_ref(), opts, &mut tally)?;
         let prepared = match prepared {
             Prepared::AlreadyFinished { attempt, epoch } => {
+                if let Ok(Some(m)) = storage.latest_manifest() {
+                    tally.durable_records = durable_records(plan, &m.tasks);
+                }
                 let (read, written) = workers.records();
                 return Ok(report(
                     plan,
@@ -263,6 +268,8 @@ fn report(
         records_read,
         records_written,
         epochs: tally.durable_epochs,
+        durable_records_read: tally.durable_records.0,
+        durable_records_written: tally.durable_records.1,
         final_epoch,
         committed: tally.committed.clone(),
         committed_total: tally.committed_total,
@@ -962,6 +969,7 @@ impl<E: TaskError> Driver<'_, E> {
             }
         }
         tally.durable_epochs += 1;
+        tally.durable_records = durable_records(self.plan, &manifest.tasks);
         self.pending_txns.insert(
             epoch,
             manifest
@@ -982,6 +990,35 @@ impl<E: TaskError> Driver<'_, E> {
         }
         Ok(())
     }
+}
+
+/// Records read by the sources and written by the sinks of `plan` up to the epoch of
+/// `tasks` (their snapshots' totals, which survive recoveries).
+fn durable_records(plan: &PartitionedPlan, tasks: &[TaskSnapshot]) -> (u64, u64) {
+    let kind = |t: &TaskSnapshot, last: bool| {
+        plan.vertices
+            .iter()
+            .find(|v| v.id == t.task.vertex)
+            .and_then(|v| {
+                if last {
+                    v.operators.last()
+                } else {
+                    v.operators.first()
+                }
+            })
+            .map(|o| o.kind)
+    };
+    let read = tasks
+        .iter()
+        .filter(|t| kind(t, false) == Some(PluginKind::Source))
+        .map(|t| t.records_in_total)
+        .sum();
+    let written = tasks
+        .iter()
+        .filter(|t| kind(t, true) == Some(PluginKind::Sink))
+        .map(|t| t.records_out_total)
+        .sum();
+    (read, written)
 }
 
 /// Exports durable `epoch` of `storage` (namespace `namespace`) as a savepoint at `out`

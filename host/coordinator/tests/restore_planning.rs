@@ -54,6 +54,8 @@ fn manifest(plan: &PartitionedPlan, splits: u32) -> EpochManifest {
                 duration_ms: 0,
                 async_ms: 0,
                 compacted_bytes: 0,
+                records_in_total: 0,
+                records_out_total: 0,
             };
             if vi == agg {
                 let op = &v.operators[0].operator_id;
@@ -359,6 +361,8 @@ fn manifest_with(
                 duration_ms: 0,
                 async_ms: 0,
                 compacted_bytes: 0,
+                records_in_total: 0,
+                records_out_total: 0,
             };
             fill(vi, st.index.0, &mut snap);
             tasks.push(snap);

@@ -136,6 +136,8 @@ impl Scripted {
             duration_ms: 0,
             async_ms: 0,
             compacted_bytes: 0,
+            records_in_total: 0,
+            records_out_total: 0,
         }
     }
 }

@@ -322,4 +322,11 @@ pub struct JobStatus {
     pub deployment_json: Option<String>,
     /// The run report once finished, as JSON.
     pub report_json: Option<String>,
+    /// The current run's number (1 for the first submission of the job id); its counts
+    /// are this run's alone.
+    #[serde(default)]
+    pub run: u32,
+    /// Earlier runs of the job id (the job manager's `PastRun`s), as JSON, newest last.
+    #[serde(default)]
+    pub history_json: Option<String>,
 }

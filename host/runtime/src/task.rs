@@ -243,6 +243,9 @@ struct Task {
     compactions: Vec<Option<Compaction>>,
     /// Bytes the compactions adopted since the last snapshot wrote (its `compacted_bytes`).
     compacted_bytes: u64,
+    /// Records in and out of the chain over the attempts before this one, up to the
+    /// restored epoch (its snapshot's totals): a snapshot's totals add this attempt's.
+    restored_totals: (u64, u64),
     id: TaskId,
     attempt: AttemptId,
     stages: Vec<Stage>,
@@ -461,6 +464,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         async_snapshots,
         compactions: (0..chains.len()).map(|_| None).collect(),
         compacted_bytes: 0,
+        restored_totals: (restore.records_in_total, restore.records_out_total),
         chains,
         id: task.clone(),
         attempt,
@@ -1598,6 +1602,8 @@ impl Task {
             duration_ms: 0,
             async_ms: 0,
             compacted_bytes: std::mem::take(&mut self.compacted_bytes),
+            records_in_total: self.restored_totals.0 + self.report.records_in,
+            records_out_total: self.restored_totals.1 + self.report.records_out,
         };
         let target = SegmentTarget {
             storage: Arc::clone(&self.storage),

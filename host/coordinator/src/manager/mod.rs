@@ -743,8 +743,8 @@ fn past_run(r: &JobRecord) -> PastRun {
         state: r.state,
         submitted_ms: r.submitted_ms,
         ended_ms: now_ms(),
-        records_read: report.as_ref().map_or(0, |x| x.records_read),
-        records_written: report.as_ref().map_or(0, |x| x.records_written),
+        records_read: report.as_ref().map_or(0, |x| x.durable_records_read),
+        records_written: report.as_ref().map_or(0, |x| x.durable_records_written),
         recoveries: r.recoveries,
         error: r.error.clone(),
     }
