@@ -1261,6 +1261,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     }
                 }
             };
+            let mut value = value;
+            nop_stream_core::redact_urls_in_json(&mut value);
             println!("{}", serde_json::to_string_pretty(&value)?);
             Ok(std::process::ExitCode::SUCCESS)
         }

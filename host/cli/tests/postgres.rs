@@ -523,6 +523,29 @@ fn bad_connections_fail_clearly_and_no_credential_leaks() {
         &["connections.pg.url", "holds a password"],
     );
     assert!(!out.contains("hunter2-in-url"), "{out}");
+    // The two forms the driver authenticated with while the check let them through: a
+    // percent-encoded parameter name, and a `/` in the password.
+    let (user, rest) = db.url["postgres://".len()..]
+        .split_once('@')
+        .expect("a user@ URL");
+    for (name, url, needle) in [
+        (
+            "pwparam",
+            format!("postgres://{user}@{rest}?pass%77ord=hunter2-in-url"),
+            "a credential",
+        ),
+        (
+            "pwslash",
+            format!("postgres://{user}:hunter2/in-url@{rest}"),
+            "holds a password",
+        ),
+    ] {
+        let job = Job::new(name, &good.replace(&db.url, &url));
+        let (ok, out) = job.run(None);
+        assert!(!ok, "{name}: {out}");
+        check(name, &out, &["connections.pg.url", needle]);
+        assert!(!out.contains("hunter2"), "{out}");
+    }
 
     // A wrong password.
     let job = Job::new("wrongpw", &good);
