@@ -652,7 +652,7 @@ fn rescale_source_fingerprint(
         &stream_graph(&old, registry).map_err(|d| anyhow::anyhow!("{d}"))?,
     ));
     anyhow::ensure!(
-        old_plan.fingerprint == m.plan_fingerprint,
+        old_plan.fingerprint_matches(&m.plan_fingerprint),
         "--rescale: epoch {} was not taken by this job at its old parallelism (fingerprint {} \
          vs {}); only the parallelism may change in a rescale",
         m.epoch.0,

@@ -127,19 +127,32 @@ fn kebab(camel: &str) -> String {
 /// sha256 over what routes and shapes state: per stateful or keyed operator its id,
 /// state descriptors and inputs (partition and key source), plus the shard count and the
 /// hash policy. Parallelism, plugin versions and other config are left out.
+///
+/// It hashes a canonical form (design §4): operators sorted by id and their keyed and
+/// operator states by name, so neither the order of a job file's declarations nor the
+/// order in which a plugin lists its states changes it. An operator's inputs keep their
+/// order (the input index is meaning). [`check`] recomputes a savepoint's value rather
+/// than trusting the one it recorded, so savepoints recorded in declaration order
+/// compare by content.
 pub fn state_topology_fingerprint(meta: &SnapshotMeta) -> String {
-    let ops: Vec<_> = meta
+    let mut stateful: Vec<&OperatorMeta> = meta
         .operators
         .iter()
         .filter(|o| o.keyed || !o.states.is_empty() || !o.operator_states.is_empty())
+        .collect();
+    stateful.sort_by(|a, b| a.operator_id.cmp(&b.operator_id));
+    let ops: Vec<_> = stateful
+        .into_iter()
         .map(|o| {
-            // Operator states enter only when declared, so metas without them keep their
-            // fingerprint.
-            let mut v = serde_json::json!([&o.operator_id, &o.states, &o.inputs]);
+            let mut states = o.states.clone();
+            states.sort_by(|a, b| a.name.cmp(&b.name));
+            let mut v = serde_json::json!([&o.operator_id, states, &o.inputs]);
             if !o.operator_states.is_empty() {
+                let mut op_states = o.operator_states.clone();
+                op_states.sort_by(|a, b| a.name.cmp(&b.name));
                 v.as_array_mut()
                     .expect("an array")
-                    .push(serde_json::json!(&o.operator_states));
+                    .push(serde_json::json!(op_states));
             }
             v
         })
@@ -972,8 +985,8 @@ pub fn check(
         job,
         operators,
         state_topology: (
-            old.state_topology_fingerprint.clone(),
-            new.state_topology_fingerprint.clone(),
+            state_topology_fingerprint(old),
+            state_topology_fingerprint(new),
         ),
         plan: (old.plan_fingerprint.clone(), new.plan_fingerprint.clone()),
         actions: actions.actions.iter().map(Action::describe).collect(),

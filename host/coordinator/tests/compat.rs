@@ -402,6 +402,53 @@ fn an_unchanged_job_is_compatible_with_no_finding() {
     assert_eq!(r.state_topology.0, r.state_topology.1);
 }
 
+/// Pins the state-topology fingerprint hashing operators and states in declaration
+/// order: the same job with its declarations reordered, or a plugin listing its states in
+/// another order, got another fingerprint.
+#[test]
+fn the_state_topology_fingerprint_ignores_declaration_order() {
+    let mut a = base();
+    agg(&mut a).states.push(state("max", 1));
+    let fa = state_topology_fingerprint(&a);
+    let mut b = a.clone();
+    b.operators.reverse();
+    agg(&mut b).states.reverse();
+    let buffer = b
+        .operators
+        .iter_mut()
+        .find(|o| o.operator_id == "operators/buffer")
+        .unwrap();
+    let mut second = buffer.operator_states[0].clone();
+    second.name = "later".into();
+    buffer.operator_states.insert(0, second.clone());
+    a.operators
+        .iter_mut()
+        .find(|o| o.operator_id == "operators/buffer")
+        .unwrap()
+        .operator_states
+        .push(second);
+    assert_eq!(
+        state_topology_fingerprint(&a),
+        state_topology_fingerprint(&b)
+    );
+    assert_ne!(
+        state_topology_fingerprint(&a),
+        fa,
+        "a new operator state counts"
+    );
+    // What a savepoint recorded under the old scheme is recomputed, not trusted.
+    a.state_topology_fingerprint = "old-scheme".into();
+    let r = check(
+        &a,
+        &b,
+        &CheckContext::default(),
+        &Actions { actions: vec![] },
+    )
+    .unwrap();
+    assert_eq!(r.state_topology.0, r.state_topology.1);
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+}
+
 #[test]
 fn every_finding_code_has_its_status_remedies_and_clearing_action() {
     for case in cases() {

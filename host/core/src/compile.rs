@@ -997,14 +997,48 @@ pub fn partitioned_plan(g: &JobGraph) -> PartitionedPlan {
     plan
 }
 
-/// sha256 (lower-case hex) of the plan's canonical JSON with `fingerprint` set to `""`.
+/// The fingerprint scheme [`fingerprint_of`] computes. Scheme 1
+/// ([`declaration_order_fingerprint_of`]) hashed arrays in declaration order; manifests
+/// recorded before scheme 2 still match their plan through
+/// [`PartitionedPlan::fingerprint_matches`].
+pub const FINGERPRINT_SCHEME: u32 = 2;
+
+/// sha256 (lower-case hex) of the plan's canonical form (design §4: fingerprints hash
+/// canonical forms, sorted by id, never declaration order).
 ///
-/// Canonical JSON is `serde_json` output with every object's keys sorted, so the value
-/// does not depend on map ordering features (`preserve_order`) or on key order in the
-/// job file. It covers everything in the plan: job settings, operator ids, plugin
-/// references and their `describe()` metadata (so a plugin version change shows),
-/// config, grants, parallelism, policies, shard ownership and channels.
+/// The canonical form is the plan with `fingerprint` set to `""`, every set-like array
+/// sorted — vertices and edges by id, the ACK set, each subtask's output channels, and
+/// per operator its plugin's keyed states, operator states and side outputs by name —
+/// serialised by `serde_json` with every object's keys sorted. Arrays whose order is
+/// meaning stay as they are: the operators of a chain, a subtask's inputs (by input
+/// index), shard ownership. So reordering independent declarations of a job file, or the
+/// state list of a plugin, changes nothing; the fingerprint covers everything else: job
+/// settings, operator ids, plugin references and their `describe()` metadata (so a plugin
+/// version change shows), config, grants, parallelism, policies, shard ownership and
+/// channels.
 pub fn fingerprint_of(plan: &PartitionedPlan) -> String {
+    let mut plan = plan.clone();
+    plan.vertices.sort_by(|a, b| a.id.cmp(&b.id));
+    plan.edges.sort_by(|a, b| a.id.cmp(&b.id));
+    plan.ack_set.sort();
+    for v in &mut plan.vertices {
+        for st in &mut v.subtasks {
+            st.outputs.sort();
+        }
+        for op in &mut v.operators {
+            let info = &mut op.plugin_info;
+            info.states.sort_by(|a, b| a.name.cmp(&b.name));
+            info.operator_states.sort_by(|a, b| a.name.cmp(&b.name));
+            info.side_outputs.sort();
+        }
+    }
+    declaration_order_fingerprint_of(&plan)
+}
+
+/// Fingerprint scheme 1: sha256 (lower-case hex) of the plan's JSON as it stands (arrays
+/// in declaration order) with `fingerprint` set to `""` and every object's keys sorted.
+/// Kept to read manifests recorded under it ([`PartitionedPlan::fingerprint_matches`]).
+pub fn declaration_order_fingerprint_of(plan: &PartitionedPlan) -> String {
     use sha2::{Digest, Sha256};
     let mut value = serde_json::to_value(plan).expect("plans serialize to JSON");
     if let Some(obj) = value.as_object_mut() {
@@ -1015,6 +1049,15 @@ pub fn fingerprint_of(plan: &PartitionedPlan) -> String {
     }
     let bytes = serde_json::to_vec(&canonical(value)).expect("JSON values serialize");
     hex::encode(Sha256::digest(&bytes))
+}
+
+impl PartitionedPlan {
+    /// Whether a fingerprint recorded in a manifest is this plan's: its current one
+    /// ([`fingerprint_of`]), or the one scheme 1 ([`declaration_order_fingerprint_of`])
+    /// gives it, so checkpoints taken before fingerprints were canonical still restore.
+    pub fn fingerprint_matches(&self, recorded: &str) -> bool {
+        recorded == self.fingerprint || recorded == declaration_order_fingerprint_of(self)
+    }
 }
 
 /// Rebuilds `v` with object keys inserted in sorted order.
