@@ -19,7 +19,7 @@ use nop_stream_api::{
     ChannelId, EdgeId, JobId, OperatorId, PartitionPolicy, PipelineId, PluginInfo, PluginKind,
     SemanticMode, SinkCapability, SourceCapability, StateShardId, SubtaskIndex, TaskId, VertexId,
 };
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -417,6 +417,45 @@ fn check_config(node: &NodeSpec, info: &PluginInfo, prefix: &str, diags: &mut Ve
             ),
         ));
     }
+}
+
+/// The schema keyword by which a plugin marks the top-level config properties that decide
+/// the keys of the records it emits: see [`key_spec`].
+pub const KEY_SPEC_KEYWORD: &str = "x-key-spec";
+
+/// The part of a node's `config` that decides the keys its plugin emits, as canonical JSON
+/// (an object of the marked properties, keys sorted, each the config's value, else the
+/// schema's `default`, else `null`), when the plugin's `config_schema` marks at least one
+/// top-level property with `"x-key-spec": true`:
+///
+/// ```json
+/// {"properties": {"key": {"type": "string", "default": "carrier", "x-key-spec": true},
+///     "fields": {"type": "array"}}}
+/// ```
+///
+/// A keyed operator's state depends on its upstream's key spec, not on the rest of that
+/// upstream's config (design §12.2: operator parameters may change), so the savepoint
+/// check compares this when both sides have it. `None` (nothing marked, or a schema that
+/// is not JSON): the whole config decides the keys.
+pub fn key_spec(info: &PluginInfo, config: &serde_json::Value) -> Option<String> {
+    let schema: serde_json::Value = serde_json::from_str(&info.config_schema).ok()?;
+    let props = schema.get("properties")?.as_object()?;
+    let spec: BTreeMap<&str, serde_json::Value> = props
+        .iter()
+        .filter(|(_, p)| p.get(KEY_SPEC_KEYWORD) == Some(&serde_json::Value::Bool(true)))
+        .map(|(k, p)| {
+            let v = config
+                .get(k)
+                .or_else(|| p.get("default"))
+                .cloned()
+                .unwrap_or(serde_json::Value::Null);
+            (k.as_str(), canonical(v))
+        })
+        .collect();
+    if spec.is_empty() {
+        return None;
+    }
+    Some(serde_json::to_string(&spec).expect("JSON values serialize"))
 }
 
 /// The schema keyword by which a sink lets a config value set its capability: see

@@ -1176,3 +1176,24 @@ fn fingerprints_still_tell_dependent_order_and_recorded_old_fingerprints_match()
         plan_of(&model(&two("y", "x")), &cat).fingerprint
     );
 }
+
+#[test]
+fn the_key_spec_is_the_marked_config_properties_with_their_defaults() {
+    let mut parser = info("flights-mapper", "0.1.0", PluginKind::Operator);
+    parser.config_schema = r#"{"properties": {"key": {"type": "string", "default": "carrier", "x-key-spec": true}, "fields": {"type": "array"}}}"#.into();
+    let spec = |config: serde_json::Value| key_spec(&parser, &config);
+    let default = spec(serde_json::json!({"fields": ["carrier"]}));
+    assert_eq!(default.as_deref(), Some(r#"{"key":"carrier"}"#));
+    assert_eq!(
+        spec(serde_json::json!({"key": "carrier", "fields": ["a", "b"]})),
+        default,
+        "fields are not the key"
+    );
+    assert_ne!(spec(serde_json::json!({"key": "origin"})), default);
+    // Nothing marked: no key spec (the whole config decides).
+    parser.config_schema = r#"{"properties": {"key": {"type": "string"}}}"#.into();
+    assert_eq!(
+        key_spec(&parser, &serde_json::json!({"key": "carrier"})),
+        None
+    );
+}
