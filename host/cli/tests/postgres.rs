@@ -338,6 +338,66 @@ fn commit_faults_commit_once_or_fail_loudly() {
     assert!(db.count("departures") < 336_776);
 }
 
+/// Pins a transaction committed behind the engine's back duplicating silently: epoch 2
+/// was prepared on both subtasks but never durable (a crash after the pre-commits), a
+/// DBA ran COMMIT PREPARED on one subtask's GID by hand, and the restart rolled back the
+/// other GID, resumed from epoch 1 with exit 0 and numbered its epochs past 2, so it never
+/// met the marker the hand commit left: the hand-committed rows were written twice. The
+/// restart must fail loudly, naming the GID and the epoch, and write nothing.
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn a_non_durable_epoch_committed_by_hand_fails_recovery_loudly() {
+    let mut db = Db::new("handcommit");
+    db.departures_table();
+    // No key, as in the report: nothing in the table itself stops a duplicate.
+    db.client
+        .batch_execute("ALTER TABLE departures DROP CONSTRAINT departures_pkey")
+        .unwrap();
+    let job = Job::new("handcommit", &per_record_job(&db.url, 2, 100));
+    // Crash at the fourth pre-commit: epoch 1 durable, both subtasks' epoch 2 prepared.
+    let (ok, out) = job.run(Some("after-pre-commit=4"));
+    assert!(!ok && out.contains("failpoint"), "{out}");
+    let epoch_of = |gid: &str| -> u64 { gid.rsplit('_').next().unwrap().parse().unwrap() };
+    let prepared = db.prepared();
+    let last = prepared
+        .iter()
+        .map(|g| epoch_of(g))
+        .max()
+        .expect("prepared GIDs");
+    let of_last: Vec<&String> = prepared.iter().filter(|g| epoch_of(g) == last).collect();
+    assert_eq!(
+        of_last.len(),
+        2,
+        "both subtasks prepared epoch {last}: {prepared:?}"
+    );
+    let gid = of_last[0].clone();
+    db.client
+        .batch_execute(&format!("COMMIT PREPARED '{gid}'"))
+        .unwrap();
+    let rows = db.count("departures");
+
+    let (ok, out) = job.run(None);
+    assert!(
+        !ok,
+        "a non-durable epoch committed by hand must fail recovery: {out}"
+    );
+    assert!(
+        out.contains(&gid)
+            && out.contains(&format!("epoch {last}"))
+            && out.contains("outside the protocol"),
+        "{out}"
+    );
+    assert_eq!(
+        db.count("departures"),
+        rows,
+        "nothing written after the refusal"
+    );
+    // It stays refused: a second restart does not slip past it either.
+    let (ok, out) = job.run(None);
+    assert!(!ok && out.contains(&gid), "{out}");
+    assert_eq!(db.count("departures"), rows);
+}
+
 #[test]
 #[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
 fn downscale_from_4_to_2_leaves_nothing_prepared_and_exact_output() {
