@@ -76,7 +76,7 @@ pub use endpoint::{
 };
 pub use frame::{DEFAULT_MAX_FRAME_LEN, FrameError};
 pub use identity::{CliName, Identity, IdentityParseError, NodeId, Role};
-pub use lease::{LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus};
+pub use lease::{Claim, LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus};
 pub use pki::{
     CertificateAuthority, Credentials, InitOptions, PkiError, init_cluster, load_credentials,
 };

@@ -19,7 +19,9 @@
 
 use crate::endpoint::{ClusterEndpoint, PeerConnection, TransportSettings, handshake};
 use crate::identity::{Identity, NodeId};
-use crate::lease::{LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus, RenewalSeq};
+use crate::lease::{
+    Claim, LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus, RenewalSeq,
+};
 use crate::pki::load_credentials;
 use crate::tls::Protocol;
 use nop_stream_proto::cli::{CliRequest, CliResponse, MAX_UPLOAD_FRAME, NodeStatus};
@@ -38,6 +40,11 @@ use tokio::sync::mpsc;
 
 /// How long a peer may take to send its first frame after the handshake.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a node waits for the coordinator's answer to its hello. The coordinator may
+/// hold a registration for 1.5 heartbeat intervals while it finds out whether another
+/// process holds the node's lease.
+pub const WELCOME_TIMEOUT: Duration = Duration::from_secs(30);
 
 const MAX_FRAME: u32 = MAX_CONTROL_FRAME as u32;
 /// Cap on a component frame a node fetches: the upload cap plus the encoding's overhead.
@@ -127,9 +134,29 @@ impl NodeRegistry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// What a registration of `node` would find now (see [`LeaseTable::claim`]).
+    pub fn claim(&self, node: NodeId, silence: Duration) -> Claim {
+        let g = self.lock();
+        g.leases.claim(node, g.started.elapsed(), silence)
+    }
+
+    /// Counts a registration of `node` refused because another process holds its lease.
+    pub fn refused_registration(&self, node: NodeId) {
+        if let Some(e) = self.lock().nodes.get_mut(&node) {
+            e.status.refused_registrations += 1;
+        }
+    }
+
+    /// Counts the end of one of `node`'s leases, whatever the cause.
+    fn lost(&self, node: NodeId) {
+        if let Some(e) = self.lock().nodes.get_mut(&node) {
+            e.status.lost += 1;
+        }
+    }
+
     /// Registers `node` (a hello was accepted) and grants it a fresh lease; a lease it held
-    /// before is replaced and no longer renewable.
-    pub fn register(&self, node: NodeId, hello: &Hello) -> LeaseId {
+    /// before is replaced, no longer renewable, and returned so the caller ends it.
+    pub fn register(&self, node: NodeId, hello: &Hello) -> (LeaseId, Option<LeaseId>) {
         let mut g = self.lock();
         let now = g.started.elapsed();
         let grant = g.leases.grant(node, now);
@@ -144,6 +171,8 @@ impl NodeRegistry {
                 renewals: 0,
                 refused_renewals: 0,
                 expirations: 0,
+                lost: 0,
+                refused_registrations: 0,
             },
         });
         e.status.lease = grant.lease.id.0;
@@ -156,7 +185,7 @@ impl NodeRegistry {
         } else {
             tracing::info!(%node, lease = %grant.lease.id, "node registered");
         }
-        grant.lease.id
+        (grant.lease.id, grant.replaced.map(|l| l.id))
     }
 
     /// Renews `node`'s lease `lease`.
@@ -275,8 +304,9 @@ pub struct Coordinator {
     pub registry: NodeRegistry,
 }
 
-/// Live sessions by node, so that an expired lease ends its session.
-type Sessions = Arc<Mutex<BTreeMap<NodeId, (LeaseId, SessionPush)>>>;
+/// Live sessions by node (lease, push, the node's address as the coordinator sees it),
+/// so that an ended lease ends its session.
+type Sessions = Arc<Mutex<BTreeMap<NodeId, (LeaseId, SessionPush, SocketAddr)>>>;
 
 /// Tells the service that a lease is over, once per lease.
 struct Downs<S> {
@@ -308,8 +338,10 @@ impl<S: CoordinatorService> Downs<S> {
             return;
         }
         self.registry.release(node, lease);
+        self.registry.lost(node);
+        tracing::warn!(node = %Identity::Node(node).label(), %lease, "node lost: {reason}");
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((l, push)) = sessions.get(&node)
+        if let Some((l, push, _)) = sessions.get(&node)
             && *l == lease
         {
             push.send(CoordinatorFrame::End(SessionEnd {
@@ -341,7 +373,7 @@ pub async fn serve_coordinator<S: CoordinatorService>(
         cfg.listen,
         &creds,
         &[Protocol::Node, Protocol::Cli],
-        &TransportSettings::default(),
+        &TransportSettings::for_lease(&cfg.lease),
     )?;
     let registry = NodeRegistry::new(cfg.lease.ttl);
     let addr = ep
@@ -439,7 +471,34 @@ async fn node_session<S: CoordinatorService>(
     let Identity::Node(node) = claimed else {
         return Err(protocol_err(&peer, "only nodes open node sessions"));
     };
-    let id = downs.registry.register(node, &hello);
+    let addr = pc.remote_address();
+    if let Some(reason) = held_elsewhere(downs, node, addr, lease).await {
+        tracing::warn!(node = %peer, "{reason}");
+        downs.registry.refused_registration(node);
+        write_value(
+            &mut send,
+            &HelloReply::Refused(SessionEnd {
+                reason: reason.clone(),
+            }),
+            &peer,
+            MAX_FRAME,
+        )
+        .await?;
+        let _ = send.finish();
+        // The node closes once it has read the refusal; bounded in case it does not.
+        let _ = tokio::time::timeout(HELLO_TIMEOUT, pc.connection.closed()).await;
+        return Err(protocol_err(&peer, reason));
+    }
+    let (id, replaced) = downs.registry.register(node, &hello);
+    if let Some(old) = replaced {
+        // A restarted process: whatever ran under the old lease is lost now, not when the
+        // old session's connection times out.
+        downs.down(
+            node,
+            old,
+            &format!("{peer} registered again from {addr}: its {old} is void"),
+        );
+    }
     write_value(
         &mut send,
         &HelloReply::Welcome(Welcome {
@@ -502,7 +561,7 @@ async fn node_session<S: CoordinatorService>(
         .sessions
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(node, (id, push.clone()));
+        .insert(node, (id, push.clone(), addr));
     downs.service.node_up(node, id, &hello, push.clone());
     let ended = loop {
         let frame = match read_value::<NodeFrame>(&mut recv, &peer, MAX_FRAME).await {
@@ -535,6 +594,60 @@ async fn node_session<S: CoordinatorService>(
     let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
     requests.abort();
     Err(protocol_err(&peer, ended))
+}
+
+/// Why a registration of `node` from `addr` must be refused: another process holds the
+/// node's live lease and renews it (design §2.5, one process per node id). A lease whose
+/// holder has been silent for 1.5 heartbeat intervals is a restarted node's old one, and
+/// the registration may replace it; a lease heard from more recently is watched until
+/// that much silence: renewed meanwhile, its holder is alive and the newcomer is refused,
+/// naming both addresses. `None`: register.
+async fn held_elsewhere<S: CoordinatorService>(
+    downs: &Downs<S>,
+    node: NodeId,
+    addr: SocketAddr,
+    lease: &LeaseConfig,
+) -> Option<String> {
+    let silence = lease.heartbeat_interval + lease.heartbeat_interval / 2;
+    let Claim::Held {
+        lease: held,
+        heard_ago,
+    } = downs.registry.claim(node, silence)
+    else {
+        return None;
+    };
+    tokio::time::sleep(silence.saturating_sub(heard_ago) + Duration::from_millis(20)).await;
+    let Claim::Held {
+        lease: now,
+        heard_ago,
+    } = downs.registry.claim(node, silence)
+    else {
+        return None;
+    };
+    let holder = downs
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&node)
+        .filter(|(l, _, _)| *l == now.id)
+        .map_or_else(
+            || "an unknown address".to_owned(),
+            |(_, _, a)| a.to_string(),
+        );
+    let what = if now.id == held.id {
+        "renews it"
+    } else {
+        "registered meanwhile"
+    };
+    Some(format!(
+        "{} is already registered from {holder} ({}, heard from {} ms ago), and that process \
+         {what}: refusing a second registration of {} from {addr}; two processes claim \
+         the same node id, stop one of them",
+        Identity::Node(node).label(),
+        now.id,
+        heard_ago.as_millis(),
+        Identity::Node(node).label(),
+    ))
 }
 
 async fn cli_requests<S: CoordinatorService>(
@@ -792,9 +905,10 @@ async fn node_session_once<S: NodeService>(
 ) -> Result<SessionOutcome, SessionError> {
     let peer = "coordinator".to_owned();
     let started = Instant::now();
-    let pc = ep
-        .connect(cfg.join, &Identity::Coordinator, Protocol::Node)
-        .await?;
+    // No idle timeout of the node's own on this connection: the coordinator's, derived
+    // from the lease TTL, applies, so a silent node is lost by its lease, never first by
+    // the transport (design §2.5).
+    let pc = ep.connect_control(cfg.join).await?;
     let (mut send, mut recv) = pc
         .connection
         .open_bi()
@@ -814,7 +928,7 @@ async fn node_session_once<S: NodeService>(
     )
     .await?;
     let reply: HelloReply =
-        tokio::time::timeout(HELLO_TIMEOUT, read_value(&mut recv, &peer, MAX_FRAME))
+        tokio::time::timeout(WELCOME_TIMEOUT, read_value(&mut recv, &peer, MAX_FRAME))
             .await
             .map_err(|_| protocol_err(&peer, "sent no welcome in time"))??
             .ok_or_else(|| protocol_err(&peer, "closed the session before the welcome"))?;
