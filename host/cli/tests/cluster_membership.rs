@@ -280,3 +280,104 @@ fn a_second_process_with_a_node_id_is_refused_naming_both_addresses() {
     let s = p.node_status("node-1");
     assert!(n(&s, "lease") > first_lease && n(&s, "lost") == 1, "{s:#}");
 }
+
+/// The `deploying` lines of the coordinator's log: (generation, nodes).
+fn deployments(cluster: &common::cluster::Cluster) -> Vec<(u64, String)> {
+    cluster
+        .log("coordinator.log")
+        .lines()
+        .filter(|l| l.contains("deploying"))
+        .filter_map(|l| {
+            let field = |k: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(k))
+                    .map(str::to_owned)
+            };
+            Some((field("generation=")?.parse().ok()?, field("nodes=")?))
+        })
+        .collect()
+}
+
+/// Pins a recovery stalling about 18 s when it deployed onto a node that had just frozen:
+/// the coordinator waited for each node's prepare in turn, and the frozen node's peers
+/// waited for its data connection for the whole `PEER_WAIT` (15 s), long after its lease
+/// had ended. Now the deployment fails the moment the lost node's lease ends, and its
+/// peers stop waiting when the generation is fenced; the output is still exact.
+#[test]
+fn a_deployment_onto_a_node_lost_meanwhile_fails_when_its_lease_ends() {
+    use common::cluster::{Cluster, committed, embedded, job_copy, repo};
+    let _g = serial();
+    // A 6 s lease: node-1, frozen, stays in the cluster long enough to be deployed onto.
+    let mut cluster = Cluster::start_with_lease(3, 6000, 500);
+    let tmp = tempfile::tempdir().unwrap();
+    let expected = embedded(&repo().join("examples/flights/flights.toml"), tmp.path());
+    // The job runs on node-2 and node-3 first: node-1 is away.
+    cluster.kill_node(1);
+    wait_for("node-1 gone", Duration::from_secs(30), || {
+        cluster.node_status(1).is_some_and(|s| s["live"] == false)
+    });
+    let job = job_copy("flights.toml", 100, 8_000);
+    let out = tmp.path().join("out");
+    let id = cluster.submit(&job.0, &out, &["-p", "2", "--fresh"]);
+    wait_for(
+        "the job running on node-2 and node-3",
+        Duration::from_secs(60),
+        || cluster.nodes_of(&id) == [2, 3] && !cluster.status(&id)["durable_epoch"].is_null(),
+    );
+    // node-1 joins with no task, and freezes. node-2 restarts at once: the recovery
+    // deploys onto node-1 (first in id order) while its lease is live. node-1 has the
+    // lowest id, so node-2 waits for it to dial.
+    cluster.start_node(1);
+    cluster.wait_live(3);
+    let generation = cluster.status(&id)["generation"].as_u64().unwrap();
+    signal(cluster.node_pid(1), "-STOP");
+    cluster.kill_node(2);
+    cluster.start_node(2);
+    wait_for(
+        "a deployment that includes the frozen node-1",
+        Duration::from_secs(30),
+        || {
+            deployments(&cluster)
+                .iter()
+                .any(|(g, nodes)| *g > generation && nodes.contains("node-1"))
+        },
+    );
+    let onto_frozen = deployments(&cluster)
+        .iter()
+        .filter(|(g, nodes)| *g > generation && nodes.contains("node-1"))
+        .map(|(g, _)| *g)
+        .max()
+        .unwrap();
+    wait_for(
+        "a deployment without node-1",
+        Duration::from_secs(60),
+        || {
+            deployments(&cluster)
+                .iter()
+                .any(|(g, nodes)| *g > onto_frozen && !nodes.contains("node-1"))
+        },
+    );
+    signal(cluster.node_pid(1), "-CONT");
+    let status = cluster.wait_finished(&id, Duration::from_secs(300));
+    assert_eq!(
+        committed(&out),
+        expected,
+        "the output after the lost deployment: {status:#}"
+    );
+    let peers = cluster.log("node-2.log") + &cluster.log("node-3.log");
+    assert!(
+        !peers.contains("did not connect within"),
+        "a peer waited out PEER_WAIT:\n{peers}"
+    );
+    assert!(
+        peers.contains("stopped waiting for node-1"),
+        "node-2 stopped waiting when the generation was fenced:\n{peers}"
+    );
+    assert!(
+        cluster
+            .log("coordinator.log")
+            .contains("node-1: preparing tasks: node-1 left before answering"),
+        "the deployment failed naming the lost node:\n{}",
+        cluster.log_tail("coordinator.log")
+    );
+}
