@@ -214,6 +214,22 @@ pub enum ConnectError {
     Identity(#[from] IdentityError),
 }
 
+impl ConnectError {
+    /// The certificate refusal this failure is, if it is one: a handshake failed by a
+    /// verifier (either side's), or a peer identity refused after it.
+    pub fn refusal(&self) -> Option<crate::refusal::CertRefusal> {
+        match self {
+            ConnectError::Handshake { source, .. } => crate::refusal::classify(source),
+            ConnectError::Identity(e) => Some(crate::refusal::CertRefusal {
+                problem: e.problem(),
+                whose: crate::refusal::Whose::Theirs,
+                detail: e.to_string(),
+            }),
+            ConnectError::Dial { .. } => None,
+        }
+    }
+}
+
 /// A connection whose peer certificate has been checked against the negotiated protocol.
 #[derive(Debug, Clone)]
 pub struct PeerConnection {
@@ -283,7 +299,12 @@ impl PeerConnection {
 }
 
 fn refuse(connection: &quinn::Connection, reason: &IdentityError) {
-    tracing::warn!(peer = %connection.remote_address(), %reason, "peer refused");
+    tracing::warn!(
+        peer = %connection.remote_address(),
+        problem = reason.problem().name(),
+        %reason,
+        "peer refused"
+    );
     let msg = reason.to_string();
     let mut end = msg.len().min(MAX_CLOSE_REASON);
     while !msg.is_char_boundary(end) {

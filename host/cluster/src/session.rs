@@ -61,7 +61,25 @@ pub enum SessionError {
     Endpoint(#[from] crate::endpoint::EndpointError),
     /// Connecting failed.
     #[error(transparent)]
-    Connect(#[from] crate::endpoint::ConnectError),
+    Connect(crate::endpoint::ConnectError),
+    /// A certificate was refused, ours by `peer` or `peer`'s by us (see
+    /// [`crate::refusal`]): unknown CA, expired, not yet valid, wrong role, wrong name.
+    #[error("{peer}: {refusal}")]
+    Refused {
+        /// Who (an address or an identity).
+        peer: String,
+        /// What was refused, and why.
+        refusal: crate::refusal::CertRefusal,
+    },
+    /// The coordinator refused the node's hello (another process holds the node id, an
+    /// incompatible protocol version).
+    #[error("{peer} refused the hello: {reason}")]
+    HelloRefused {
+        /// Who.
+        peer: String,
+        /// The coordinator's reason.
+        reason: String,
+    },
     /// The peer broke the protocol or went away.
     #[error("{peer}: {message}")]
     Protocol {
@@ -70,6 +88,64 @@ pub enum SessionError {
         /// What happened.
         message: String,
     },
+}
+
+impl From<crate::endpoint::ConnectError> for SessionError {
+    fn from(e: crate::endpoint::ConnectError) -> Self {
+        let peer = match &e {
+            crate::endpoint::ConnectError::Dial { peer, .. }
+            | crate::endpoint::ConnectError::Handshake { peer, .. } => peer.to_string(),
+            crate::endpoint::ConnectError::Identity(_) => "the peer".to_owned(),
+        };
+        match e.refusal() {
+            Some(refusal) => SessionError::Refused { peer, refusal },
+            None => SessionError::Connect(e),
+        }
+    }
+}
+
+impl SessionError {
+    /// The certificate refusal this error is, if it is one.
+    pub fn refusal(&self) -> Option<&crate::refusal::CertRefusal> {
+        match self {
+            SessionError::Refused { refusal, .. } => Some(refusal),
+            _ => None,
+        }
+    }
+}
+
+/// A frame error as a session error: a connection lost to a certificate refusal is
+/// [`SessionError::Refused`], so the reason reaches the side refused (quinn reports it only
+/// as "connection lost").
+fn frame_err(peer: &str, e: crate::frame::FrameError) -> SessionError {
+    use crate::frame::FrameError;
+    let lost = match &e {
+        FrameError::Read(quinn::ReadError::ConnectionLost(c))
+        | FrameError::Write(quinn::WriteError::ConnectionLost(c)) => Some(c),
+        _ => None,
+    };
+    match lost.and_then(crate::refusal::classify) {
+        Some(refusal) => SessionError::Refused {
+            peer: peer.to_owned(),
+            refusal,
+        },
+        None => match lost {
+            Some(c) => protocol_err(peer, format!("{e}: {c}")),
+            None => protocol_err(peer, e.to_string()),
+        },
+    }
+}
+
+/// A lost connection as a session error, [`SessionError::Refused`] for a certificate
+/// refusal.
+fn connection_err(peer: &str, e: &quinn::ConnectionError) -> SessionError {
+    match crate::refusal::classify(e) {
+        Some(refusal) => SessionError::Refused {
+            peer: peer.to_owned(),
+            refusal,
+        },
+        None => protocol_err(peer, e.to_string()),
+    }
 }
 
 fn protocol_err(peer: impl std::fmt::Display, message: impl Into<String>) -> SessionError {
@@ -86,7 +162,7 @@ async fn read_value<T: serde::de::DeserializeOwned>(
 ) -> Result<Option<T>, SessionError> {
     crate::frame::read_value(recv, max)
         .await
-        .map_err(|e| protocol_err(peer, e.to_string()))
+        .map_err(|e| frame_err(peer, e))
 }
 
 async fn write_value<T: Serialize>(
@@ -97,7 +173,7 @@ async fn write_value<T: Serialize>(
 ) -> Result<(), SessionError> {
     crate::frame::write_value(send, value, max)
         .await
-        .map_err(|e| protocol_err(peer, e.to_string()))
+        .map_err(|e| frame_err(peer, e))
 }
 
 #[derive(Debug)]
@@ -410,7 +486,16 @@ pub async fn serve_coordinator<S: CoordinatorService>(
             let pc = match handshake(incoming).await {
                 Ok(pc) => pc,
                 Err(e) => {
-                    tracing::warn!(%peer, "connection refused: {e}");
+                    match e.refusal() {
+                        Some(r) => tracing::warn!(
+                            %peer,
+                            problem = r.problem.name(),
+                            "refused a connection, {}: {}",
+                            r.problem,
+                            r.detail
+                        ),
+                        None => tracing::warn!(%peer, "connection refused: {e}"),
+                    }
                     return;
                 }
             };
@@ -711,7 +796,7 @@ pub async fn cli_request(
         .connection
         .open_bi()
         .await
-        .map_err(|e| protocol_err(&peer, e.to_string()))?;
+        .map_err(|e| connection_err(&peer, &e))?;
     write_value(&mut send, request, &peer, MAX_UPLOAD_FRAME as u32).await?;
     let _ = send.finish();
     let resp = read_value::<CliResponse>(&mut recv, &peer, MAX_FRAME)
@@ -868,17 +953,84 @@ pub async fn serve_node<S: NodeService>(
             }
         });
     }
+    let mut refusals = Refusals::default();
     loop {
-        match node_session_once(&ep, &cfg, &me, data_addr, &service).await {
+        let pause = match node_session_once(&ep, &cfg, &me, data_addr, &service).await {
             Ok(outcome) => {
                 tracing::warn!(node = %me.label(), ?outcome, "registration over: stopping this node's tasks");
                 service.session_down(&outcome);
+                refusals = Refusals::default();
+                REGISTER_RETRY
             }
-            Err(e) => {
-                tracing::warn!(node = %me.label(), "cannot register with the coordinator: {e}")
+            Err(e) => match refusals.after(&e) {
+                Retry::After(pause) => {
+                    tracing::warn!(node = %me.label(), "cannot register with the coordinator: {e}");
+                    pause
+                }
+                Retry::GiveUp => {
+                    tracing::error!(
+                        node = %me.label(),
+                        "certificate refused {} times in a row for a reason that cannot heal: {e}",
+                        refusals.lasting
+                    );
+                    return Err(e);
+                }
+            },
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Pause before a node registers again after a session or a failure that was no refusal.
+pub const REGISTER_RETRY: Duration = Duration::from_millis(200);
+/// Longest pause between registrations the coordinator refuses.
+pub const REFUSED_RETRY_MAX: Duration = Duration::from_secs(10);
+/// Refusals in a row, for a reason that cannot heal (a certificate of another CA, expired,
+/// of the wrong role or name), after which a node gives up and exits with the reason.
+pub const MAX_LASTING_REFUSALS: u32 = 5;
+
+/// What a node does after a failed registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Try again after this pause.
+    After(Duration),
+    /// Stop: the refusal cannot heal.
+    GiveUp,
+}
+
+/// A node's count of refused registrations. Pure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refusals {
+    /// Refusals in a row (certificate or hello).
+    pub refused: u32,
+    /// Certificate refusals in a row whose reason cannot heal.
+    pub lasting: u32,
+}
+
+impl Refusals {
+    /// Counts `e` and says what to do: a refused certificate or hello backs off
+    /// exponentially ([`REGISTER_RETRY`] doubling to [`REFUSED_RETRY_MAX`]); the
+    /// [`MAX_LASTING_REFUSALS`]th certificate refusal in a row for a reason that cannot
+    /// heal gives up; any other failure (the coordinator unreachable) retries after
+    /// [`REGISTER_RETRY`] and resets the counts.
+    pub fn after(&mut self, e: &SessionError) -> Retry {
+        let lasting = match e {
+            SessionError::Refused { refusal, .. } => !refusal.problem.heals(),
+            SessionError::HelloRefused { .. } => false,
+            _ => {
+                *self = Refusals::default();
+                return Retry::After(REGISTER_RETRY);
             }
+        };
+        self.refused += 1;
+        self.lasting = if lasting { self.lasting + 1 } else { 0 };
+        if self.lasting >= MAX_LASTING_REFUSALS {
+            return Retry::GiveUp;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pause = REGISTER_RETRY
+            .checked_mul(1u32.checked_shl(self.refused - 1).unwrap_or(u32::MAX))
+            .unwrap_or(REFUSED_RETRY_MAX);
+        Retry::After(pause.min(REFUSED_RETRY_MAX))
     }
 }
 
@@ -913,7 +1065,7 @@ async fn node_session_once<S: NodeService>(
         .connection
         .open_bi()
         .await
-        .map_err(|e| protocol_err(&peer, e.to_string()))?;
+        .map_err(|e| connection_err(&peer, &e))?;
     let sent_at = started.elapsed();
     write_value(
         &mut send,
@@ -936,10 +1088,10 @@ async fn node_session_once<S: NodeService>(
         HelloReply::Welcome(w) => w,
         HelloReply::Refused(end) => {
             pc.connection.close(0u32.into(), b"refused");
-            return Err(protocol_err(
-                &peer,
-                format!("refused the hello: {}", end.reason),
-            ));
+            return Err(SessionError::HelloRefused {
+                peer,
+                reason: end.reason,
+            });
         }
     };
     let ttl = Duration::from_millis(welcome.ttl_ms);
@@ -1040,6 +1192,51 @@ async fn node_session_once<S: NodeService>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_back_off_and_give_up_only_when_they_cannot_heal() {
+        use crate::refusal::{CertProblem, CertRefusal, Whose};
+        let refused = |problem| SessionError::Refused {
+            peer: "coordinator".into(),
+            refusal: CertRefusal {
+                problem,
+                whose: Whose::Ours,
+                detail: String::new(),
+            },
+        };
+        let mut r = Refusals::default();
+        let pauses: Vec<Retry> = (0..4)
+            .map(|_| r.after(&refused(CertProblem::UnknownCa)))
+            .collect();
+        assert_eq!(
+            pauses,
+            [200, 400, 800, 1600].map(|ms| Retry::After(Duration::from_millis(ms)))
+        );
+        assert_eq!(r.after(&refused(CertProblem::Expired)), Retry::GiveUp);
+        // Not yet valid heals with time: it backs off to the cap but never gives up.
+        let mut r = Refusals::default();
+        let last = (0..20)
+            .map(|_| r.after(&refused(CertProblem::NotYetValid)))
+            .last();
+        assert_eq!(last, Some(Retry::After(REFUSED_RETRY_MAX)));
+        // Another process holding the node id: back off, never give up.
+        let mut r = Refusals::default();
+        let hello = SessionError::HelloRefused {
+            peer: "coordinator".into(),
+            reason: "two processes".into(),
+        };
+        assert!((0..20).all(|_| matches!(r.after(&hello), Retry::After(_))));
+        // The coordinator unreachable: the counts start over.
+        let mut r = Refusals::default();
+        for _ in 0..4 {
+            r.after(&refused(CertProblem::UnknownCa));
+        }
+        assert_eq!(
+            r.after(&protocol_err("coordinator", "timed out")),
+            Retry::After(REGISTER_RETRY)
+        );
+        assert_eq!(r, Refusals::default());
+    }
 
     #[test]
     fn a_session_ended_past_the_node_deadline_is_a_lost_lease() {
