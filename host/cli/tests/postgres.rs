@@ -398,6 +398,100 @@ fn a_non_durable_epoch_committed_by_hand_fails_recovery_loudly() {
     assert_eq!(db.count("departures"), rows);
 }
 
+/// A TCP proxy in front of the test server that can go down as a restarting database
+/// does: every open connection is cut and new ones are closed at once.
+struct Proxy {
+    port: u16,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(target: std::net::SocketAddr) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (d, o) = (down.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if d.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(server) = std::net::TcpStream::connect(target) else {
+                    continue;
+                };
+                let mut open = o.lock().unwrap();
+                open.push(client.try_clone().unwrap());
+                open.push(server.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, down, open }
+    }
+
+    /// Cuts every connection and refuses new ones for `d`.
+    fn outage(&self, d: Duration) {
+        use std::sync::atomic::Ordering;
+        self.down.store(true, Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        std::thread::sleep(d);
+        self.down.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Pins the default restart budget (3 recoveries per run, 100 ms doubling) ending a run
+/// after any database outage longer than about a second. The database goes away for 3 s
+/// in the middle of a run (every connection cut, new ones refused): with the failure-rate
+/// budget (10 recoveries within 60 s) the run recovers, finishes, and its rows are exact.
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
+fn a_database_outage_of_a_few_seconds_does_not_end_a_run() {
+    let expected = reference();
+    let mut db = Db::new("outage");
+    db.departures_table();
+    let (before, rest) = db.url.split_once("@127.0.0.1:").expect("a loopback URL");
+    let (port, path) = rest.split_once('/').unwrap();
+    let proxy = Proxy::start(format!("127.0.0.1:{port}").parse().unwrap());
+    let url = format!("{before}@127.0.0.1:{}/{path}", proxy.port);
+    // About 5 s of input at two readers.
+    let job_text = per_record_job(&url, 2, 100).replace(
+        "config = { path = \"/input/flights.csv\"",
+        "config = { max_records_per_second = 35000, path = \"/input/flights.csv\"",
+    );
+    let job = Job::new("outage", &job_text);
+    let child = job.command(None, &[]).spawn().unwrap();
+    let t = Instant::now();
+    while db.count("departures") == 0 {
+        assert!(t.elapsed() < Duration::from_secs(60), "nothing committed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    proxy.outage(Duration::from_secs(3));
+    let o = child.wait_with_output().unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "the run outlived the outage: {out}");
+    let recoveries: u32 = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("recoveries"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(recoveries >= 2, "the outage cost recoveries: {out}");
+    assert_eq!(db.departures_digest(), expected);
+    assert!(db.prepared().is_empty());
+}
+
 #[test]
 #[ignore = "needs PostgreSQL: .ci/run starts one (scripts/pg-test-server.sh)"]
 fn downscale_from_4_to_2_leaves_nothing_prepared_and_exact_output() {
