@@ -71,6 +71,15 @@ bench-peers *ARGS:
     .venv/bin/python -c "import pyflink" 2>/dev/null || .venv/bin/pip install apache-flink
     cargo run --release -q -p nop-stream-bench -- flink --python .venv/bin/python --script bench/peers/flink_job.py {{ARGS}}
 
+# Nexmark q0-q5, q7-q9, q11 (issue 38): nop-stream vs the native floor vs Flink SQL over the
+# same generated files; Flink is apache-flink 1.20.1 from PyPI in .venv (Java 17). Extra args
+# go to `nopstream-bench nexmark`, e.g. `--events 1000000,10000000` for Flink's marginal rate.
+bench-nexmark *ARGS:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    test -x .venv/bin/python || python3 -m venv .venv
+    .venv/bin/python -c "import pyflink.version as v; assert v.__version__ == '1.20.1'" 2>/dev/null || .venv/bin/pip install apache-flink==1.20.1
+    target/release/nopstream-bench nexmark --flink-python .venv/bin/python {{ARGS}}
+
 # Format every crate.
 fmt:
     cargo fmt --all

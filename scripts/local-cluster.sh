@@ -29,7 +29,7 @@ trap cleanup EXIT
   >"$dir/coordinator.out" 2>"$dir/coordinator.log" &
 pids+=($!)
 for i in 1 2 3; do
-  "$bin" node --join "$addr" --id "$i" --data "$dir/node-$i" --certs "$dir/certs" \
+  "$bin" node --join "$addr" --id "$i" --data "$dir/node-$i" --certs "$dir/certs" --storage "$dir/coord" \
     >/dev/null 2>"$dir/node-$i.log" &
   pids+=($!)
 done

@@ -153,6 +153,8 @@ impl LocalCluster {
         let child = Command::new(&self.opts.nopstream)
             .args(["node", "--join", &self.addr, "--id", &id.to_string()])
             .args(["--listen", "127.0.0.1:0"])
+            .arg("--storage")
+            .arg(self.opts.dir.join("coord"))
             .arg("--data")
             .arg(self.opts.dir.join(format!("node-{id}")))
             .arg("--certs")

@@ -3,29 +3,19 @@
 //! manifests, and recovery time after a SIGKILL (restart → first epoch committed by the
 //! new attempt).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
+use nop_stream_checkpoint::{Location, Namespace};
 use serde::{Deserialize, Serialize};
 
-/// One line of a namespace's `epochs.log`: `state` is `created`, `durable`, `committed`
+/// One record of a namespace's epoch log: `state` is `created`, `durable`, `committed`
 /// or `aborted`; `at_ms` Unix ms.
-#[derive(Deserialize)]
 pub(crate) struct LogRecord {
     pub(crate) epoch: u64,
     pub(crate) state: String,
     pub(crate) attempt: u32,
     pub(crate) at_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct Manifest {
-    tasks: Vec<TaskSnapshot>,
-}
-
-#[derive(Deserialize)]
-struct TaskSnapshot {
-    snapshot_bytes: u64,
 }
 
 /// Median and maximum of a sample.
@@ -69,28 +59,33 @@ pub struct EpochStats {
     pub snapshot_bytes: Spread,
 }
 
-/// The checkpoint namespace directories under `<work>/checkpoints`.
-pub(crate) fn namespaces(work: &Path) -> Result<Vec<PathBuf>> {
-    let dir = work.join("checkpoints");
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
-        let p = e?.path();
-        if p.is_dir() {
-            out.push(p);
-        }
-    }
-    Ok(out)
+/// The checkpoint namespaces under `<work>/checkpoints`, by name.
+pub(crate) fn namespaces(work: &Path) -> Result<Vec<(String, Namespace)>> {
+    let root = Location::Local(work.join("checkpoints"));
+    let store = root.open().with_context(|| format!("open {root}"))?;
+    Ok(nop_stream_checkpoint::namespace::list_namespaces(&store)?
+        .into_iter()
+        .map(|n| {
+            let ns = Namespace::new(store.scope(&n));
+            (n, ns)
+        })
+        .collect())
 }
 
-/// The records of `<ns>/epochs.log`, a torn last line (a killed or running job) skipped.
-pub(crate) fn read_log(ns: &Path) -> Result<Vec<LogRecord>> {
-    let path = ns.join("epochs.log");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-    // A torn last line (a killed run) is skipped.
-    Ok(text
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
+/// The records of a namespace's epoch log.
+pub(crate) fn read_log(ns: &Namespace) -> Result<Vec<LogRecord>> {
+    Ok(ns
+        .read_log()?
+        .into_iter()
+        .map(|r| LogRecord {
+            epoch: r.epoch.0,
+            state: serde_json::to_value(r.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            attempt: r.attempt.0,
+            at_ms: r.at_ms,
+        })
         .collect())
 }
 
@@ -101,7 +96,7 @@ pub(crate) fn read_log(ns: &Path) -> Result<Vec<LogRecord>> {
 pub fn stats(work: &Path) -> Result<EpochStats> {
     let mut durations = Vec::new();
     let mut sizes = Vec::new();
-    for ns in namespaces(work)? {
+    for (_, ns) in namespaces(work)? {
         let log = read_log(&ns)?;
         for d in log.iter().filter(|r| r.state == "durable") {
             if let Some(c) = log
@@ -111,13 +106,10 @@ pub fn stats(work: &Path) -> Result<EpochStats> {
                 durations.push(d.at_ms.saturating_sub(c.at_ms) as f64);
             }
         }
-        let manifests = ns.join("manifests");
-        if let Ok(dir) = std::fs::read_dir(&manifests) {
-            for e in dir {
-                let p = e?.path();
-                if let Ok(m) = serde_json::from_slice::<Manifest>(&std::fs::read(&p)?) {
-                    sizes.push(m.tasks.iter().map(|t| t.snapshot_bytes).sum::<u64>() as f64);
-                }
+        for e in ns.manifest_epochs()? {
+            // Retention may delete one between the listing and the read.
+            if let Ok(m) = ns.read_manifest(e) {
+                sizes.push(m.snapshot_bytes() as f64);
             }
         }
     }
@@ -135,7 +127,7 @@ pub fn stats(work: &Path) -> Result<EpochStats> {
 /// No log, or no epoch of the newest attempt.
 pub fn first_commit_after(work: &Path, restart_ms: u64) -> Result<f64> {
     let mut best: Option<u64> = None;
-    for ns in namespaces(work)? {
+    for (_, ns) in namespaces(work)? {
         let log = read_log(&ns)?;
         let Some(attempt) = log.iter().map(|r| r.attempt).max() else {
             continue;
@@ -162,29 +154,52 @@ mod tests {
 
     #[test]
     fn stats_and_recovery_read_the_log_and_manifests() {
-        let dir = std::env::temp_dir().join(format!("nopstream-epochs-{}", std::process::id()));
-        let ns = dir.join("checkpoints").join("job.main");
-        std::fs::create_dir_all(ns.join("manifests")).unwrap();
-        std::fs::write(
-            ns.join("epochs.log"),
-            concat!(
-                "{\"epoch\":1,\"state\":\"created\",\"attempt\":1,\"at_ms\":1000}\n",
-                "{\"epoch\":1,\"state\":\"durable\",\"attempt\":1,\"at_ms\":1010}\n",
-                "{\"epoch\":2,\"state\":\"created\",\"attempt\":1,\"at_ms\":2000}\n",
-                "{\"epoch\":2,\"state\":\"durable\",\"attempt\":1,\"at_ms\":2030}\n",
-                "{\"epoch\":3,\"state\":\"created\",\"attempt\":2,\"at_ms\":5000}\n",
-                "{\"epoch\":3,\"state\":\"durable\",\"attempt\":2,\"at_ms\":5020}\n",
-                "{\"epoch\":3,\"state\":\"committed\",\"attempt\":2,\"at_ms\":5025}\n",
-                "{\"epoch\":4,\"sta"
-            ),
-        )
+        use nop_stream_api::{AttemptId, EpochId, FencingToken};
+        use nop_stream_checkpoint::coordinator::EpochState;
+        use nop_stream_checkpoint::{EpochLogRecord, EpochManifest};
+        let dir = tempfile::tempdir().unwrap();
+        let ns =
+            Namespace::open(&Location::Local(dir.path().join("checkpoints/job.main"))).unwrap();
+        for (epoch, state, attempt, at_ms) in [
+            (1, EpochState::Created, 1, 1000),
+            (1, EpochState::Durable, 1, 1010),
+            (2, EpochState::Created, 1, 2000),
+            (2, EpochState::Durable, 1, 2030),
+            (3, EpochState::Created, 2, 5000),
+            (3, EpochState::Durable, 2, 5020),
+            (3, EpochState::Committed, 2, 5025),
+        ] {
+            ns.append_log(&EpochLogRecord {
+                epoch: EpochId(epoch),
+                state,
+                attempt: AttemptId(attempt),
+                at_ms,
+                detail: None,
+            })
+            .unwrap();
+        }
+        let mut m: EpochManifest = serde_json::from_str(&format!(
+            r#"{{"epoch":3,"job_id":"job","pipeline_id":"main","namespace":"job.main","plan_fingerprint":"f",
+               "state_shard_count":1,"attempt":2,"fencing_token":2,"final_epoch":false,"tasks":[],
+               "enumerators":[],"state_format_version":{},"created_ms":0,"durable_ms":0,"checksum":""}}"#,
+            nop_stream_checkpoint::STATE_FORMAT_VERSION
+        ))
         .unwrap();
-        std::fs::write(
-            ns.join("manifests").join("3.json"),
-            r#"{"tasks":[{"snapshot_bytes":100},{"snapshot_bytes":50}]}"#,
-        )
-        .unwrap();
-        let s = stats(&dir).unwrap();
+        for bytes in [100, 50] {
+            let mut t: nop_stream_checkpoint::TaskSnapshot = serde_json::from_str(
+                r#"{"task":{"job":"job","pipeline":"main","vertex":"v","subtask":0},"epoch":3,
+                   "end_of_data":false,"segments":[],"splits":[],"watermarks":[],
+                   "pending_transactions":[],"sink_operator":null,"snapshot_bytes":0,
+                   "alignment_ms":0,"duration_ms":0}"#,
+            )
+            .unwrap();
+            t.snapshot_bytes = bytes;
+            m.tasks.push(t);
+        }
+        m.fencing_token = FencingToken(2);
+        m.seal();
+        ns.publish_manifest(&m).unwrap();
+        let s = stats(dir.path()).unwrap();
         assert_eq!(s.durable_epochs, 3);
         assert_eq!(
             s.duration_ms,
@@ -200,7 +215,6 @@ mod tests {
                 max: 150.0
             }
         );
-        assert_eq!(first_commit_after(&dir, 4_900).unwrap(), 125.0);
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(first_commit_after(dir.path(), 4_900).unwrap(), 125.0);
     }
 }

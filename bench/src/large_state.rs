@@ -54,6 +54,7 @@ use serde::{Deserialize, Serialize};
 use crate::epochs::{self, Spread};
 use crate::floor::OutputSummary;
 use crate::measure;
+use nop_stream_checkpoint::Namespace;
 
 /// Name of the keyed-count state in the manifests.
 const COUNT_STATE: &str = "count";
@@ -346,10 +347,9 @@ impl Manifest {
 }
 
 /// The keyed count state the chain of `m` restores to: (entries, bytes of a full
-/// `kv-lp/1` snapshot of it), reading the segments under the namespace directory `root`.
-fn folded_state(root: &Path, m: &Manifest) -> Result<(u64, u64)> {
+/// `kv-lp/1` snapshot of it), reading the segments of the namespace `root`.
+fn folded_state(root: &Namespace, m: &Manifest) -> Result<(u64, u64)> {
     use nop_stream_checkpoint::payload;
-    use std::io::{Read, Seek, SeekFrom};
     let segments: Vec<&ManifestSegment> = m
         .tasks
         .iter()
@@ -358,13 +358,7 @@ fn folded_state(root: &Path, m: &Manifest) -> Result<(u64, u64)> {
         .collect();
     let mut bufs = Vec::with_capacity(segments.len());
     for s in &segments {
-        let path = root.join(&s.file);
-        let mut f = std::fs::File::open(&path).with_context(|| format!("{}", path.display()))?;
-        f.seek(SeekFrom::Start(s.offset))?;
-        let mut buf = vec![0; s.len as usize];
-        f.read_exact(&mut buf)
-            .with_context(|| format!("{}", path.display()))?;
-        bufs.push(buf);
+        bufs.push(root.read_range(&s.file, s.offset, s.len)?);
     }
     // Manifest order is chain order per shard, and keys of different shards never
     // collide (a key maps to one shard), so the whole list folds as one chain.
@@ -381,50 +375,29 @@ fn folded_state(root: &Path, m: &Manifest) -> Result<(u64, u64)> {
     Ok((state.len() as u64, bytes))
 }
 
-/// The checkpoint namespace directory under `work` and its latest manifest.
-fn latest_manifest(work: &Path) -> Result<(PathBuf, Manifest)> {
-    let root = std::fs::read_dir(work.join("checkpoints"))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.is_dir())
+/// The checkpoint namespace under `work` and its latest manifest.
+fn latest_manifest(work: &Path) -> Result<(Namespace, Manifest)> {
+    let (_, ns) = epochs::namespaces(work)?
+        .into_iter()
+        .next()
         .context("no checkpoint namespace")?;
-    let latest = std::fs::read_dir(root.join("manifests"))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let p = e.path();
-            let n = p.file_stem()?.to_str()?.parse::<u64>().ok()?;
-            Some((n, p))
-        })
-        .max_by_key(|(n, _)| *n)
-        .context("no manifest")?;
-    let m = serde_json::from_slice(&std::fs::read(&latest.1)?)?;
-    Ok((root, m))
+    let m = ns.latest_manifest()?.context("no manifest")?;
+    let m = serde_json::from_value(serde_json::to_value(&m)?)?;
+    Ok((ns, m))
 }
 
-/// Every manifest now under `<work>/checkpoints/*/manifests/` not in `seen`, parsed.
+/// Every durable manifest now under `<work>/checkpoints/` not in `seen`, parsed.
 fn new_manifests(work: &Path, seen: &BTreeMap<u64, EpochRow>) -> Vec<Manifest> {
     let mut out = Vec::new();
-    let Ok(namespaces) = std::fs::read_dir(work.join("checkpoints")) else {
-        return out;
-    };
-    for ns in namespaces.filter_map(|e| e.ok()) {
-        let Ok(dir) = std::fs::read_dir(ns.path().join("manifests")) else {
-            continue;
-        };
-        for e in dir.filter_map(|e| e.ok()) {
-            let p = e.path();
-            let known = p
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .and_then(|s| s.parse::<u64>().ok())
-                .is_some_and(|n| seen.contains_key(&n));
-            if known || p.extension().is_none_or(|x| x != "json") {
+    for (_, ns) in epochs::namespaces(work).unwrap_or_default() {
+        for e in ns.manifest_epochs().unwrap_or_default() {
+            if seen.contains_key(&e.0) {
                 continue;
             }
-            // Manifests are published by rename, so a file is whole; retention may delete
-            // it between the listing and the read.
-            if let Ok(bytes) = std::fs::read(&p)
-                && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
+            // Retention may delete it between the listing and the read.
+            if let Ok(m) = ns.read_manifest(e)
+                && let Ok(v) = serde_json::to_value(&m)
+                && let Ok(m) = serde_json::from_value::<Manifest>(v)
             {
                 out.push(m);
             }

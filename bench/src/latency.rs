@@ -65,12 +65,7 @@ type Seen = BTreeMap<(String, u64, u32, String), u64>;
 
 fn poll_logs(work: &Path, seen: &mut Seen) {
     // No checkpoint directory or log yet: nothing to merge; the next poll looks again.
-    for ns in epochs::namespaces(work).unwrap_or_default() {
-        let name = ns
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+    for (name, ns) in epochs::namespaces(work).unwrap_or_default() {
         for r in epochs::read_log(&ns).unwrap_or_default() {
             seen.entry((name.clone(), r.epoch, r.attempt, r.state))
                 .or_insert(r.at_ms);

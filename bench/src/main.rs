@@ -23,6 +23,9 @@
 //! - `large-state`: the keyed count with 1M and 5M distinct keys and 1 s checkpoints:
 //!   throughput, bytes and stall per epoch, peak RSS, a byte-budgeted working set, and
 //!   recovery after SIGKILL with the state built ([`large_state`]).
+//! - `nexmark`: the Nexmark suite q0–q5, q7–q9, q11 against the floor and Flink SQL over
+//!   the same generated files ([`nexmark`]); `nexmark-gen` writes the files,
+//!   `nexmark-floor` is one floor run.
 //! - `postgres`: the Postgres workloads of issue 13 ([`pg`]): the postgres-sink alone,
 //!   the multi-row INSERT and COPY floors, JetStream -> Postgres; skipped with a message
 //!   when no server is configured.
@@ -37,6 +40,7 @@ mod floor;
 mod large_state;
 mod latency;
 mod measure;
+mod nexmark;
 mod pg;
 mod report;
 mod soak;
@@ -265,6 +269,53 @@ enum Cmd {
         /// Output directory.
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
+    },
+    /// The Nexmark suite (q0-q5, q7-q9, q11): nop-stream, the native floor and (with
+    /// `--flink-python`) Flink SQL over the same generated files, interleaved; prints
+    /// events/s, events per CPU-second, ÷ floor, ÷ Flink and Flink's published per-core
+    /// figure per query, and writes `<out>/nexmark.json`.
+    Nexmark {
+        /// Events of the stream (all kinds); a second size (`--events 1000000,10000000`)
+        /// gives Flink's marginal rate.
+        #[arg(long, value_delimiter = ',', default_value = "1000000")]
+        events: Vec<u64>,
+        /// Measured runs per engine, query and size, after one unmeasured warm-up.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Only these queries (comma-separated: q0,q3,...).
+        #[arg(long, value_delimiter = ',')]
+        queries: Vec<String>,
+        /// Python of a virtualenv with the pinned `apache-flink` (`just bench-nexmark`
+        /// creates it); without it Flink is not run.
+        #[arg(long)]
+        flink_python: Option<PathBuf>,
+        /// The Flink job script.
+        #[arg(long, default_value = "bench/peers/nexmark_flink.py")]
+        flink_script: PathBuf,
+        /// The `nopstream` binary [default: next to this binary].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory (data, jobs, runs, nexmark.json).
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// Write the Nexmark files (persons.csv, auctions.csv, bids.csv) of the first N events.
+    NexmarkGen {
+        /// Events of the stream.
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// One Nexmark floor run, printing its report as JSON (what `nexmark` spawns).
+    NexmarkFloor {
+        /// The query.
+        #[arg(long)]
+        query: String,
+        /// The data directory of `nexmark-gen`.
+        #[arg(long)]
+        data: PathBuf,
     },
     /// Print the table of `<out>/results.json` and re-render the files.
     Report {
@@ -784,6 +835,41 @@ fn dispatch(cli: Cli) -> Result<()> {
                 serde_json::to_string_pretty(&report)?,
             )?;
             println!("wrote {}/large-state.json", setup.out.display());
+            Ok(())
+        }
+        Cmd::Nexmark {
+            events,
+            runs,
+            queries,
+            flink_python,
+            flink_script,
+            nopstream,
+            out,
+        } => {
+            let mut sizes = events;
+            sizes.sort_unstable();
+            sizes.dedup();
+            ensure!(
+                !sizes.is_empty() && sizes.len() <= 2,
+                "--events takes one or two sizes"
+            );
+            std::fs::create_dir_all(&out)?;
+            let flink_python = flink_python.map(|p| absolute(&p)).transpose()?;
+            nexmark::run(&nexmark::Options {
+                sizes,
+                runs,
+                queries: nexmark::parse_queries(&queries)?,
+                nopstream: nopstream_binary(nopstream)?,
+                flink_python,
+                flink_script: absolute(&flink_script)?,
+                out: absolute(&out)?,
+                repo: absolute(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").as_path())?,
+            })
+        }
+        Cmd::NexmarkGen { events, out } => nexmark::generate(events, &out),
+        Cmd::NexmarkFloor { query, data } => {
+            let q = nexmark::parse_queries(std::slice::from_ref(&query))?[0];
+            println!("{}", serde_json::to_string(&nexmark::floor(q, &data)?)?);
             Ok(())
         }
         Cmd::Report { out } => {

@@ -10,6 +10,7 @@ mod export;
 pub mod hash;
 mod host;
 mod info;
+pub mod join;
 mod mock;
 pub mod num;
 mod plugin;

@@ -33,6 +33,7 @@ fn main() {
     for watched in [
         "wit",
         "guest-sdk",
+        "nexmark",
         "plugins",
         "tests/plugins",
         "Cargo.toml",

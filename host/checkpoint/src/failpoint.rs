@@ -10,8 +10,8 @@
 //! `after-pre-commit`, `after-manifest-publish`, `mid-commit`, `during-restore`,
 //! `commit-reply-lost` (error: the commit happened but its reply is dropped),
 //! `expire-transaction` (error: the transaction vanishes before commit),
-//! `savepoint-write` (each step of writing a savepoint directory: every segment file,
-//! the manifest, `savepoint.json`, the final rename), `async-snapshot-write` (each segment
+//! `savepoint-write` (each step of writing a savepoint: every segment file, the manifest
+//! candidate, the epoch record, `savepoint.json`), `async-snapshot-write` (each segment
 //! file of a task's snapshot, written but not yet durable; on the background snapshot
 //! thread with asynchronous snapshots), `compaction-write` (a background compaction's
 //! file, written but not yet durable).

@@ -1,6 +1,22 @@
-//! Every on-disk name of checkpoints and state, in one place (design §3.5): the checkpoint
-//! namespace, segment files, StatePaths and state directories. Ids become path components
-//! by one injective encoding, so two ids never share a file.
+//! Every name of checkpoints and state, in one place (design §3.5, §6 "Storage by
+//! location"): the checkpoint namespace, the objects of a namespace (epoch records,
+//! manifests, segments, the epoch log, attempt claims), savepoints, StatePaths and state
+//! directories. Ids become name components by one injective encoding, so two ids never
+//! share an object. No other crate joins a name into checkpoint storage.
+//!
+//! A namespace's objects, relative to it:
+//!
+//! ```text
+//! epochs/<epoch:020>.json                 the epoch record, created once (the point of
+//!                                         linearisation: durable -> its manifest, or aborted)
+//! manifests/<epoch:020>.a<attempt>.json   a manifest candidate of one attempt
+//! manifests/<epoch:020>.json              a manifest of the older layout (durable by presence)
+//! segments/<epoch>/<operator>/<subtask>.a<attempt>[.c<epoch>].seg   state segments
+//! log/<epoch:020>.<rank>.<state>.a<attempt:010>.json   one epoch log record each
+//! attempts/<attempt:010>                  attempt claims, created once
+//! epochs.log, attempt                     the older layout's log and attempt counter (read)
+//! savepoint.json                          in a savepoint: what it is (written last)
+//! ```
 
 use std::path::{Path, PathBuf};
 
@@ -23,6 +39,92 @@ pub fn component(id: &str) -> String {
 /// encoded by [`component`] (which never yields a `.`, so the separator is unambiguous).
 pub fn namespace(job: &str, pipeline: &str) -> String {
     format!("{}.{}", component(job), component(pipeline))
+}
+
+/// The directory (prefix) of a checkpoint root under which namespace `ns` lives.
+pub fn namespace_prefix(ns: &str) -> String {
+    format!("{ns}/")
+}
+
+/// Prefix of the epoch records.
+pub const EPOCHS: &str = "epochs/";
+/// Prefix of the manifests.
+pub const MANIFESTS: &str = "manifests/";
+/// Prefix of the segments.
+pub const SEGMENTS: &str = "segments/";
+/// Prefix of the epoch log records.
+pub const LOG: &str = "log/";
+/// Prefix of the attempt claims.
+pub const ATTEMPTS: &str = "attempts/";
+/// The older layout's epoch log (an append-only file; read, never written).
+pub const LEGACY_LOG: &str = "epochs.log";
+/// The older layout's attempt counter (read, never written).
+pub const LEGACY_ATTEMPT: &str = "attempt";
+/// A cluster's identity at the root of its storage location, created once.
+pub const CLUSTER: &str = "cluster.json";
+/// The checkpoint root inside a cluster's storage location.
+pub const CHECKPOINTS: &str = "checkpoints";
+/// The job records inside a cluster's storage location.
+pub const JOBS: &str = "jobs";
+/// The plugin registry inside a cluster's storage location.
+pub const REGISTRY: &str = "registry";
+/// The savepoint root inside a cluster's storage location.
+pub const SAVEPOINTS: &str = "savepoints";
+
+/// What a savepoint is; written last, so a prefix without it is no savepoint.
+pub const SAVEPOINT_INFO: &str = "savepoint.json";
+
+/// The epoch record of `epoch`.
+pub fn epoch_record(epoch: u64) -> String {
+    format!("{EPOCHS}{epoch:020}.json")
+}
+
+/// The epoch of an epoch record's name.
+pub fn epoch_of_record(name: &str) -> Option<u64> {
+    name.strip_prefix(EPOCHS)?
+        .strip_suffix(".json")?
+        .parse()
+        .ok()
+}
+
+/// The manifest candidate of `epoch` written by `attempt`.
+pub fn manifest_candidate(epoch: u64, attempt: u32) -> String {
+    format!("{MANIFESTS}{epoch:020}.a{attempt}.json")
+}
+
+/// The older layout's manifest of `epoch`.
+pub fn legacy_manifest(epoch: u64) -> String {
+    format!("{MANIFESTS}{epoch:020}.json")
+}
+
+/// A manifest name's epoch and, for a candidate, its attempt (`None`: the older layout).
+pub fn parse_manifest(name: &str) -> Option<(u64, Option<u32>)> {
+    let stem = name.strip_prefix(MANIFESTS)?.strip_suffix(".json")?;
+    match stem.split_once(".a") {
+        Some((e, a)) => Some((e.parse().ok()?, Some(a.parse().ok()?))),
+        None => Some((stem.parse().ok()?, None)),
+    }
+}
+
+/// The epoch log record of `epoch` entering `state` (`rank` orders the states of one
+/// epoch and attempt) in `attempt`.
+pub fn log_record(epoch: u64, rank: u8, state: &str, attempt: u32) -> String {
+    format!("{LOG}{epoch:020}.{rank}.{state}.a{attempt:010}.json")
+}
+
+/// The epoch of a log record's name.
+pub fn epoch_of_log_record(name: &str) -> Option<u64> {
+    name.strip_prefix(LOG)?.split('.').next()?.parse().ok()
+}
+
+/// The claim of `attempt`.
+pub fn attempt_claim(attempt: u32) -> String {
+    format!("{ATTEMPTS}{attempt:010}")
+}
+
+/// The attempt of a claim's name.
+pub fn attempt_of_claim(name: &str) -> Option<u32> {
+    name.strip_prefix(ATTEMPTS)?.parse().ok()
 }
 
 /// The segment file (relative to the namespace) holding an operator's state of one
@@ -51,6 +153,18 @@ pub fn compacted_segment_file(
     format!(
         "segments/{dir_epoch}/{}/{subtask}.a{attempt}.c{epoch}.seg",
         component(operator_id)
+    )
+}
+
+/// A segment file copied into a namespace by a restore from a savepoint: the savepoint's
+/// file `rel` (`segments/<e>/...`), moved under the restored epoch's directory and a
+/// prefix of its own (`restore` names the restore), so it shares a name with no file of
+/// the namespace: `segments/<epoch>/restore-<restore>/<rel without segments/>`.
+pub fn restored_segment_file(epoch: u64, restore: &str, rel: &str) -> String {
+    format!(
+        "segments/{epoch}/restore-{}/{}",
+        component(restore),
+        rel.strip_prefix(SEGMENTS).unwrap_or(rel)
     )
 }
 

@@ -6,7 +6,8 @@ use crate::output;
 use anyhow::{Context, Result, bail};
 use nop_stream_cluster::Identity;
 use nop_stream_proto::cli::{
-    CliRequest, CliResponse, JobState, JobStatus, JobSubmission, NodeStatus, PluginEntry,
+    CliRequest, CliResponse, JobControl, JobState, JobStatus, JobSubmission, NodeStatus,
+    PluginEntry,
 };
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -235,6 +236,9 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
         actions_json,
         check_only: false,
         pipeline: None,
+        delta: None,
+        rescale: false,
+        checkpoint_interval_ms: None,
     };
     let refused = |resp: CliResponse| -> Result<std::process::ExitCode> {
         match resp {
@@ -273,20 +277,25 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
             check_only: true,
             ..sub.clone()
         };
-        match request(args, CliRequest::SubmitJob(check))? {
+        match request(args, CliRequest::SubmitJob(Box::new(check)))? {
             CliResponse::SavepointChecked { .. } => {}
             r => return refused(r),
         }
-        let sp = crate::savepoint::open(sp)?;
-        let host = nop_stream_runtime::PluginHost::new(crate::cache_dir())?;
-        let registry =
-            nop_stream_runtime::registry::PluginRegistry::new(&host, s.plugins.clone(), dir);
+        let sp = crate::savepoint::open(&crate::savepoint::location_arg(sp)?)?;
         let work = std::env::temp_dir().join(format!("nopstream-finalize-{}", std::process::id()));
-        let done = crate::savepoint::finalize_sinks(&sp, &actions, &registry, &output, &work);
+        let platform = nop_stream_runtime::embedded::EmbeddedPlatform::new(
+            nop_stream_runtime::PluginHost::new(crate::cache_dir())?,
+            s.plugins.clone(),
+            nop_stream_runtime::RunOptions::new(dir, output.clone(), work.clone()),
+            std::sync::Arc::new(nop_stream_runtime::JobProgress::default()),
+        );
+        let done = platform.finalize(&sp, &actions);
         let _ = std::fs::remove_dir_all(&work);
-        done?;
+        for line in done.map_err(anyhow::Error::msg)? {
+            eprintln!("{line}");
+        }
     }
-    let status = match request(args, CliRequest::SubmitJob(sub))? {
+    let status = match request(args, CliRequest::SubmitJob(Box::new(sub)))? {
         CliResponse::Job(j) => *j,
         r => return refused(r),
     };
@@ -330,9 +339,9 @@ pub fn wait_for_end(args: &ClusterArgs, job: &str) -> Result<JobStatus> {
 pub fn job_status(args: &ClusterArgs, job: &str) -> Result<JobStatus> {
     match request(
         args,
-        CliRequest::JobStatus {
+        CliRequest::Control(JobControl::Status {
             job: job.to_owned(),
-        },
+        }),
     )? {
         CliResponse::Job(j) => Ok(*j),
         r => Err(unexpected(&r)),
@@ -385,7 +394,7 @@ pub fn print_status(s: &JobStatus, json: bool) -> Result<()> {
 
 /// `nopstream job list`.
 pub fn list_jobs(args: &ClusterArgs, json: bool) -> Result<()> {
-    let jobs = match request(args, CliRequest::ListJobs)? {
+    let jobs = match request(args, CliRequest::Control(JobControl::ListJobs))? {
         CliResponse::Jobs(j) => j,
         r => return Err(unexpected(&r)),
     };
@@ -416,9 +425,9 @@ pub fn list_jobs(args: &ClusterArgs, json: bool) -> Result<()> {
 pub fn cancel(args: &ClusterArgs, job: &str) -> Result<()> {
     match request(
         args,
-        CliRequest::CancelJob {
+        CliRequest::Control(JobControl::Cancel {
             job: job.to_owned(),
-        },
+        }),
     )? {
         CliResponse::Job(_) => {}
         r => return Err(unexpected(&r)),
@@ -435,7 +444,10 @@ pub fn checkpoints(args: &ClusterArgs, target: &Path, verbose: bool) -> Result<(
     } else {
         target.display().to_string()
     };
-    let (log, manifests) = match request(args, CliRequest::Checkpoints { job: job.clone() })? {
+    let (log, manifests) = match request(
+        args,
+        CliRequest::Control(JobControl::Checkpoints { job: job.clone() }),
+    )? {
         CliResponse::Checkpoints {
             log_json,
             manifests_json,
@@ -453,22 +465,37 @@ pub fn checkpoints(args: &ClusterArgs, target: &Path, verbose: bool) -> Result<(
     )
 }
 
-/// What `nopstream coordinator` was asked.
-#[derive(Debug)]
+/// `nopstream coordinator`: run a cluster coordinator. It serves node sessions (leases
+/// renewed by heartbeats) and CLI requests over QUIC with mutual TLS, until killed.
+#[derive(Debug, clap::Args)]
 pub struct CoordinatorArgs {
-    /// `--listen`.
+    /// UDP address to listen on, e.g. 127.0.0.1:7400.
+    #[arg(long)]
     pub listen: SocketAddr,
-    /// `--data`.
+    /// Data directory: caches only (compiled components); with an empty one and the same
+    /// --storage, a coordinator started anywhere resumes every job.
+    #[arg(long)]
     pub data: PathBuf,
-    /// `--certs`.
+    /// Certificates directory (`nopstream cluster init`).
+    #[arg(long)]
     pub certs: PathBuf,
-    /// `--checkpoints`.
-    pub checkpoints: Option<PathBuf>,
-    /// `--lease-ttl-ms`.
+    /// The cluster's storage location: checkpoints, the plugin registry, job records and
+    /// savepoints. A directory, `file:///dir`, or `s3://bucket/prefix[?endpoint=URL]`
+    /// (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY only). Every node is
+    /// given the same one [default: DATA].
+    #[arg(long, value_name = "LOCATION")]
+    pub storage: Option<String>,
+    /// The checkpoint root, if not STORAGE/checkpoints (every node must be given the same).
+    #[arg(long, value_name = "LOCATION")]
+    pub checkpoints: Option<String>,
+    /// Lease time to live, ms.
+    #[arg(long, default_value_t = 10_000)]
     pub lease_ttl_ms: u64,
-    /// `--heartbeat-ms`.
+    /// Interval between node heartbeats, ms.
+    #[arg(long, default_value_t = 2_000)]
     pub heartbeat_ms: u64,
-    /// `--max-restarts`.
+    /// Global recoveries a job gets unless its submission says otherwise.
+    #[arg(long, default_value_t = 10)]
     pub max_restarts: u32,
 }
 
@@ -482,13 +509,17 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
     lease.validate().context("lease settings")?;
     let data = std::path::absolute(&a.data)?;
     let mut opts = nop_stream_server::ClusterOptions::new(data.clone(), lease.ttl);
+    if let Some(s) = &a.storage {
+        opts.storage = crate::location(s).context("--storage")?;
+        opts.checkpoints = opts.storage.join(nop_stream_checkpoint::names::CHECKPOINTS);
+    }
     if let Some(c) = &a.checkpoints {
-        opts.checkpoints = std::path::absolute(c)?;
+        opts.checkpoints = crate::location(c).context("--checkpoints")?;
     }
     opts.max_restarts = a.max_restarts;
     let rt = tokio_runtime()?;
     let service = nop_stream_server::ClusterCoordinator::start(opts)
-        .map_err(|e| anyhow::anyhow!("coordinator data {}: {e}", data.display()))?;
+        .map_err(|e| anyhow::anyhow!("coordinator (data {}): {e}", data.display()))?;
     let cfg = nop_stream_cluster::session::CoordinatorConfig {
         listen: a.listen,
         certs: a.certs,
@@ -506,22 +537,39 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `nopstream node` was asked.
-#[derive(Debug)]
+/// `nopstream node`: run a cluster node. It registers with the coordinator and keeps its
+/// lease; stops its tasks when it cannot renew it, then registers again as new capacity.
+#[derive(Debug, clap::Args)]
 pub struct NodeArgs {
-    /// `--join`.
+    /// The coordinator's address.
+    #[arg(long)]
     pub join: SocketAddr,
-    /// `--id`.
+    /// Node id N (its certificate is `node-N`).
+    #[arg(long)]
     pub id: u32,
-    /// `--data`.
+    /// Data directory (task state, compiled components).
+    #[arg(long)]
     pub data: PathBuf,
-    /// `--certs`.
+    /// Certificates directory.
+    #[arg(long)]
     pub certs: PathBuf,
-    /// `--listen`.
+    /// The cluster's storage location, the coordinator's --storage (tasks read and write
+    /// their checkpoints there).
+    #[arg(long, value_name = "LOCATION")]
+    pub storage: String,
+    /// The checkpoint root, if not STORAGE/checkpoints (the coordinator's --checkpoints).
+    #[arg(long, value_name = "LOCATION")]
+    pub checkpoints: Option<String>,
+    /// UDP address for data connections from other nodes [default: 127.0.0.1:0].
+    #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
-    /// `--slots`.
+    /// Task slots offered: slot groups (one subtask of each vertex) it runs at once.
+    #[arg(long, default_value_t = nop_stream_server::DEFAULT_SLOTS)]
     pub slots: u32,
-    /// `--task-scheduling`.
+    /// How the kernel schedules task threads: `batch` (SCHED_BATCH on Linux: a woken
+    /// task does not preempt a running one, fewer context switches when task threads
+    /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
+    #[arg(long, default_value = "batch", value_name = "batch|normal")]
     pub task_scheduling: nop_stream_runtime::TaskScheduling,
 }
 
@@ -529,10 +577,17 @@ pub struct NodeArgs {
 pub fn run_node(a: NodeArgs) -> Result<()> {
     let rt = tokio_runtime()?;
     let data = std::path::absolute(&a.data)?;
+    let storage = crate::location(&a.storage).context("--storage")?;
+    let checkpoints = match &a.checkpoints {
+        Some(c) => crate::location(c).context("--checkpoints")?,
+        None => storage.join(nop_stream_checkpoint::names::CHECKPOINTS),
+    };
     let host = nop_stream_server::NodeHost::start(
         nop_stream_server::NodeOptions {
             id: nop_stream_cluster::NodeId(a.id),
             data: data.clone(),
+            storage,
+            checkpoints,
             channel_capacity: 0,
             task_scheduling: a.task_scheduling,
         },
@@ -564,11 +619,11 @@ pub fn take_savepoint(
     };
     match request(
         args,
-        CliRequest::TakeSavepoint {
+        CliRequest::Control(JobControl::TakeSavepoint {
             job,
             out: out.map(|p| p.display().to_string()),
             stop,
-        },
+        }),
     )? {
         CliResponse::Savepoint { info_json } => Ok(serde_json::from_str(&info_json)?),
         r => Err(unexpected(&r)),

@@ -4,6 +4,7 @@ mod cluster;
 mod nats;
 mod output;
 mod prepare;
+mod run;
 mod savepoint;
 mod scaffold;
 
@@ -11,12 +12,13 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nop_stream_api::PluginKind;
+use nop_stream_checkpoint::{Location, Namespace};
 use nop_stream_core::{
     DeploymentOptions, Layer, StreamModel, deployment_plan, job_graph, parse_job_file,
     partitioned_plan, stream_graph,
 };
 use nop_stream_runtime::registry::PluginRegistry;
-use nop_stream_runtime::{JobProgress, Limits, PluginHost, RunOptions, run_job};
+use nop_stream_runtime::{JobProgress, PluginHost};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,79 +40,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a job file to completion (embedded mode: one process, local files, redb).
-    Run {
-        /// Job file (TOML).
-        job: PathBuf,
-        /// Override the parallelism of every node.
-        #[arg(long, short = 'p')]
-        parallelism: Option<u32>,
-        /// Output directory granted to sinks as `$OUTPUT` [default: nopstream-out/JOB_ID/output].
-        #[arg(long)]
-        output: Option<PathBuf>,
-        /// Working directory for state [default: nopstream-out/JOB_ID/work].
-        #[arg(long)]
-        work_dir: Option<PathBuf>,
-        /// Memory limit per plugin instance, in MiB [default: 256].
-        #[arg(long)]
-        memory_mib: Option<u64>,
-        /// CPU time limit per call into a plugin, in milliseconds [default: 10000].
-        #[arg(long)]
-        cpu_ms_per_call: Option<u64>,
-        /// Print the run report as JSON instead of the summary.
-        #[arg(long)]
-        json: bool,
-        /// Do not show the progress display.
-        #[arg(long)]
-        no_progress: bool,
-        /// Do not echo the committed output at the end.
-        #[arg(long)]
-        no_echo: bool,
-        /// Start from scratch: delete the job's checkpoints and output instead of resuming
-        /// from the latest durable epoch.
-        #[arg(long)]
-        fresh: bool,
-        /// Global recoveries allowed after task failures within any 60 s (a failure-rate
-        /// budget; the pause before each doubles from 100 ms to 5 s) [default: 10 with
-        /// periodic checkpoints, else 0].
-        #[arg(long)]
-        max_restarts: Option<u32>,
-        /// Explicit rescale action (design §10.5): restore the latest durable epoch, taken
-        /// by this same job at another parallelism, into the plan at the parallelism
-        /// given with -p (or the job file's). Keyed state, timers and watermarks move
-        /// with their state shards; the shard count stays. Without it a changed plan is
-        /// refused.
-        #[arg(long)]
-        rescale: bool,
-        /// Take an epoch checkpoint every this many ms, overriding the job file's
-        /// `job.checkpoint_interval_ms` (part of the plan fingerprint).
-        #[arg(long)]
-        checkpoint_interval_ms: Option<u64>,
-        /// Restore from a savepoint (`nopstream savepoint promote`): the savepoint check runs
-        /// first and anything but compatible is refused; then the job's checkpoints are
-        /// replaced by the savepoint's epoch and the job resumes from it, at any
-        /// parallelism.
-        /// With --fresh, the job's checkpoints are discarded first, so a namespace that
-        /// went on past the savepoint can go back to it.
-        #[arg(long, value_name = "SP", conflicts_with_all = ["rescale"])]
-        from_savepoint: Option<PathBuf>,
-        /// A Delta overlay patching the job file's model (README "Delta overlays"): each
-        /// changed field is printed with its class (replan, rescale, state-affecting;
-        /// forbidden ones are refused). When the job has a durable checkpoint, its latest
-        /// epoch is promoted to a savepoint (`WORK_DIR/savepoints/epoch-N`) and the patched
-        /// job restores from it through the compatibility check, which needs the actions
-        /// (--actions) that clear its findings.
-        #[arg(long, value_name = "D.toml", conflicts_with_all = ["rescale", "from_savepoint"])]
-        delta: Option<PathBuf>,
-        /// With --from-savepoint or --delta: the actions file that clears the check's
-        /// findings.
-        #[arg(long, value_name = "A.toml")]
-        actions: Option<PathBuf>,
-        /// How the kernel schedules task threads: `batch` (SCHED_BATCH on Linux: a woken
-        /// task does not preempt a running one, fewer context switches when task threads
-        /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
-        #[arg(long, default_value = "batch", value_name = "batch|normal")]
-        task_scheduling: nop_stream_runtime::TaskScheduling,
-    },
+    Run(run::RunArgs),
     /// Savepoints: promote a checkpoint to one, check a job against one.
     Savepoint {
         #[command(subcommand)]
@@ -153,6 +83,10 @@ enum Command {
         /// Working directory of the job [default: nopstream-out/JOB_ID/work].
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// The checkpoint root, if not WORK_DIR/checkpoints (as given to `run
+        /// --checkpoints`: a directory or a location URL).
+        #[arg(long, value_name = "LOCATION")]
+        checkpoints: Option<String>,
         /// Show source offsets and sink transactions of every epoch.
         #[arg(long, short = 'v')]
         verbose: bool,
@@ -200,57 +134,10 @@ enum Command {
     },
     /// Run a cluster coordinator: serves node sessions (leases renewed by heartbeats) and
     /// CLI requests over QUIC with mutual TLS, until killed.
-    Coordinator {
-        /// UDP address to listen on, e.g. 127.0.0.1:7400.
-        #[arg(long)]
-        listen: std::net::SocketAddr,
-        /// Data directory.
-        #[arg(long)]
-        data: PathBuf,
-        /// Certificates directory (`nopstream cluster init`).
-        #[arg(long)]
-        certs: PathBuf,
-        /// Root of checkpoint storage; every node must reach it at this path
-        /// [default: DATA/checkpoints].
-        #[arg(long)]
-        checkpoints: Option<PathBuf>,
-        /// Lease time to live, ms.
-        #[arg(long, default_value_t = 10_000)]
-        lease_ttl_ms: u64,
-        /// Interval between node heartbeats, ms.
-        #[arg(long, default_value_t = 2_000)]
-        heartbeat_ms: u64,
-        /// Global recoveries a job gets unless its submission says otherwise.
-        #[arg(long, default_value_t = 10)]
-        max_restarts: u32,
-    },
+    Coordinator(cluster::CoordinatorArgs),
     /// Run a cluster node: registers with the coordinator and keeps its lease; stops its
     /// tasks when it cannot renew it, then registers again as new capacity.
-    Node {
-        /// The coordinator's address.
-        #[arg(long)]
-        join: std::net::SocketAddr,
-        /// Node id N (its certificate is `node-N`).
-        #[arg(long)]
-        id: u32,
-        /// Data directory.
-        #[arg(long)]
-        data: PathBuf,
-        /// Certificates directory.
-        #[arg(long)]
-        certs: PathBuf,
-        /// UDP address for data connections from other nodes [default: 127.0.0.1:0].
-        #[arg(long, default_value = "127.0.0.1:0")]
-        listen: std::net::SocketAddr,
-        /// Task slots offered: slot groups (one subtask of each vertex) it runs at once.
-        #[arg(long, default_value_t = nop_stream_server::DEFAULT_SLOTS)]
-        slots: u32,
-        /// How the kernel schedules task threads: `batch` (SCHED_BATCH on Linux: a woken
-        /// task does not preempt a running one, fewer context switches when task threads
-        /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
-        #[arg(long, default_value = "batch", value_name = "batch|normal")]
-        task_scheduling: nop_stream_runtime::TaskScheduling,
-    },
+    Node(cluster::NodeArgs),
     /// Write plugins: `nopstream plugin new NAME --kind operator|source|sink`.
     Plugin {
         #[command(subcommand)]
@@ -313,10 +200,15 @@ enum SavepointCommand {
         /// Working directory of the job [default: nopstream-out/JOB_ID/work].
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// The checkpoint root, if not WORK_DIR/checkpoints (as given to `run
+        /// --checkpoints`: a directory or a location URL).
+        #[arg(long, value_name = "LOCATION")]
+        checkpoints: Option<String>,
         /// The epoch to promote [default: the latest durable one].
         #[arg(long)]
         epoch: Option<u64>,
-        /// Where to write the savepoint [default: WORK_DIR/savepoints/epoch-N, or epoch-N-2, ... if taken].
+        /// Where to write the savepoint: a directory or a location URL (s3://...)
+        /// [default: WORK_DIR/savepoints/epoch-N, or epoch-N-2, ... if taken].
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -338,6 +230,10 @@ enum SavepointCommand {
         /// Working directory of the job [default: nopstream-out/JOB_ID/work].
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// The checkpoint root, if not WORK_DIR/checkpoints (as given to `run
+        /// --checkpoints`: a directory or a location URL).
+        #[arg(long, value_name = "LOCATION")]
+        checkpoints: Option<String>,
         /// `text` (a table) or `json` (`nopstream.compat-report/v1`).
         #[arg(long, default_value = "text")]
         format: ReportFormat,
@@ -613,77 +509,19 @@ pub(crate) fn read_model(job: &Path, parallelism: Option<u32>) -> Result<StreamM
     })
 }
 
-/// The fingerprint this job's plan has at the parallelism the latest durable checkpoint
-/// in `ckpt` was taken with (subtasks per vertex in its manifest): what the manifest must
-/// carry for `--rescale` to restore it. Only parallelism may differ (design §10.5).
-fn rescale_source_fingerprint(
-    model: &StreamModel,
-    registry: &PluginRegistry,
-    plan: &nop_stream_core::PartitionedPlan,
-    ckpt: &Path,
-) -> Result<String> {
-    use nop_stream_checkpoint::{CheckpointStorage, LocalStorage};
-    let storage = LocalStorage::open(ckpt)
-        .with_context(|| format!("cannot open checkpoints in {}", ckpt.display()))?;
-    let m = storage
-        .latest_manifest()
-        .with_context(|| format!("cannot read checkpoints in {}", ckpt.display()))?
-        .with_context(|| format!("--rescale: no durable epoch in {}", ckpt.display()))?;
-    let mut old = model.clone();
-    for node in &mut old.nodes {
-        let id = nop_stream_core::operator_id(node);
-        let Some(v) = plan
-            .vertices
-            .iter()
-            .find(|v| v.operators.iter().any(|o| o.operator_id == id))
-        else {
-            continue;
-        };
-        let n = m.tasks.iter().filter(|t| t.task.vertex == v.id).count() as u32;
-        anyhow::ensure!(
-            n > 0,
-            "--rescale: epoch {} has no task of vertex `{}`; the job's topology changed, so \
-             this is not a rescale",
-            m.epoch.0,
-            v.id
-        );
-        node.parallelism = Some(n);
-    }
-    let old_plan = partitioned_plan(&job_graph(
-        &stream_graph(&old, registry).map_err(|d| anyhow::anyhow!("{d}"))?,
-    ));
-    anyhow::ensure!(
-        old_plan.fingerprint_matches(&m.plan_fingerprint),
-        "--rescale: epoch {} was not taken by this job at its old parallelism (fingerprint {} \
-         vs {}); only the parallelism may change in a rescale",
-        m.epoch.0,
-        &m.plan_fingerprint[..m.plan_fingerprint.len().min(16)],
-        &old_plan.fingerprint[..old_plan.fingerprint.len().min(16)]
-    );
-    eprintln!(
-        "rescale: restoring epoch {} into parallelism {}",
-        m.epoch.0,
-        plan.vertices
-            .iter()
-            .map(|v| format!("{}={}", v.id, v.parallelism))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Ok(m.plan_fingerprint)
-}
-
 /// What `savepoint check` and `savepoint migrate` compare a savepoint with: the job's
 /// partitioned plan, its components, and its checkpoint namespace under `work_dir`
-/// (default `nopstream-out/JOB_ID/work`).
+/// (default `nopstream-out/JOB_ID/work`), opened.
 fn savepoint_target(
     job: &Path,
     parallelism: Option<u32>,
     work_dir: Option<PathBuf>,
+    checkpoints: Option<&str>,
     search: Vec<PathBuf>,
 ) -> Result<(
     nop_stream_core::PartitionedPlan,
     nop_stream_runtime::PluginSet,
-    PathBuf,
+    Namespace,
 )> {
     let model = read_model(job, parallelism)?;
     let work_dir = work_dir.unwrap_or_else(|| {
@@ -696,8 +534,34 @@ fn savepoint_target(
     let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
     let plan = partitioned_plan(&job_graph(&stream));
     let plugins = registry.plugin_set(&plan)?;
-    let ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
+    let ckpt = Namespace::open(&nop_stream_runtime::job::checkpoint_location(
+        &checkpoint_root(&work_dir, checkpoints)?,
+        &plan,
+    ))?;
     Ok((plan, plugins, ckpt))
+}
+
+/// The checkpoint root: `--checkpoints` if given, else `<work_dir>/checkpoints`.
+///
+/// # Errors
+/// A location that does not parse.
+fn checkpoint_root(work_dir: &Path, checkpoints: Option<&str>) -> Result<Location> {
+    Ok(match checkpoints {
+        Some(c) => location(c).context("--checkpoints")?,
+        None => Location::Local(work_dir.join("checkpoints")),
+    })
+}
+
+/// A location argument: a URL, or a path (made absolute, so that a process started
+/// elsewhere finds it).
+///
+/// # Errors
+/// A URL that does not parse (its message never repeats a credential).
+pub(crate) fn location(arg: &str) -> Result<Location> {
+    Ok(match Location::parse(arg)? {
+        Location::Local(p) => Location::Local(std::path::absolute(p)?),
+        l => l,
+    })
 }
 
 pub(crate) fn job_dir(job: &Path) -> PathBuf {
@@ -710,330 +574,24 @@ pub(crate) fn job_dir(job: &Path) -> PathBuf {
 fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
     let search = plugin_path(&cli.plugins);
     match cli.command {
+        Command::Savepoint { command } => savepoint_command(command, search),
+        Command::Job { command } => job_command(command, search),
+        Command::Plugin { command } => plugin_command(command, search),
+        Command::Cluster { command } => cluster_command(command),
         Command::Nats { command } => {
             nats::run(command)?;
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Cluster {
-            command: ClusterCommand::Init { dir, nodes, force },
-        } => {
-            anyhow::ensure!(nodes >= 1, "--nodes must be at least 1");
-            let mut opts = nop_stream_cluster::InitOptions::with_nodes(nodes);
-            opts.overwrite = force;
-            let report = nop_stream_cluster::init_cluster(&dir, &opts)
-                .with_context(|| format!("cluster init {}", dir.display()))?;
-            println!("cluster CA: {}", report.ca_cert.display());
-            for id in &report.identities {
-                println!("  {}", id.label());
-            }
-            println!("{} files written to {}", report.files.len(), dir.display());
+        Command::Coordinator(args) => {
+            cluster::run_coordinator(args)?;
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Cluster {
-            command: ClusterCommand::Status { cluster, json },
-        } => {
-            cluster::cluster_status(&cluster, json)?;
+        Command::Node(args) => {
+            cluster::run_node(args)?;
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Coordinator {
-            listen,
-            data,
-            certs,
-            checkpoints,
-            lease_ttl_ms,
-            heartbeat_ms,
-            max_restarts,
-        } => {
-            cluster::run_coordinator(cluster::CoordinatorArgs {
-                listen,
-                data,
-                certs,
-                checkpoints,
-                lease_ttl_ms,
-                heartbeat_ms,
-                max_restarts,
-            })?;
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Command::Node {
-            join,
-            id,
-            data,
-            certs,
-            listen,
-            slots,
-            task_scheduling,
-        } => {
-            cluster::run_node(cluster::NodeArgs {
-                join,
-                id,
-                data,
-                certs,
-                listen,
-                slots,
-                task_scheduling,
-            })?;
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Command::Job { command } => match command {
-            JobCommand::Submit {
-                job,
-                cluster,
-                parallelism,
-                output,
-                fresh,
-                from_savepoint,
-                actions,
-                max_restarts,
-                memory_mib,
-                cpu_ms_per_call,
-                wait,
-                no_echo,
-                json,
-            } => cluster::submit(
-                &cluster::Submit {
-                    job,
-                    parallelism,
-                    output,
-                    fresh,
-                    from_savepoint,
-                    actions,
-                    plugins: search,
-                    max_restarts,
-                    memory_mib,
-                    cpu_ms_per_call,
-                    wait,
-                    no_echo,
-                    json,
-                },
-                &cluster,
-            ),
-            JobCommand::List { cluster, json } => {
-                cluster::list_jobs(&cluster, json)?;
-                Ok(std::process::ExitCode::SUCCESS)
-            }
-            JobCommand::Status { job, cluster, json } => {
-                let s = cluster::job_status(&cluster, &job)?;
-                cluster::print_status(&s, json)?;
-                Ok(std::process::ExitCode::SUCCESS)
-            }
-            JobCommand::Cancel { job, cluster } => {
-                cluster::cancel(&cluster, &job)?;
-                Ok(std::process::ExitCode::SUCCESS)
-            }
-        },
-        Command::Plugin {
-            command: PluginCommand::Upload { files, cluster },
-        } => {
-            cluster::upload(&files, &cluster)?;
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Command::Plugin {
-            command: PluginCommand::List { on, json },
-        } => match on.get() {
-            Some(c) => {
-                cluster::list_plugins(&c, json)?;
-                Ok(std::process::ExitCode::SUCCESS)
-            }
-            None => list_local_plugins(&search),
-        },
         Command::Plugins => list_local_plugins(&search),
-        Command::Run {
-            job,
-            parallelism,
-            output,
-            work_dir,
-            memory_mib,
-            cpu_ms_per_call,
-            json,
-            no_progress,
-            no_echo,
-            fresh,
-            max_restarts,
-            rescale,
-            checkpoint_interval_ms,
-            from_savepoint,
-            delta,
-            actions,
-            task_scheduling,
-        } => {
-            anyhow::ensure!(
-                actions.is_none() || from_savepoint.is_some() || delta.is_some(),
-                "--actions goes with --from-savepoint or --delta"
-            );
-            let (mut model, delta_changes) =
-                read_model_with_delta(&job, delta.as_deref(), parallelism)?;
-            let mut from_savepoint = from_savepoint;
-            if let Some(ms) = checkpoint_interval_ms {
-                anyhow::ensure!(ms >= 1, "--checkpoint-interval-ms must be >= 1");
-                model.job.checkpoint_interval_ms = Some(ms);
-            }
-            let dir = job_dir(&job);
-            let base = PathBuf::from("nopstream-out").join(&model.job.id);
-            let output = output.unwrap_or_else(|| base.join("output"));
-            let work_dir = work_dir.unwrap_or_else(|| base.join("work"));
-            let host = PluginHost::new(cache_dir())?;
-            let registry = PluginRegistry::new(&host, search, dir.clone());
-            let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
-            let mut plan = partitioned_plan(&job_graph(&stream));
-            let mut plugins = registry.plugin_set(&plan)?;
-            let mut ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
-            // A Delta over a job with checkpoints: its latest epoch becomes a savepoint and
-            // the patched job restores from it, through the same check (seed §12.2).
-            if !delta_changes.is_empty() && !fresh {
-                let latest = if ckpt.join("manifests").is_dir() {
-                    let src = nop_stream_checkpoint::LocalStorage::open(&ckpt)?;
-                    nop_stream_checkpoint::CheckpointStorage::manifest_epochs(&src)?
-                        .last()
-                        .map(|e| e.0)
-                } else {
-                    None
-                };
-                if let Some(e) = latest {
-                    let out = nop_stream_checkpoint::savepoint::default_dir(
-                        &work_dir.join("savepoints"),
-                        e,
-                    );
-                    savepoint::promote(&ckpt, Some(e), &out)?;
-                    eprintln!(
-                        "delta: the job's latest durable epoch {e} is now savepoint {}; the \
-                         patched job restores from it",
-                        out.display()
-                    );
-                    from_savepoint = Some(out);
-                }
-            }
-            // A restore from a savepoint: check first, refuse anything but compatible, then
-            // seed the job's namespace (or, with `fork`, a new one) with the savepoint's
-            // epoch.
-            let mut from_savepoint_fp = None;
-            if let Some(sp_dir) = &from_savepoint {
-                let sp = savepoint::open(sp_dir)?;
-                if fresh && ckpt.exists() {
-                    std::fs::remove_dir_all(&ckpt)
-                        .with_context(|| format!("--fresh: cannot remove {}", ckpt.display()))?;
-                }
-                let actions = savepoint::read_actions(actions.as_deref())?;
-                let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
-                if report.verdict != nop_stream_coordinator::compat::Status::Compatible {
-                    savepoint::print_refusal(&report, &sp_dir.display().to_string(), &job);
-                    return Ok(std::process::ExitCode::from(report.verdict.exit_code()));
-                }
-                if let Some(lineage) = actions.actions.iter().find_map(|a| match a {
-                    nop_stream_coordinator::compat::Action::Fork { namespace } => {
-                        Some(namespace.clone())
-                    }
-                    _ => None,
-                }) {
-                    // The job runs as another pipeline lineage: new namespace, new
-                    // transaction ids (design §3.1).
-                    model.job.pipeline = lineage.clone();
-                    nop_stream_core::validate_model(&model).map_err(|d| {
-                        anyhow::anyhow!("fork {lineage}: not a valid pipeline id: {d}")
-                    })?;
-                    let stream =
-                        stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
-                    plan = partitioned_plan(&job_graph(&stream));
-                    plugins = registry.plugin_set(&plan)?;
-                    ckpt = nop_stream_runtime::job::checkpoint_dir(&work_dir, &plan);
-                    anyhow::ensure!(
-                        fresh
-                            || !ckpt
-                                .join("manifests")
-                                .read_dir()
-                                .is_ok_and(|mut d| d.next().is_some()),
-                        "fork {lineage}: namespace {} already holds checkpoints; fork into \
-                         another one, or add --fresh to discard them",
-                        ckpt.display()
-                    );
-                    eprintln!("forking into pipeline lineage `{lineage}`");
-                }
-                // finalize-sink: the old sink commits its pending committables first.
-                savepoint::finalize_sinks(&sp, &actions, &registry, &output, &work_dir)?;
-                let fp = savepoint::seed_namespace(&sp, &ckpt, &actions, &plan, &plugins)?;
-                eprintln!(
-                    "restoring savepoint {} (epoch {}) into {}",
-                    sp_dir.display(),
-                    sp.info.epoch,
-                    ckpt.display()
-                );
-                from_savepoint_fp = Some(fp).filter(|fp| *fp != plan.fingerprint);
-            }
-            let resume = (!fresh || from_savepoint.is_some())
-                && ckpt
-                    .join("manifests")
-                    .read_dir()
-                    .is_ok_and(|mut d| d.next().is_some());
-            // Refuse an impossible rescale before touching any file.
-            anyhow::ensure!(
-                !rescale || resume,
-                "--rescale needs a checkpoint to restore, and {} has none{}",
-                ckpt.display(),
-                if fresh { " (--fresh discards it)" } else { "" }
-            );
-            let rescale_from = if rescale {
-                Some(rescale_source_fingerprint(&model, &registry, &plan, &ckpt)?)
-            } else {
-                from_savepoint_fp
-            };
-            prepare::run_steps(&model, &dir)?;
-            let dirs = output::RunDirs {
-                output: output.clone(),
-                work_dir: work_dir.clone(),
-                namespace: nop_stream_runtime::job::checkpoint_namespace(&plan),
-                checkpoints: ckpt.clone(),
-            };
-            dirs.print_start(&model.job.id);
-            if from_savepoint.is_some() {
-                // Said above ("restoring savepoint ...").
-            } else if resume {
-                eprintln!(
-                    "checkpoints found in {}: resuming (use --fresh to start over)",
-                    ckpt.display()
-                );
-            } else {
-                output::claim_output_dir(&output)?;
-            }
-            let mut limits = Limits::default();
-            if let Some(m) = memory_mib {
-                limits.memory_bytes = m << 20;
-            }
-            if let Some(c) = cpu_ms_per_call {
-                limits.cpu_ms_per_call = c;
-            }
-            let mut opts = RunOptions::new(dir, output.clone(), work_dir.clone());
-            opts.limits = limits;
-            let (sp_tx, sp_rx) = std::sync::mpsc::channel();
-            opts.savepoints = Some(Arc::new(std::sync::Mutex::new(sp_rx)));
-            let control = savepoint::control_socket(&work_dir);
-            let control_server = savepoint::serve_control(&control, sp_tx)?;
-            opts.resume = resume;
-            opts.max_restarts = max_restarts;
-            opts.rescale_from = rescale_from;
-            opts.task_scheduling = task_scheduling;
-            let progress = Arc::new(JobProgress::default());
-            let done = Arc::new(AtomicBool::new(false));
-            let display = (!no_progress && !json)
-                .then(|| spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
-            let result = run_job(&plan, &plugins, &opts, Arc::clone(&progress));
-            let _ = std::fs::remove_file(&control);
-            // A stop's answer is written as the job ends: let it reach the client.
-            control_server.drain(std::time::Duration::from_secs(5));
-            done.store(true, Ordering::SeqCst);
-            if let Some(h) = display {
-                let _ = h.join();
-            }
-            let report = result.with_context(|| format!("job `{}` failed", model.job.id))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                output::print_summary(&report, &dirs);
-                if !no_echo {
-                    output::echo_output(&output)?;
-                }
-            }
-            Ok(std::process::ExitCode::SUCCESS)
-        }
+        Command::Run(args) => run::run(args, search),
         Command::Savepoints { job, work_dir } => {
             let model = read_model(&job, None)?;
             let work_dir = work_dir.unwrap_or_else(|| {
@@ -1057,22 +615,6 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             }
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Savepoint {
-            command:
-                SavepointCommand::Take {
-                    job,
-                    work_dir,
-                    out,
-                    on,
-                },
-        } => {
-            let info = take_savepoint(&job, work_dir, out, on, false)?;
-            println!(
-                "savepoint of job {} epoch {} at {}",
-                info.job, info.epoch, info.dir
-            );
-            Ok(std::process::ExitCode::SUCCESS)
-        }
         Command::Stop {
             job,
             savepoint,
@@ -1094,17 +636,28 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             );
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Savepoint {
-            command:
-                SavepointCommand::Promote {
-                    target,
-                    work_dir,
-                    epoch,
-                    out,
-                },
+        Command::Plan {
+            job,
+            layer,
+            parallelism,
+            nodes,
+            slots,
+            delta,
+        } => plan(job, layer, parallelism, nodes, slots, delta, search),
+        Command::Validate { job } => validate(job, search),
+        Command::Checkpoints {
+            target,
+            work_dir,
+            checkpoints,
+            verbose,
+            on,
         } => {
-            let (ns, work_dir) = if target.is_dir() {
-                (target.clone(), target.clone())
+            if let Some(c) = on.get() {
+                cluster::checkpoints(&c, &target, verbose)?;
+                return Ok(std::process::ExitCode::SUCCESS);
+            }
+            let dir = if target.is_dir() {
+                Location::Local(target)
             } else {
                 let model = read_model(&target, None)?;
                 let work_dir = work_dir.unwrap_or_else(|| {
@@ -1112,44 +665,252 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                         .join(&model.job.id)
                         .join("work")
                 });
-                let ns = format!("{}.{}", model.job.id, model.job.pipeline);
-                (work_dir.join("checkpoints").join(ns), work_dir)
+                let ns =
+                    nop_stream_checkpoint::names::namespace(&model.job.id, &model.job.pipeline);
+                checkpoint_root(&work_dir, checkpoints.as_deref())?.join(&ns)
             };
-            let out = match out {
-                Some(o) => o,
-                None => {
-                    let src = nop_stream_checkpoint::LocalStorage::open(&ns)?;
-                    let e = match epoch {
-                        Some(e) => e,
-                        None => nop_stream_checkpoint::CheckpointStorage::manifest_epochs(&src)?
-                            .last()
-                            .map(|e| e.0)
-                            .with_context(|| format!("{} holds no durable epoch", ns.display()))?,
-                    };
-                    nop_stream_checkpoint::savepoint::default_dir(&work_dir.join("savepoints"), e)
+            output::print_checkpoints(&dir, verbose)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `nopstream plan`: a plan layer of a job as JSON.
+fn plan(
+    job: PathBuf,
+    layer: Layer,
+    parallelism: Option<u32>,
+    nodes: Option<u32>,
+    slots: u32,
+    delta: Option<PathBuf>,
+    search: Vec<PathBuf>,
+) -> Result<std::process::ExitCode> {
+    let (model, _) = read_model_with_delta(&job, delta.as_deref(), parallelism)?;
+    let value = if layer == Layer::Model {
+        serde_json::to_value(&model)?
+    } else {
+        let host = PluginHost::new(cache_dir())?;
+        let registry = PluginRegistry::new(&host, search, job_dir(&job));
+        let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+        match layer {
+            Layer::Model => unreachable!("handled above"),
+            Layer::Stream => serde_json::to_value(&stream)?,
+            Layer::Job => serde_json::to_value(job_graph(&stream))?,
+            Layer::Partitioned => serde_json::to_value(partitioned_plan(&job_graph(&stream)))?,
+            Layer::Deployment => {
+                let plan = partitioned_plan(&job_graph(&stream));
+                let opts = match nodes {
+                    None => {
+                        let work = PathBuf::from("nopstream-out")
+                            .join(&model.job.id)
+                            .join("work");
+                        DeploymentOptions::embedded(
+                            work.join("state").display().to_string(),
+                            work.join("checkpoints").display().to_string(),
+                        )
+                    }
+                    Some(n) => nop_stream_server::placement_options(
+                        &plan,
+                        (1..=n).map(|i| (format!("node-{i}"), slots)),
+                        "CHECKPOINTS",
+                    ),
+                };
+                serde_json::to_value(deployment_plan(&plan, &opts)?)?
+            }
+        }
+    };
+    let mut value = value;
+    nop_stream_core::redact_urls_in_json(&mut value);
+    println!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// `nopstream validate`: the job file, its host-side resources and its plugins; every
+/// problem with its location.
+fn validate(job: PathBuf, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
+    let text = std::fs::read_to_string(&job)
+        .with_context(|| format!("cannot read job file {}", job.display()))?;
+    let name = job.display().to_string();
+    let model = match parse_job_file(&name, &text) {
+        Ok(m) => m,
+        Err(d) => {
+            eprintln!("{d}");
+            eprintln!("{}: {} problem(s)", name, d.len());
+            return Ok(std::process::ExitCode::FAILURE);
+        }
+    };
+    // Host-side resources the job needs: prepare archives and read-only grants.
+    let dir = job_dir(&job);
+    let mut missing = Vec::new();
+    // Files earlier prepare steps will produce.
+    let mut produced: Vec<std::path::PathBuf> = Vec::new();
+    for (i, step) in model.prepare.iter().enumerate() {
+        match step {
+            nop_stream_core::PrepareStep::Unzip {
+                archive,
+                into,
+                member,
+            } => {
+                if !dir.join(into).join(member).exists() && !dir.join(archive).is_file() {
+                    missing.push(format!(
+                        "{name}: prepare[{i}].unzip: archive {} does not exist",
+                        dir.join(archive).display()
+                    ));
                 }
-            };
-            let info = savepoint::promote(&ns, epoch, &out)?;
+                produced.push(dir.join(into).join(member));
+            }
+            nop_stream_core::PrepareStep::Sort { file, into, .. } => {
+                let input = dir.join(file);
+                if !input.is_file() && !produced.contains(&input) {
+                    missing.push(format!(
+                        "{name}: prepare[{i}].sort: file {} does not exist and no \
+                         earlier prepare step produces it",
+                        input.display()
+                    ));
+                }
+                produced.push(dir.join(into));
+            }
+        }
+    }
+    for (i, node) in model.nodes.iter().enumerate() {
+        for (g, grant) in node.grants.iter().enumerate() {
+            if grant.writable || grant.host.starts_with("$OUTPUT") {
+                continue;
+            }
+            let host_dir = dir.join(&grant.host);
+            let prepared = model.prepare.iter().any(|p| match p {
+                nop_stream_core::PrepareStep::Unzip { into, .. } => dir.join(into) == host_dir,
+                nop_stream_core::PrepareStep::Sort { into, .. } => {
+                    dir.join(into).parent() == Some(host_dir.as_path())
+                }
+            });
+            if !host_dir.is_dir() && !prepared {
+                missing.push(format!(
+                    "{name}: {}.grants[{g}].host: directory {} granted to `{}` as \
+                     `{}` does not exist; create it, point `host` at an existing \
+                     directory (relative paths start at the job file's directory), \
+                     or set `writable = true` to have the run create it",
+                    model.node_field(i),
+                    host_dir.display(),
+                    node.name,
+                    grant.guest
+                ));
+            }
+        }
+    }
+    let host = PluginHost::new(cache_dir())?;
+    let registry = PluginRegistry::new(&host, search, dir.clone());
+    let graph = stream_graph(&model, &registry);
+    if !missing.is_empty() {
+        for m in &missing {
+            eprintln!("{m}");
+        }
+        if let Err(d) = &graph {
+            eprintln!("{}", d.clone().with_file(&name));
+        }
+        let n = missing.len() + graph.as_ref().err().map_or(0, |d| d.len());
+        eprintln!("{name}: {n} problem(s)");
+        return Ok(std::process::ExitCode::FAILURE);
+    }
+    match graph {
+        Ok(g) => {
+            let plan = partitioned_plan(&job_graph(&g));
             println!(
-                "savepoint of job {} epoch {} at {}",
-                info.job,
-                info.epoch,
-                out.display()
+                "{name}: ok ({} operators, {} tasks, semantic mode {}, fingerprint {})",
+                g.nodes.len(),
+                plan.ack_set.len(),
+                g.job.semantic,
+                &plan.fingerprint[..16]
             );
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Savepoint {
-            command:
-                SavepointCommand::Check {
-                    savepoint: sp_dir,
-                    job,
-                    parallelism,
-                    actions,
-                    work_dir,
-                    format,
-                },
+        Err(d) => {
+            let d = d.with_file(&name);
+            eprintln!("{d}");
+            eprintln!("{}: {} problem(s)", name, d.len());
+            Ok(std::process::ExitCode::FAILURE)
+        }
+    }
+}
+
+/// `nopstream savepoint ...`.
+fn savepoint_command(
+    command: SavepointCommand,
+    search: Vec<PathBuf>,
+) -> Result<std::process::ExitCode> {
+    match command {
+        SavepointCommand::Take {
+            job,
+            work_dir,
+            out,
+            on,
         } => {
-            let sp = savepoint::open(&sp_dir)?;
+            let info = take_savepoint(&job, work_dir, out, on, false)?;
+            println!(
+                "savepoint of job {} epoch {} at {}",
+                info.job, info.epoch, info.dir
+            );
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        SavepointCommand::Promote {
+            target,
+            work_dir,
+            checkpoints,
+            epoch,
+            out,
+        } => {
+            let (ns, work_dir) = if target.is_dir() {
+                (Location::Local(target.clone()), target.clone())
+            } else {
+                let model = read_model(&target, None)?;
+                let work_dir = work_dir.unwrap_or_else(|| {
+                    PathBuf::from("nopstream-out")
+                        .join(&model.job.id)
+                        .join("work")
+                });
+                let ns =
+                    nop_stream_checkpoint::names::namespace(&model.job.id, &model.job.pipeline);
+                (
+                    checkpoint_root(&work_dir, checkpoints.as_deref())?.join(&ns),
+                    work_dir,
+                )
+            };
+            let src = Namespace::open(&ns)?;
+            let out = match out {
+                Some(o) => savepoint::location_arg(&o)?,
+                None => {
+                    let e = match epoch {
+                        Some(e) => e,
+                        None => src
+                            .manifest_epochs()?
+                            .last()
+                            .map(|e| e.0)
+                            .with_context(|| format!("{ns} holds no durable epoch"))?,
+                    };
+                    let root = Location::Local(work_dir.join("savepoints"));
+                    root.join(&nop_stream_checkpoint::savepoint::default_name(
+                        &root.open()?,
+                        e,
+                    )?)
+                }
+            };
+            let info = savepoint::promote(&src, epoch, &out)?;
+            println!(
+                "savepoint of job {} epoch {} at {out}",
+                info.job, info.epoch
+            );
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        SavepointCommand::Check {
+            savepoint: sp_dir,
+            job,
+            parallelism,
+            actions,
+            work_dir,
+            checkpoints,
+            format,
+        } => {
+            let sp = savepoint::open(&savepoint::location_arg(&sp_dir)?)?;
             // A component built for a WIT version this host does not serve cannot be
             // planned: it is a finding of the report, not an error.
             let host = PluginHost::new(cache_dir())?;
@@ -1161,8 +922,13 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             let report = match unserved {
                 Some(report) => report,
                 None => {
-                    let (plan, plugins, ckpt) =
-                        savepoint_target(&job, parallelism, work_dir, search)?;
+                    let (plan, plugins, ckpt) = savepoint_target(
+                        &job,
+                        parallelism,
+                        work_dir,
+                        checkpoints.as_deref(),
+                        search,
+                    )?;
                     let actions = savepoint::read_actions(actions.as_deref())?;
                     savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?
                 }
@@ -1182,19 +948,17 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             }
             Ok(std::process::ExitCode::from(report.verdict.exit_code()))
         }
-        Command::Savepoint {
-            command:
-                SavepointCommand::Migrate {
-                    savepoint: sp_dir,
-                    job,
-                    parallelism,
-                    actions,
-                    out,
-                    work_dir,
-                },
+        SavepointCommand::Migrate {
+            savepoint: sp_dir,
+            job,
+            parallelism,
+            actions,
+            out,
+            work_dir,
         } => {
-            let (plan, plugins, ckpt) = savepoint_target(&job, parallelism, work_dir, search)?;
-            let sp = savepoint::open(&sp_dir)?;
+            let (plan, plugins, ckpt) =
+                savepoint_target(&job, parallelism, work_dir, None, search)?;
+            let sp = savepoint::open(&savepoint::location_arg(&sp_dir)?)?;
             let actions = savepoint::read_actions(actions.as_deref())?;
             let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
             print!("{}", report.to_text());
@@ -1218,7 +982,13 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                     a.describe()
                 );
             }
-            let info = savepoint::migrate(&sp, &plan, &plugins, &actions, &out)?;
+            let info = savepoint::migrate(
+                &sp,
+                &plan,
+                &plugins,
+                &actions,
+                &savepoint::location_arg(&out)?,
+            )?;
             println!(
                 "savepoint {} (epoch {}) migrated from {}{}",
                 out.display(),
@@ -1232,198 +1002,82 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             );
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Plan {
+    }
+}
+
+/// `nopstream job ...` (cluster jobs).
+fn job_command(command: JobCommand, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
+    match command {
+        JobCommand::Submit {
             job,
-            layer,
+            cluster,
             parallelism,
-            nodes,
-            slots,
-            delta,
-        } => {
-            let (model, _) = read_model_with_delta(&job, delta.as_deref(), parallelism)?;
-            let value = if layer == Layer::Model {
-                serde_json::to_value(&model)?
-            } else {
-                let host = PluginHost::new(cache_dir())?;
-                let registry = PluginRegistry::new(&host, search, job_dir(&job));
-                let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
-                match layer {
-                    Layer::Model => unreachable!("handled above"),
-                    Layer::Stream => serde_json::to_value(&stream)?,
-                    Layer::Job => serde_json::to_value(job_graph(&stream))?,
-                    Layer::Partitioned => {
-                        serde_json::to_value(partitioned_plan(&job_graph(&stream)))?
-                    }
-                    Layer::Deployment => {
-                        let plan = partitioned_plan(&job_graph(&stream));
-                        let opts = match nodes {
-                            None => {
-                                let work = PathBuf::from("nopstream-out")
-                                    .join(&model.job.id)
-                                    .join("work");
-                                DeploymentOptions::embedded(
-                                    work.join("state").display().to_string(),
-                                    work.join("checkpoints").display().to_string(),
-                                )
-                            }
-                            Some(n) => nop_stream_server::placement_options(
-                                &plan,
-                                (1..=n).map(|i| (format!("node-{i}"), slots)),
-                                "CHECKPOINTS",
-                            ),
-                        };
-                        serde_json::to_value(deployment_plan(&plan, &opts)?)?
-                    }
-                }
-            };
-            let mut value = value;
-            nop_stream_core::redact_urls_in_json(&mut value);
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            output,
+            fresh,
+            from_savepoint,
+            actions,
+            max_restarts,
+            memory_mib,
+            cpu_ms_per_call,
+            wait,
+            no_echo,
+            json,
+        } => cluster::submit(
+            &cluster::Submit {
+                job,
+                parallelism,
+                output,
+                fresh,
+                from_savepoint,
+                actions,
+                plugins: search,
+                max_restarts,
+                memory_mib,
+                cpu_ms_per_call,
+                wait,
+                no_echo,
+                json,
+            },
+            &cluster,
+        ),
+        JobCommand::List { cluster, json } => {
+            cluster::list_jobs(&cluster, json)?;
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Validate { job } => {
-            let text = std::fs::read_to_string(&job)
-                .with_context(|| format!("cannot read job file {}", job.display()))?;
-            let name = job.display().to_string();
-            let model = match parse_job_file(&name, &text) {
-                Ok(m) => m,
-                Err(d) => {
-                    eprintln!("{d}");
-                    eprintln!("{}: {} problem(s)", name, d.len());
-                    return Ok(std::process::ExitCode::FAILURE);
-                }
-            };
-            // Host-side resources the job needs: prepare archives and read-only grants.
-            let dir = job_dir(&job);
-            let mut missing = Vec::new();
-            // Files earlier prepare steps will produce.
-            let mut produced: Vec<std::path::PathBuf> = Vec::new();
-            for (i, step) in model.prepare.iter().enumerate() {
-                match step {
-                    nop_stream_core::PrepareStep::Unzip {
-                        archive,
-                        into,
-                        member,
-                    } => {
-                        if !dir.join(into).join(member).exists() && !dir.join(archive).is_file() {
-                            missing.push(format!(
-                                "{name}: prepare[{i}].unzip: archive {} does not exist",
-                                dir.join(archive).display()
-                            ));
-                        }
-                        produced.push(dir.join(into).join(member));
-                    }
-                    nop_stream_core::PrepareStep::Sort { file, into, .. } => {
-                        let input = dir.join(file);
-                        if !input.is_file() && !produced.contains(&input) {
-                            missing.push(format!(
-                                "{name}: prepare[{i}].sort: file {} does not exist and no \
-                                 earlier prepare step produces it",
-                                input.display()
-                            ));
-                        }
-                        produced.push(dir.join(into));
-                    }
-                }
-            }
-            for (i, node) in model.nodes.iter().enumerate() {
-                for (g, grant) in node.grants.iter().enumerate() {
-                    if grant.writable || grant.host.starts_with("$OUTPUT") {
-                        continue;
-                    }
-                    let host_dir = dir.join(&grant.host);
-                    let prepared = model.prepare.iter().any(|p| match p {
-                        nop_stream_core::PrepareStep::Unzip { into, .. } => {
-                            dir.join(into) == host_dir
-                        }
-                        nop_stream_core::PrepareStep::Sort { into, .. } => {
-                            dir.join(into).parent() == Some(host_dir.as_path())
-                        }
-                    });
-                    if !host_dir.is_dir() && !prepared {
-                        missing.push(format!(
-                            "{name}: {}.grants[{g}].host: directory {} granted to `{}` as \
-                             `{}` does not exist; create it, point `host` at an existing \
-                             directory (relative paths start at the job file's directory), \
-                             or set `writable = true` to have the run create it",
-                            model.node_field(i),
-                            host_dir.display(),
-                            node.name,
-                            grant.guest
-                        ));
-                    }
-                }
-            }
-            let host = PluginHost::new(cache_dir())?;
-            let registry = PluginRegistry::new(&host, search, dir.clone());
-            let graph = stream_graph(&model, &registry);
-            if !missing.is_empty() {
-                for m in &missing {
-                    eprintln!("{m}");
-                }
-                if let Err(d) = &graph {
-                    eprintln!("{}", d.clone().with_file(&name));
-                }
-                let n = missing.len() + graph.as_ref().err().map_or(0, |d| d.len());
-                eprintln!("{name}: {n} problem(s)");
-                return Ok(std::process::ExitCode::FAILURE);
-            }
-            match graph {
-                Ok(g) => {
-                    let plan = partitioned_plan(&job_graph(&g));
-                    println!(
-                        "{name}: ok ({} operators, {} tasks, semantic mode {}, fingerprint {})",
-                        g.nodes.len(),
-                        plan.ack_set.len(),
-                        g.job.semantic,
-                        &plan.fingerprint[..16]
-                    );
-                    Ok(std::process::ExitCode::SUCCESS)
-                }
-                Err(d) => {
-                    let d = d.with_file(&name);
-                    eprintln!("{d}");
-                    eprintln!("{}: {} problem(s)", name, d.len());
-                    Ok(std::process::ExitCode::FAILURE)
-                }
-            }
-        }
-        Command::Checkpoints {
-            target,
-            work_dir,
-            verbose,
-            on,
-        } => {
-            if let Some(c) = on.get() {
-                cluster::checkpoints(&c, &target, verbose)?;
-                return Ok(std::process::ExitCode::SUCCESS);
-            }
-            let dir = if target.is_dir() {
-                target
-            } else {
-                let model = read_model(&target, None)?;
-                let work_dir = work_dir.unwrap_or_else(|| {
-                    PathBuf::from("nopstream-out")
-                        .join(&model.job.id)
-                        .join("work")
-                });
-                let ns = format!("{}.{}", model.job.id, model.job.pipeline);
-                work_dir.join("checkpoints").join(ns)
-            };
-            output::print_checkpoints(&dir, verbose)?;
+        JobCommand::Status { job, cluster, json } => {
+            let s = cluster::job_status(&cluster, &job)?;
+            cluster::print_status(&s, json)?;
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Plugin {
-            command:
-                PluginCommand::New {
-                    name,
-                    kind,
-                    dir,
-                    sdk_path,
-                    sdk_git,
-                    sdk_rev,
-                    flights,
-                },
+        JobCommand::Cancel { job, cluster } => {
+            cluster::cancel(&cluster, &job)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `nopstream plugin ...`.
+fn plugin_command(command: PluginCommand, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
+    match command {
+        PluginCommand::Upload { files, cluster } => {
+            cluster::upload(&files, &cluster)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        PluginCommand::List { on, json } => match on.get() {
+            Some(c) => {
+                cluster::list_plugins(&c, json)?;
+                Ok(std::process::ExitCode::SUCCESS)
+            }
+            None => list_local_plugins(&search),
+        },
+        PluginCommand::New {
+            name,
+            kind,
+            dir,
+            sdk_path,
+            sdk_git,
+            sdk_rev,
+            flights,
         } => {
             let sdk = match (sdk_path, sdk_git) {
                 (Some(p), _) => {
@@ -1456,6 +1110,29 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
                  nopstream run job.toml --plugins target/wasm32-wasip2/release",
                 dir.display()
             );
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `nopstream cluster ...`.
+fn cluster_command(command: ClusterCommand) -> Result<std::process::ExitCode> {
+    match command {
+        ClusterCommand::Init { dir, nodes, force } => {
+            anyhow::ensure!(nodes >= 1, "--nodes must be at least 1");
+            let mut opts = nop_stream_cluster::InitOptions::with_nodes(nodes);
+            opts.overwrite = force;
+            let report = nop_stream_cluster::init_cluster(&dir, &opts)
+                .with_context(|| format!("cluster init {}", dir.display()))?;
+            println!("cluster CA: {}", report.ca_cert.display());
+            for id in &report.identities {
+                println!("  {}", id.label());
+            }
+            println!("{} files written to {}", report.files.len(), dir.display());
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        ClusterCommand::Status { cluster, json } => {
+            cluster::cluster_status(&cluster, json)?;
             Ok(std::process::ExitCode::SUCCESS)
         }
     }
@@ -1526,7 +1203,7 @@ fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-fn spawn_progress(
+pub(crate) fn spawn_progress(
     progress: Arc<JobProgress>,
     done: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
@@ -1573,7 +1250,7 @@ fn take_savepoint(
                     .join(&model.job.id)
                     .join("work")
             });
-            savepoint::take(&work_dir, out, stop)
+            savepoint::take(&work_dir, &model.job.id, out, stop)
         }
     }
 }

@@ -5,14 +5,6 @@ use anyhow::{Result, bail};
 use nop_stream_runtime::JobReport;
 use std::path::{Path, PathBuf};
 
-/// Prepares `dir` for a fresh run ([`nop_stream_runtime::job::claim_output_dir`]).
-///
-/// # Errors
-/// A foreign non-empty directory or an I/O failure.
-pub fn claim_output_dir(dir: &Path) -> Result<()> {
-    nop_stream_runtime::job::claim_output_dir(dir).map_err(|e| anyhow::anyhow!(e))
-}
-
 /// `1234567` -> `1,234,567`.
 pub fn thousands(n: u64) -> String {
     let s = n.to_string();
@@ -34,11 +26,11 @@ pub struct RunDirs {
     pub output: PathBuf,
     /// Work directory: `state/` (redb, per subtask) and `checkpoints/<namespace>/`.
     pub work_dir: PathBuf,
-    /// Checkpoint namespace (`<job id>.<pipeline id>`), the directory under
-    /// `<work dir>/checkpoints` holding this job's manifests, segments and epoch log.
+    /// Checkpoint namespace (`<job id>.<pipeline id>`), the prefix of the checkpoint root
+    /// holding this job's epoch records, manifests, segments and epoch log.
     pub namespace: String,
-    /// `<work dir>/checkpoints/<namespace>`.
-    pub checkpoints: PathBuf,
+    /// The namespace's location (`<work dir>/checkpoints/<namespace>` by default).
+    pub checkpoints: nop_stream_checkpoint::Location,
 }
 
 impl RunDirs {
@@ -54,8 +46,7 @@ impl RunDirs {
         let _ = writeln!(
             w,
             "  checkpoints      namespace `{}` in {}",
-            self.namespace,
-            self.checkpoints.display()
+            self.namespace, self.checkpoints
         );
         let _ = writeln!(w, "  output           {}", self.output.display());
     }
@@ -192,19 +183,19 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 ///
 /// # Errors
 /// An unreadable namespace.
-pub fn print_checkpoints(dir: &Path, verbose: bool) -> Result<()> {
-    use nop_stream_checkpoint::{CheckpointStorage, LocalStorage};
-    if !dir.join("manifests").is_dir() {
-        bail!("{} holds no checkpoints", dir.display());
-    }
-    let storage = LocalStorage::open(dir)?;
+pub fn print_checkpoints(location: &nop_stream_checkpoint::Location, verbose: bool) -> Result<()> {
+    let storage = nop_stream_checkpoint::Namespace::open(location)?;
+    let log = storage.read_log()?;
     let mut manifests = Vec::new();
     for e in storage.manifest_epochs()? {
         manifests.push(storage.read_manifest(e)?);
     }
+    if manifests.is_empty() && log.is_empty() {
+        bail!("{location} holds no checkpoints");
+    }
     print_checkpoint_table(
-        &format!("checkpoints in {}", dir.display()),
-        &storage.read_log()?,
+        &format!("checkpoints in {location}"),
+        &log,
         &manifests,
         verbose,
     )

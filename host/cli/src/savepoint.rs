@@ -10,47 +10,55 @@
 //!   manifest) and restores it, at any parallelism.
 
 use anyhow::{Context, Result, bail};
-use nop_stream_checkpoint::{CheckpointStorage, LocalStorage, SavepointInfo};
+use nop_stream_checkpoint::{Location, Namespace, SavepointInfo};
 use nop_stream_coordinator::compat::{Action, Actions, Report};
 use nop_stream_coordinator::migrate::StateEntry;
 use nop_stream_core::PartitionedPlan;
+use nop_stream_proto::cli::{CliResponse, JobControl};
 use nop_stream_runtime::PluginSet;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Copies the manifest of `epoch` (default: the latest durable one) of the namespace in
-/// `from` and every segment it references into the new savepoint directory `out`
+/// Copies the manifest of `epoch` (default: the latest durable one) of the namespace
+/// `from` and every segment it references into a new savepoint at `out`
 /// ([`nop_stream_checkpoint::savepoint::export`]).
 ///
 /// # Errors
-/// No durable epoch, an unreadable manifest or segment, or `out` exists.
-pub fn promote(from: &Path, epoch: Option<u64>, out: &Path) -> Result<SavepointInfo> {
-    let src =
-        LocalStorage::open(from).with_context(|| format!("checkpoints in {}", from.display()))?;
+/// No durable epoch, an unreadable manifest or segment, or `out` holds a savepoint.
+pub fn promote(from: &Namespace, epoch: Option<u64>, out: &Location) -> Result<SavepointInfo> {
     let epoch = match epoch {
         Some(e) => nop_stream_api::EpochId(e),
-        None => *src
+        None => *from
             .manifest_epochs()?
             .last()
-            .with_context(|| format!("{} holds no durable epoch", from.display()))?,
+            .with_context(|| format!("{} holds no durable epoch", from.describe()))?,
     };
+    let store = out.open()?;
     Ok(nop_stream_checkpoint::savepoint::export(
-        &src,
-        &from.display().to_string(),
+        from,
+        &from.describe(),
         epoch,
-        out,
+        &store,
     )?)
+}
+
+/// The location a savepoint argument names: a URL, or a path.
+///
+/// # Errors
+/// A URL that does not parse (its message never repeats a credential).
+pub fn location_arg(arg: &Path) -> Result<Location> {
+    Ok(Location::parse(&arg.display().to_string())?)
 }
 
 /// A savepoint directory, opened ([`nop_stream_coordinator::from_savepoint::Savepoint`]).
 pub use nop_stream_coordinator::from_savepoint::Savepoint;
 
-/// Opens and verifies the savepoint in `dir`.
+/// Opens the savepoint at `location`.
 ///
 /// # Errors
 /// Not a savepoint, an unknown format, or a manifest that fails its checksum.
-pub fn open(dir: &Path) -> Result<Savepoint> {
-    nop_stream_coordinator::from_savepoint::open(dir).map_err(anyhow::Error::msg)
+pub fn open(location: &Location) -> Result<Savepoint> {
+    nop_stream_coordinator::from_savepoint::open(location).map_err(anyhow::Error::msg)
 }
 
 /// Prints why a restore from the savepoint `sp` was refused: the report, then what to do
@@ -95,122 +103,6 @@ pub fn read_actions(path: Option<&Path>) -> Result<Actions> {
     Ok(actions)
 }
 
-/// Carries out the `finalize-sink` actions among `actions` (design §10.6): for each, the
-/// old job file's sink `operator` is opened with its plugin `with` (which must be the
-/// component the savepoint records, same sha256) under each old subtask's index and
-/// parallelism, commits (or recovers) the pending committables the savepoint holds for
-/// it, and aborts that subtask's other pending transactions, exactly as a rescale settles
-/// sinks. Grants resolve as for `run` (`$OUTPUT` is `output`). Running it twice is safe:
-/// a committable already committed is reported committed by the sink's `recover`. The
-/// restore then drops those committables ([`nop_stream_coordinator::migrate::apply`]).
-///
-/// # Errors
-/// The old job file cannot be read or planned; it has no sink `operator`, or its plugin is
-/// not `with`; the component differs from the savepoint's; the sink fails or a commit
-/// outcome is unknown. Nothing is restored then.
-pub fn finalize_sinks(
-    sp: &Savepoint,
-    actions: &Actions,
-    registry: &nop_stream_runtime::registry::PluginRegistry<'_>,
-    output: &Path,
-    work_dir: &Path,
-) -> Result<()> {
-    use nop_stream_core::{job_graph, partitioned_plan, stream_graph};
-    for a in &actions.actions {
-        let Action::FinalizeSink {
-            operator,
-            with,
-            job,
-        } = a
-        else {
-            continue;
-        };
-        let what = format!("finalize-sink {operator} with {with}");
-        let job = Path::new(job);
-        let model = crate::read_model(job, None).with_context(|| format!("{what}: the old job"))?;
-        let old_registry = registry.with_job_dir(crate::job_dir(job));
-        let stream = stream_graph(&model, &old_registry)
-            .map_err(|d| anyhow::anyhow!("{what}: the old job {}: {d}", job.display()))?;
-        let plan = partitioned_plan(&job_graph(&stream));
-        let Some((vertex, op)) = plan.vertices.iter().enumerate().find_map(|(i, v)| {
-            v.operators
-                .last()
-                .filter(|o| {
-                    o.kind == nop_stream_api::PluginKind::Sink && o.operator_id.as_str() == operator
-                })
-                .map(|o| (i, o))
-        }) else {
-            bail!(
-                "{what}: the old job {} has no sink `{operator}`",
-                job.display()
-            );
-        };
-        anyhow::ensure!(
-            op.plugin.to_string() == *with,
-            "{what}: sink `{operator}` of the old job {} uses plugin {}, not {with}",
-            job.display(),
-            op.plugin
-        );
-        let plugin = old_registry
-            .load(&op.plugin, op.kind)
-            .with_context(|| format!("{what}: loading the old plugin"))?;
-        let recorded = sp.manifest.meta.as_ref().and_then(|m| {
-            m.operators
-                .iter()
-                .find(|o| o.operator_id == *operator)
-                .map(|o| (o.component_sha256.clone(), o.parallelism))
-        });
-        let Some((sha, parallelism)) = recorded else {
-            bail!(
-                "{what}: savepoint {} records no operator `{operator}`",
-                sp.dir.display()
-            );
-        };
-        anyhow::ensure!(
-            sha.is_empty() || sha == plugin.sha256,
-            "{what}: the component found for {with} has sha256 {}, but the savepoint's sink \
-             was written by {sha}; give the plugin directory (--plugins) that holds the old \
-             component",
-            plugin.sha256
-        );
-        let settlements: Vec<nop_stream_proto::SinkSettlement> = sp
-            .manifest
-            .tasks
-            .iter()
-            .filter(|t| t.sink_operator.as_deref() == Some(operator.as_str()))
-            .map(|t| nop_stream_proto::SinkSettlement {
-                vertex: vertex as u32,
-                subtask: t.task.subtask.0,
-                parallelism,
-                commit: t.pending_transactions.clone(),
-            })
-            .collect();
-        let pending: usize = settlements.iter().map(|s| s.commit.len()).sum();
-        let plugins: PluginSet = [(op.operator_id.clone(), plugin)].into_iter().collect();
-        let opts = nop_stream_runtime::RunOptions::new(
-            crate::job_dir(job),
-            output.to_owned(),
-            work_dir.to_owned(),
-        );
-        let storage: std::sync::Arc<dyn CheckpointStorage> =
-            std::sync::Arc::new(LocalStorage::open(&sp.dir)?);
-        let host = nop_stream_runtime::TaskHost::new(
-            &plan,
-            &plugins,
-            &opts,
-            storage,
-            std::sync::Arc::new(nop_stream_runtime::JobProgress::default()),
-        );
-        host.settle_sinks(&settlements, sp.manifest.attempt)
-            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
-        eprintln!(
-            "{what}: committed {pending} pending transaction(s) of {} subtask(s)",
-            settlements.len()
-        );
-    }
-    Ok(())
-}
-
 /// The report of checking `sp` against a job (`model`, its plugins found by `registry`)
 /// some of whose components were built for a `nop:stream` WIT version this host does not
 /// serve ([`nop_stream_coordinator::compat::unserved_components_report`]: one
@@ -243,8 +135,8 @@ pub fn unserved_report(
 
 /// Checks `sp` against `plan` (with its components) and `actions`; `namespace` is the
 /// job's own checkpoint namespace, to see whether it has advanced past the savepoint
-/// ([`nop_stream_coordinator::from_savepoint::check_against`], which the cluster's
-/// coordinator runs too).
+/// ([`nop_stream_coordinator::from_savepoint::check_against`], which the job manager runs
+/// on every restore too).
 ///
 /// # Errors
 /// A savepoint without compatibility metadata, or actions that clear nothing or are not
@@ -253,7 +145,7 @@ pub fn check_against(
     sp: &Savepoint,
     plan: &PartitionedPlan,
     plugins: &PluginSet,
-    namespace: &Path,
+    namespace: &Namespace,
     actions: &Actions,
 ) -> Result<Report> {
     nop_stream_coordinator::from_savepoint::check_against(
@@ -262,33 +154,6 @@ pub fn check_against(
         &components(plugins),
         Some(namespace),
         actions,
-    )
-    .map_err(anyhow::Error::msg)
-}
-
-/// Seeds the checkpoint namespace `namespace` (emptied first) with the savepoint's epoch,
-/// the actions applied for `plan` ([`nop_stream_coordinator::from_savepoint::seed_namespace`];
-/// `migrate-state` runs the new components' `state-migration` exports). Returns the plan
-/// fingerprint the manifest carries, which the restore accepts as an explicit action.
-///
-/// # Errors
-/// A segment that cannot be read or fails its checksum; a failed migration; I/O failures.
-pub fn seed_namespace(
-    sp: &Savepoint,
-    namespace: &Path,
-    actions: &Actions,
-    plan: &PartitionedPlan,
-    plugins: &PluginSet,
-) -> Result<String> {
-    nop_stream_coordinator::from_savepoint::seed_namespace(
-        sp,
-        namespace,
-        actions,
-        plan,
-        &components(plugins),
-        &mut |op: &str, state: &str, from: u32, entries: &[StateEntry]| {
-            migrate_state(plugins, op, state, from, entries)
-        },
     )
     .map_err(anyhow::Error::msg)
 }
@@ -355,17 +220,16 @@ pub fn migrate(
     plan: &PartitionedPlan,
     plugins: &PluginSet,
     actions: &Actions,
-    out: &Path,
+    out: &Location,
 ) -> Result<SavepointInfo> {
     let migrated = apply_actions(sp, actions, plan, plugins)?;
-    let src = LocalStorage::open(&sp.dir)?;
     Ok(nop_stream_checkpoint::savepoint::write_migrated(
-        &src,
+        &sp.ns,
         &migrated.manifest,
         &migrated.new_files,
-        &sp.dir,
+        &sp.location.to_string(),
         actions.actions.iter().map(Action::describe).collect(),
-        out,
+        &out.open()?,
     )?)
 }
 
@@ -391,26 +255,6 @@ pub fn control_socket(work_dir: &Path) -> PathBuf {
     work_dir.join("control.sock")
 }
 
-/// A request on the control socket (one JSON line).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct ControlRequest {
-    /// Take a savepoint into this directory (`None`: `<work_dir>/savepoints/epoch-N`).
-    pub savepoint: Option<PathBuf>,
-    /// Stop the job once the savepoint is taken and committed; the answer comes when it
-    /// has stopped.
-    #[serde(default)]
-    pub stop: bool,
-}
-
-/// The answer (one JSON line).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub enum ControlResponse {
-    /// The savepoint taken.
-    Savepoint(SavepointInfo),
-    /// Why none was.
-    Error(String),
-}
-
 /// The control socket's server thread, and the requests it is answering.
 pub struct ControlServer {
     in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -431,15 +275,15 @@ impl ControlServer {
 }
 
 /// Serves the control socket of a running job until the process ends: each connection
-/// sends one [`ControlRequest`] and gets one [`ControlResponse`]. Requests go to the
-/// coordinator through `requests`.
+/// sends one [`JobControl`] as a JSON line and gets one [`CliResponse`] back, answered by
+/// the job manager as a coordinator answers the same request over QUIC.
 ///
 /// # Errors
 /// The socket cannot be bound.
 #[cfg(unix)]
-pub fn serve_control(
+pub fn serve_control<P: nop_stream_coordinator::manager::Platform>(
     path: &Path,
-    requests: std::sync::mpsc::Sender<nop_stream_coordinator::SavepointRequest>,
+    manager: std::sync::Arc<nop_stream_coordinator::manager::JobManager<P>>,
 ) -> Result<ControlServer> {
     use std::io::{BufRead, BufReader, Write};
     let _ = std::fs::remove_file(path);
@@ -461,21 +305,11 @@ pub fn serve_control(
                     continue;
                 }
                 counter.fetch_add(1, SeqCst);
-                let resp = match serde_json::from_str::<ControlRequest>(&line) {
-                    Ok(req) => {
-                        let (tx, rx) = std::sync::mpsc::channel();
-                        let sent = requests.send(nop_stream_coordinator::SavepointRequest {
-                            out: req.savepoint,
-                            stop: req.stop,
-                            reply: tx,
-                        });
-                        match sent.map(|()| rx.recv()) {
-                            Ok(Ok(Ok(info))) => ControlResponse::Savepoint(info),
-                            Ok(Ok(Err(e))) => ControlResponse::Error(e),
-                            _ => ControlResponse::Error("the job is ending".into()),
-                        }
-                    }
-                    Err(e) => ControlResponse::Error(format!("bad request: {e}")),
+                let resp = match serde_json::from_str::<JobControl>(&line) {
+                    Ok(req) => manager
+                        .control(req)
+                        .unwrap_or_else(|e| CliResponse::Error(e.to_string())),
+                    Err(e) => CliResponse::Error(format!("bad request: {e}")),
                 };
                 let _ = serde_json::to_writer(&mut conn, &resp);
                 let _ = conn.write_all(b"\n");
@@ -486,13 +320,12 @@ pub fn serve_control(
     Ok(ControlServer { in_flight })
 }
 
-/// Asks the job running with `work_dir` for a savepoint; with `stop`, the job then stops
-/// (design §10.4) and the call returns once it has.
+/// Sends `request` to the job running with `work_dir`, and returns its answer.
 ///
 /// # Errors
-/// No job runs there, or it could not take one (or, with `stop`, did not stop).
+/// No job runs there; the answer does not decode.
 #[cfg(unix)]
-pub fn take(work_dir: &Path, out: Option<PathBuf>, stop: bool) -> Result<SavepointInfo> {
+pub fn control(work_dir: &Path, request: &JobControl) -> Result<CliResponse> {
     use std::io::{BufRead, BufReader, Write};
     let path = control_socket(work_dir);
     let mut conn = std::os::unix::net::UnixStream::connect(&path).with_context(|| {
@@ -502,20 +335,39 @@ pub fn take(work_dir: &Path, out: Option<PathBuf>, stop: bool) -> Result<Savepoi
             path.display()
         )
     })?;
-    serde_json::to_writer(
-        &mut conn,
-        &ControlRequest {
-            savepoint: out,
-            stop,
-        },
-    )?;
+    serde_json::to_writer(&mut conn, request)?;
     conn.write_all(b"\n")?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
-    match serde_json::from_str::<ControlResponse>(&line)
-        .with_context(|| format!("bad answer from the job: {line:?}"))?
-    {
-        ControlResponse::Savepoint(i) => Ok(i),
-        ControlResponse::Error(e) => bail!("the job took no savepoint: {e}"),
+    serde_json::from_str::<CliResponse>(&line)
+        .with_context(|| format!("bad answer from the job: {line:?}"))
+}
+
+/// Asks job `job` running with `work_dir` for a savepoint; with `stop`, the job then stops
+/// (design §10.4) and the call returns once it has.
+///
+/// # Errors
+/// No job runs there, or it could not take one (or, with `stop`, did not stop).
+#[cfg(unix)]
+pub fn take(work_dir: &Path, job: &str, out: Option<PathBuf>, stop: bool) -> Result<SavepointInfo> {
+    // The job's process resolves a relative name in its savepoint root: a path given here
+    // is the caller's, so it goes absolute (a URL stays as it is).
+    let out = match out {
+        Some(p) if !p.display().to_string().contains("://") => {
+            Some(std::path::absolute(&p)?.display().to_string())
+        }
+        o => o.map(|p| p.display().to_string()),
+    };
+    let request = JobControl::TakeSavepoint {
+        job: job.to_owned(),
+        out,
+        stop,
+    };
+    match control(work_dir, &request)? {
+        CliResponse::Savepoint { info_json } => {
+            Ok(serde_json::from_str(&info_json).context("the job's savepoint")?)
+        }
+        CliResponse::Error(e) => bail!("the job took no savepoint: {e}"),
+        other => bail!("unexpected answer from the job: {other:?}"),
     }
 }

@@ -119,6 +119,8 @@ fn nodes_hold_leases_and_a_stopped_node_loses_its_lease_and_rejoins() {
     for id in 1..=3 {
         let mut cmd = Command::new(BIN);
         cmd.args(["node", "--join", &addr, "--id", &id.to_string()])
+            .arg("--storage")
+            .arg(dir.path().join("coord"))
             .arg("--data")
             .arg(dir.path().join(format!("node-{id}")))
             .arg("--certs")

@@ -598,18 +598,9 @@ fn a_state_ttl_shorter_than_the_gap_between_bids_restarts_every_count() {
 
 /// The newest manifest's JSON under `work` (`None` before the first one).
 fn latest_manifest_text(work: &std::path::Path) -> Option<String> {
-    let ns = std::fs::read_dir(work.join("checkpoints"))
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.is_dir())?;
-    let newest = std::fs::read_dir(ns.join("manifests"))
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .max()?;
-    std::fs::read_to_string(newest).ok()
+    let ns = common::files::namespace_in(work)?;
+    let m = ns.latest_manifest().ok()??;
+    serde_json::to_string_pretty(&m).ok()
 }
 
 #[test]
@@ -788,18 +779,12 @@ fn epochs_that_time_out_while_a_delta_is_written_are_aborted_and_the_chain_stays
 
 /// The epochs the epoch log under `work` records as aborted.
 fn aborted_epochs(work: &std::path::Path) -> Vec<u64> {
-    let ns = std::fs::read_dir(work.join("checkpoints"))
+    let ns = common::files::namespace_in(work).expect("a checkpoint namespace");
+    ns.read_log()
         .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.is_dir())
-        .expect("a checkpoint namespace");
-    std::fs::read_to_string(ns.join("epochs.log"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|r| r["state"] == "aborted")
-        .filter_map(|r| r["epoch"].as_u64())
+        .iter()
+        .filter(|r| r.state == nop_stream_checkpoint::EpochState::Aborted)
+        .map(|r| r.epoch.0)
         .collect()
 }
 

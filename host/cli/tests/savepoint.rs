@@ -809,8 +809,9 @@ fn a_reshard_migration_writes_a_new_savepoint_that_restores_exactly_and_leaves_t
 
     let actions = d.work.join("reshard.toml");
     std::fs::write(&actions, "[[action]]\nkind = \"reshard\"\nshards = 4\n").unwrap();
-    // Killed at each step of writing SP2 (the resharded segment file, the manifest,
-    // savepoint.json, the rename): SP is untouched and there is no SP2 to restore.
+    // Killed at each step of writing SP2 (the resharded segment file, the manifest, the
+    // epoch record, savepoint.json): SP is untouched and there is no savepoint at SP2 (a
+    // savepoint is a prefix of objects whose savepoint.json is written last).
     for n in 1..=4 {
         let fp = format!("savepoint-write={n}");
         let o = migrate_with(&sp, &j4.0, &d, Some(&actions), &sp2, Some(&fp));
@@ -821,8 +822,13 @@ fn a_reshard_migration_writes_a_new_savepoint_that_restores_exactly_and_leaves_t
             before,
             "{fp}: the parent savepoint is untouched"
         );
-        assert!(!sp2.exists(), "{fp}: no partial SP2");
-        assert_eq!(check(&sp2, &j4.0, &d, &[]).status.code(), Some(1));
+        assert!(
+            !sp2.join("savepoint.json").exists(),
+            "{fp}: no savepoint at SP2"
+        );
+        let o = check(&sp2, &j4.0, &d, &[]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains("is not a savepoint"), "{}", text(&o));
     }
     let o = migrate(&sp, &j4.0, &d, Some(&actions), &sp2);
     assert!(o.status.success(), "{}", text(&o));

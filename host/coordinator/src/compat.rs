@@ -288,6 +288,10 @@ pub enum Code {
     SemanticWeakened,
     /// The target namespace has durable epochs past the savepoint's (needs `fork`).
     NamespaceAdvanced,
+    /// A segment the savepoint's manifest references is missing, short or fails its
+    /// checksum (incompatible: nothing restores a damaged savepoint; the finding names the
+    /// file).
+    SavepointDamaged,
 }
 
 /// An action a user names to clear a finding (`--actions A.toml`, `[[action]]` tables).

@@ -20,6 +20,16 @@ pub enum CoordinatorError {
         /// Why.
         message: String,
     },
+    /// Another attempt holds an epoch this one tried to make durable: this coordinator
+    /// lost the job's namespace (a zombie, or a second coordinator on one job) and retires
+    /// (design §6).
+    #[error("{message}")]
+    EpochTaken {
+        /// The epoch.
+        epoch: u64,
+        /// What holds it.
+        message: String,
+    },
     /// A broken invariant of the coordinator or its workers.
     #[error("internal error: {0}")]
     Internal(String),
@@ -32,7 +42,9 @@ impl From<CoordinatorError> for nop_stream_proto::TaskFailure {
     fn from(e: CoordinatorError) -> Self {
         use nop_stream_proto::FailureClass;
         let class = match &e {
-            CoordinatorError::Restore { .. } | CoordinatorError::Internal(_) => FailureClass::Fatal,
+            CoordinatorError::Restore { .. }
+            | CoordinatorError::Internal(_)
+            | CoordinatorError::EpochTaken { .. } => FailureClass::Fatal,
             CoordinatorError::Storage { .. } => FailureClass::Recoverable,
         };
         nop_stream_proto::TaskFailure {

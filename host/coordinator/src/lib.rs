@@ -13,6 +13,8 @@
 pub mod compat;
 mod error;
 pub mod from_savepoint;
+pub mod jobs;
+pub mod manager;
 pub mod migrate;
 mod report;
 pub mod restore;
@@ -21,7 +23,9 @@ mod workers;
 
 pub use error::CoordinatorError;
 pub use report::{CommittedTransaction, JobReport, MAX_REPORTED_COMMITS};
-pub use restore::{check_restore, check_restore_compatible, checkpoint_dir, checkpoint_namespace};
+pub use restore::{
+    check_restore, check_restore_compatible, checkpoint_location, checkpoint_namespace,
+};
 pub use run::{
     CoordinatorOptions, DEFAULT_MAX_RESTARTS, RestartBudget, SavepointRequest, open_namespace,
     restart_backoff, run_job,

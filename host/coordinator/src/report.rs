@@ -10,7 +10,7 @@ use std::time::Duration;
 pub const MAX_REPORTED_COMMITS: usize = 10_000;
 
 /// A transaction the job committed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CommittedTransaction {
     /// Epoch.
     pub epoch: u64,
@@ -19,7 +19,7 @@ pub struct CommittedTransaction {
 }
 
 /// What a finished job reports.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct JobReport {
     /// Job id.
     pub job_id: String,

@@ -5,11 +5,10 @@
 
 use crate::CoordinatorError;
 use nop_stream_api::{PluginKind, Split, TaskId};
-use nop_stream_checkpoint::{EnumeratorState, EpochManifest, STATE_FORMAT_VERSION};
+use nop_stream_checkpoint::{EnumeratorState, EpochManifest, Location, STATE_FORMAT_VERSION};
 use nop_stream_core::PartitionedPlan;
 use nop_stream_proto::{OperatorStateRestore, SinkSettlement, SplitCursor, TaskRestorePlan};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
 /// An id as one path component ([`nop_stream_checkpoint::names::component`]).
 pub use nop_stream_checkpoint::names::component as path_component;
@@ -19,12 +18,10 @@ pub fn checkpoint_namespace(plan: &PartitionedPlan) -> String {
     nop_stream_checkpoint::names::namespace(plan.job.job_id.as_str(), plan.job.pipeline_id.as_str())
 }
 
-/// The directory of a plan's checkpoint namespace under `work_dir`:
-/// `<work_dir>/checkpoints/<namespace>`.
-pub fn checkpoint_dir(work_dir: &Path, plan: &PartitionedPlan) -> PathBuf {
-    work_dir
-        .join("checkpoints")
-        .join(checkpoint_namespace(plan))
+/// The location of a plan's checkpoint namespace in the checkpoint root `root`:
+/// `<root>/<namespace>`.
+pub fn checkpoint_location(root: &Location, plan: &PartitionedPlan) -> Location {
+    root.join(&checkpoint_namespace(plan))
 }
 
 /// Checks that a manifest can restore `plan` (design §10.4); the message says what differs.
@@ -55,6 +52,13 @@ pub fn check_restore(
             message,
         })
     };
+    if m.state_format_version > STATE_FORMAT_VERSION {
+        return refuse(format!(
+            "it was written by a newer host (state format version {}; this host reads \
+             {STATE_FORMAT_VERSION}): run it with that host or a later one",
+            m.state_format_version
+        ));
+    }
     if m.state_format_version != STATE_FORMAT_VERSION {
         return refuse(format!(
             "state format version {} differs from this host's {STATE_FORMAT_VERSION}",

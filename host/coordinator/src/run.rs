@@ -8,22 +8,21 @@
 //! early `?` returns included.
 
 use crate::restore::{
-    assign_splits, check_restore, checkpoint_dir, checkpoint_namespace, plan_restore,
-    restored_splits, sink_settlements,
+    assign_splits, check_restore, checkpoint_namespace, plan_restore, restored_splits,
+    sink_settlements,
 };
 use crate::{CommittedTransaction, CoordinatorError, JobReport, Next, Workers};
 use nop_stream_api::{AttemptId, EpochId, FencingToken, PluginKind, Split, TaskId};
 use nop_stream_checkpoint::coordinator::{Command, EpochCoordinator, EpochState, Event};
 use nop_stream_checkpoint::{
-    CheckpointStorage, EnumeratorState, EpochLogRecord, EpochManifest, LocalStorage,
-    STATE_FORMAT_VERSION, SavepointInfo, TaskSnapshot, failpoint,
+    EnumeratorState, EpochLogRecord, EpochManifest, Location, Namespace, STATE_FORMAT_VERSION,
+    SavepointInfo, StorageError, TaskSnapshot, failpoint,
 };
 use nop_stream_core::PartitionedPlan;
 use nop_stream_proto::{
     Deployment, FailureClass, TaskAssignment, TaskCommand, TaskError, TaskEvent, TaskReport,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,9 +63,10 @@ pub struct CoordinatorOptions {
     /// Savepoint requests for the running job (`nopstream savepoint take`); `None`: none
     /// can be made.
     pub savepoints: Option<Arc<Mutex<Receiver<SavepointRequest>>>>,
-    /// Where a savepoint requested without a directory goes: `<dir>/epoch-N`. Default
-    /// `savepoints` (relative to the working directory of the process).
-    pub savepoint_dir: PathBuf,
+    /// Where savepoints go: a savepoint requested without a location is `epoch-N` in
+    /// it, one requested with a relative name is that name in it. Default `savepoints`
+    /// (a directory relative to the working directory of the process).
+    pub savepoint_root: Location,
 }
 
 /// A request to take a savepoint of the running job (design §10.4): the coordinator
@@ -74,9 +74,10 @@ pub struct CoordinatorOptions {
 /// into a self-contained savepoint directory, before retention can touch it.
 #[derive(Debug)]
 pub struct SavepointRequest {
-    /// The savepoint directory to create (must not exist); `None`:
-    /// `CoordinatorOptions::savepoint_dir/epoch-N`.
-    pub out: Option<PathBuf>,
+    /// Where to create the savepoint (it must hold none): a location URL or absolute
+    /// path, or a name inside [`CoordinatorOptions::savepoint_root`]; `None`: `epoch-N` in
+    /// the root.
+    pub out: Option<String>,
     /// Stop the job once the savepoint is taken (`nopstream stop --savepoint`, design
     /// §10.4): no epoch is triggered after the savepoint's, the sinks commit it, then every
     /// task is cancelled and the run ends with [`JobReport::stopped`] set. Records read
@@ -101,41 +102,44 @@ impl Default for CoordinatorOptions {
             poll: Duration::from_millis(10),
             components: BTreeMap::new(),
             savepoints: None,
-            savepoint_dir: PathBuf::from("savepoints"),
+            savepoint_root: Location::Local("savepoints".into()),
         }
     }
 }
 
-/// Opens the checkpoint namespace of `plan` under `work_dir` (see
-/// [`crate::checkpoint_dir`]). Without `resume`, its checkpoints are deleted first and the
-/// job starts fresh.
+/// Opens the checkpoint namespace of `plan` in the checkpoint root `root` (see
+/// [`crate::checkpoint_location`]). Without `resume`, its checkpoints are deleted first and
+/// the job starts fresh.
 ///
 /// # Errors
-/// [`CoordinatorError::Storage`] if the directory cannot be removed or created.
+/// [`CoordinatorError::Storage`] if the store cannot be opened or emptied.
 pub fn open_namespace(
-    work_dir: &Path,
+    root: &Location,
     plan: &PartitionedPlan,
     resume: bool,
-) -> Result<Arc<dyn CheckpointStorage>, CoordinatorError> {
-    let dir = checkpoint_dir(work_dir, plan);
-    let err = |e: String| CoordinatorError::Storage {
-        path: dir.display().to_string(),
-        message: e,
+) -> Result<Arc<Namespace>, CoordinatorError> {
+    let location = crate::checkpoint_location(root, plan);
+    let err = |e: StorageError| CoordinatorError::Storage {
+        path: location.to_string(),
+        message: e.to_string(),
     };
-    if !resume && dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(|e| err(e.to_string()))?;
+    let ns = Namespace::open(&location).map_err(err)?;
+    if !resume {
+        ns.delete_all().map_err(err)?;
     }
-    Ok(Arc::new(
-        LocalStorage::open(&dir).map_err(|e| err(e.to_string()))?,
-    ))
+    Ok(Arc::new(ns))
 }
 
-fn storage_err(
-    what: &str,
-) -> impl Fn(nop_stream_checkpoint::StorageError) -> CoordinatorError + '_ {
-    move |e| CoordinatorError::Storage {
-        path: what.to_owned(),
-        message: e.to_string(),
+fn storage_err(what: &str) -> impl Fn(StorageError) -> CoordinatorError + '_ {
+    move |e| match e {
+        StorageError::EpochTaken { epoch, .. } => CoordinatorError::EpochTaken {
+            epoch,
+            message: e.to_string(),
+        },
+        e => CoordinatorError::Storage {
+            path: what.to_owned(),
+            message: e.to_string(),
+        },
     }
 }
 
@@ -167,7 +171,7 @@ struct RunTally {
 pub fn run_job<W: Workers>(
     plan: &PartitionedPlan,
     workers: &mut W,
-    storage: Arc<dyn CheckpointStorage>,
+    storage: Arc<Namespace>,
     opts: &CoordinatorOptions,
 ) -> Result<JobReport, W::Error> {
     let started = Instant::now();
@@ -356,26 +360,40 @@ enum Prepared {
     Attempt(Box<PreparedAttempt>),
 }
 
-/// Steps before a deployment: check the restore, allocate the attempt, assign splits,
-/// settle sinks before a rescale, plan the restore.
-fn prepare_attempt<W: Workers>(
-    plan: &PartitionedPlan,
-    workers: &mut W,
-    storage: &dyn CheckpointStorage,
-    opts: &CoordinatorOptions,
-    tally: &mut RunTally,
-) -> Result<Prepared, W::Error> {
+/// The latest durable manifest and the epoch log.
+fn settle_epochs(
+    storage: &Namespace,
+) -> Result<(Option<EpochManifest>, Vec<EpochLogRecord>), CoordinatorError> {
     let restore = storage
         .latest_manifest()
         .map_err(storage_err("latest manifest"))?;
+    let log = storage.read_log().map_err(storage_err("epoch log"))?;
+    Ok((restore, log))
+}
+
+/// Steps before a deployment: check the restore, allocate the attempt, fence the epochs of
+/// earlier attempts, assign splits, settle sinks before a rescale, plan the restore.
+fn prepare_attempt<W: Workers>(
+    plan: &PartitionedPlan,
+    workers: &mut W,
+    storage: &Namespace,
+    opts: &CoordinatorOptions,
+    tally: &mut RunTally,
+) -> Result<Prepared, W::Error> {
+    let (restore, log) = settle_epochs(storage)?;
     let mut rescale = false;
     if let Some(m) = &restore {
-        rescale = check_restore(m, plan, opts.rescale_from.as_deref())?;
+        rescale = check_restore(m, plan, opts.rescale_from.as_deref()).map_err(|e| match e {
+            CoordinatorError::Restore { epoch, message } => CoordinatorError::Restore {
+                epoch,
+                message: format!("{message} (checkpoints in {})", storage.describe()),
+            },
+            e => e,
+        })?;
         if tally.resumed_from.is_none() && tally.recoveries == 0 {
             tally.resumed_from = Some(m.epoch.0);
         }
     }
-    let log = storage.read_log().map_err(storage_err("epoch log"))?;
     if let Some(m) = &restore
         && m.final_epoch
         && log
@@ -398,6 +416,27 @@ fn prepare_attempt<W: Workers>(
             .next_attempt(log.iter().map(|r| r.attempt.0).max().unwrap_or(0))
             .map_err(storage_err("attempt"))?,
     );
+    // Fence the epochs earlier attempts created but never made durable: their aborted
+    // records stop a write of a fenced attempt from making one durable later (design §6).
+    // One that turned durable meanwhile (a publish whose acknowledgement was lost) is the
+    // latest: start over from it.
+    let durable_from = restore.as_ref().map_or(0, |m| m.epoch.0);
+    let aborted = storage
+        .durable()
+        .map_err(storage_err("epoch records"))?
+        .aborted;
+    for e in (durable_from + 1..=max_epoch).filter(|e| !aborted.contains(e)) {
+        let found = storage
+            .abort_epoch(EpochId(e), attempt, &format!("fenced by attempt {attempt}"))
+            .map_err(storage_err("epoch records"))?;
+        if found.is_some() {
+            tracing::info!(
+                epoch = e,
+                "an epoch of an earlier attempt turned out durable; restoring from it"
+            );
+            return prepare_attempt(plan, workers, storage, opts, tally);
+        }
+    }
     // After an earlier attempt, one epoch number is skipped: a sink of a fenced
     // generation that still runs (a stopped node resumed, a partition) has at most the
     // epoch after its last barrier open, and that epoch was logged CREATED or is
@@ -520,7 +559,7 @@ impl<W: Workers> Drop for Attempt<'_, W> {
 struct Driver<'p, E> {
     plan: &'p PartitionedPlan,
     meta: nop_stream_checkpoint::SnapshotMeta,
-    storage: &'p Arc<dyn CheckpointStorage>,
+    storage: &'p Arc<Namespace>,
     opts: &'p CoordinatorOptions,
     attempt: AttemptId,
     token: FencingToken,
@@ -569,7 +608,7 @@ struct AttemptEnd {
 fn drive_attempt<W: Workers>(
     plan: &PartitionedPlan,
     workers: &mut W,
-    storage: &Arc<dyn CheckpointStorage>,
+    storage: &Arc<Namespace>,
     opts: &CoordinatorOptions,
     prepared: PreparedAttempt,
     tally: &mut RunTally,
@@ -858,6 +897,10 @@ impl<E: TaskError> Driver<'_, E> {
                 }
                 Command::Abort { epoch, reason } => {
                     tracing::warn!("epoch {epoch} aborted: {reason}");
+                    // Its record fences it: no late write makes it durable (design §6).
+                    self.storage
+                        .abort_epoch(epoch, self.attempt, &reason)
+                        .map_err(storage_err("epoch records"))?;
                     self.log(epoch, EpochState::Aborted, Some(reason))?;
                 }
                 Command::Finish => {
@@ -955,27 +998,22 @@ impl<E: TaskError> Driver<'_, E> {
             checksum: String::new(),
         };
         manifest.seal();
+        let what = format!("manifest of epoch {epoch}");
         self.storage
             .publish_manifest(&manifest)
-            .map_err(|e| CoordinatorError::Storage {
-                path: format!("manifest of epoch {epoch}"),
-                message: e.to_string(),
-            })?;
+            .map_err(storage_err(&what))?;
         self.log(epoch, EpochState::Durable, None)?;
         failpoint::hit("after-manifest-publish");
         // Savepoints requested before this epoch became durable, exported before
         // retention can touch it.
         for r in self.savepoints.drain(..) {
-            let out = r.out.unwrap_or_else(|| {
-                nop_stream_checkpoint::savepoint::default_dir(&self.opts.savepoint_dir, epoch.0)
-            });
-            let made = nop_stream_checkpoint::savepoint::export(
-                self.storage.as_ref(),
+            let made = export_savepoint(
+                self.storage,
                 &self.namespace,
                 epoch,
-                &out,
-            )
-            .map_err(|e| e.to_string());
+                &self.opts.savepoint_root,
+                r.out.as_deref(),
+            );
             match &made {
                 Ok(i) => tracing::info!(epoch = %epoch, dir = %i.dir, "savepoint taken"),
                 Err(e) => tracing::warn!(epoch = %epoch, "savepoint failed: {e}"),
@@ -1014,6 +1052,29 @@ impl<E: TaskError> Driver<'_, E> {
         }
         Ok(())
     }
+}
+
+/// Exports durable `epoch` of `storage` (namespace `namespace`) as a savepoint at `out`
+/// (a location, or a name in `root`), or at `epoch-N` in `root`.
+fn export_savepoint(
+    storage: &Namespace,
+    namespace: &str,
+    epoch: EpochId,
+    root: &Location,
+    out: Option<&str>,
+) -> Result<SavepointInfo, String> {
+    let at = match out {
+        Some(o) => nop_stream_checkpoint::savepoint::resolve(root, o).map_err(|e| e.to_string())?,
+        None => {
+            let root_store = root.open().map_err(|e| e.to_string())?;
+            let name = nop_stream_checkpoint::savepoint::default_name(&root_store, epoch.0)
+                .map_err(|e| e.to_string())?;
+            root.join(&name)
+        }
+    };
+    let store = at.open().map_err(|e| e.to_string())?;
+    nop_stream_checkpoint::savepoint::export(storage, namespace, epoch, &store)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -7,15 +7,14 @@ mod common;
 
 use nop_stream_api::{AttemptId, EpochId, Split, TaskId};
 use nop_stream_checkpoint::coordinator::EpochState;
-use nop_stream_checkpoint::{
-    CheckpointStorage, EpochLogRecord, EpochManifest, LocalStorage, PendingTransaction,
-    StorageError, TaskSnapshot,
-};
+use nop_stream_checkpoint::{Location, Namespace, PendingTransaction, Scoped, TaskSnapshot};
 use nop_stream_coordinator::{CoordinatorError, CoordinatorOptions, Next, Workers, run_job};
 use nop_stream_core::PartitionedPlan;
 use nop_stream_proto::{
     Deployment, FailureClass, SinkSettlement, TaskCommand, TaskError, TaskEvent, TaskReport,
 };
+use nop_stream_storage::faults::{Fault, Faulty, Op};
+use nop_stream_storage::memory::MemStore;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -275,40 +274,16 @@ impl Scripted {
     }
 }
 
-/// Storage whose manifest publish fails.
-struct FailingPublish(LocalStorage);
+/// A namespace in `dir`.
+fn local(dir: &std::path::Path) -> Arc<Namespace> {
+    Arc::new(Namespace::open(&Location::Local(dir.to_owned())).unwrap())
+}
 
-impl CheckpointStorage for FailingPublish {
-    fn write_segment(&self, rel: &str, bytes: &[u8]) -> Result<(), StorageError> {
-        self.0.write_segment(rel, bytes)
-    }
-    fn read_range(&self, rel: &str, offset: u64, len: u64) -> Result<Vec<u8>, StorageError> {
-        self.0.read_range(rel, offset, len)
-    }
-    fn publish_manifest(&self, _m: &EpochManifest) -> Result<(), StorageError> {
-        Err(StorageError::Io {
-            path: "manifests".into(),
-            message: "disk on fire".into(),
-        })
-    }
-    fn manifest_epochs(&self) -> Result<Vec<EpochId>, StorageError> {
-        self.0.manifest_epochs()
-    }
-    fn read_manifest(&self, epoch: EpochId) -> Result<EpochManifest, StorageError> {
-        self.0.read_manifest(epoch)
-    }
-    fn append_log(&self, record: &EpochLogRecord) -> Result<(), StorageError> {
-        self.0.append_log(record)
-    }
-    fn read_log(&self) -> Result<Vec<EpochLogRecord>, StorageError> {
-        self.0.read_log()
-    }
-    fn retain(&self, keep: usize) -> Result<Vec<EpochId>, StorageError> {
-        self.0.retain(keep)
-    }
-    fn next_attempt(&self, at_least_after: u32) -> Result<u32, StorageError> {
-        self.0.next_attempt(at_least_after)
-    }
+/// A namespace in memory whose epoch-record creates all fail (503s).
+fn failing_publish() -> Arc<Namespace> {
+    let faulty = Faulty::new(Arc::new(MemStore::new()));
+    faulty.inject(Op::PutIfAbsent, "epochs/", u32::MAX, Fault::Unavailable);
+    Arc::new(Namespace::new(Scoped::new(Arc::new(faulty), "")))
 }
 
 fn opts() -> CoordinatorOptions {
@@ -323,7 +298,7 @@ fn opts() -> CoordinatorOptions {
 fn a_job_runs_to_its_final_epoch_and_commits_it() {
     let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(2, 8);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     let report = run_job(&plan, &mut w, Arc::clone(&storage), &opts()).unwrap();
     assert_eq!(w.log, [Did::Discover, Did::Deploy(1), Did::Join]);
@@ -358,7 +333,7 @@ fn a_job_runs_to_its_final_epoch_and_commits_it() {
 fn a_bounded_job_ends_without_waiting_for_a_poll_interval() {
     let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(2, 8);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     let report = run_job(&plan, &mut w, storage, &opts()).unwrap();
     assert!(report.final_epoch.is_some());
@@ -369,7 +344,7 @@ fn a_bounded_job_ends_without_waiting_for_a_poll_interval() {
 fn a_failed_attempt_is_fenced_and_joined_before_the_next_deployment() {
     let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(2, 8);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     w.fail_deploys = 1;
     let report = run_job(&plan, &mut w, storage, &opts()).unwrap();
@@ -393,7 +368,7 @@ fn a_failed_attempt_is_fenced_and_joined_before_the_next_deployment() {
 fn the_root_cause_is_reported_not_the_cancellations_and_fatal_is_not_retried() {
     let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(2, 8);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     w.fail_deploys = 5;
     w.fail_class = FailureClass::Fatal;
@@ -411,7 +386,7 @@ fn the_root_cause_is_reported_not_the_cancellations_and_fatal_is_not_retried() {
 fn the_restart_budget_bounds_recoveries() {
     let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(1, 4);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     w.fail_deploys = 10;
     let o = CoordinatorOptions {
@@ -443,7 +418,7 @@ fn an_outage_of_a_few_failed_attempts_does_not_end_a_run_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(1, 4);
     assert!(plan.job.checkpoint_interval_ms.is_some());
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     w.fail_deploys = 5;
     let report = run_job(&plan, &mut w, storage, &opts()).unwrap();
@@ -451,7 +426,7 @@ fn an_outage_of_a_few_failed_attempts_does_not_end_a_run_by_default() {
     assert!(report.final_epoch.is_some());
     // Failures spread wider than the window never exhaust it.
     let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     w.fail_deploys = 4;
     let o = CoordinatorOptions {
@@ -466,7 +441,7 @@ fn an_outage_of_a_few_failed_attempts_does_not_end_a_run_by_default() {
 fn events_of_a_stale_attempt_are_refused_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(1, 4);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     // The first attempt fails; the second one receives an ACK of attempt 1 first.
     w.fail_deploys = 1;
@@ -522,13 +497,11 @@ impl Workers for StaleOnSecond<'_> {
 
 #[test]
 fn a_storage_failure_mid_attempt_still_fences_and_joins() {
-    let dir = tempfile::tempdir().unwrap();
     let plan = common::plan(2, 8);
-    let storage: Arc<dyn CheckpointStorage> =
-        Arc::new(FailingPublish(LocalStorage::open(dir.path()).unwrap()));
+    let storage = failing_publish();
     let mut w = Scripted::new(plan.clone());
     let err = run_job(&plan, &mut w, storage, &opts()).unwrap_err();
-    assert!(err.to_string().contains("disk on fire"), "{err}");
+    assert!(err.to_string().contains("503 Service Unavailable"), "{err}");
     assert_eq!(
         w.log,
         [Did::Discover, Did::Deploy(1), Did::Fence(1), Did::Join]
@@ -541,7 +514,7 @@ fn record_count_checkpoints_take_one_epoch_per_that_many_records_read() {
     let mut plan = common::plan(1, 4);
     plan.job.checkpoint_interval_ms = None;
     plan.job.checkpoint_every_records = Some(1_000);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     // 100 records per event, end of data after 10,050 records read: one epoch at each
     // thousand read (10), then the final epoch.
@@ -560,7 +533,7 @@ fn record_count_checkpoints_take_one_epoch_per_that_many_records_read() {
     // Without the setting, the same run takes only the final epoch.
     let dir = tempfile::tempdir().unwrap();
     plan.job.checkpoint_every_records = None;
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     w.feed = Some((100, 10_050));
     run_job(&plan, &mut w, Arc::clone(&storage), &opts()).unwrap();
@@ -581,7 +554,7 @@ fn committed_is_recorded_when_the_sinks_commit_not_with_the_next_epoch() {
     let mut plan = common::plan(1, 4);
     plan.job.checkpoint_interval_ms = None;
     plan.job.checkpoint_every_records = Some(1_000);
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(LocalStorage::open(dir.path()).unwrap());
+    let storage = local(dir.path());
     let mut w = Scripted::new(plan.clone());
     // An epoch at each thousand records read, 100 per event: each is committed a few
     // events after its start, long before the next one starts.

@@ -24,30 +24,40 @@ pub enum CliRequest {
     /// The plugins of the registry.
     ListPlugins,
     /// Submit a job.
-    SubmitJob(JobSubmission),
-    /// Every job the coordinator knows.
+    SubmitJob(Box<JobSubmission>),
+    /// A request about a job, answered the same by an embedded run (over its control
+    /// socket) and by a coordinator.
+    Control(JobControl),
+}
+
+/// A control request about a job, in both modes (design §8): an embedded run answers it
+/// over its Unix control socket (one JSON line each way), a coordinator over QUIC. The
+/// answer is a [`CliResponse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobControl {
+    /// Every job known ([`CliResponse::Jobs`]).
     ListJobs,
-    /// One job.
-    JobStatus {
+    /// One job ([`CliResponse::Job`]).
+    Status {
         /// Job id.
         job: String,
     },
-    /// Cancel a running job.
-    CancelJob {
+    /// Cancel a running job ([`CliResponse::Job`]).
+    Cancel {
         /// Job id.
         job: String,
     },
-    /// The checkpoints of a job.
+    /// The checkpoints of a job ([`CliResponse::Checkpoints`]).
     Checkpoints {
         /// Job id.
         job: String,
     },
-    /// Take a savepoint of a running job.
+    /// Take a savepoint of a running job ([`CliResponse::Savepoint`]).
     TakeSavepoint {
         /// Job id.
         job: String,
-        /// The savepoint directory to create, reachable by the coordinator; `None`: under
-        /// the coordinator's data directory.
+        /// Where to create it: a location URL or absolute path, or a name in the job's
+        /// savepoint root; `None`: `epoch-N` there.
         out: Option<String>,
         /// Stop the job once the savepoint is committed (`nopstream stop --savepoint`);
         /// the answer comes when it has stopped.
@@ -101,6 +111,43 @@ pub struct JobSubmission {
     /// job's record so a restarted coordinator resumes the fork. `None` from the CLI.
     #[serde(default)]
     pub pipeline: Option<String>,
+    /// A Delta overlay patching the job file's model (its file name and text): each
+    /// changed field has a change class, and a job with a durable checkpoint restores
+    /// from it through the compatibility check (design §12.2).
+    #[serde(default)]
+    pub delta: Option<(String, String)>,
+    /// An explicit rescale action (design §10.5): restore the latest durable epoch, taken
+    /// by this same job at another parallelism, into the plan at this one.
+    #[serde(default)]
+    pub rescale: bool,
+    /// Override of the job file's `job.checkpoint_interval_ms`.
+    #[serde(default)]
+    pub checkpoint_interval_ms: Option<u64>,
+}
+
+impl JobSubmission {
+    /// A plain submission of the job file `file` (its text `text`) whose relative grants
+    /// resolve against `job_dir` and whose `$OUTPUT` is `output_dir`; nothing else set.
+    pub fn new(file: String, text: String, job_dir: String, output_dir: String) -> Self {
+        JobSubmission {
+            file,
+            text,
+            job_dir,
+            output_dir,
+            parallelism: None,
+            max_restarts: None,
+            fresh: false,
+            memory_bytes: None,
+            cpu_ms_per_call: None,
+            from_savepoint: None,
+            actions_json: None,
+            check_only: false,
+            pipeline: None,
+            delta: None,
+            rescale: false,
+            checkpoint_interval_ms: None,
+        }
+    }
 }
 
 /// The answer to a [`CliRequest`].

@@ -221,9 +221,12 @@ pub struct JobSpec {
     pub job_dir: String,
     /// The job's output directory (`$OUTPUT`). Every node must reach it at this path.
     pub output_dir: String,
-    /// The job's checkpoint namespace directory. Every node must reach it at this path
-    /// (design §2.5: a store every process reaches).
-    pub checkpoint_dir: String,
+    /// The job's checkpoint namespace: a name, found in the checkpoint root of the storage
+    /// location each node is configured with (no path of the coordinator's travels).
+    pub namespace: String,
+    /// The cluster's identity (its storage location's `cluster.json`): a node whose
+    /// storage holds another refuses the job, naming both.
+    pub cluster: String,
     /// Sandbox limits of every instance.
     pub limits: SandboxLimits,
 }

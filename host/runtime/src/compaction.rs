@@ -29,7 +29,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::task::{SegmentAppender, read_segment};
 use nop_stream_api::{EpochId, StateShardId};
-use nop_stream_checkpoint::{CheckpointStorage, SegmentDescriptor, payload, payload_checksum};
+use nop_stream_checkpoint::{Namespace, SegmentDescriptor, payload, payload_checksum};
 use nop_stream_state::{Compactor, ExpiredKeys};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -43,7 +43,7 @@ pub const MAX_DELTAS_COMPACTING: usize = 2 * crate::task::MAX_DELTAS as usize;
 
 /// What a compaction needs besides the chain.
 pub(crate) struct CompactionSpec {
-    pub storage: Arc<dyn CheckpointStorage>,
+    pub storage: Arc<Namespace>,
     pub namespace: String,
     pub operator: String,
     pub operator_id: String,
@@ -179,7 +179,7 @@ fn compact(
         groups.entry((state as u32, d.shard)).or_default().push(d);
     }
     let mut out = SegmentAppender {
-        storage: &*spec.storage,
+        storage: &spec.storage,
         file: &file,
         writer: None,
         offset: 0,
@@ -194,7 +194,7 @@ fn compact(
             }
             payloads.push((
                 d.codec.as_str(),
-                read_segment(&*spec.storage, d).map_err(io)?,
+                read_segment(&spec.storage, d).map_err(io)?,
             ));
         }
         let borrowed: Vec<(&str, &[u8])> =

@@ -269,6 +269,10 @@ impl From<nop_stream_coordinator::CoordinatorError> for RuntimeError {
                 RuntimeError::Restore { epoch, message }
             }
             CoordinatorError::Storage { path, message } => RuntimeError::Io { path, message },
+            CoordinatorError::EpochTaken { epoch, message } => RuntimeError::Io {
+                path: format!("epoch {epoch} of the checkpoint namespace"),
+                message,
+            },
             CoordinatorError::Internal(m) => RuntimeError::Internal(m),
         }
     }

@@ -8,9 +8,10 @@ use crate::limits::Limits;
 use crate::plugin::{DirGrant, LoadedPlugin};
 use crate::workers::InProcessWorkers;
 use nop_stream_api::OperatorId;
+use nop_stream_checkpoint::Location;
 use nop_stream_coordinator::CoordinatorOptions;
 pub use nop_stream_coordinator::{
-    CommittedTransaction, JobReport, check_restore, check_restore_compatible, checkpoint_dir,
+    CommittedTransaction, JobReport, check_restore, check_restore_compatible, checkpoint_location,
     checkpoint_namespace,
 };
 use nop_stream_core::{PartitionedPlan, PlannedOperator};
@@ -30,8 +31,12 @@ pub struct RunOptions {
     pub job_dir: PathBuf,
     /// The run's output directory; grants starting with `$OUTPUT` resolve against it.
     pub output_dir: PathBuf,
-    /// Working directory: `<work_dir>/state` (redb) and `<work_dir>/checkpoints`.
+    /// Working directory: `<work_dir>/state` (redb), and by default the checkpoints and
+    /// savepoints.
     pub work_dir: PathBuf,
+    /// The checkpoint root: the job's namespace is in it
+    /// ([`checkpoint_location`]). Default `<work_dir>/checkpoints`.
+    pub checkpoints: Location,
     /// Sandbox limits of every instance.
     pub limits: Limits,
     /// Capacity of each channel in batches (0: [`crate::transport::LocalTransport::DEFAULT_CAPACITY`]).
@@ -58,9 +63,9 @@ pub struct RunOptions {
     /// Savepoint requests of the running job (the CLI's control socket); `None`: none.
     pub savepoints:
         Option<Arc<Mutex<std::sync::mpsc::Receiver<nop_stream_coordinator::SavepointRequest>>>>,
-    /// Where savepoints requested without a directory go (`<dir>/epoch-N`). Default
-    /// `<work_dir>/savepoints`.
-    pub savepoint_dir: PathBuf,
+    /// Where savepoints go: `epoch-N` in it unless a request names another location.
+    /// Default `<work_dir>/savepoints`.
+    pub savepoint_root: Location,
     /// How the kernel schedules the task threads. Default
     /// [`TaskScheduling::Batch`](crate::launch::TaskScheduling::Batch).
     pub task_scheduling: crate::launch::TaskScheduling,
@@ -75,14 +80,15 @@ impl RunOptions {
             retain_epochs: self.retain_epochs,
             rescale_from: self.rescale_from.clone(),
             savepoints: self.savepoints.clone(),
-            savepoint_dir: self.savepoint_dir.clone(),
+            savepoint_root: self.savepoint_root.clone(),
             ..CoordinatorOptions::default()
         }
     }
 
     /// Options with defaults for everything but the directories.
     pub fn new(job_dir: PathBuf, output_dir: PathBuf, work_dir: PathBuf) -> Self {
-        let savepoint_dir = work_dir.join("savepoints");
+        let savepoint_root = Location::Local(work_dir.join("savepoints"));
+        let checkpoints = Location::Local(work_dir.join("checkpoints"));
         RunOptions {
             job_dir,
             output_dir,
@@ -95,7 +101,8 @@ impl RunOptions {
             retain_epochs: 3,
             rescale_from: None,
             savepoints: None,
-            savepoint_dir,
+            savepoint_root,
+            checkpoints,
             task_scheduling: crate::launch::TaskScheduling::default(),
         }
     }
@@ -237,7 +244,7 @@ pub fn run_job(
     opts: &RunOptions,
     progress: Arc<JobProgress>,
 ) -> Result<JobReport> {
-    let storage = nop_stream_coordinator::open_namespace(&opts.work_dir, plan, opts.resume)?;
+    let storage = nop_stream_coordinator::open_namespace(&opts.checkpoints, plan, opts.resume)?;
     let mut workers = InProcessWorkers::new(plan, plugins, opts, Arc::clone(&storage), progress);
     let mut copts = opts.coordinator_options();
     copts.components = plugins

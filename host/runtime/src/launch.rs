@@ -19,7 +19,7 @@ use crate::task::{self, InputChannel, StageSpec, TaskSpec, WatermarkAlignment};
 use crate::transport::Transport;
 use crossbeam_channel::{Receiver, Sender};
 use nop_stream_api::{AttemptId, FencingToken, PluginKind, Split, TaskId, TaskInfo};
-use nop_stream_checkpoint::CheckpointStorage;
+use nop_stream_checkpoint::Namespace;
 use nop_stream_core::{PartitionedPlan, PartitionedVertex, PlannedOperator};
 use nop_stream_proto::{Deployment, SinkSettlement, TaskAssignment, TaskCommand};
 use nop_stream_state::StateConfig;
@@ -38,7 +38,7 @@ pub struct TaskHost<'a> {
     plan: &'a PartitionedPlan,
     plugins: &'a PluginSet,
     opts: &'a RunOptions,
-    storage: Arc<dyn CheckpointStorage>,
+    storage: Arc<Namespace>,
     progress: Arc<JobProgress>,
 }
 
@@ -58,7 +58,7 @@ impl<'a> TaskHost<'a> {
         plan: &'a PartitionedPlan,
         plugins: &'a PluginSet,
         opts: &'a RunOptions,
-        storage: Arc<dyn CheckpointStorage>,
+        storage: Arc<Namespace>,
         progress: Arc<JobProgress>,
     ) -> Self {
         TaskHost {

@@ -5,6 +5,7 @@
 pub mod bindings;
 mod compaction;
 pub mod connection;
+pub mod embedded;
 mod error;
 mod error_policy;
 mod host;

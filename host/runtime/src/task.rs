@@ -43,8 +43,7 @@ use nop_stream_checkpoint::alignment::{Aligner, Alignment as AlignOutcome};
 use nop_stream_checkpoint::failpoint;
 use nop_stream_checkpoint::payload;
 use nop_stream_checkpoint::{
-    CheckpointStorage, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot,
-    payload_checksum,
+    Namespace, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot, payload_checksum,
 };
 use nop_stream_core::{DEAD_LETTER_OUTPUT, ErrorPolicy, WatermarkSpec};
 use nop_stream_proto::TaskRestorePlan;
@@ -116,7 +115,7 @@ pub(crate) struct TaskSpec {
     /// First epoch this attempt can create (names the first transaction).
     pub first_epoch: EpochId,
     pub restore: TaskRestorePlan,
-    pub storage: Arc<dyn CheckpointStorage>,
+    pub storage: Arc<Namespace>,
     pub namespace: String,
     pub events: Sender<TaskEvent>,
     pub commands: Receiver<TaskCommand>,
@@ -273,7 +272,7 @@ struct Task {
     align_started: Option<Instant>,
     report: TaskReport,
     progress: Arc<JobProgress>,
-    storage: Arc<dyn CheckpointStorage>,
+    storage: Arc<Namespace>,
     namespace: String,
     events: Sender<TaskEvent>,
     commands: Receiver<TaskCommand>,
@@ -572,7 +571,7 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
 
 /// The payload `seg` points at, its checksum verified; the message names the segment.
 pub(crate) fn read_segment(
-    storage: &dyn CheckpointStorage,
+    storage: &Namespace,
     seg: &SegmentDescriptor,
 ) -> std::result::Result<Vec<u8>, String> {
     let bytes = storage
@@ -594,7 +593,7 @@ pub(crate) fn read_segment(
 /// redistribution (duplicate ids, differing broadcast copies, a `none` state rescaled).
 fn restore_operator_state(
     op: &mut crate::plugin::OperatorInstance,
-    storage: &dyn CheckpointStorage,
+    storage: &Namespace,
     epoch: u64,
     operator_id: &str,
     r: &nop_stream_proto::OperatorStateRestore,
@@ -668,7 +667,7 @@ fn restore_operator_state(
 /// [`RuntimeError::Restore`] for a failed read or checksum, a state the plugin no longer
 /// declares, or a schema version that differs (an explicit migration is needed).
 fn read_shards(
-    storage: &dyn CheckpointStorage,
+    storage: &Namespace,
     epoch: u64,
     operator_id: &str,
     segments: &[SegmentDescriptor],
@@ -868,14 +867,14 @@ type Written = Vec<WrittenStage>;
 
 /// Where a task's segment files go.
 struct SegmentTarget {
-    storage: Arc<dyn CheckpointStorage>,
+    storage: Arc<Namespace>,
     namespace: String,
     subtask: u32,
 }
 
 /// Writes one packed segment file per operator of `parts` (keyed state and timers shard
 /// by shard as the view hands them over, so a snapshot never sits whole in memory; then
-/// the operator state), makes each durable ([`nop_stream_checkpoint::SegmentWriter::finish`])
+/// the operator state), makes each durable ([`nop_stream_checkpoint::ObjectWriter::finish`])
 /// and fills `snapshot`'s segments, operator state and `snapshot_bytes`. Returns the
 /// expired TTL keys each operator's scan left out, by stage. Runs on the task thread
 /// (synchronous snapshots) or on the snapshot thread; stops early once `abort` is set.
@@ -911,7 +910,7 @@ fn write_segments(
             message: e,
         };
         let mut out = SegmentAppender {
-            storage: &*target.storage,
+            storage: &target.storage,
             file: &file,
             writer: None,
             offset: 0,
@@ -996,9 +995,9 @@ fn write_segments(
 /// One operator's segment file, opened at its first payload (an operator with nothing
 /// to snapshot writes no file), with the offset of the next payload.
 pub(crate) struct SegmentAppender<'a> {
-    pub storage: &'a dyn CheckpointStorage,
+    pub storage: &'a Namespace,
     pub file: &'a str,
-    pub writer: Option<Box<dyn nop_stream_checkpoint::SegmentWriter + 'a>>,
+    pub writer: Option<Box<dyn nop_stream_checkpoint::ObjectWriter + 'a>>,
     pub offset: u64,
 }
 

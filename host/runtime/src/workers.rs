@@ -8,7 +8,7 @@ use crate::launch::{LiveTasks, TaskHost};
 use crate::transport::LocalTransport;
 use crossbeam_channel::RecvTimeoutError;
 use nop_stream_api::{AttemptId, Split, TaskId};
-use nop_stream_checkpoint::CheckpointStorage;
+use nop_stream_checkpoint::Namespace;
 use nop_stream_coordinator::{Next, Workers};
 use nop_stream_core::PartitionedPlan;
 use nop_stream_proto::{Deployment, SinkSettlement, TaskCommand};
@@ -29,7 +29,7 @@ impl<'a> InProcessWorkers<'a> {
         plan: &'a PartitionedPlan,
         plugins: &'a PluginSet,
         opts: &'a RunOptions,
-        storage: Arc<dyn CheckpointStorage>,
+        storage: Arc<Namespace>,
         progress: Arc<JobProgress>,
     ) -> Self {
         InProcessWorkers {

@@ -21,16 +21,15 @@
 //!
 //! # What a cluster assumes of its storage
 //!
-//! Checkpoint storage, the job's directory (its input grants) and its output directory are
-//! paths every process reaches: on one machine, any directory; across machines, a shared
-//! file system. Checkpoint storage must give read-after-write for segment files written by
-//! one node and read by another, and an atomic publish of manifests (write to a temporary
-//! name, fsync, rename); a store spanning machines without those (an object store) needs a
-//! `CheckpointStorage` backend with a conditional create instead.
+//! Checkpoint storage is a location every process reaches (`nop-stream-storage`): a
+//! directory on one machine or a shared file system, or an S3-compatible object store
+//! across machines. The job's directory (its input grants) and its output directory are
+//! paths where the tasks that use them run.
 
 pub mod coordinator;
 pub mod hub;
 pub mod node;
+pub mod platform;
 pub mod store;
 pub mod transport;
 pub mod workers;
@@ -48,7 +47,8 @@ pub const DEFAULT_SLOTS: u32 = 4;
 
 /// Placement options for `plan` on cluster nodes given as `(node-<id>, slots)`, in node id
 /// order whatever the order given; state bindings name the node's data directory
-/// (`$NODE_DATA/jobs/<job>/state`), checkpoint storage `file:<checkpoints>`.
+/// (`$NODE_DATA/jobs/<job>/state`), checkpoint storage the namespace `checkpoints` in the
+/// cluster's checkpoint root.
 pub fn placement_options(
     plan: &PartitionedPlan,
     nodes: impl IntoIterator<Item = (String, u32)>,
@@ -69,6 +69,6 @@ pub fn placement_options(
             "$NODE_DATA/jobs/{}/state",
             nop_stream_coordinator::restore::path_component(plan.job.job_id.as_str())
         ),
-        checkpoint_storage: format!("file:{checkpoints}"),
+        checkpoint_storage: checkpoints.to_owned(),
     }
 }

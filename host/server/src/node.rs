@@ -16,7 +16,8 @@ use crate::store::{sha256_hex, write_atomically};
 use crate::transport::ClusterTransport;
 use crossbeam_channel::{Receiver, Sender};
 use nop_stream_api::{JobId, OperatorId, PluginKind};
-use nop_stream_checkpoint::{CheckpointStorage, LocalStorage};
+use nop_stream_checkpoint::namespace::cluster_identity;
+use nop_stream_checkpoint::{Location, Namespace};
 use nop_stream_cluster::endpoint::PeerConnection;
 use nop_stream_cluster::session::{CoordinatorLink, NodeService, SessionOutcome};
 use nop_stream_cluster::{ClusterEndpoint, DataPlane, DataPlaneConfig, Identity, NodeId, Protocol};
@@ -32,7 +33,7 @@ use nop_stream_runtime::{
 };
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -47,6 +48,11 @@ pub struct NodeOptions {
     pub id: NodeId,
     /// Its data directory (components, compiled cache, task state).
     pub data: PathBuf,
+    /// The cluster's storage location (the coordinator's): its `cluster.json` must be the
+    /// coordinator's.
+    pub storage: Location,
+    /// The checkpoint root. Default `<storage>/checkpoints`.
+    pub checkpoints: Location,
     /// Capacity of each receiving channel queue, in messages (batches). Default 16.
     pub channel_capacity: usize,
     /// How the kernel schedules this node's task threads.
@@ -79,6 +85,8 @@ pub struct NodeHost {
     jobs: Mutex<HashMap<JobId, NodeJob>>,
     peers: Mutex<HashMap<String, quinn::Connection>>,
     peers_changed: Condvar,
+    /// The identity of this node's storage's cluster, once read.
+    cluster: OnceLock<String>,
 }
 
 impl std::fmt::Debug for NodeHost {
@@ -149,6 +157,7 @@ impl NodeHost {
             jobs: Mutex::new(HashMap::new()),
             peers: Mutex::new(HashMap::new()),
             peers_changed: Condvar::new(),
+            cluster: OnceLock::new(),
         });
         let weak = Arc::downgrade(&host);
         std::thread::Builder::new()
@@ -450,15 +459,38 @@ impl NodeHost {
         opts
     }
 
-    fn storage(spec: &JobSpec) -> Result<Arc<dyn CheckpointStorage>, TaskFailure> {
-        LocalStorage::open(Path::new(&spec.checkpoint_dir))
-            .map(|s| Arc::new(s) as Arc<dyn CheckpointStorage>)
+    /// The job's checkpoint namespace, in this node's checkpoint root; refused when this
+    /// node's storage is not the coordinator's cluster's.
+    fn storage(&self, spec: &JobSpec) -> Result<Arc<Namespace>, TaskFailure> {
+        let mine = match self.cluster.get() {
+            Some(c) => c.clone(),
+            None => {
+                let root = self.opts.storage.open().map_err(|e| TaskFailure {
+                    class: FailureClass::Recoverable,
+                    message: format!("{}: its storage is not reachable: {e}", self.me),
+                })?;
+                let id = cluster_identity(&root, false).map_err(|e| TaskFailure {
+                    class: FailureClass::Fatal,
+                    message: format!("{}: {e}", self.me),
+                })?;
+                self.cluster.get_or_init(|| id).clone()
+            }
+        };
+        if mine != spec.cluster {
+            return Err(TaskFailure {
+                class: FailureClass::Fatal,
+                message: format!(
+                    "{}: its storage {} belongs to cluster {mine}, the coordinator's to cluster \
+                     {}; give every process the same --storage",
+                    self.me, self.opts.storage, spec.cluster
+                ),
+            });
+        }
+        Namespace::open(&self.opts.checkpoints.join(&spec.namespace))
+            .map(Arc::new)
             .map_err(|e| TaskFailure {
                 class: FailureClass::Recoverable,
-                message: format!(
-                    "checkpoint storage {} is not reachable from this node: {e}",
-                    spec.checkpoint_dir
-                ),
+                message: format!("checkpoint storage is not reachable from this node: {e}"),
             })
     }
 
@@ -503,7 +535,7 @@ impl NodeHost {
         let set = self.plugin_set(plugins, loaded, &nd.spec, &plan)?;
         let peers = self.connect_peers(&job, generation, &nd.peers)?;
         let opts = self.run_options(&nd.spec);
-        let storage = Self::storage(&nd.spec)?;
+        let storage = self.storage(&nd.spec)?;
         let progress = self.progress(&job);
         let cancel = Arc::new(AtomicBool::new(false));
         let transport = Arc::new(ClusterTransport::new(
@@ -591,7 +623,7 @@ impl NodeHost {
             &plan,
             &set,
             &opts,
-            Self::storage(spec)?,
+            self.storage(spec)?,
             Arc::new(JobProgress::default()),
         );
         f(&host).map_err(|e| runtime_failure(&e))

@@ -1,17 +1,23 @@
-//! The coordinator's durable stores (design §2.5, "Plugins"; issue: jobs, the plugin registry
-//! and epoch logs survive a coordinator restart):
+//! The plugin registry (design §8, "Plugins"; §14 "Storage by location"): components
+//! content-addressed by sha256 at the storage location, with an index entry per
+//! `name@version` created conditionally, so versions are immutable and a coordinator started
+//! anywhere with the same location finds every plugin:
 //!
-//! - [`PluginStore`]: components content-addressed by sha256 under `<data>/plugins/blobs/`,
-//!   with an index of `name@version → sha256` and what `describe()` said. A name@version
-//!   is immutable: a second upload with other bytes is refused.
-//! - [`JobStore`]: one record per job under `<data>/jobs/<job>/record.json`.
+//! ```text
+//! blobs/<sha256>.wasm                       the component's bytes (created once)
+//! index/<name>@<version>.json               what describe() said, and the sha256 (created once)
+//! ```
 //!
-//! Every write is a temporary file, fsync, rename: a crash leaves the old or the new
-//! version, never a torn one.
+//! A second upload of a name@version with other bytes is refused; one with the same bytes
+//! is accepted and changes nothing. Components are loaded from a local copy in the
+//! coordinator's data directory (`<data>/blobs/`), fetched from the store and verified.
 
 use nop_stream_api::{PluginInfo, PluginKind};
-use nop_stream_proto::cli::{JobState, JobSubmission, PluginEntry, RefusedCounts};
+use nop_stream_checkpoint::names::component;
+use nop_stream_checkpoint::{ObjectStore, Scoped};
+use nop_stream_proto::cli::PluginEntry;
 use nop_stream_runtime::{PluginHost, RuntimeError};
+use nop_stream_storage::{Created, StoreError as StoreError2};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -119,40 +125,58 @@ pub struct StoredPlugin {
 /// The plugin registry: content-addressed components and an index by name@version.
 #[derive(Debug)]
 pub struct PluginStore {
-    dir: PathBuf,
+    store: Scoped,
+    /// Local copies of blobs, for loading (the coordinator's data directory).
+    local: PathBuf,
     max_bytes: usize,
     index: Mutex<BTreeMap<String, StoredPlugin>>,
 }
 
+fn store_err(e: StoreError2) -> StoreError {
+    StoreError::Io {
+        path: e.object.clone().unwrap_or_default(),
+        message: e.to_string(),
+    }
+}
+
 impl PluginStore {
-    /// Default cap on a component's size: 64 MiB (the CLI protocol's upload frame cap).
+    /// Default cap on a component's size: 64 MiB less the frame's overhead.
     pub const DEFAULT_MAX_BYTES: usize = nop_stream_proto::cli::MAX_UPLOAD_FRAME - 1024;
 
-    /// Opens (creating) the registry in `dir` and reads its index.
+    /// The registry at `store`'s prefix, with local copies of components under `local`;
+    /// reads the index.
     ///
     /// # Errors
-    /// The directory or the index cannot be read.
-    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StoreError> {
-        let dir = dir.into();
-        std::fs::create_dir_all(dir.join("blobs")).map_err(|e| io_err(&dir, e))?;
-        let index_path = dir.join("index.json");
-        let index = match std::fs::read(&index_path) {
-            Ok(b) => serde_json::from_slice::<Vec<StoredPlugin>>(&b)
-                .map_err(|e| io_err(&index_path, e))?
-                .into_iter()
-                .map(|p| (p.entry.reference(), p))
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(io_err(&index_path, e)),
-        };
-        Ok(PluginStore {
-            dir,
+    /// The store cannot be read; an index entry does not decode.
+    pub fn open(store: Scoped, local: impl Into<PathBuf>) -> Result<Self, StoreError> {
+        let local = local.into();
+        std::fs::create_dir_all(&local).map_err(|e| io_err(&local, e))?;
+        let me = PluginStore {
+            store,
+            local,
             max_bytes: Self::DEFAULT_MAX_BYTES,
-            index: Mutex::new(index),
-        })
+            index: Mutex::new(BTreeMap::new()),
+        };
+        me.reload()?;
+        Ok(me)
     }
 
-    /// Sets the size cap, bytes.
+    /// Reads the index again (entries another coordinator created).
+    fn reload(&self) -> Result<(), StoreError> {
+        let mut index = BTreeMap::new();
+        for m in self.store.list("index/").map_err(store_err)? {
+            let bytes = self.store.get(&m.name).map_err(store_err)?;
+            let p: StoredPlugin = serde_json::from_slice(&bytes).map_err(|e| StoreError::Io {
+                path: m.name.clone(),
+                message: format!("not a registry entry: {e}"),
+            })?;
+            index.insert(p.entry.reference(), p);
+        }
+        *self.lock() = index;
+        Ok(())
+    }
+
+    /// Caps uploads at `max` bytes.
     pub fn with_max_bytes(mut self, max: usize) -> Self {
         self.max_bytes = max;
         self
@@ -162,23 +186,33 @@ impl PluginStore {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Where the component with this sha256 is stored (it may not exist).
-    pub fn blob_file(&self, sha256: &str) -> PathBuf {
-        self.blob_path(sha256)
+    fn blob_name(sha256: &str) -> String {
+        format!("blobs/{sha256}.wasm")
     }
 
-    fn blob_path(&self, sha256: &str) -> PathBuf {
-        self.dir.join("blobs").join(format!("{sha256}.wasm"))
+    fn index_name(name: &str, version: &str) -> String {
+        format!("index/{}@{}.json", component(name), component(version))
     }
 
-    /// Validates and stores an uploaded component (design §2.5, "Plugins"): the bytes must
-    /// hash to `claimed_sha256` (else the upload was damaged, e.g. truncated), fit the cap,
-    /// be a component exporting one of the `nop:stream` worlds this host serves, and
-    /// `describe()` itself; name@version must be new or carry the same bytes.
+    /// A local file holding the component `sha256` (fetched from the store and verified
+    /// the first time), for loading.
     ///
     /// # Errors
-    /// [`StoreError::Damaged`], [`StoreError::TooLarge`], [`StoreError::Invalid`] (with
-    /// the loader's reason), [`StoreError::VersionTaken`], [`StoreError::Io`].
+    /// No such component, a damaged one, or local I/O.
+    pub fn blob_file(&self, sha256: &str) -> Result<PathBuf, StoreError> {
+        let path = self.local.join(format!("{sha256}.wasm"));
+        if !path.is_file() {
+            let bytes = self.blob(sha256)?;
+            write_atomically(&path, &bytes)?;
+        }
+        Ok(path)
+    }
+
+    /// Validates and stores a component (`claimed_sha256`: what the client computed).
+    ///
+    /// # Errors
+    /// Damaged, too large, not a loadable component of a served world, or a name@version
+    /// already registered with other bytes.
     pub fn upload(
         &self,
         host: &PluginHost,
@@ -199,31 +233,21 @@ impl PluginStore {
                 cap: self.max_bytes,
             });
         }
-        // Validate from a private file; publish the blob only once it loaded.
-        let staging = self.dir.join(format!("upload-{sha}.wasm"));
+        let staging = self.local.join(format!("upload-{sha}.wasm"));
         write_atomically(&staging, bytes)?;
         let described = describe_component(host, &staging, &sha[..12]);
         let _ = std::fs::remove_file(&staging);
         let info = described?;
-        let reference = info.reference();
-        let mut index = self.lock();
-        if let Some(existing) = index.get(&reference) {
-            if existing.entry.sha256 == sha {
-                return Ok(existing.clone());
-            }
-            return Err(StoreError::VersionTaken {
-                reference,
-                existing: existing.entry.sha256.clone(),
-                new: sha,
-            });
-        }
-        write_atomically(&self.blob_path(&sha), bytes)?;
+        // Blobs are content-addressed: one already there holds these bytes.
+        self.store
+            .put_if_absent(&Self::blob_name(&sha), bytes)
+            .map_err(store_err)?;
         let stored = StoredPlugin {
             entry: PluginEntry {
                 name: info.name.clone(),
                 version: info.version.clone(),
                 kind: info.kind,
-                sha256: sha,
+                sha256: sha.clone(),
                 size: bytes.len() as u64,
                 description: info.description.clone(),
                 wit: nop_stream_runtime::WIT_PACKAGE.to_owned(),
@@ -231,25 +255,52 @@ impl PluginStore {
             },
             info,
         };
-        index.insert(reference, stored.clone());
-        let all: Vec<&StoredPlugin> = index.values().collect();
-        let json = serde_json::to_vec_pretty(&all).map_err(|e| io_err(&self.dir, e))?;
-        write_atomically(&self.dir.join("index.json"), &json)?;
-        Ok(stored)
+        let reference = stored.entry.reference();
+        let json = serde_json::to_vec_pretty(&stored).map_err(|e| io_err(&self.local, e))?;
+        let existing = match self
+            .store
+            .put_if_absent(
+                &Self::index_name(&stored.entry.name, &stored.entry.version),
+                &json,
+            )
+            .map_err(store_err)?
+        {
+            Created::Created => stored,
+            Created::Exists(b) => {
+                serde_json::from_slice::<StoredPlugin>(&b).map_err(|e| StoreError::Io {
+                    path: reference.clone(),
+                    message: format!("not a registry entry: {e}"),
+                })?
+            }
+        };
+        if existing.entry.sha256 != sha {
+            return Err(StoreError::VersionTaken {
+                reference,
+                existing: existing.entry.sha256,
+                new: sha,
+            });
+        }
+        self.lock().insert(reference, existing.clone());
+        Ok(existing)
     }
 
-    /// Every registered plugin, by name and version.
+    /// Every registered plugin.
     pub fn list(&self) -> Vec<StoredPlugin> {
         self.lock().values().cloned().collect()
     }
 
-    /// The plugin registered as `name@version`.
+    /// The plugin `name@version`.
     ///
     /// # Errors
-    /// [`StoreError::NotFound`] naming what is registered under that name.
+    /// Not registered (naming the versions that are).
     pub fn get(&self, name: &str, version: &str) -> Result<StoredPlugin, StoreError> {
+        let key = format!("{name}@{version}");
+        if !self.lock().contains_key(&key) {
+            // Another coordinator may have registered it since the index was read.
+            let _ = self.reload();
+        }
         let index = self.lock();
-        if let Some(p) = index.get(&format!("{name}@{version}")) {
+        if let Some(p) = index.get(&key) {
             return Ok(p.clone());
         }
         let others: Vec<String> = index
@@ -268,26 +319,24 @@ impl PluginStore {
         )))
     }
 
-    /// The bytes of the component with `sha256`, verified against the hash.
+    /// The bytes of component `sha256`, verified.
     ///
     /// # Errors
-    /// [`StoreError::NotFound`] if no such component is stored; [`StoreError::Io`], or
-    /// [`StoreError::Damaged`] if the stored file no longer hashes to its name.
+    /// Not a sha256, no such component, or damaged.
     pub fn blob(&self, sha256: &str) -> Result<Vec<u8>, StoreError> {
         if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(StoreError::NotFound(format!(
                 "`{sha256}` is not a sha256 in hex"
             )));
         }
-        let path = self.blob_path(sha256);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match self.store.get(&Self::blob_name(sha256)) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if e.is_not_found() => {
                 return Err(StoreError::NotFound(format!(
                     "no component with sha256 {sha256} in the registry"
                 )));
             }
-            Err(e) => return Err(io_err(&path, e)),
+            Err(e) => return Err(store_err(e)),
         };
         let got = sha256_hex(&bytes);
         if got != sha256 {
@@ -331,93 +380,4 @@ pub fn describe_component(
         nop_stream_runtime::WIT_PACKAGE,
         reasons.join("; ")
     )))
-}
-
-/// A cluster job's durable record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobRecord {
-    /// Job id.
-    pub job: String,
-    /// Job name.
-    pub name: String,
-    /// What was submitted.
-    pub submission: JobSubmission,
-    /// Where the job is.
-    pub state: JobState,
-    /// Semantic mode.
-    pub semantic: String,
-    /// When it was submitted, ms since the Unix epoch.
-    pub submitted_ms: u64,
-    /// The generation deployed last.
-    pub generation: u64,
-    /// Global recoveries so far.
-    pub recoveries: u32,
-    /// Why it failed, or the last failure it recovered from.
-    pub error: Option<String>,
-    /// The DeploymentPlan of the last generation, JSON.
-    pub deployment_json: Option<String>,
-    /// The run report once finished, JSON.
-    pub report_json: Option<String>,
-    /// Stale work refused so far (persisted at state changes).
-    pub refused: RefusedCounts,
-    /// Nodes of the last placement (`node-<id>`): a restarted coordinator waits for them
-    /// before it redeploys.
-    #[serde(default)]
-    pub last_nodes: Vec<String>,
-    /// Set when the job was restored from a savepoint whose plan differs from the job's
-    /// (another parallelism, or actions applied): the plan fingerprint of the seeded
-    /// manifest, which the restore accepts as an explicit action (design §10.5) — also
-    /// after a coordinator restart before the job's first new epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rescale_from: Option<String>,
-}
-
-/// Job records under `<data>/jobs/`.
-#[derive(Debug)]
-pub struct JobStore {
-    dir: PathBuf,
-}
-
-impl JobStore {
-    /// Opens (creating) the store in `dir`.
-    ///
-    /// # Errors
-    /// The directory cannot be created.
-    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StoreError> {
-        let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
-        Ok(JobStore { dir })
-    }
-
-    fn path(&self, job: &str) -> PathBuf {
-        self.dir.join(job).join("record.json")
-    }
-
-    /// Writes `record` durably.
-    ///
-    /// # Errors
-    /// [`StoreError::Io`].
-    pub fn save(&self, record: &JobRecord) -> Result<(), StoreError> {
-        let json = serde_json::to_vec_pretty(record).map_err(|e| io_err(&self.dir, e))?;
-        write_atomically(&self.path(&record.job), &json)
-    }
-
-    /// Every job record.
-    ///
-    /// # Errors
-    /// A record cannot be read or parsed (naming its file).
-    pub fn load_all(&self) -> Result<Vec<JobRecord>, StoreError> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(&self.dir).map_err(|e| io_err(&self.dir, e))? {
-            let e = e.map_err(|e| io_err(&self.dir, e))?;
-            let p = e.path().join("record.json");
-            if !p.is_file() {
-                continue;
-            }
-            let bytes = std::fs::read(&p).map_err(|e| io_err(&p, e))?;
-            out.push(serde_json::from_slice(&bytes).map_err(|e| io_err(&p, e))?);
-        }
-        out.sort_by_key(|r: &JobRecord| r.submitted_ms);
-        Ok(out)
-    }
 }

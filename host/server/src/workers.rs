@@ -21,8 +21,8 @@ use nop_stream_proto::{
     Deployment, FailureClass, SinkSettlement, TaskCommand, TaskEvent, TaskFailure,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Timing of a cluster job's coordinator thread.
@@ -51,36 +51,7 @@ impl Default for WorkerTimeouts {
 }
 
 /// What a job's status shows of its live deployment, shared with the job manager.
-#[derive(Default)]
-pub struct LiveStatus {
-    /// The generation deployed last.
-    pub generation: AtomicU64,
-    /// Deployments made by this coordinator process.
-    pub deployments: AtomicU64,
-    /// Task events of another generation refused here.
-    pub refused_events: AtomicU64,
-    /// The DeploymentPlan of the last generation.
-    pub placement: Mutex<Option<DeploymentPlan>>,
-    /// Nodes to wait for before the first deployment (a restarted coordinator waits for
-    /// the nodes of the job's last placement), with the deadline of that wait.
-    pub expect: Mutex<Option<(Vec<String>, Instant)>>,
-    /// Called with each generation and its placement as it is deployed (the job manager
-    /// records them durably).
-    pub on_deploy: Mutex<Option<DeployHook>>,
-}
-
-/// See [`LiveStatus::on_deploy`].
-pub type DeployHook = Box<dyn FnMut(u64, &DeploymentPlan) + Send>;
-
-impl std::fmt::Debug for LiveStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LiveStatus")
-            .field("generation", &self.generation)
-            .field("deployments", &self.deployments)
-            .field("refused_events", &self.refused_events)
-            .finish_non_exhaustive()
-    }
-}
+pub use nop_stream_coordinator::manager::{DeployHook, LiveJob as LiveStatus};
 
 struct LiveDeployment {
     generation: u64,
@@ -280,7 +251,7 @@ impl ClusterWorkers {
             let opts = crate::placement_options(
                 &self.plan,
                 live.iter().map(|n| (n.name(), n.slots)),
-                &self.spec.checkpoint_dir,
+                &self.spec.namespace,
             );
             match deployment_plan(&self.plan, &opts) {
                 Ok(p) => return Ok((p, live)),

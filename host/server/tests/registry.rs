@@ -133,7 +133,7 @@ fn uploads_are_validated_stored_by_hash_and_bad_ones_refused() {
     assert_eq!(entry.wit, "nop:stream@0.2.2");
     assert!(
         dir.path()
-            .join("coord/plugins/blobs")
+            .join("coord/registry/blobs")
             .join(format!("{}.wasm", entry.sha256))
             .is_file()
     );
@@ -225,21 +225,15 @@ fn a_job_naming_a_plugin_the_registry_lacks_is_refused_by_name() {
     }
     let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/flights/flights.toml");
     let sub = JobSubmission {
-        file: job.display().to_string(),
-        text: std::fs::read_to_string(&job).unwrap(),
-        job_dir: job.parent().unwrap().display().to_string(),
-        output_dir: dir.path().join("out").display().to_string(),
-        parallelism: None,
-        max_restarts: None,
         fresh: true,
-        memory_bytes: None,
-        cpu_ms_per_call: None,
-        from_savepoint: None,
-        actions_json: None,
-        check_only: false,
-        pipeline: None,
+        ..JobSubmission::new(
+            job.display().to_string(),
+            std::fs::read_to_string(&job).unwrap(),
+            job.parent().unwrap().display().to_string(),
+            dir.path().join("out").display().to_string(),
+        )
     };
-    let e = error_of(s.call(CliRequest::SubmitJob(sub.clone())));
+    let e = error_of(s.call(CliRequest::SubmitJob(Box::new(sub.clone()))));
     assert!(
         e.contains("keyed-aggregate@0.1.0 is not in the cluster's registry")
             && e.contains("nopstream plugin upload"),
@@ -253,7 +247,7 @@ fn a_job_naming_a_plugin_the_registry_lacks_is_refused_by_name() {
         ),
         ..sub
     };
-    let e = error_of(s.call(CliRequest::SubmitJob(by_path)));
+    let e = error_of(s.call(CliRequest::SubmitJob(Box::new(by_path))));
     assert!(
         e.contains("plugins/keyed_aggregate.wasm") && e.contains("name@version"),
         "{e}"

@@ -133,6 +133,17 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     /// The store's location, for messages (no credentials).
     fn describe(&self) -> String;
 
+    /// The location of `prefix` in the store, for messages (no credentials). Default:
+    /// `<describe>/<prefix>`.
+    fn describe_prefix(&self, prefix: &str) -> String {
+        let base = self.describe();
+        if prefix.is_empty() {
+            base
+        } else {
+            format!("{}/{prefix}", base.trim_end_matches('/'))
+        }
+    }
+
     /// The bytes of object `name`.
     ///
     /// # Errors
@@ -290,15 +301,16 @@ impl Scoped {
 
 impl ObjectStore for Scoped {
     fn describe(&self) -> String {
-        let inner = self.inner.describe();
-        if self.prefix.is_empty() {
-            inner
-        } else {
-            format!(
-                "{}/{}",
-                inner.trim_end_matches('/'),
-                self.prefix.trim_end_matches('/')
-            )
+        self.inner
+            .describe_prefix(self.prefix.trim_end_matches('/'))
+    }
+
+    fn describe_prefix(&self, prefix: &str) -> String {
+        let inner = self.prefix.trim_end_matches('/');
+        match (inner.is_empty(), prefix.is_empty()) {
+            (true, _) => self.inner.describe_prefix(prefix),
+            (false, true) => self.inner.describe_prefix(inner),
+            (false, false) => self.inner.describe_prefix(&format!("{inner}/{prefix}")),
         }
     }
 

@@ -66,6 +66,11 @@ where
 #[derive(Debug, Clone)]
 pub struct S3Store {
     s3: Arc<AmazonS3>,
+    /// `s3://bucket`.
+    bucket: String,
+    /// `?endpoint=...` when not the environment's default, or empty.
+    endpoint: String,
+    /// `s3://bucket[?endpoint=...]`, for messages.
     label: String,
 }
 
@@ -78,7 +83,6 @@ impl S3Store {
     pub fn open(bucket: &str, endpoint: Option<&str>, region: Option<&str>) -> Result<Self> {
         // reqwest's client takes the process default; an already installed one stays.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut label = format!("s3://{bucket}");
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
             .with_client_options(
@@ -97,8 +101,11 @@ impl S3Store {
             .or_else(|| std::env::var("AWS_ENDPOINT").ok());
         if let Some(e) = &endpoint {
             b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
-            label.push_str(&format!(" (endpoint {e})"));
         }
+        let endpoint = endpoint
+            .map(|e| format!("?endpoint={e}"))
+            .unwrap_or_default();
+        let label = format!("s3://{bucket}{endpoint}");
         if let Some(r) = region {
             b = b.with_region(r);
         }
@@ -107,6 +114,8 @@ impl S3Store {
         })?;
         Ok(S3Store {
             s3: Arc::new(s3),
+            bucket: format!("s3://{bucket}"),
+            endpoint,
             label,
         })
     }
@@ -120,8 +129,11 @@ impl S3Store {
     pub fn probe(&self, prefix: &str) -> Result<()> {
         let s3 = Arc::clone(&self.s3);
         let p = ObjPath::from(prefix);
-        block(async move { s3.list_with_delimiter(Some(&p)).await.map(|_| ()) })
-            .map_err(|e| self.err(None, &e, false))
+        block(async move { s3.list_with_delimiter(Some(&p)).await.map(|_| ()) }).map_err(|e| {
+            let mut e = self.err(None, &e, false);
+            e.location = self.describe_prefix(prefix);
+            e
+        })
     }
 
     /// Maps an `object_store` error; `write` marks a write, whose transport failures leave
@@ -200,9 +212,20 @@ impl S3Store {
 }
 
 /// An `object_store` message with anything that looks like a signature or key removed
-/// (they carry none today; this keeps it so).
+/// (they carry none today; this keeps it so), and an S3 XML error body cut down to its
+/// code.
 fn scrub(text: &str) -> String {
     let mut out = text.to_owned();
+    if let Some(xml) = out.find("<?xml") {
+        let code = out[xml..]
+            .split_once("<Code>")
+            .and_then(|(_, r)| r.split_once("</Code>"))
+            .map(|(c, _)| c.to_owned());
+        out.truncate(xml);
+        if let Some(c) = code {
+            out.push_str(&format!("S3 error {c}"));
+        }
+    }
     for var in [
         "AWS_SECRET_ACCESS_KEY",
         "AWS_SESSION_TOKEN",
@@ -220,6 +243,14 @@ fn scrub(text: &str) -> String {
 impl ObjectStore for S3Store {
     fn describe(&self) -> String {
         self.label.clone()
+    }
+
+    fn describe_prefix(&self, prefix: &str) -> String {
+        if prefix.is_empty() {
+            self.label.clone()
+        } else {
+            format!("{}/{prefix}{}", self.bucket, self.endpoint)
+        }
     }
 
     fn get(&self, name: &str) -> Result<Vec<u8>> {

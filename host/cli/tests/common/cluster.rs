@@ -111,11 +111,16 @@ pub struct NodeSite {
 }
 
 /// Where a cluster's processes run: the coordinator's address (its port is chosen free)
-/// and one site per node, node `i` at index `i − 1`.
+/// and the command it runs under, one site per node, node `i` at index `i − 1`, and the
+/// storage location every process is given (default: the coordinator's data directory).
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub coordinator_ip: IpAddr,
+    /// Command the coordinator runs under (e.g. `ip netns exec NS`); empty for none.
+    pub coordinator_prefix: Vec<String>,
     pub nodes: Vec<NodeSite>,
+    /// `--storage` of every process; `None`: the coordinator's data directory.
+    pub storage: Option<String>,
 }
 
 impl Layout {
@@ -123,6 +128,8 @@ impl Layout {
     pub fn loopback(n: u32) -> Layout {
         Layout {
             coordinator_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            coordinator_prefix: Vec::new(),
+            storage: None,
             nodes: (0..n)
                 .map(|_| NodeSite {
                     prefix: Vec::new(),
@@ -203,8 +210,14 @@ impl Cluster {
             String::from_utf8_lossy(&init.stderr)
         );
         let ip = layout.coordinator_ip;
+        // A coordinator in a namespace of its own has every port free there.
+        let port = if layout.coordinator_prefix.is_empty() {
+            free_udp_port(ip)
+        } else {
+            7400
+        };
         let mut c = Cluster {
-            addr: std::net::SocketAddr::new(ip, free_udp_port(ip)).to_string(),
+            addr: std::net::SocketAddr::new(ip, port).to_string(),
             lease,
             layout,
             dir,
@@ -249,8 +262,34 @@ impl Cluster {
         strip_ansi(&std::fs::read_to_string(self.path(name)).unwrap_or_default())
     }
 
+    /// `--storage` of every process.
+    pub fn storage(&self) -> String {
+        self.layout
+            .storage
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("coord").display().to_string())
+    }
+
+    /// Kills the coordinator and starts it again, with its data directory emptied first if
+    /// `empty_data` (a coordinator started elsewhere: it keeps nothing that matters there).
+    pub fn restart_coordinator(&mut self, empty_data: bool) {
+        self.kill_coordinator();
+        if empty_data {
+            let _ = std::fs::remove_dir_all(self.dir.path().join("coord"));
+        }
+        self.start_coordinator();
+    }
+
     pub fn start_coordinator(&mut self) {
-        let mut child = Command::new(BIN)
+        let mut cmd = match self.layout.coordinator_prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let mut child = cmd
             .args([
                 "coordinator",
                 "--listen",
@@ -262,6 +301,8 @@ impl Cluster {
             ])
             .arg("--data")
             .arg(self.dir.path().join("coord"))
+            .arg("--storage")
+            .arg(self.storage())
             .arg("--certs")
             .arg(self.certs())
             .env("RUST_LOG", log_filter())
@@ -294,6 +335,8 @@ impl Cluster {
         let child = cmd
             .args(["node", "--join", &self.addr, "--id", &id.to_string()])
             .args(["--listen", &site.listen])
+            .arg("--storage")
+            .arg(self.storage())
             .arg("--data")
             .arg(self.dir.path().join(format!("node-{id}")))
             .arg("--certs")
@@ -491,8 +534,13 @@ pub fn log_filter() -> String {
     std::env::var("NOPSTREAM_TEST_LOG").unwrap_or_else(|_| "info".into())
 }
 
+/// A log file, appended to (a restarted process goes on where the last one ended).
 pub fn log_file(p: &Path) -> std::fs::File {
-    std::fs::File::create(p).unwrap()
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .unwrap()
 }
 
 pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {

@@ -77,6 +77,17 @@ pub fn check_split_output(jsonl: &[String], reference: &[String], out: &Path) {
     );
 }
 
+/// The (first) checkpoint namespace in `<work>/checkpoints`, opened.
+pub fn namespace_in(work: &Path) -> Option<nop_stream_checkpoint::Namespace> {
+    let root = nop_stream_checkpoint::Location::Local(work.join("checkpoints"));
+    let store = root.open().ok()?;
+    let name = nop_stream_checkpoint::namespace::list_namespaces(&store)
+        .ok()?
+        .into_iter()
+        .next()?;
+    Some(nop_stream_checkpoint::Namespace::new(store.scope(&name)))
+}
+
 /// `bytes` of a component with every `nop:stream/<interface>@<from>` name rewritten to
 /// `@<to>` (same length, so the component stays valid): the component as if built against
 /// another WIT version. Also returns how many names were rewritten.

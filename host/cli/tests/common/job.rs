@@ -33,6 +33,8 @@ pub struct Job {
     pub work: PathBuf,
     /// Environment variables set for every run.
     pub env: Vec<(String, String)>,
+    /// Arguments added to every `run` (e.g. `--checkpoints s3://...`).
+    pub args: Vec<String>,
     /// The temporary `dir` of [`Job::new`], removed on drop.
     _tmp: Option<tempfile::TempDir>,
 }
@@ -53,6 +55,7 @@ impl Job {
             out: dir.join("out"),
             work: dir.join("work"),
             env: Vec::new(),
+            args: Vec::new(),
             _tmp: None,
         }
     }
@@ -78,7 +81,8 @@ impl Job {
         c.args(["--no-progress", "--no-echo", "--output"])
             .arg(&self.out)
             .arg("--work-dir")
-            .arg(&self.work);
+            .arg(&self.work)
+            .args(&self.args);
         match failpoints {
             Some(f) => c.env("NOPSTREAM_FAILPOINTS", f),
             None => c.env_remove("NOPSTREAM_FAILPOINTS"),

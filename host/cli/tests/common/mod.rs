@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod files;
 pub mod flights;
+pub mod forward;
 pub mod job;
 pub mod netns;
 pub mod pg;

@@ -55,6 +55,8 @@ pub struct Netns {
     tag: String,
     subnet: u8,
     nodes: u32,
+    /// The coordinator runs in a namespace of its own too (at `10.77.S.2`).
+    coordinator_ns: bool,
 }
 
 impl Netns {
@@ -64,11 +66,28 @@ impl Netns {
     /// What `ip` said when a step failed (not root, no iproute2, no veth or bridge
     /// support); whatever was made is removed.
     pub fn new(nodes: u32) -> Result<Netns, String> {
+        Netns::build_with(nodes, false)
+    }
+
+    /// As [`Self::new`], with the coordinator in a namespace of its own (`10.77.S.2`, its
+    /// veth pair `nps<pid>rc` / `nps<pid>nc`): every process of the cluster then has its
+    /// own network, and the bridge's address (`10.77.S.1`, [`Self::host_ip`]) is the root
+    /// namespace's, where the tests serve what every process reaches (the object store, the
+    /// database).
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub fn with_coordinator(nodes: u32) -> Result<Netns, String> {
+        Netns::build_with(nodes, true)
+    }
+
+    fn build_with(nodes: u32, coordinator_ns: bool) -> Result<Netns, String> {
         let pid = std::process::id();
         let mut net = Netns {
             tag: format!("nps{pid}"),
             subnet: 0,
             nodes,
+            coordinator_ns,
         };
         // Leftovers of an earlier run that had this pid (a killed test leaves them).
         net.remove();
@@ -102,9 +121,24 @@ impl Netns {
         format!("{}n{id}", self.tag)
     }
 
-    /// The coordinator's address, on the bridge.
+    /// The coordinator's address: on the bridge, or in its namespace.
     pub fn coordinator_ip(&self) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(
+            10,
+            77,
+            self.subnet,
+            if self.coordinator_ns { 2 } else { 1 },
+        ))
+    }
+
+    /// The root namespace's address on the bridge: every namespace reaches it.
+    pub fn host_ip(&self) -> IpAddr {
         IpAddr::V4(Ipv4Addr::new(10, 77, self.subnet, 1))
+    }
+
+    /// The coordinator's namespace (with [`Self::with_coordinator`]).
+    pub fn coordinator_namespace(&self) -> String {
+        format!("{}-c", self.tag)
     }
 
     /// Node `id`'s address, in its namespace.
@@ -112,15 +146,38 @@ impl Netns {
         IpAddr::V4(Ipv4Addr::new(10, 77, self.subnet, 10 + id as u8))
     }
 
+    /// The namespaces to build: each node's, and the coordinator's if it has one, with
+    /// their veth names and addresses.
+    fn sites(&self) -> Vec<(String, String, String, IpAddr)> {
+        let mut out: Vec<(String, String, String, IpAddr)> = (1..=self.nodes)
+            .map(|id| {
+                (
+                    self.namespace(id),
+                    self.veth_root(id),
+                    self.veth_node(id),
+                    self.node_ip(id),
+                )
+            })
+            .collect();
+        if self.coordinator_ns {
+            out.push((
+                self.coordinator_namespace(),
+                format!("{}rc", self.tag),
+                format!("{}nc", self.tag),
+                self.coordinator_ip(),
+            ));
+        }
+        out
+    }
+
     fn build(&self) -> Result<(), String> {
         let bridge = self.bridge();
-        let cidr = format!("{}/24", self.coordinator_ip());
+        let cidr = format!("{}/24", self.host_ip());
         ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
         ip(&["addr", "add", &cidr, "dev", &bridge])?;
         ip(&["link", "set", &bridge, "up"])?;
-        for id in 1..=self.nodes {
-            let (ns, root, node) = (self.namespace(id), self.veth_root(id), self.veth_node(id));
-            let cidr = format!("{}/24", self.node_ip(id));
+        for (ns, root, node, addr) in self.sites() {
+            let cidr = format!("{addr}/24");
             ip(&["netns", "add", &ns])?;
             ip(&[
                 "link", "add", &root, "type", "veth", "peer", "name", &node, "netns", &ns,
@@ -136,10 +193,10 @@ impl Netns {
 
     /// Removes whatever exists of this network (errors ignored: parts may be missing).
     fn remove(&self) {
-        for id in 1..=self.nodes {
+        for (ns, root, _, _) in self.sites() {
             // Deleting one side of a veth pair deletes both.
-            let _ = ip(&["link", "del", &self.veth_root(id)]);
-            let _ = ip(&["netns", "del", &self.namespace(id)]);
+            let _ = ip(&["link", "del", &root]);
+            let _ = ip(&["netns", "del", &ns]);
         }
         let _ = ip(&["link", "del", &self.bridge()]);
     }
@@ -149,6 +206,17 @@ impl Netns {
     pub fn layout(&self) -> Layout {
         Layout {
             coordinator_ip: self.coordinator_ip(),
+            coordinator_prefix: if self.coordinator_ns {
+                vec![
+                    "ip".into(),
+                    "netns".into(),
+                    "exec".into(),
+                    self.coordinator_namespace(),
+                ]
+            } else {
+                Vec::new()
+            },
+            storage: None,
             nodes: (1..=self.nodes)
                 .map(|id| NodeSite {
                     prefix: vec![
@@ -177,7 +245,7 @@ impl Drop for Netns {
         self.remove();
         // Say so if something stayed behind.
         let ours: Vec<String> = std::iter::once(self.bridge())
-            .chain((1..=self.nodes).map(|id| self.veth_root(id)))
+            .chain(self.sites().into_iter().map(|(_, root, _, _)| root))
             .collect();
         let left: Vec<String> = ip_output(&["-o", "link", "show"])
             .unwrap_or_default()
