@@ -800,8 +800,10 @@ pub struct RetentionPlan {
 
 /// Retention as a pure decision (design §6). With `kept` the newest `keep` durable epochs,
 /// `oldest` and `newest` the first and last of them, it deletes:
-/// - epoch records and manifests (candidates and the older layout's) of epochs before
-///   `oldest`;
+/// - durable epoch records and manifests (candidates and the older layout's) of epochs
+///   before `oldest`; never an *aborted* record: it fences its epoch against an attempt
+///   that may still run (a coordinator stopped for any time, then resumed), and without it
+///   that attempt's publish would succeed (design §14.5);
 /// - log records of epochs before `oldest` that are also more than
 ///   [`LOG_HISTORY_EPOCHS`] before the highest epoch logged (whose own records always
 ///   stay: recovery numbers new epochs past it);
@@ -840,7 +842,7 @@ pub fn plan_retention(input: &RetentionInput<'_>) -> RetentionPlan {
     let safe = |e: u64| !input.unresolved.contains(&e);
     for name in input.objects {
         let delete = if let Some(e) = names::epoch_of_record(name) {
-            e < oldest && safe(e)
+            e < oldest && safe(e) && !input.durable.aborted.contains(&e)
         } else if let Some((e, _)) = names::parse_manifest(name) {
             safe(e) && e < newest && !kept_manifests.contains(name.as_str())
         } else if let Some(e) = names::epoch_of_log_record(name) {

@@ -14,12 +14,48 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A cluster's coordinator addresses (`HOST:PORT[,HOST:PORT...]`, UDP): with several (a
+/// leader and its standbys), requests go to the first that answers and follow a
+/// standby's answer to the leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Coordinators(pub Vec<String>);
+
+impl std::str::FromStr for Coordinators {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let v: Vec<String> = s
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if v.is_empty() {
+            return Err("name at least one coordinator address HOST:PORT".into());
+        }
+        for a in &v {
+            if a.rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+            {
+                return Err(format!("`{a}` is not HOST:PORT"));
+            }
+        }
+        Ok(Coordinators(v))
+    }
+}
+
+impl std::fmt::Display for Coordinators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
+
 /// How to reach a cluster's coordinator.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClusterArgs {
-    /// The coordinator's address (HOST:PORT, UDP).
+    /// The coordinator's address (HOST:PORT, UDP); with HA, every coordinator's, separated
+    /// by commas.
     #[arg(long, env = "NOPSTREAM_CLUSTER")]
-    pub cluster: SocketAddr,
+    pub cluster: Coordinators,
     /// Certificates directory holding `ca.crt` and the CLI client's `cli-admin.crt/.key`
     /// (`nopstream cluster init`).
     #[arg(long, env = "NOPSTREAM_CERTS")]
@@ -29,9 +65,10 @@ pub struct ClusterArgs {
 /// A cluster to ask instead of local files, for commands that work on both.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MaybeCluster {
-    /// Ask this cluster's coordinator (HOST:PORT, UDP) instead of local files.
+    /// Ask this cluster's coordinator (HOST:PORT[,HOST:PORT...], UDP) instead of local
+    /// files.
     #[arg(long, env = "NOPSTREAM_CLUSTER", requires = "certs")]
-    pub cluster: Option<SocketAddr>,
+    pub cluster: Option<Coordinators>,
     /// With --cluster: the certificates directory.
     #[arg(long, env = "NOPSTREAM_CERTS")]
     pub certs: Option<PathBuf>,
@@ -56,29 +93,131 @@ pub fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Sends one request as `cli-admin`; a refusal becomes an error carrying its message.
+/// Sends one request as `cli-admin` to the leading coordinator: the addresses in turn, a
+/// standby's answer followed to the leader; a refusal becomes an error carrying its
+/// message.
 pub fn request(args: &ClusterArgs, req: CliRequest) -> Result<CliResponse> {
     let admin: Identity = "cli-admin".parse()?;
-    let resp = tokio_runtime()?
-        .block_on(nop_stream_cluster::session::cli_request(
-            args.cluster,
-            &args.certs,
-            &admin,
-            &req,
-        ))
-        .with_context(|| format!("coordinator at {}", args.cluster))?;
-    match resp {
-        CliResponse::Error(e) => bail!("the coordinator refused: {e}"),
-        other => Ok(other),
+    let rt = tokio_runtime()?;
+    let mut last: Option<anyhow::Error> = None;
+    let mut queue: std::collections::VecDeque<String> = args.cluster.0.iter().cloned().collect();
+    let mut asked = std::collections::BTreeSet::new();
+    while let Some(target) = queue.pop_front() {
+        if !asked.insert(target.clone()) {
+            continue;
+        }
+        let addr = match std::net::ToSocketAddrs::to_socket_addrs(&target)
+            .ok()
+            .and_then(|mut a| a.next())
+        {
+            Some(a) => a,
+            None => {
+                last = Some(anyhow::anyhow!(
+                    "coordinator at {target}: cannot resolve the address"
+                ));
+                continue;
+            }
+        };
+        let answer = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(if args.cluster.0.len() > 1 { 3 } else { 3600 }),
+                nop_stream_cluster::session::cli_request(addr, &args.certs, &admin, &req),
+            )
+            .await
+        });
+        match answer {
+            Ok(Ok(CliResponse::NotLeader { leader, .. })) => match leader {
+                Some(l) => queue.push_front(l),
+                None => {
+                    last = Some(anyhow::anyhow!(
+                        "coordinator at {target} is a standby and no leader is elected yet"
+                    ))
+                }
+            },
+            Ok(Ok(CliResponse::Error(e))) => bail!("the coordinator refused: {e}"),
+            Ok(Ok(other)) => return Ok(other),
+            Ok(Err(e)) => {
+                last = Some(anyhow::Error::new(e).context(format!("coordinator at {target}")))
+            }
+            Err(_) => {
+                last = Some(anyhow::anyhow!(
+                    "coordinator at {target}: no answer in time"
+                ))
+            }
+        }
     }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no coordinator address given")))
 }
 
 fn unexpected(r: &CliResponse) -> anyhow::Error {
     anyhow::anyhow!("unexpected answer from the coordinator: {r:?}")
 }
 
-/// `nopstream cluster status`.
+/// `nopstream cluster status --leader-only | --answers`: asks the first address alone
+/// who leads; `leader_only` fails unless it is the leader.
+///
+/// # Errors
+/// No answer; with `leader_only`, an answer from a standby.
+pub fn probe(args: &ClusterArgs, leader_only: bool) -> Result<()> {
+    let first = args
+        .cluster
+        .0
+        .first()
+        .context("no coordinator address given")?;
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(first)
+        .ok()
+        .and_then(|mut a| a.next())
+        .with_context(|| format!("coordinator at {first}: cannot resolve the address"))?;
+    let admin: Identity = "cli-admin".parse()?;
+    let answer = tokio_runtime()?
+        .block_on(nop_stream_cluster::session::cli_request(
+            addr,
+            &args.certs,
+            &admin,
+            &CliRequest::Leadership,
+        ))
+        .with_context(|| format!("coordinator at {first}"))?;
+    match answer {
+        CliResponse::Leadership(l) => {
+            println!("{first} leads (term {})", l.term);
+            Ok(())
+        }
+        CliResponse::NotLeader { leader, term } if !leader_only => {
+            println!(
+                "{first} stands by (leader {} term {term})",
+                leader.as_deref().unwrap_or("none yet")
+            );
+            Ok(())
+        }
+        CliResponse::NotLeader { leader, .. } => bail!(
+            "coordinator at {first} stands by (leader: {})",
+            leader.as_deref().unwrap_or("none yet")
+        ),
+        r => Err(unexpected(&r)),
+    }
+}
+
+/// `nopstream cluster status`: the leader, its term and the standbys (text only), then
+/// the nodes (`--json`: the nodes as a JSON array).
 pub fn cluster_status(args: &ClusterArgs, json: bool) -> Result<()> {
+    if !json {
+        match request(args, CliRequest::Leadership)? {
+            CliResponse::Leadership(l) => {
+                println!(
+                    "leader {}  term {}  election {}  standbys {}",
+                    l.leader,
+                    l.term,
+                    l.election,
+                    if l.standbys.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        l.standbys.join(",")
+                    }
+                );
+            }
+            r => return Err(unexpected(&r)),
+        }
+    }
     let nodes: Vec<NodeStatus> = match request(args, CliRequest::ClusterStatus)? {
         CliResponse::Status(n) => n,
         r => return Err(unexpected(&r)),
@@ -512,6 +651,44 @@ pub struct CoordinatorArgs {
     /// Global recoveries a job gets unless its submission says otherwise.
     #[arg(long, default_value_t = 10)]
     pub max_restarts: u32,
+    /// Elect the leader among several coordinators (design §14.5, "Coordinator HA"):
+    /// `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (prefix default `/nopstream`). The
+    /// others stand by and send nodes and the CLI to the leader. Needs a build with the
+    /// `etcd` feature. Default: this coordinator alone leads.
+    #[arg(long, value_name = "URL")]
+    pub election: Option<String>,
+    /// The address nodes and the CLI reach this coordinator at, as standbys tell it
+    /// [default: --listen].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
+    /// The election lease's TTL, ms (whole seconds, at least 1 s): a leader whose lease
+    /// is not renewed this long loses its leadership and a standby takes over
+    /// [default: --lease-ttl-ms].
+    #[arg(long)]
+    pub election_ttl_ms: Option<u64>,
+}
+
+/// The election a coordinator takes part in, and the job store its leadership guards.
+type ElectionParts = (
+    Arc<dyn nop_stream_coordinator::election::Election>,
+    Option<Arc<dyn nop_stream_coordinator::jobs::JobStore>>,
+);
+
+#[cfg(feature = "etcd")]
+fn election(url: &str, ttl: Duration) -> Result<ElectionParts> {
+    let cfg = nop_stream_server::etcd::EtcdConfig::parse(url, ttl).map_err(anyhow::Error::msg)?;
+    let e = nop_stream_server::etcd::EtcdElection::connect(cfg)?;
+    let jobs: Arc<dyn nop_stream_coordinator::jobs::JobStore> = Arc::new(e.job_store());
+    Ok((Arc::new(e), Some(jobs)))
+}
+
+#[cfg(not(feature = "etcd"))]
+fn election(url: &str, _ttl: Duration) -> Result<ElectionParts> {
+    bail!(
+        "--election {}: this nopstream was built without etcd support (build with \
+         `--features etcd`, which needs protoc)",
+        url.split('@').next_back().unwrap_or("")
+    )
 }
 
 /// `nopstream coordinator`: serves until killed.
@@ -533,8 +710,34 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
     }
     opts.max_restarts = a.max_restarts;
     let rt = tokio_runtime()?;
-    let service = nop_stream_server::ClusterCoordinator::start(opts)
-        .map_err(|e| anyhow::anyhow!("coordinator (data {}): {e}", data.display()))?;
+    let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
+    let service = match &a.election {
+        None => {
+            // The only coordinator: it leads at once (term 0), before it serves.
+            let local = Arc::new(nop_stream_coordinator::election::LocalElection::new(0));
+            let service = nop_stream_server::ha::HaCoordinator::new(local, advertise);
+            service
+                .lead(opts, None)
+                .map_err(|e| anyhow::anyhow!("coordinator (data {}): {e}", data.display()))?;
+            service
+        }
+        Some(url) => {
+            let ttl = Duration::from_millis(a.election_ttl_ms.unwrap_or(a.lease_ttl_ms));
+            let (election, jobs) = election(url, ttl)?;
+            let service = nop_stream_server::ha::HaCoordinator::new(election, advertise);
+            let s = Arc::clone(&service);
+            std::thread::Builder::new()
+                .name("campaign".into())
+                .spawn(move || {
+                    if let Err(e) = s.lead(opts, jobs) {
+                        tracing::error!("cannot lead: {e}");
+                        eprintln!("error: cannot lead: {e}");
+                        std::process::exit(1);
+                    }
+                })?;
+            service
+        }
+    };
     let cfg = nop_stream_cluster::session::CoordinatorConfig {
         listen: a.listen,
         certs: a.certs,
@@ -556,9 +759,10 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
 /// lease; stops its tasks when it cannot renew it, then registers again as new capacity.
 #[derive(Debug, clap::Args)]
 pub struct NodeArgs {
-    /// The coordinator's address.
+    /// The coordinator's address (HOST:PORT); with HA, every coordinator's, separated by
+    /// commas: the node registers with the leader, following the standbys' answers.
     #[arg(long)]
-    pub join: SocketAddr,
+    pub join: Coordinators,
     /// Node id N (its certificate is `node-N`).
     #[arg(long)]
     pub id: u32,
@@ -610,7 +814,8 @@ pub fn run_node(a: NodeArgs) -> Result<()> {
     )
     .map_err(|e| anyhow::anyhow!("node data {}: {e}", data.display()))?;
     let cfg = nop_stream_cluster::session::NodeConfig {
-        join: a.join,
+        join: a.join.0,
+        terms: Arc::default(),
         id: nop_stream_cluster::NodeId(a.id),
         certs: a.certs,
         listen: a.listen,

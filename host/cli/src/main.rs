@@ -165,13 +165,22 @@ enum ClusterCommand {
         #[arg(long)]
         force: bool,
     },
-    /// Show the nodes registered with a coordinator and their leases.
+    /// Show the leader, its term and the standbys, then the nodes registered with the
+    /// leader and their leases.
     Status {
         #[command(flatten)]
         cluster: cluster::ClusterArgs,
-        /// Print JSON.
+        /// Print JSON (the nodes).
         #[arg(long)]
         json: bool,
+        /// Ask the first address only, and fail (exit 1) unless it leads: a readiness
+        /// check that is ready only on the leader.
+        #[arg(long, conflicts_with_all = ["json", "answers"])]
+        leader_only: bool,
+        /// Ask the first address only, and succeed if it answers at all (leader or
+        /// standby): a liveness check.
+        #[arg(long, conflicts_with = "json")]
+        answers: bool,
     },
 }
 
@@ -1131,8 +1140,17 @@ fn cluster_command(command: ClusterCommand) -> Result<std::process::ExitCode> {
             println!("{} files written to {}", report.files.len(), dir.display());
             Ok(std::process::ExitCode::SUCCESS)
         }
-        ClusterCommand::Status { cluster, json } => {
-            cluster::cluster_status(&cluster, json)?;
+        ClusterCommand::Status {
+            cluster,
+            json,
+            leader_only,
+            answers,
+        } => {
+            if leader_only || answers {
+                cluster::probe(&cluster, leader_only)?;
+            } else {
+                cluster::cluster_status(&cluster, json)?;
+            }
             Ok(std::process::ExitCode::SUCCESS)
         }
     }

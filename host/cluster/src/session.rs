@@ -27,8 +27,8 @@ use crate::tls::Protocol;
 use nop_stream_proto::cli::{CliRequest, CliResponse, MAX_UPLOAD_FRAME, NodeStatus};
 use nop_stream_proto::codec::MAX_CONTROL_FRAME;
 use nop_stream_proto::session::{
-    ComponentFrame, CoordinatorFrame, Heartbeat, HeartbeatAck, Hello, HelloReply, NodeFrame,
-    NodeRequestFrame, PROTOCOL_VERSION, SessionEnd, Welcome,
+    ComponentFrame, CoordinatorFrame, Heartbeat, HeartbeatAck, Hello, HelloReply, LeaderHint,
+    NodeFrame, NodeRequestFrame, PROTOCOL_VERSION, SessionEnd, Stamped, Welcome,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -79,6 +79,14 @@ pub enum SessionError {
         peer: String,
         /// The coordinator's reason.
         reason: String,
+    },
+    /// The coordinator is a standby; `hint` names the leader it knows of.
+    #[error("coordinator at {peer} is a standby (leader: {})", hint.leader.as_deref().unwrap_or("none yet"))]
+    NotLeader {
+        /// The standby's address.
+        peer: String,
+        /// Who leads.
+        hint: LeaderHint,
     },
     /// The peer broke the protocol or went away.
     #[error("{peer}: {message}")]
@@ -339,8 +347,26 @@ impl SessionPush {
     }
 }
 
+/// Whether a coordinator process leads its cluster (design §14.5, "Coordinator HA").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoordinatorRole {
+    /// It leads under `term`: it registers nodes and stamps every frame with the term.
+    Leader {
+        /// The fencing token.
+        term: u64,
+    },
+    /// It stands by: it answers every hello with the leader it knows of.
+    Standby(LeaderHint),
+}
+
 /// What a coordinator does with its node sessions and CLI requests.
 pub trait CoordinatorService: Send + Sync + 'static {
+    /// Whether this process leads now, asked at every hello. Default: the only
+    /// coordinator of its cluster, leading under term 0.
+    fn role(&self) -> CoordinatorRole {
+        CoordinatorRole::Leader { term: 0 }
+    }
+
     /// `node` registered under `lease` (each registration gets a new lease); `push` sends
     /// frames on its session stream. Must return at once.
     fn node_up(&self, node: NodeId, lease: LeaseId, hello: &Hello, push: SessionPush);
@@ -556,6 +582,16 @@ async fn node_session<S: CoordinatorService>(
     let Identity::Node(node) = claimed else {
         return Err(protocol_err(&peer, "only nodes open node sessions"));
     };
+    let term = match downs.service.role() {
+        CoordinatorRole::Leader { term } => term,
+        CoordinatorRole::Standby(hint) => {
+            tracing::info!(node = %peer, leader = ?hint.leader, "standing by: node sent to the leader");
+            write_value(&mut send, &HelloReply::NotLeader(hint), &peer, MAX_FRAME).await?;
+            let _ = send.finish();
+            let _ = tokio::time::timeout(HELLO_TIMEOUT, pc.connection.closed()).await;
+            return Ok(());
+        }
+    };
     let addr = pc.remote_address();
     if let Some(reason) = held_elsewhere(downs, node, addr, lease).await {
         tracing::warn!(node = %peer, "{reason}");
@@ -591,6 +627,7 @@ async fn node_session<S: CoordinatorService>(
             lease: id.0,
             ttl_ms: lease.ttl.as_millis() as u64,
             heartbeat_ms: lease.heartbeat_interval.as_millis() as u64,
+            term,
         }),
         &peer,
         MAX_FRAME,
@@ -603,7 +640,8 @@ async fn node_session<S: CoordinatorService>(
     let writer = tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
             let end = matches!(frame, CoordinatorFrame::End(_));
-            if let Err(e) = write_value(&mut send, &frame, &writer_peer, MAX_FRAME).await {
+            let stamped = Stamped { term, frame };
+            if let Err(e) = write_value(&mut send, &stamped, &writer_peer, MAX_FRAME).await {
                 tracing::debug!("session write failed: {e}");
                 return;
             }
@@ -810,8 +848,12 @@ pub async fn cli_request(
 /// Settings of a node process.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
-    /// The coordinator's address.
-    pub join: SocketAddr,
+    /// The coordinators' addresses (`HOST:PORT`, resolved at each attempt): the node
+    /// registers with the first that answers, and follows a standby's answer to the
+    /// leader.
+    pub join: Vec<String>,
+    /// The terms this node has seen, shared with its host (for its counters).
+    pub terms: Arc<TermWatch>,
     /// This node's id (its certificate must name `node-<id>`).
     pub id: NodeId,
     /// Certificates directory.
@@ -835,6 +877,50 @@ pub enum SessionOutcome {
         /// The reason.
         reason: String,
     },
+}
+
+/// The highest coordinator term a node has seen, and what it refused for being older
+/// (design §14.5, "Coordinator HA": nodes refuse a term lower than the highest they saw).
+#[derive(Debug, Default)]
+pub struct TermWatch {
+    highest: std::sync::atomic::AtomicU64,
+    refused_welcomes: std::sync::atomic::AtomicU64,
+    refused_frames: std::sync::atomic::AtomicU64,
+}
+
+impl TermWatch {
+    /// Accepts `term` if it is at least the highest seen (raising it), else counts a
+    /// refusal of a welcome (`welcome`) or a frame and returns `false`.
+    pub fn accept(&self, term: u64, welcome: bool) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let prev = self.highest.fetch_max(term, SeqCst);
+        if term >= prev {
+            return true;
+        }
+        if welcome {
+            self.refused_welcomes.fetch_add(1, SeqCst);
+        } else {
+            self.refused_frames.fetch_add(1, SeqCst);
+        }
+        false
+    }
+
+    /// The highest term seen.
+    pub fn highest(&self) -> u64 {
+        self.highest.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Welcomes refused for a stale term.
+    pub fn refused_welcomes(&self) -> u64 {
+        self.refused_welcomes
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Frames (requests, commands, fences) refused for a stale term.
+    pub fn refused_frames(&self) -> u64 {
+        self.refused_frames
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// A node's line to the coordinator during one registration. Cheap to clone.
@@ -954,8 +1040,14 @@ pub async fn serve_node<S: NodeService>(
         });
     }
     let mut refusals = Refusals::default();
+    let mut joins = JoinOrder::new(cfg.join.clone());
     loop {
-        let pause = match node_session_once(&ep, &cfg, &me, data_addr, &service).await {
+        let target = joins.target();
+        let pause = match node_session_once(&ep, &cfg, &target, &me, data_addr, &service).await {
+            Err(SessionError::NotLeader { hint, .. }) => {
+                tracing::info!(node = %me.label(), coordinator = %target, leader = ?hint.leader, "a standby answered: following the leader");
+                joins.redirected(hint.leader)
+            }
             Ok(outcome) => {
                 tracing::warn!(node = %me.label(), ?outcome, "registration over: stopping this node's tasks");
                 service.session_down(&outcome);
@@ -964,7 +1056,8 @@ pub async fn serve_node<S: NodeService>(
             }
             Err(e) => match refusals.after(&e) {
                 Retry::After(pause) => {
-                    tracing::warn!(node = %me.label(), "cannot register with the coordinator: {e}");
+                    tracing::warn!(node = %me.label(), coordinator = %target, "cannot register with the coordinator: {e}");
+                    joins.failed();
                     pause
                 }
                 Retry::GiveUp => {
@@ -980,6 +1073,58 @@ pub async fn serve_node<S: NodeService>(
         tokio::time::sleep(pause).await;
     }
 }
+
+/// Which coordinator a node tries next: a standby's redirect first, else the join list in
+/// turn, moving on after a failure. Pure.
+#[derive(Debug, Clone)]
+pub struct JoinOrder {
+    join: Vec<String>,
+    next: usize,
+    redirect: Option<String>,
+}
+
+impl JoinOrder {
+    /// Tries `join` in order (at least one address).
+    pub fn new(join: Vec<String>) -> Self {
+        JoinOrder {
+            join,
+            next: 0,
+            redirect: None,
+        }
+    }
+
+    /// The address to try now.
+    pub fn target(&self) -> String {
+        self.redirect
+            .clone()
+            .or_else(|| self.join.get(self.next).cloned())
+            .unwrap_or_default()
+    }
+
+    /// The target failed: the next address of the list.
+    pub fn failed(&mut self) {
+        if self.redirect.take().is_none() {
+            self.next = (self.next + 1) % self.join.len().max(1);
+        }
+    }
+
+    /// A standby named the leader (or none yet): returns the pause before the next try.
+    pub fn redirected(&mut self, leader: Option<String>) -> Duration {
+        match leader {
+            Some(l) if Some(&l) != self.redirect.as_ref() => {
+                self.redirect = Some(l);
+                Duration::from_millis(20)
+            }
+            _ => {
+                self.failed();
+                REGISTER_RETRY
+            }
+        }
+    }
+}
+
+/// Longest a node waits for a coordinator's handshake before trying the next address.
+pub const JOIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Pause before a node registers again after a session or a failure that was no refusal.
 pub const REGISTER_RETRY: Duration = Duration::from_millis(200);
@@ -1051,6 +1196,7 @@ fn ended(lease: &mut NodeLease, reason: String, now: Duration) -> SessionOutcome
 async fn node_session_once<S: NodeService>(
     ep: &ClusterEndpoint,
     cfg: &NodeConfig,
+    target: &str,
     me: &Identity,
     data_addr: SocketAddr,
     service: &Arc<S>,
@@ -1060,7 +1206,14 @@ async fn node_session_once<S: NodeService>(
     // No idle timeout of the node's own on this connection: the coordinator's, derived
     // from the lease TTL, applies, so a silent node is lost by its lease, never first by
     // the transport (design §2.5).
-    let pc = ep.connect_control(cfg.join).await?;
+    let addr = tokio::net::lookup_host(target)
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| protocol_err(target, "cannot resolve the coordinator's address"))?;
+    let pc = tokio::time::timeout(JOIN_CONNECT_TIMEOUT, ep.connect_control(addr))
+        .await
+        .map_err(|_| protocol_err(target, "no handshake in time"))??;
     let (mut send, mut recv) = pc
         .connection
         .open_bi()
@@ -1093,7 +1246,25 @@ async fn node_session_once<S: NodeService>(
                 reason: end.reason,
             });
         }
+        HelloReply::NotLeader(hint) => {
+            pc.connection.close(0u32.into(), b"standby");
+            return Err(SessionError::NotLeader {
+                peer: target.to_owned(),
+                hint,
+            });
+        }
     };
+    if !cfg.terms.accept(welcome.term, true) {
+        pc.connection.close(0u32.into(), b"stale term");
+        let reason = format!(
+            "coordinator at {target} leads under term {}, but this node has seen term {}: \
+             refusing a deposed leader",
+            welcome.term,
+            cfg.terms.highest()
+        );
+        tracing::warn!(node = %me.label(), "{reason}");
+        return Err(SessionError::HelloRefused { peer, reason });
+    }
     let ttl = Duration::from_millis(welcome.ttl_ms);
     let heartbeat = Duration::from_millis(welcome.heartbeat_ms);
     let lease_cfg = LeaseConfig {
@@ -1121,9 +1292,25 @@ async fn node_session_once<S: NodeService>(
     let acks = Arc::clone(&lease);
     let reader_peer = peer.clone();
     let reader_service = Arc::clone(service);
+    let terms = Arc::clone(&cfg.terms);
     let reader = tokio::spawn(async move {
         loop {
-            match read_value::<CoordinatorFrame>(&mut recv, &reader_peer, MAX_FRAME).await {
+            let frame = match read_value::<Stamped>(&mut recv, &reader_peer, MAX_FRAME).await {
+                Ok(Some(s)) if !terms.accept(s.term, false) => {
+                    let reason = format!(
+                        "a frame of term {} arrived after term {}: the coordinator was \
+                         deposed; refusing its frames",
+                        s.term,
+                        terms.highest()
+                    );
+                    tracing::warn!("{reason}");
+                    let _ = ended_tx.send(reason).await;
+                    return;
+                }
+                Ok(s) => Ok(s.map(|s| s.frame)),
+                Err(e) => Err(e),
+            };
+            match frame {
                 Ok(Some(CoordinatorFrame::Ack(a))) => {
                     let mut l = acks.lock().unwrap_or_else(|p| p.into_inner());
                     let _ = l.renewal_acked(LeaseId(a.lease), RenewalSeq(a.seq));
@@ -1192,6 +1379,44 @@ async fn node_session_once<S: NodeService>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_refuses_every_term_below_the_highest_it_has_seen() {
+        // A deposed leader (SIGSTOPped past its lease, then resumed) must not command a
+        // node that registered with its successor (design §14.5, "Coordinator HA").
+        let t = TermWatch::default();
+        assert!(t.accept(4, true), "a first leader");
+        assert!(t.accept(4, false), "its frames");
+        assert!(t.accept(9, true), "a successor");
+        assert!(!t.accept(4, false), "a frame of the deposed leader");
+        assert!(!t.accept(4, true), "a welcome of the deposed leader");
+        assert!(t.accept(9, false));
+        assert_eq!(
+            (t.highest(), t.refused_welcomes(), t.refused_frames()),
+            (9, 1, 1)
+        );
+    }
+
+    #[test]
+    fn a_node_follows_a_standby_to_the_leader_and_moves_on_after_failures() {
+        let mut j = JoinOrder::new(vec!["a:1".into(), "b:1".into(), "c:1".into()]);
+        assert_eq!(j.target(), "a:1");
+        // a is a standby naming c.
+        assert!(j.redirected(Some("c:1".into())) < REGISTER_RETRY);
+        assert_eq!(j.target(), "c:1");
+        // c died: back to the list where it was.
+        j.failed();
+        assert_eq!(j.target(), "a:1");
+        // a knows no leader yet (an election in progress): the next address, after a pause.
+        assert_eq!(j.redirected(None), REGISTER_RETRY);
+        assert_eq!(j.target(), "b:1");
+        // b names itself while it starts leading: b again, after a pause.
+        assert!(j.redirected(Some("b:1".into())) < REGISTER_RETRY);
+        assert_eq!(j.redirected(Some("b:1".into())), REGISTER_RETRY);
+        assert_eq!(j.target(), "b:1");
+        j.failed();
+        assert_eq!(j.target(), "c:1");
+    }
 
     #[test]
     fn refusals_back_off_and_give_up_only_when_they_cannot_heal() {

@@ -30,6 +30,14 @@ pub enum CoordinatorError {
         /// What holds it.
         message: String,
     },
+    /// This coordinator's leadership of its cluster is gone (its lease expired, was
+    /// revoked, or another coordinator leads): it stops acting at once, writes nothing
+    /// more, and leaves the job to the new leader (design §14.5, "Coordinator HA").
+    #[error("leadership of term {term} lost: a deposed coordinator acts on nothing")]
+    LeadershipLost {
+        /// The term that was lost.
+        term: u64,
+    },
     /// A broken invariant of the coordinator or its workers.
     #[error("internal error: {0}")]
     Internal(String),
@@ -44,7 +52,8 @@ impl From<CoordinatorError> for nop_stream_proto::TaskFailure {
         let class = match &e {
             CoordinatorError::Restore { .. }
             | CoordinatorError::Internal(_)
-            | CoordinatorError::EpochTaken { .. } => FailureClass::Fatal,
+            | CoordinatorError::EpochTaken { .. }
+            | CoordinatorError::LeadershipLost { .. } => FailureClass::Fatal,
             CoordinatorError::Storage { .. } => FailureClass::Recoverable,
         };
         nop_stream_proto::TaskFailure {

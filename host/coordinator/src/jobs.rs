@@ -113,6 +113,20 @@ pub enum JobStoreError {
         /// The revision the writer had read.
         expected: u64,
     },
+    /// The write was guarded on a leadership this coordinator no longer holds (design §8,
+    /// "Coordinator HA"): it did not happen.
+    #[error(
+        "job store {location}: the write of job `{job}` was refused: this coordinator's \
+         leadership (term {term}) is over"
+    )]
+    Fenced {
+        /// The store's location.
+        location: String,
+        /// The job.
+        job: String,
+        /// The term the write was guarded on.
+        term: u64,
+    },
     /// A record does not decode.
     #[error("job store {location}: object {object}: not a job record")]
     Corrupt {

@@ -11,6 +11,7 @@
 //! machine of `nop-stream-checkpoint`).
 
 pub mod compat;
+pub mod election;
 mod error;
 pub mod from_savepoint;
 pub mod jobs;

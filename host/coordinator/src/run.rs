@@ -67,6 +67,10 @@ pub struct CoordinatorOptions {
     /// it, one requested with a relative name is that name in it. Default `savepoints`
     /// (a directory relative to the working directory of the process).
     pub savepoint_root: Location,
+    /// The leadership this coordinator acts under (design §14.5, "Coordinator HA"): checked
+    /// before every barrier, manifest, commit and abort, so a deposed leader acts on
+    /// nothing. `None`: the only coordinator.
+    pub leadership: Option<Arc<crate::election::Leadership>>,
 }
 
 /// A request to take a savepoint of the running job (design §10.4): the coordinator
@@ -103,6 +107,7 @@ impl Default for CoordinatorOptions {
             components: BTreeMap::new(),
             savepoints: None,
             savepoint_root: Location::Local("savepoints".into()),
+            leadership: None,
         }
     }
 }
@@ -432,7 +437,15 @@ fn prepare_attempt<W: Workers>(
         .durable()
         .map_err(storage_err("epoch records"))?
         .aborted;
-    for e in (durable_from + 1..=max_epoch).filter(|e| !aborted.contains(e)) {
+    // A fresh namespace's first attempt has no predecessor and starts at 1 (a namespace
+    // seeded from a savepoint goes on after the savepoint's epoch); every other attempt
+    // also fences `max_epoch + 1`, the epoch a predecessor still running (a deposed
+    // coordinator, a stopped process resumed) would make durable next, and starts after
+    // it. So every epoch this attempt claims is greater than every epoch claimed before,
+    // and a predecessor that publishes in epoch order is stopped at its next publish.
+    let fresh = attempt.0 == 1 && restore.is_none();
+    let fence_to = if fresh { max_epoch } else { max_epoch + 1 };
+    for e in (durable_from + 1..=fence_to).filter(|e| !aborted.contains(e)) {
         let found = storage
             .abort_epoch(EpochId(e), attempt, &format!("fenced by attempt {attempt}"))
             .map_err(storage_err("epoch records"))?;
@@ -444,13 +457,12 @@ fn prepare_attempt<W: Workers>(
             return prepare_attempt(plan, workers, storage, opts, tally);
         }
     }
-    // After an earlier attempt, one epoch number is skipped: a sink of a fenced
-    // generation that still runs (a stopped node resumed, a partition) has at most the
-    // epoch after its last barrier open, and that epoch was logged CREATED or is
+    // After an earlier attempt, one epoch number is skipped (fenced above): a sink of a
+    // fenced generation that still runs (a stopped node resumed, a partition) has at most
+    // the epoch after its last barrier open, and that epoch was logged CREATED or is
     // `max_epoch + 1`; so no transaction of this generation shares its id (design §2.5,
-    // fencing). The first attempt of a fresh namespace has no predecessor and starts at 1
-    // (a namespace seeded from a savepoint goes on after the savepoint's epoch).
-    let first_epoch = if attempt.0 == 1 && restore.is_none() {
+    // fencing).
+    let first_epoch = if fresh {
         EpochId(1)
     } else {
         EpochId(max_epoch + 2)
@@ -870,6 +882,15 @@ impl<E: TaskError> Driver<'_, E> {
             let Some(cmd) = self.queue.pop_front() else {
                 break;
             };
+            if let Some(l) = &self.opts.leadership
+                && !l.is_valid()
+            {
+                tracing::error!(
+                    term = l.term,
+                    "leadership lost: this coordinator triggers, publishes and commits nothing more"
+                );
+                return Err(CoordinatorError::LeadershipLost { term: l.term }.into());
+            }
             match cmd {
                 Command::InjectBarrier { epoch, final_epoch } => {
                     self.log(

@@ -584,3 +584,44 @@ fn committed_is_recorded_when_the_sinks_commit_not_with_the_next_epoch() {
         );
     }
 }
+
+/// A deposed coordinator's attempt that still runs after its successor started (a leader
+/// SIGSTOPped past its lease, then resumed) makes the epoch after the last one it logged
+/// durable next. Failure pinned: the successor fenced only the epochs up to the last one
+/// logged, so that next epoch stayed open and the zombie's publish of it succeeded
+/// (and its sinks would then commit records the successor replays). Now every new
+/// attempt also fences `max_epoch + 1`, and the zombie's publish is refused by the store.
+#[test]
+fn a_new_attempt_fences_the_epoch_a_running_predecessor_would_publish_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(2, 8);
+    let storage = local(dir.path());
+    let mut w = Scripted::new(plan.clone());
+    w.fail_deploys = 1;
+    let report = run_job(&plan, &mut w, Arc::clone(&storage), &opts()).unwrap();
+    assert_eq!(report.attempt, 2);
+    // Attempt 1 failed at its deployment and logged no epoch: the next one it would make
+    // durable is epoch 1, which attempt 2 fenced before starting at epoch 2.
+    let durable = storage.durable().unwrap();
+    assert!(
+        durable.aborted.contains(&1),
+        "epoch 1 is fenced: {durable:?}"
+    );
+    let mut zombie = storage
+        .latest_manifest()
+        .unwrap()
+        .expect("attempt 2's final epoch");
+    assert!(zombie.epoch.0 >= 2);
+    zombie.epoch = EpochId(1);
+    zombie.attempt = AttemptId(1);
+    let err = storage
+        .publish_manifest(&zombie)
+        .expect_err("a fenced epoch cannot be made durable by the attempt before");
+    assert!(
+        matches!(
+            err,
+            nop_stream_checkpoint::namespace::StorageError::EpochTaken { epoch: 1, .. }
+        ),
+        "{err:?}"
+    );
+}

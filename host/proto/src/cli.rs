@@ -14,6 +14,8 @@ pub const MAX_UPLOAD_FRAME: usize = 64 << 20;
 pub enum CliRequest {
     /// The registered nodes and their leases.
     ClusterStatus,
+    /// Who leads, its term and the standbys.
+    Leadership,
     /// Store a component in the plugin registry.
     UploadPlugin {
         /// The component's bytes.
@@ -192,6 +194,29 @@ pub enum CliResponse {
         /// The coordinator's `compat::Report` as JSON.
         report_json: String,
     },
+    /// This coordinator is a standby (design §14.5, "Coordinator HA"): ask the leader.
+    NotLeader {
+        /// The leader's advertised address, if one is known.
+        leader: Option<String>,
+        /// Its term, 0 if unknown.
+        term: u64,
+    },
+    /// Who leads the cluster (the answer to [`CliRequest::Leadership`]).
+    Leadership(Leadership),
+}
+
+/// The coordinators of a cluster, as the leader sees them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leadership {
+    /// The leader's advertised address.
+    pub leader: String,
+    /// Its term: the fencing token every command carries.
+    pub term: u64,
+    /// The election backend, e.g. `etcd http://127.0.0.1:2379` or `local` (one
+    /// coordinator); never credentials.
+    pub election: String,
+    /// The standbys' advertised addresses.
+    pub standbys: Vec<String>,
 }
 
 /// One node as the coordinator sees it.

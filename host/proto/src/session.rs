@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 /// Version of the node protocol this build speaks. A hello carrying another version is
 /// refused with both versions named.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A node's first frame on its session stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +42,9 @@ pub struct Welcome {
     pub ttl_ms: u64,
     /// Interval between the node's heartbeats, ms.
     pub heartbeat_ms: u64,
+    /// The coordinator's term (design §14.5, "Coordinator HA"): the fencing token. A node
+    /// refuses a welcome, and every frame, of a term lower than the highest it has seen.
+    pub term: u64,
 }
 
 /// The coordinator's answer to a [`Hello`].
@@ -51,6 +54,29 @@ pub enum HelloReply {
     Welcome(Welcome),
     /// Refused (another protocol version, say); the node should not retry as is.
     Refused(SessionEnd),
+    /// This coordinator is a standby: register with the leader instead.
+    NotLeader(LeaderHint),
+}
+
+/// A standby's answer: who leads, as far as it knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderHint {
+    /// The leader's advertised address (`HOST:PORT`); `None` while no leader is known (an
+    /// election in progress): try again shortly.
+    pub leader: Option<String>,
+    /// The leader's term, 0 if unknown.
+    pub term: u64,
+}
+
+/// A [`CoordinatorFrame`] as it crosses the session stream: stamped with the term of the
+/// coordinator that sent it, so that a node refuses every frame of a deposed leader
+/// (design §14.5, "Coordinator HA": the term is the fencing token on every command).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stamped {
+    /// The sender's term.
+    pub term: u64,
+    /// The frame.
+    pub frame: CoordinatorFrame,
 }
 
 /// A lease renewal.

@@ -274,6 +274,7 @@ impl From<nop_stream_coordinator::CoordinatorError> for RuntimeError {
                 message,
             },
             CoordinatorError::Internal(m) => RuntimeError::Internal(m),
+            e @ CoordinatorError::LeadershipLost { .. } => RuntimeError::Internal(e.to_string()),
         }
     }
 }

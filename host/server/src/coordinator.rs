@@ -17,7 +17,8 @@ use nop_stream_checkpoint::namespace::cluster_identity;
 use nop_stream_checkpoint::{Location, names};
 use nop_stream_cluster::session::{CoordinatorService, NodeRegistry, SessionPush};
 use nop_stream_cluster::{Identity, LeaseId, NodeId};
-use nop_stream_coordinator::jobs::ObjectJobStore;
+use nop_stream_coordinator::election::Leadership;
+use nop_stream_coordinator::jobs::{JobStore, ObjectJobStore};
 use nop_stream_coordinator::manager::{
     JobManager, ManagerError, ManagerOptions, Note, RunIn, Submitted,
 };
@@ -51,6 +52,12 @@ pub struct ClusterOptions {
     pub restart_delay: Duration,
     /// Timing of the jobs' coordinator threads.
     pub timeouts: WorkerTimeouts,
+    /// The leadership the coordinator acts under ([`crate::ha::HaCoordinator`]); `None`:
+    /// the only coordinator.
+    pub leadership: Option<Arc<Leadership>>,
+    /// The job records' store; `None`: `jobs/` at [`Self::storage`]. With an election,
+    /// a store whose writes are guarded on the leadership (etcd).
+    pub jobs: Option<Arc<dyn JobStore>>,
 }
 
 impl ClusterOptions {
@@ -65,6 +72,8 @@ impl ClusterOptions {
             max_restarts: 10,
             restart_delay: Duration::from_millis(500),
             timeouts: WorkerTimeouts::default(),
+            leadership: None,
+            jobs: None,
         }
     }
 }
@@ -111,7 +120,10 @@ impl ClusterCoordinator {
             PluginHost::new(Some(opts.data.join("cache"))).map_err(|e| e.to_string())?,
         ));
         opts.checkpoints.open().map_err(|e| e.to_string())?;
-        let jobs = ObjectJobStore::new(root.scope(names::JOBS));
+        let jobs: Arc<dyn JobStore> = match &opts.jobs {
+            Some(j) => Arc::clone(j),
+            None => Arc::new(ObjectJobStore::new(root.scope(names::JOBS))),
+        };
         let hub = Arc::new(NodeHub::default());
         let platform = ClusterPlatform::new(
             Arc::clone(&hub),
@@ -129,7 +141,8 @@ impl ClusterCoordinator {
         mopts.max_restarts = Some(opts.max_restarts);
         mopts.restart_delay = opts.restart_delay;
         mopts.where_ = "on this coordinator (`nopstream job list` shows them)".into();
-        let manager = JobManager::new(Arc::new(platform), Arc::new(jobs), mopts, log_note);
+        mopts.leadership = opts.leadership.clone();
+        let manager = JobManager::new(Arc::new(platform), jobs, mopts, log_note);
         manager
             .resume_all(opts.lease_ttl + Duration::from_secs(1))
             .map_err(|e| e.to_string())?;
@@ -180,6 +193,9 @@ impl ClusterCoordinator {
         Ok(match request {
             CliRequest::ClusterStatus => {
                 CliResponse::Status(self.registry.get().map(|r| r.status()).unwrap_or_default())
+            }
+            CliRequest::Leadership => {
+                return Err("leadership is answered by the coordinator process's election".into());
             }
             CliRequest::UploadPlugin { bytes, sha256 } => {
                 let host = self.validator.lock().unwrap_or_else(|p| p.into_inner());

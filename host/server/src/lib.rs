@@ -27,6 +27,9 @@
 //! paths where the tasks that use them run.
 
 pub mod coordinator;
+#[cfg(feature = "etcd")]
+pub mod etcd;
+pub mod ha;
 pub mod hub;
 pub mod node;
 pub mod platform;

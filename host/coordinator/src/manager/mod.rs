@@ -121,6 +121,10 @@ pub struct ManagerOptions {
     pub checkpoint_timeout_ms: u64,
     /// Where an unknown job is reported missing, for messages.
     pub where_: String,
+    /// The leadership the manager acts under (design §14.5, "Coordinator HA"); `None`: the
+    /// only coordinator. A run that ends because it was lost records nothing: the new
+    /// leader owns the job.
+    pub leadership: Option<Arc<crate::election::Leadership>>,
 }
 
 impl ManagerOptions {
@@ -136,6 +140,7 @@ impl ManagerOptions {
             retain_epochs: d.retain_epochs,
             checkpoint_timeout_ms: d.checkpoint_timeout_ms,
             where_: "here".into(),
+            leadership: None,
         }
     }
 }
@@ -605,6 +610,7 @@ impl<P: Platform> JobManager<P> {
             components: p.compiled.component_hashes(),
             savepoints: Some(Arc::new(Mutex::new(savepoints))),
             savepoint_root: self.savepoint_root(job),
+            leadership: self.opts.leadership.clone(),
             ..CoordinatorOptions::default()
         }
     }
@@ -626,6 +632,13 @@ impl<P: Platform> JobManager<P> {
         let live = Arc::clone(&run.live);
         let cancel = Arc::clone(&run.cancel);
         let result = self.platform.run(run);
+        if let Some(l) = &self.opts.leadership
+            && !l.is_valid()
+        {
+            tracing::warn!(%job, term = l.term, "leadership lost: the job's end is left unrecorded for the new leader");
+            lock(&self.running).remove(&job);
+            return result;
+        }
         let counts = self.platform.live_counts(&job);
         let placement = lock(&live.placement).clone();
         let recorded = self.update(&job, |r| {

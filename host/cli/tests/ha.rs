@@ -1,0 +1,622 @@
+//! Coordinator high availability (design §14.5, "Coordinator HA") with real processes: a real
+//! etcd on loopback (Debian's `etcd-server`), three `nopstream coordinator` processes
+//! electing on it, three nodes given all three addresses, and the cluster's storage on the
+//! S3 test server when `NOP_TEST_S3_URL` is set (`.ci/run` sets it), else in a directory.
+//!
+//! - The leader SIGKILLed at random moments during the per-record job: a standby takes
+//!   over, and every record is committed exactly once; the failover time is printed, split
+//!   into detection + election and reload + redeploy + first commit.
+//! - The leader SIGSTOPped past its lease, then SIGCONTed: a standby takes over meanwhile;
+//!   the old leader exits (status 75) without acting, and the output is exact.
+//! - A node that saw a higher term refuses a coordinator of a lower one (the session layer's
+//!   `TermWatch`, exercised through a real etcd-elected cluster: the nodes' logs).
+//!
+//! Built only with the `etcd` feature (`cargo test -p nop-stream-cli --features etcd
+//! --test ha -- --ignored`); ignored by a plain run. The tests run one at a time.
+
+mod common;
+
+use common::cluster::{
+    BIN, Rng, Timed, check_per_record, committed, free_udp_port, job_copy, log_file, serial,
+    signal, strip_ansi, wait_for,
+};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TTL_MS: &str = "2000";
+const HEARTBEAT_MS: &str = "300";
+
+/// A throwaway etcd on loopback; killed on drop.
+struct Etcd {
+    child: Option<Child>,
+    dir: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+}
+
+fn etcd_binary() -> PathBuf {
+    for p in ["/usr/bin/etcd", "/usr/local/bin/etcd"] {
+        if Path::new(p).exists() {
+            return p.into();
+        }
+    }
+    panic!("etcd is not installed (`apt-get install etcd-server`; .ci/run installs it)");
+}
+
+fn tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Etcd {
+    fn start(dir: &Path) -> Etcd {
+        let mut e = Etcd {
+            child: None,
+            dir: dir.join("etcd"),
+            client_port: tcp_port(),
+            peer_port: tcp_port(),
+        };
+        e.run();
+        e
+    }
+
+    fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    fn run(&mut self) {
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new(etcd_binary())
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(["--name", "ha-test"])
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("ha-test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log_file(&self.dir.with_extension("log")))
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        let addr: std::net::SocketAddr = self.endpoint().parse().unwrap();
+        wait_for("etcd to listen", Duration::from_secs(30), || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+        });
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Three coordinators electing on etcd and three nodes; every process is killed on drop.
+struct Ha {
+    dir: tempfile::TempDir,
+    etcd: Etcd,
+    addrs: Vec<String>,
+    storage: String,
+    coordinators: Vec<Option<Child>>,
+    nodes: Vec<Option<Child>>,
+}
+
+impl Drop for Ha {
+    fn drop(&mut self) {
+        if std::env::var_os("NOPSTREAM_TEST_KEEP").is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!("[ha suite] logs kept in {}", self.dir.path().display());
+        }
+        for c in self
+            .coordinators
+            .iter_mut()
+            .chain(self.nodes.iter_mut())
+            .flatten()
+        {
+            let _ = Command::new("kill")
+                .args(["-CONT", &c.id().to_string()])
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Ha {
+    fn start() -> Ha {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        let init = Command::new(BIN)
+            .args(["cluster", "init"])
+            .arg(&certs)
+            .args(["--nodes", "3"])
+            .output()
+            .unwrap();
+        assert!(
+            init.status.success(),
+            "{}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let etcd = Etcd::start(dir.path());
+        let storage = match std::env::var("NOP_TEST_S3_URL") {
+            Ok(s3) => {
+                let n = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos();
+                let (bucket, query) = s3.split_once('?').unwrap_or((&s3, ""));
+                format!("{bucket}/ha-tests/{}-{n}?{query}", std::process::id())
+            }
+            Err(_) => dir.path().join("storage").display().to_string(),
+        };
+        eprintln!("[ha suite] storage {}", storage.split('?').next().unwrap());
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let addrs: Vec<String> = (0..3)
+            .map(|_| std::net::SocketAddr::new(ip, free_udp_port(ip)).to_string())
+            .collect();
+        let mut ha = Ha {
+            dir,
+            etcd,
+            addrs,
+            storage,
+            coordinators: vec![None, None, None],
+            nodes: vec![None, None, None],
+        };
+        for i in 0..3 {
+            ha.start_coordinator(i);
+        }
+        for id in 1..=3 {
+            ha.start_node(id);
+        }
+        ha.wait_live(3);
+        let plugins = PathBuf::from(nop_stream_artifacts::PLUGIN_DIR);
+        let files: Vec<PathBuf> = [
+            "file_source",
+            "flights_mapper",
+            "keyed_aggregate",
+            "jsonl_sink",
+        ]
+        .iter()
+        .map(|f| plugins.join(format!("{f}.wasm")))
+        .collect();
+        let (ok, out, err) = ha.cli(&["plugin", "upload"], &files);
+        assert!(ok, "upload: {out}{err}");
+        ha
+    }
+
+    fn certs(&self) -> PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    fn log(&self, name: &str) -> String {
+        strip_ansi(&std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default())
+    }
+
+    fn start_coordinator(&mut self, i: usize) {
+        let mut child = Command::new(BIN)
+            .args(["coordinator", "--listen", &self.addrs[i]])
+            .args(["--lease-ttl-ms", TTL_MS, "--heartbeat-ms", HEARTBEAT_MS])
+            .args([
+                "--election",
+                &format!("etcd://{}/ha-test", self.etcd.endpoint()),
+            ])
+            .arg("--data")
+            .arg(self.dir.path().join(format!("coord-{i}")))
+            .arg("--storage")
+            .arg(&self.storage)
+            .arg("--certs")
+            .arg(self.certs())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log_file(
+                &self.dir.path().join(format!("coordinator-{i}.log")),
+            ))
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.contains("coordinator listening on"),
+            "{line}\n{}",
+            self.log(&format!("coordinator-{i}.log"))
+        );
+        self.coordinators[i] = Some(child);
+    }
+
+    fn start_node(&mut self, id: u32) {
+        let child = Command::new(BIN)
+            .args([
+                "node",
+                "--join",
+                &self.addrs.join(","),
+                "--id",
+                &id.to_string(),
+            ])
+            .args(["--listen", "127.0.0.1:0"])
+            .arg("--storage")
+            .arg(&self.storage)
+            .arg("--data")
+            .arg(self.dir.path().join(format!("node-{id}")))
+            .arg("--certs")
+            .arg(self.certs())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file(&self.dir.path().join(format!("node-{id}.log"))))
+            .spawn()
+            .unwrap();
+        self.nodes[id as usize - 1] = Some(child);
+    }
+
+    fn cli(&self, args: &[&str], files: &[PathBuf]) -> (bool, String, String) {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(files)
+            .args(["--cluster", &self.addrs.join(",")])
+            .arg("--certs")
+            .arg(self.certs())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn json(&self, args: &[&str], files: &[PathBuf]) -> Option<Value> {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let (ok, out, _) = self.cli(&a, files);
+        ok.then(|| serde_json::from_str(&out).ok()).flatten()
+    }
+
+    /// The leader's address and term (`cluster status`), once one leads.
+    fn leader(&self) -> Option<(String, u64)> {
+        let (ok, out, _) = self.cli(&["cluster", "status"], &[]);
+        let line = out.lines().find(|l| l.starts_with("leader "))?;
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (ok && f.len() >= 4).then(|| (f[1].to_owned(), f[3].parse().unwrap()))
+    }
+
+    fn wait_leader(&self, other_than: Option<u64>, limit: Duration) -> (String, u64) {
+        let mut found = None;
+        wait_for("a leader", limit, || {
+            found = self.leader().filter(|(_, t)| Some(*t) != other_than);
+            found.is_some()
+        });
+        found.unwrap()
+    }
+
+    fn wait_live(&self, n: usize) {
+        wait_for("live nodes", Duration::from_secs(60), || {
+            self.json(&["cluster", "status"], &[])
+                .and_then(|v| v.as_array().cloned())
+                .is_some_and(|a| a.iter().filter(|x| x["live"] == true).count() == n)
+        });
+    }
+
+    fn index_of(&self, addr: &str) -> usize {
+        self.addrs.iter().position(|a| a == addr).unwrap()
+    }
+
+    fn status(&self, job: &str) -> Option<Value> {
+        self.json(&["job", "status", job], &[])
+    }
+
+    fn wait_finished(&self, job: &str, limit: Duration) -> Value {
+        let mut last = Value::Null;
+        wait_for(&format!("job {job} to end"), limit, || {
+            if let Some(s) = self.status(job) {
+                last = s;
+            }
+            last["state"] == "Finished" || last["state"] == "Failed" || last["state"] == "Cancelled"
+        });
+        assert_eq!(last["state"], "Finished", "{last:#}");
+        last
+    }
+
+    /// Latest durable epoch of `job` (from its status), 0 if none.
+    fn durable_epoch(&self, job: &str) -> u64 {
+        self.status(job)
+            .and_then(|s| s["durable_epoch"].as_u64())
+            .unwrap_or(0)
+    }
+}
+
+/// Seconds since the Unix epoch of a log line's RFC 3339 timestamp
+/// (`2026-12-05T20:16:58.929436Z ...`).
+fn log_time(line: &str) -> Option<f64> {
+    let ts = line.split_whitespace().next()?;
+    let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let (y, m, day) = (d[0], d[1], d[2]);
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let t: Vec<f64> = time
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(days as f64 * 86_400.0 + t[0] * 3600.0 + t[1] * 60.0 + t[2])
+}
+
+fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// CPU seconds (user + system) process `pid` has used, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+#[test]
+#[ignore = "needs etcd (.ci/run installs etcd-server)"]
+fn the_leader_killed_at_random_moments_leaves_exact_output() {
+    let _g = serial();
+    let _t = Timed("ha: leader kills", Instant::now());
+    let mut rng = Rng::new("ha leader kills");
+    let mut ha = Ha::start();
+    let (leader, term) = ha.wait_leader(None, Duration::from_secs(30));
+    eprintln!("[ha suite] leader {leader} term {term}");
+    // About 8 s of input at parallelism 3, epochs every 200 ms.
+    let job = job_copy("flights-per-record.toml", 200, 15_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = out.display().to_string();
+    let id = ha
+        .json(
+            &["job", "submit", "-p", "3", "--fresh", "--output", &o],
+            std::slice::from_ref(&job.0),
+        )
+        .expect("submit")["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut kills = 0;
+    let mut term = term;
+    let mut failovers = Vec::new();
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300 + rng.below(1500)));
+        let state = ha.status(&id).map(|s| s["state"].clone());
+        if state
+            .as_ref()
+            .is_some_and(|s| s != "Running" && s != "Submitted")
+        {
+            break;
+        }
+        let (leader, t) = ha.wait_leader(None, Duration::from_secs(30));
+        assert!(t >= term, "terms only grow: {t} after {term}");
+        let before = ha.durable_epoch(&id);
+        let i = ha.index_of(&leader);
+        let killed_at = now_secs();
+        let killed = Instant::now();
+        let mut c = ha.coordinators[i].take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+        kills += 1;
+        let (next, t2) = ha.wait_leader(Some(t), Duration::from_secs(30));
+        let elected = killed.elapsed();
+        assert!(
+            t2 > t,
+            "the new leader's term {t2} is greater than the old one's {t}"
+        );
+        term = t2;
+        // The first epoch committed under the new leader.
+        wait_for(
+            "a commit under the new leader",
+            Duration::from_secs(60),
+            || {
+                ha.durable_epoch(&id) > before
+                    || ha
+                        .status(&id)
+                        .is_some_and(|s| s["state"] != "Running" && s["state"] != "Submitted")
+            },
+        );
+        let first_commit = killed.elapsed();
+        eprintln!(
+            "[ha suite] killed leader {leader} (term {t}); {next} leads (term {t2}) after {:.2} s, \
+             first commit after {:.2} s",
+            elected.as_secs_f64(),
+            first_commit.as_secs_f64()
+        );
+        failovers.push((elected, first_commit));
+        // The split, from the new leader's log: lease expiry and campaign (kill to
+        // "elected"), reload (to "coordinator started": job records, registry, resume),
+        // then redeploy and the first durable epoch (to what the CLI saw).
+        let j = ha.index_of(&next);
+        let log = ha.log(&format!("coordinator-{j}.log"));
+        let at = |what: &str| {
+            log.lines()
+                .filter(|l| l.contains(what))
+                .filter_map(log_time)
+                .rfind(|t| *t >= killed_at - 0.5)
+        };
+        if let (Some(e), Some(r)) = (
+            at("elected: this coordinator leads"),
+            at("coordinator started under its leadership"),
+        ) {
+            eprintln!(
+                "[ha suite] failover split: detection + election {:.2} s, reload {:.3} s, \
+                 redeploy + first durable epoch {:.2} s (by CLI polling)",
+                e - killed_at,
+                r - e,
+                killed_at + first_commit.as_secs_f64() - r
+            );
+        }
+        ha.start_coordinator(i);
+    }
+    let status = ha.wait_finished(&id, Duration::from_secs(300));
+    let lines = committed(&out);
+    check_per_record(&lines);
+    assert!(kills >= 1, "at least one leader was killed mid-run");
+    assert_eq!(
+        status["records_written"].as_u64(),
+        Some(lines.len() as u64),
+        "{status:#}"
+    );
+    eprintln!(
+        "[ha suite] {kills} leader kills; failovers (leader elected, first commit): {failovers:?}"
+    );
+    // What an idle standby costs: the CPU of a coordinator that does not lead.
+    let (leader, _) = ha.wait_leader(None, Duration::from_secs(30));
+    let standby = ha.addrs.iter().position(|a| *a != leader).unwrap();
+    let pid = ha.coordinators[standby].as_ref().unwrap().id();
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    std::thread::sleep(Duration::from_secs(5));
+    eprintln!(
+        "[ha suite] an idle standby used {:.4} CPU-seconds per second",
+        (cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+#[ignore = "needs etcd (.ci/run installs etcd-server)"]
+fn a_leader_stopped_past_its_lease_is_deposed_and_exits_without_acting() {
+    let _g = serial();
+    let _t = Timed("ha: leader stopped", Instant::now());
+    let mut ha = Ha::start();
+    let (leader, term) = ha.wait_leader(None, Duration::from_secs(30));
+    let job = job_copy("flights-per-record.toml", 200, 15_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = out.display().to_string();
+    let id = ha
+        .json(
+            &["job", "submit", "-p", "3", "--fresh", "--output", &o],
+            std::slice::from_ref(&job.0),
+        )
+        .expect("submit")["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_for("a first commit", Duration::from_secs(60), || {
+        ha.durable_epoch(&id) > 0
+    });
+    let i = ha.index_of(&leader);
+    let pid = ha.coordinators[i].as_ref().unwrap().id();
+    signal(pid, "-STOP");
+    let (next, t2) = ha.wait_leader(Some(term), Duration::from_secs(30));
+    assert!(t2 > term);
+    // Past the old lease, with the new leader acting.
+    let before = ha.durable_epoch(&id);
+    wait_for(
+        "a commit under the new leader",
+        Duration::from_secs(60),
+        || {
+            ha.durable_epoch(&id) > before
+                || ha
+                    .status(&id)
+                    .is_some_and(|s| s["state"] != "Running" && s["state"] != "Submitted")
+        },
+    );
+    signal(pid, "-CONT");
+    let mut c = ha.coordinators[i].take().unwrap();
+    let mut code = None;
+    wait_for(
+        "the deposed leader to exit",
+        Duration::from_secs(30),
+        || {
+            code = c.try_wait().unwrap().map(|s| s.code());
+            code.is_some()
+        },
+    );
+    assert_eq!(
+        code,
+        Some(Some(75)),
+        "the deposed leader exits with EXIT_LEADERSHIP_LOST"
+    );
+    let old_log = ha.log(&format!("coordinator-{i}.log"));
+    assert!(
+        old_log.contains("leadership lost"),
+        "the deposed leader says why it exits:\n{old_log}"
+    );
+    ha.start_coordinator(i);
+    let status = ha.wait_finished(&id, Duration::from_secs(300));
+    let lines = committed(&out);
+    check_per_record(&lines);
+    let (l3, t3) = ha.wait_leader(None, Duration::from_secs(30));
+    assert_eq!(
+        (l3.as_str(), t3),
+        (next.as_str(), t2),
+        "the leader stays the new one"
+    );
+    eprintln!(
+        "[ha suite] leader {leader} (term {term}) stopped; {next} took over (term {t2}); \
+         the old one exited 75; recoveries {}",
+        status["recoveries"]
+    );
+}
+
+#[test]
+#[ignore = "needs etcd (.ci/run installs etcd-server)"]
+fn a_finished_job_is_not_run_again_by_a_new_leader() {
+    let _g = serial();
+    let _t = Timed("ha: finished job", Instant::now());
+    let mut ha = Ha::start();
+    let (leader, term) = ha.wait_leader(None, Duration::from_secs(30));
+    let job = job_copy("flights.toml", 200, 200_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = out.display().to_string();
+    let id = ha
+        .json(
+            &["job", "submit", "--fresh", "--output", &o],
+            std::slice::from_ref(&job.0),
+        )
+        .expect("submit")["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let first = ha.wait_finished(&id, Duration::from_secs(300));
+    let before = committed(&out);
+    assert!(!before.is_empty());
+    let i = ha.index_of(&leader);
+    let mut c = ha.coordinators[i].take().unwrap();
+    c.kill().unwrap();
+    c.wait().unwrap();
+    let (_, t2) = ha.wait_leader(Some(term), Duration::from_secs(30));
+    assert!(t2 > term);
+    std::thread::sleep(Duration::from_secs(2));
+    let after = ha.status(&id).expect("status under the new leader");
+    assert_eq!(after["state"], "Finished", "{after:#}");
+    assert_eq!(
+        after["generation"], first["generation"],
+        "not deployed again: {after:#}"
+    );
+    assert_eq!(committed(&out), before, "nothing committed again");
+    ha.etcd.kill();
+}
