@@ -1657,3 +1657,97 @@ fn a_savepoint_of_an_incremental_chain_is_self_contained_and_a_reshard_folds_it(
         "restored from the folded chain"
     );
 }
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Failure pinned: a savepoint with one segment byte flipped, or one segment deleted, was
+/// reported COMPATIBLE and copied over the job's namespace before its checksum failed, so
+/// the job's own healthy epoch was gone (and with a deleted segment the next plain run
+/// started from zero). Now `savepoint check` reports SAVEPOINT_DAMAGED naming the file
+/// (exit 3), `run --from-savepoint` refuses before touching anything, and a plain run then
+/// resumes from the job's own checkpoint with the uninterrupted output.
+#[test]
+fn a_damaged_savepoint_is_found_before_anything_is_touched() {
+    let j = job("damaged", |t| t);
+    let reference = uninterrupted(&j.0);
+    let (d, sp) = savepoint_mid_run(&j.0, 2);
+    let segment = files_under(&sp)
+        .into_iter()
+        .filter(|p| p.extension().is_none_or(|x| x != "json"))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .expect("the savepoint holds segment files");
+    let rel = segment.strip_prefix(&sp).unwrap().to_owned();
+    let name = segment.file_name().unwrap().to_string_lossy().into_owned();
+    let checkpoints = d.work.join("checkpoints");
+    let damages: [(&str, &dyn Fn(&Path)); 2] = [
+        ("a flipped byte", &|p: &Path| {
+            let mut b = std::fs::read(p).unwrap();
+            let mid = b.len() / 2;
+            b[mid] ^= 0x40;
+            std::fs::write(p, b).unwrap();
+        }),
+        ("a deleted segment", &|p: &Path| {
+            std::fs::remove_file(p).unwrap()
+        }),
+    ];
+    for (what, damage) in damages {
+        let bad = d.work.join(format!("bad-{}", what.replace(' ', "-")));
+        copy_dir(&sp, &bad);
+        damage(&bad.join(&rel));
+        let before_ns = snapshot(&checkpoints);
+        let before_out = snapshot(&d.out);
+        let o = check(&bad, &j.0, &d, &[]);
+        let report = text(&o);
+        assert_eq!(o.status.code(), Some(3), "{what}: {report}");
+        assert!(report.contains("SAVEPOINT_DAMAGED"), "{what}: {report}");
+        assert!(
+            report.contains(&name),
+            "{what}: the report names {name}: {report}"
+        );
+        let o = run(
+            &j.0,
+            &d,
+            &["--from-savepoint", &bad.display().to_string()],
+            None,
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(3),
+            "{what}: run refuses: {}",
+            text(&o)
+        );
+        assert!(!text(&o).contains("restoring savepoint"), "{}", text(&o));
+        assert_eq!(
+            snapshot(&checkpoints),
+            before_ns,
+            "{what}: the job's namespace is untouched"
+        );
+        assert_eq!(snapshot(&d.out), before_out, "{what}: no task ran");
+    }
+    // The job's own epoch is intact: a plain run resumes from it and ends exact.
+    let o = run(
+        &j.0,
+        &d,
+        &["-p", "2", "--checkpoint-interval-ms", "50"],
+        None,
+    );
+    assert!(text(&o).contains("resuming"), "{}", text(&o));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(committed(&d.out), reference);
+}
