@@ -314,6 +314,24 @@ impl Ha {
         });
     }
 
+    /// Restarts every coordinator that exited (a supervisor's job: a deposed leader exits
+    /// 75, a standby whose election lease is gone exits 1); returns how many.
+    fn supervise(&mut self) -> usize {
+        let mut restarted = 0;
+        for i in 0..self.coordinators.len() {
+            let exited = match self.coordinators[i].as_mut() {
+                Some(c) => c.try_wait().unwrap().is_some(),
+                None => false,
+            };
+            if exited {
+                self.coordinators[i] = None;
+                self.start_coordinator(i);
+                restarted += 1;
+            }
+        }
+        restarted
+    }
+
     fn index_of(&self, addr: &str) -> usize {
         self.addrs.iter().position(|a| a == addr).unwrap()
     }
@@ -619,4 +637,63 @@ fn a_finished_job_is_not_run_again_by_a_new_leader() {
     );
     assert_eq!(committed(&out), before, "nothing committed again");
     ha.etcd.kill();
+}
+
+#[test]
+#[ignore = "needs etcd (.ci/run installs etcd-server)"]
+fn etcd_restarted_while_a_job_runs_leaves_exact_output() {
+    let _g = serial();
+    let _t = Timed("ha: etcd restart", Instant::now());
+    let mut ha = Ha::start();
+    let (_, term) = ha.wait_leader(None, Duration::from_secs(30));
+    let job = job_copy("flights-per-record.toml", 200, 15_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = out.display().to_string();
+    let id = ha
+        .json(
+            &["job", "submit", "-p", "3", "--fresh", "--output", &o],
+            std::slice::from_ref(&job.0),
+        )
+        .expect("submit")["job"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_for("a first durable epoch", Duration::from_secs(60), || {
+        ha.durable_epoch(&id) > 0
+    });
+    ha.etcd.kill();
+    // Past the election TTL: no coordinator holds a valid leadership, so none may act.
+    std::thread::sleep(Duration::from_millis(3500));
+    let mut exited = 0;
+    for c in ha.coordinators.iter_mut().flatten() {
+        if c.try_wait().unwrap().is_some() {
+            exited += 1;
+        }
+    }
+    ha.etcd.run();
+    // A supervisor restarts whatever exited until one leads again.
+    let mut restarted = 0;
+    let mut found = None;
+    wait_for(
+        "a leader after etcd's restart",
+        Duration::from_secs(60),
+        || {
+            restarted += ha.supervise();
+            found = ha.leader();
+            found.is_some()
+        },
+    );
+    let (_, t2) = found.unwrap();
+    assert!(
+        t2 > term,
+        "a new term after etcd's restart: {t2} after {term}"
+    );
+    let status = ha.wait_finished(&id, Duration::from_secs(300));
+    check_per_record(&committed(&out));
+    eprintln!(
+        "[ha suite] etcd down 3.5 s: {exited} coordinators had exited, {restarted} restarted; \
+         term {term} -> {t2}; recoveries {}",
+        status["recoveries"]
+    );
 }
