@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use nop_stream_api::{Batch, ChannelId, EdgeId, PartitionPolicy, SubtaskIndex};
 use nop_stream_core::shards_of;
-use nop_stream_runtime::Site;
-use nop_stream_runtime::partition::OutputEdge;
-use nop_stream_runtime::transport::{ChannelSender, Message};
+use nop_stream_plugin_host::Site;
+use nop_stream_task::partition::OutputEdge;
+use nop_stream_task::transport::{ChannelSender, Message};
 
 const RECORDS: usize = 1024;
 const SHARDS: u32 = 128;
@@ -28,7 +28,7 @@ impl ChannelSender for Drop0 {
     fn channel(&self) -> &ChannelId {
         &self.0
     }
-    fn send(&mut self, msg: Message) -> nop_stream_runtime::Result<()> {
+    fn send(&mut self, msg: Message) -> nop_stream_plugin_host::Result<()> {
         black_box(&msg);
         Ok(())
     }

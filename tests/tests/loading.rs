@@ -7,8 +7,8 @@ mod common;
 use common::{JobDir, Op, host, pipeline_toml, wasm};
 use nop_stream_api::PluginKind;
 use nop_stream_core::{PluginRef, parse_job_file, stream_graph};
-use nop_stream_runtime::registry::PluginRegistry;
-use nop_stream_runtime::{PluginHost, RuntimeError};
+use nop_stream_plugin_host::{PluginRegistry, RuntimeError};
+use nop_stream_task::plugin_host;
 use std::path::PathBuf;
 
 fn registry(job_dir: PathBuf) -> PluginRegistry<'static> {
@@ -186,7 +186,7 @@ fn missing_plugin_is_refused_listing_where_it_looked() {
 fn second_host_takes_the_compiled_component_from_the_disk_cache() {
     let cache = tempfile::tempdir().unwrap();
     let path = nop_stream_artifacts::plugin_path("fault-error");
-    let first = PluginHost::new(Some(cache.path().to_owned())).unwrap();
+    let first = plugin_host(Some(cache.path().to_owned())).unwrap();
     let a = first
         .load("fault-error@0.1.0", &path, PluginKind::Operator)
         .unwrap();
@@ -203,7 +203,7 @@ fn second_host_takes_the_compiled_component_from_the_disk_cache() {
         "{name} is keyed by content hash"
     );
 
-    let second = PluginHost::new(Some(cache.path().to_owned())).unwrap();
+    let second = plugin_host(Some(cache.path().to_owned())).unwrap();
     let b = second
         .load("fault-error@0.1.0", &path, PluginKind::Operator)
         .unwrap();
@@ -343,7 +343,7 @@ fn with_wit_version(bytes: &[u8], from: &str, to: &str) -> (Vec<u8>, usize) {
 /// at load, naming both versions and the file.
 #[test]
 fn a_component_of_a_wit_version_the_host_does_not_serve_is_refused_naming_both() {
-    let served = nop_stream_runtime::WIT_PACKAGE;
+    let served = nop_stream_plugin_host::WIT_PACKAGE;
     assert_eq!(served, "nop:stream@0.2.2");
     let original = std::fs::read(wasm("tally-v1")).unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -8,9 +8,10 @@ use anyhow::{Context, Result};
 use nop_stream_checkpoint::Location;
 use nop_stream_coordinator::jobs::ObjectJobStore;
 use nop_stream_coordinator::manager::{JobManager, ManagerOptions, Note, RunIn, Submitted};
+use nop_stream_embedded::EmbeddedPlatform;
+use nop_stream_plugin_host::Limits;
 use nop_stream_proto::cli::JobSubmission;
-use nop_stream_runtime::embedded::EmbeddedPlatform;
-use nop_stream_runtime::{JobProgress, Limits, PluginHost, RunOptions};
+use nop_stream_task::{JobProgress, RunOptions, plugin_host};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -93,7 +94,7 @@ pub struct RunArgs {
     /// task does not preempt a running one, fewer context switches when task threads
     /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
     #[arg(long, default_value = "batch", value_name = "batch|normal")]
-    pub task_scheduling: nop_stream_runtime::TaskScheduling,
+    pub task_scheduling: nop_stream_task::TaskScheduling,
 }
 
 /// The directories of a run, as the start note names them.
@@ -182,7 +183,7 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
     template.savepoint_root = savepoints.clone();
     let progress = Arc::new(JobProgress::default());
     let platform = EmbeddedPlatform::new(
-        PluginHost::new(crate::cache_dir())?,
+        plugin_host(crate::cache_dir())?,
         search,
         template,
         Arc::clone(&progress),

@@ -14,8 +14,8 @@ use nop_stream_checkpoint::{Location, Namespace, SavepointInfo};
 use nop_stream_coordinator::compat::{Action, Actions, Report};
 use nop_stream_coordinator::migrate::StateEntry;
 use nop_stream_core::PartitionedPlan;
+use nop_stream_plugin_host::PluginSet;
 use nop_stream_proto::cli::{CliResponse, JobControl};
-use nop_stream_runtime::PluginSet;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -867,7 +867,7 @@ fn shard_in(key: &[u8], shard_count: u32, owned: &Range<u32>) -> Result<StateSha
 /// The redb file behind a subtask's working set, without its syncs.
 ///
 /// The file is scratch space. Every deployment deletes the state directory before it
-/// opens one (`nop_stream_runtime::launch`), and state comes back from checkpoint
+/// opens one (`nop_stream_task::TaskHost`), and state comes back from checkpoint
 /// segments, which are synced, never from this file. So a sync here buys nothing: it
 /// skips redb's `fdatasync`s (three when the file is created, more at close), a few ms per
 /// subtask and job. Everything else goes to redb's own file backend.
