@@ -54,6 +54,13 @@ bench-large-state *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     target/release/nopstream-bench large-state --budget-fraction 0.25 {{ARGS}}
 
+# Checkpoints on an S3-compatible object store vs local ones (keyed count, 1 s checkpoints;
+# CPU overhead, epoch duration p50/p99, restore MB/s). Needs NOP_TEST_S3_URL and the AWS_*
+# credentials (`eval "$(scripts/s3-test-server.sh start)"`).
+bench-object-store *ARGS:
+    cargo build --release -p nop-stream-cli -p nop-stream-bench
+    target/release/nopstream-bench object-store {{ARGS}}
+
 # Cluster benchmarks (release build): keyed count on a coordinator + 2 node processes vs embedded, the QUIC channel hop vs in-process, recovery after a node SIGKILL.
 bench-cluster:
     cargo build --release -p nop-stream-cli -p nop-stream-bench

@@ -41,6 +41,7 @@ mod large_state;
 mod latency;
 mod measure;
 mod nexmark;
+mod object_store;
 mod pg;
 mod report;
 mod soak;
@@ -165,6 +166,34 @@ enum Cmd {
         /// Records per batch.
         #[arg(long, default_value_t = 1024)]
         batch_records: u32,
+        /// The `nopstream` binary [default: next to this one].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
+    /// Checkpoints on an S3-compatible object store against local ones: the keyed count
+    /// with 1 s checkpoints, interleaved rounds (CPU overhead, epoch duration p50/p99),
+    /// then a million-key state crashed and restored from each (restore MB/s); writes
+    /// `<out>/object-store.json`. Needs the store's credentials in AWS_ACCESS_KEY_ID /
+    /// AWS_SECRET_ACCESS_KEY (`scripts/s3-test-server.sh start` prints them for moto).
+    ObjectStore {
+        /// Where the runs put their checkpoints, e.g. `s3://nop/bench?endpoint=http://127.0.0.1:9000`.
+        #[arg(long, env = "NOP_TEST_S3_URL")]
+        s3: String,
+        /// Generated bids of the timed runs.
+        #[arg(long, default_value_t = 20_000_000)]
+        records: u64,
+        /// Distinct keys of the timed runs.
+        #[arg(long, default_value_t = 100_000)]
+        keys: u32,
+        /// Interleaved rounds (after one unmeasured warm-up of each store).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Keys of the restore job.
+        #[arg(long, default_value_t = 1_000_000)]
+        restore_keys: u32,
         /// The `nopstream` binary [default: next to this one].
         #[arg(long)]
         nopstream: Option<PathBuf>,
@@ -734,6 +763,28 @@ fn dispatch(cli: Cli) -> Result<()> {
             println!("\n{}", report.table());
             report.write(&setup.out)?;
             println!("wrote {}/checkpoint-cost.json", setup.out.display());
+            Ok(())
+        }
+        Cmd::ObjectStore {
+            s3,
+            records,
+            keys,
+            runs,
+            restore_keys,
+            nopstream,
+            out,
+        } => {
+            let setup = object_store::Setup {
+                nopstream: nopstream_binary(nopstream)?,
+                out: absolute(&out)?,
+                s3: nop_stream_checkpoint::Location::parse(&s3)?,
+                records,
+                keys,
+                runs: runs.max(1),
+                restore_keys,
+            };
+            object_store::run(&setup)?;
+            println!("wrote {}/object-store.json", setup.out.display());
             Ok(())
         }
         Cmd::Soak {

@@ -141,11 +141,22 @@ pub struct TaskSnapshot {
     /// snapshot adopted. Not part of `snapshot_bytes`. Absent from manifests when `0`.
     #[serde(default)]
     pub compacted_bytes: u64,
+    /// Records that entered the task's chain (read by a source head, or received) over
+    /// every attempt up to this epoch's barrier: restored with the checkpoint, so at the
+    /// final epoch a source's total is every record it read exactly once. Absent from
+    /// manifests when `0` (and in those of hosts before it).
+    #[serde(default)]
+    pub records_in_total: u64,
+    /// Records the task emitted (written by a sink at the tail) up to this epoch's
+    /// barrier, over every attempt, restored likewise: a sink's total at an epoch counts
+    /// exactly the records of its transactions up to that epoch. Absent when `0`.
+    #[serde(default)]
+    pub records_out_total: u64,
 }
 
-/// JSON (manifests) leaves out an empty `operator_state` and a zero `async_ms`, so
-/// manifests of jobs without operator state (and written before `async_ms`) keep their
-/// checksums; compact binary encodings (the control plane's postcard) always carry every
+/// JSON (manifests) leaves out an empty `operator_state` and zero `async_ms`,
+/// `compacted_bytes` and record totals, so manifests of jobs without them (and written
+/// before they existed) keep their checksums; compact binary encodings (the control plane's postcard) always carry every
 /// field, since they cannot skip one.
 impl Serialize for TaskSnapshot {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -154,7 +165,14 @@ impl Serialize for TaskSnapshot {
         let skip = readable && self.operator_state.is_empty();
         let skip_async = readable && self.async_ms == 0;
         let skip_compacted = readable && self.compacted_bytes == 0;
-        let fields = 15 - usize::from(skip) - usize::from(skip_async) - usize::from(skip_compacted);
+        let skip_in = readable && self.records_in_total == 0;
+        let skip_out = readable && self.records_out_total == 0;
+        let fields = 17
+            - usize::from(skip)
+            - usize::from(skip_async)
+            - usize::from(skip_compacted)
+            - usize::from(skip_in)
+            - usize::from(skip_out);
         let mut st = s.serialize_struct("TaskSnapshot", fields)?;
         st.serialize_field("task", &self.task)?;
         st.serialize_field("epoch", &self.epoch)?;
@@ -182,6 +200,16 @@ impl Serialize for TaskSnapshot {
             st.skip_field("compacted_bytes")?;
         } else {
             st.serialize_field("compacted_bytes", &self.compacted_bytes)?;
+        }
+        if skip_in {
+            st.skip_field("records_in_total")?;
+        } else {
+            st.serialize_field("records_in_total", &self.records_in_total)?;
+        }
+        if skip_out {
+            st.skip_field("records_out_total")?;
+        } else {
+            st.serialize_field("records_out_total", &self.records_out_total)?;
         }
         st.end()
     }

@@ -79,6 +79,8 @@ fn manifest(epoch: u64, attempt: u32, dirs: &[u64]) -> EpochManifest {
             duration_ms: 0,
             async_ms: 0,
             compacted_bytes: 0,
+            records_in_total: 0,
+            records_out_total: 0,
         }],
         enumerators: Vec::new(),
         state_format_version: STATE_FORMAT_VERSION,

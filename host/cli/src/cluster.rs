@@ -88,12 +88,12 @@ pub fn cluster_status(args: &ClusterArgs, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} data",
-        "node", "lease", "live", "slots", "renewals", "refused", "expired"
+        "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {:>6} data",
+        "node", "lease", "live", "slots", "renewals", "refused", "expired", "lost"
     );
     for n in &nodes {
         println!(
-            "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {}",
+            "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {:>6} {}",
             n.node,
             n.lease,
             n.live,
@@ -101,6 +101,7 @@ pub fn cluster_status(args: &ClusterArgs, json: bool) -> Result<()> {
             n.renewals,
             n.refused_renewals,
             n.expirations,
+            n.lost,
             n.data_addr
         );
     }
@@ -353,7 +354,7 @@ pub fn print_status(s: &JobStatus, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(s)?);
         return Ok(());
     }
-    println!("job {} ({}): {}", s.job, s.name, s.state);
+    println!("job {} ({}): {}, run {}", s.job, s.name, s.state, s.run);
     println!(
         "  semantic {}, generation {}, recoveries {}, durable epoch {}",
         s.semantic,
@@ -372,6 +373,21 @@ pub fn print_status(s: &JobStatus, json: bool) -> Result<()> {
         s.refused.events, s.refused.streams, s.refused.commands
     );
     println!("  output {}", s.output_dir);
+    if let Some(h) = &s.history_json
+        && let Ok(runs) = serde_json::from_str::<Vec<nop_stream_coordinator::jobs::PastRun>>(h)
+    {
+        for r in runs {
+            println!(
+                "  earlier run {}: {}, {} read, {} written, {} recoveries{}",
+                r.run,
+                r.state,
+                output::thousands(r.records_read),
+                output::thousands(r.records_written),
+                r.recoveries,
+                r.error.map(|e| format!(", {e}")).unwrap_or_default()
+            );
+        }
+    }
     if let Some(e) = &s.error {
         println!("  error: {e}");
     }

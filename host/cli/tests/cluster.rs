@@ -94,7 +94,19 @@ fn run_with_node_kill(
         );
     }
     cluster.wait_live(3);
-    committed(&out)
+    let lines = committed(&out);
+    // Regression: the status of a finished job showed the nodes' last counter reports
+    // (stale: 316,300 read of 336,776), and a resubmission of the job id added to the
+    // previous run's counts. It counts what the durable epochs hold, per run.
+    assert_eq!(
+        (
+            status["records_read"].as_u64(),
+            status["records_written"].as_u64()
+        ),
+        (Some(336_776), Some(lines.len() as u64)),
+        "the finished job's counts are its input and its committed output: {status:#}"
+    );
+    lines
 }
 
 #[test]

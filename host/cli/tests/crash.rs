@@ -142,6 +142,18 @@ fn crash_at_random_moments(
             expected,
             "output after random kills (round {rounds})"
         );
+        // The durable epochs count every record once, whatever the kills: a run of the
+        // finished job reports them (from its final manifest).
+        let o = job.command(None).arg("--json").output().unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", common::job::text(&o)));
+        assert_eq!(report["already_finished"], true, "{report:#}");
+        assert_eq!(report["durable_records_read"], 336_776, "{report:#}");
+        assert_eq!(
+            report["durable_records_written"],
+            expected.len() as u64,
+            "{report:#}"
+        );
     }
 }
 

@@ -537,6 +537,8 @@ mod tests {
                 duration_ms: 0,
                 async_ms: 0,
                 compacted_bytes: 0,
+                records_in_total: 0,
+                records_out_total: 0,
             });
         }
         let mut m = EpochManifest {

@@ -41,6 +41,15 @@ pub struct JobReport {
     pub records_written: u64,
     /// Epochs made durable in this run.
     pub epochs: u64,
+    /// Records the job's sources read up to its latest durable epoch, each once whatever
+    /// the recoveries (the manifest's totals): at the end of a bounded job, every record
+    /// of its input.
+    #[serde(default)]
+    pub durable_records_read: u64,
+    /// Records its sinks wrote into transactions up to its latest durable epoch, each
+    /// once: at the end, every record committed.
+    #[serde(default)]
+    pub durable_records_written: u64,
     /// Final epoch.
     pub final_epoch: Option<u64>,
     /// Transactions committed in this run's durable epochs, the latest

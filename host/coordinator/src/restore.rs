@@ -91,7 +91,7 @@ pub fn check_restore(
             "the checkpoint holds state of operator `{missing}`, which the job no longer has"
         ));
     }
-    if m.plan_fingerprint != plan.fingerprint {
+    if !plan.fingerprint_matches(&m.plan_fingerprint) {
         if rescale_from == Some(m.plan_fingerprint.as_str()) {
             return Ok(true);
         }
@@ -253,11 +253,17 @@ pub fn plan_restore(
                         r.ended_inputs.insert(ch.to_string());
                     }
                 }
+                if st.index.0 == 0 {
+                    r.records_in_total = old.iter().map(|t| t.records_in_total).sum();
+                    r.records_out_total = old.iter().map(|t| t.records_out_total).sum();
+                }
             } else if let Some(s) = m.task(&st.task) {
                 r.end_of_data = s.end_of_data;
                 r.watermarks = s.watermarks.iter().cloned().collect();
                 r.ended_inputs = s.ended_inputs.iter().cloned().collect();
                 r.pending = s.pending_transactions.clone();
+                r.records_in_total = s.records_in_total;
+                r.records_out_total = s.records_out_total;
             }
             // This reader's splits and their cursors, by (source operator, split id): a
             // split of another source with the same id is not this one.

@@ -70,6 +70,14 @@ pub struct TaskRestorePlan {
     /// Durable pre-committed transactions the sink at the tail commits before anything
     /// else (design §7.3, "on recovery").
     pub pending: Vec<PendingTransaction>,
+    /// Records in and out of the task's chain up to the restored epoch, over the attempts
+    /// before (the snapshot's totals; after a rescale, subtask 0 takes its vertex's
+    /// totals, so their sum stays exact).
+    #[serde(default)]
+    pub records_in_total: u64,
+    /// See `records_in_total`.
+    #[serde(default)]
+    pub records_out_total: u64,
 }
 
 /// The non-keyed operator state of one operator in a manifest (issue 11, seed §10.5).

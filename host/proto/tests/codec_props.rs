@@ -139,6 +139,8 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
         duration_ms: 0,
         async_ms: 0,
         compacted_bytes: 0,
+        records_in_total: 0,
+        records_out_total: 0,
     };
     let e: TaskEvent = TaskEvent::Ack {
         attempt: AttemptId(2),
@@ -155,6 +157,8 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
     let timed = TaskSnapshot {
         async_ms: 1_234,
         compacted_bytes: 5_678,
+        records_in_total: 0,
+        records_out_total: 0,
         ..snapshot.clone()
     };
     let e: TaskEvent = TaskEvent::Ack {

@@ -65,6 +65,9 @@ struct Counts {
     /// Latest counters per node, and what earlier node processes counted (a restarted
     /// node counts from zero again).
     per_node: BTreeMap<NodeId, (NodeCounters, NodeCounters)>,
+    /// What each node had counted when the job's current run started: a run's counts
+    /// start afresh ([`NodeHub::start_run`]).
+    at_start: BTreeMap<NodeId, NodeCounters>,
 }
 
 #[derive(Default)]
@@ -208,7 +211,20 @@ impl NodeHub {
         *last = c;
     }
 
-    /// The job's counters summed over its nodes.
+    /// A new run of `job` starts: its counts start afresh (nodes keep counting per job id,
+    /// across its runs).
+    pub fn start_run(&self, job: &JobId) {
+        let mut g = self.lock();
+        if let Some(c) = g.counts.get_mut(job) {
+            c.at_start = c
+                .per_node
+                .iter()
+                .map(|(n, (base, last))| (*n, add(base, last)))
+                .collect();
+        }
+    }
+
+    /// The job's counters of its current run, summed over its nodes.
     pub fn job_counters(&self, job: &JobId) -> NodeCounters {
         let g = self.lock();
         let mut total = NodeCounters {
@@ -219,8 +235,19 @@ impl NodeHub {
             refused_commands: 0,
         };
         if let Some(c) = g.counts.get(job) {
-            for (base, last) in c.per_node.values() {
-                total = add(&total, &add(base, last));
+            for (node, (base, last)) in &c.per_node {
+                let now = add(base, last);
+                let now = match c.at_start.get(node) {
+                    Some(s) => NodeCounters {
+                        job: now.job.clone(),
+                        records_read: now.records_read.saturating_sub(s.records_read),
+                        records_written: now.records_written.saturating_sub(s.records_written),
+                        refused_streams: now.refused_streams.saturating_sub(s.refused_streams),
+                        refused_commands: now.refused_commands.saturating_sub(s.refused_commands),
+                    },
+                    None => now,
+                };
+                total = add(&total, &now);
             }
         }
         total

@@ -204,6 +204,7 @@ impl Platform for ClusterPlatform {
 
     fn run(&self, run: JobRun) -> Result<JobReport, ManagerError> {
         let spec = self.spec(&run.submission, &run.compiled)?;
+        self.hub.start_run(&spec.job);
         let plan = Arc::clone(&run.compiled.plan);
         let mut workers = ClusterWorkers::new(
             Arc::clone(&self.hub),

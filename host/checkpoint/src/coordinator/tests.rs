@@ -28,6 +28,8 @@ fn snap(t: u32, epoch: u64) -> Box<TaskSnapshot> {
         duration_ms: 0,
         async_ms: 0,
         compacted_bytes: 0,
+        records_in_total: 0,
+        records_out_total: 0,
     })
 }
 

@@ -158,9 +158,10 @@ impl<P: Platform> JobManager<P> {
             .as_deref()
             .and_then(|j| serde_json::from_str::<crate::JobReport>(j).ok())
         {
-            // An ended run counts what its final report counts.
-            records_read = report.records_read;
-            records_written = report.records_written;
+            // An ended run counts what its durable epochs hold: every record read and
+            // committed, once, whatever the recoveries.
+            records_read = report.durable_records_read;
+            records_written = report.durable_records_written;
         }
         let durable_epoch = self
             .namespace_of(r)
@@ -184,6 +185,10 @@ impl<P: Platform> JobManager<P> {
             error: r.error.clone(),
             deployment_json,
             report_json: r.report_json.clone(),
+            run: r.run,
+            history_json: (!r.history.is_empty())
+                .then(|| serde_json::to_string(&r.history).ok())
+                .flatten(),
         }
     }
 }

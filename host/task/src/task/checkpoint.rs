@@ -418,6 +418,8 @@ impl Task {
             duration_ms: 0,
             async_ms: 0,
             compacted_bytes: std::mem::take(&mut self.compacted_bytes),
+            records_in_total: self.restored_totals.0 + self.report.records_in,
+            records_out_total: self.restored_totals.1 + self.report.records_out,
         }
     }
 

@@ -208,6 +208,9 @@ struct Task {
     compactions: Vec<Option<Compaction>>,
     /// Bytes the compactions adopted since the last snapshot wrote (its `compacted_bytes`).
     compacted_bytes: u64,
+    /// Records in and out of the chain over the attempts before this one, up to the
+    /// restored epoch (its snapshot's totals): a snapshot's totals add this attempt's.
+    restored_totals: (u64, u64),
     id: TaskId,
     attempt: AttemptId,
     stages: Vec<Stage>,
@@ -430,6 +433,7 @@ impl Task {
             async_snapshots,
             compactions: (0..chains.len()).map(|_| None).collect(),
             compacted_bytes: 0,
+            restored_totals: (restore.records_in_total, restore.records_out_total),
             chains,
             id: task.clone(),
             attempt,
@@ -476,7 +480,8 @@ impl Task {
             }
         }
         if let Some(prefix) = sink_txn_prefix {
-            t.recover_sink(prefix, &restore.pending, first_epoch)?;
+            let restored = restore.epoch.map_or(0, |e| e.0);
+            t.recover_sink(prefix, &restore.pending, restored, first_epoch)?;
         }
         if t.data_ended {
             t.send(TaskEvent::EndOfData {
@@ -487,13 +492,17 @@ impl Task {
         Ok(t)
     }
 
-    /// Sink recovery (design §7.3 "on global recovery"): commits the durable pre-committed
-    /// transactions, aborts every other pending one of this subtask, then begins the
-    /// transaction of `first_epoch`.
+    /// Sink recovery (design §7.3 "on recovery", §7.4): commits the durable pre-committed
+    /// transactions, then aborts every pending one of this subtask and, listed or not, its
+    /// transaction of every epoch after the `restored` one that an earlier generation may
+    /// have begun (up to `first_epoch`): a sink that finds one of those committed fails
+    /// there, loudly, instead of letting the replay repeat it. Then begins the transaction
+    /// of `first_epoch`.
     fn recover_sink(
         &mut self,
         prefix: String,
         pending: &[PendingTransaction],
+        restored: u64,
         first_epoch: EpochId,
     ) -> Result<()> {
         let Some(Stage::Sink(sink)) = self.stages.last_mut() else {
@@ -504,9 +513,18 @@ impl Task {
                 hex::decode(&p.committable).map_err(|e| RuntimeError::Internal(e.to_string()))?;
             commit_with_recovery(sink, &p.txn, &committable)?;
         }
-        for stale in sink.pending_transactions()? {
+        let listed: std::collections::BTreeSet<String> =
+            sink.pending_transactions()?.into_iter().collect();
+        for stale in &listed {
             tracing::info!(txn = %stale, "aborting a transaction of a non-durable epoch");
-            sink.abort(&stale)?;
+            sink.abort(stale)?;
+        }
+        for epoch in restored + 1..first_epoch.0 {
+            let txn = format!("{prefix}{epoch}");
+            if !listed.contains(&txn) {
+                tracing::debug!(%txn, "aborting the transaction of a non-durable epoch, if any");
+                sink.abort(&txn)?;
+            }
         }
         let txn = format!("{prefix}{first_epoch}");
         sink.begin(&txn)?;
