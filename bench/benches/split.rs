@@ -2,7 +2,7 @@
 //! auction keys over 10,000 auctions, as `bids-parser` emits for the keyed count) through
 //! an [`OutputEdge`] into two downstream subtasks, against the same batch moved whole to one
 //! subtask (what p=1 does). The difference is what the split costs per record: the cost
-//! p=2 pays that p=1 does not (issue 14, item 5). Sent batches are dropped by the sender.
+//! p=2 pays that p=1 does not (design §20). Sent batches are dropped by the sender.
 //! For scale it also prints two floors of any record-by-record split: hashing the keys
 //! alone, and a bare scatter into two reused buffers.
 

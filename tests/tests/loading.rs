@@ -338,7 +338,7 @@ fn with_wit_version(bytes: &[u8], from: &str, to: &str) -> (Vec<u8>, usize) {
     (out, n)
 }
 
-/// Issue 11 item 8: a component built against a `nop:stream` version this host does not
+/// Design §16: a component built against a `nop:stream` version this host does not
 /// serve (an older track, a newer track, or a newer patch of the served track) is refused
 /// at load, naming both versions and the file.
 #[test]
@@ -410,7 +410,7 @@ fn components_built_against_0_2_0_and_0_2_1_load_on_the_0_2_2_host() {
     }
 }
 
-/// The optional `state-migration` export (issue 11): tally v2 converts v1 counts, a plugin
+/// The optional `state-migration` export (design §10.6): tally v2 converts v1 counts, a plugin
 /// without the export is refused naming it, and a guest error names the plugin.
 #[test]
 fn state_migration_runs_the_export_and_a_plugin_without_it_is_refused() {

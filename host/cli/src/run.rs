@@ -79,7 +79,7 @@ pub struct RunArgs {
     /// went on past the savepoint can go back to it.
     #[arg(long, value_name = "SP", conflicts_with_all = ["rescale"])]
     pub from_savepoint: Option<PathBuf>,
-    /// A Delta overlay patching the job file's model (README "Delta overlays"): each
+    /// A Delta overlay patching the job file's model (docs/jobs.md, "Delta overlays"): each
     /// changed field is printed with its class (replan, rescale, state-affecting;
     /// forbidden ones are refused). When the job has a durable checkpoint, its latest
     /// epoch is promoted to a savepoint (`WORK_DIR/savepoints/epoch-N`) and the patched

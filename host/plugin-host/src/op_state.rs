@@ -1,5 +1,5 @@
-//! Non-keyed operator state of one operator instance (WIT `operator-state`, issue 11,
-//! seed §3.5 and §10.5): named entries by string id that belong to the subtask, not to a
+//! Non-keyed operator state of one operator instance (WIT `operator-state`, design §10.6,
+//! design §3.5 and §10.5): named entries by string id that belong to the subtask, not to a
 //! key. The host keeps them in memory, writes them into the subtask's segment file at
 //! every barrier (codec `kv-lp/1`, the entry ids as keys) and, on restore, hands every new
 //! subtask its entries by each state's [`Redistribution`] ([`redistribute`]).
@@ -177,7 +177,7 @@ pub fn decode(mut buf: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
 
 /// The entries new subtask `index` of `parallelism` gets of one operator state, given
 /// every old subtask's entries (`old[i]` = subtask `i` of `old.len()`), by `policy`
-/// (seed §10.5):
+/// (design §10.5):
 /// - at the same parallelism, every policy but `union` gives a subtask its own entries;
 /// - `split-registry`: all entries pooled, dealt in ascending id order round robin (the
 ///   `k`-th id goes to subtask `k mod parallelism`);

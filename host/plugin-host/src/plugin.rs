@@ -211,7 +211,7 @@ impl PluginHost {
     }
 
     /// Refuses a component that imports or exports `nop:stream` interfaces of a version
-    /// this host does not serve (issue 11 item 8): the host serves
+    /// this host does not serve (design §10.6): the host serves
     /// [`crate::WIT_PACKAGE`] and, by the linker's semver matching, older versions of the
     /// same `0.minor` track; anything else (an older track, or a newer patch) is refused
     /// naming both versions, before linking can fail with a less useful type error.
@@ -525,7 +525,7 @@ impl LoadedPlugin {
 
     /// Converts `entries` (namespace, key, value) of state `state` from schema
     /// `from_version` through the component's optional `nop:stream/state-migration`
-    /// export (issue 11, `migrate-state`), on a fresh instance that is never opened, under
+    /// export (design §10.6, `migrate-state`), on a fresh instance that is never opened, under
     /// the default limits: one value per entry, `None` deleting it.
     ///
     /// # Errors
