@@ -1,6 +1,8 @@
 //! `nopstream`: run, plan and validate nop-stream jobs, and inspect plugins.
 
 mod cluster;
+#[cfg(test)]
+mod doc_commands;
 mod nats;
 mod output;
 mod prepare;
