@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Writes a savepoint fixture of the current on-disk format (issue 11, "Fixtures"): the
+# Writes a savepoint fixture of the current on-disk format (design §10.4): the
 # per-carrier flights job at p=2 with 50 ms epochs, killed by a failpoint right after its
 # second durable epoch, that epoch promoted to a savepoint, plus the job file it was taken
 # with. host/cli/tests/savepoint.rs restores every fixture under

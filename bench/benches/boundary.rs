@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use nop_stream_api::PluginKind;
 use nop_stream_api::{Batch, TaskInfo};
-use nop_stream_runtime::plugin::OperatorInstance;
-use nop_stream_runtime::{Instance, InstanceOptions, Limits, PluginHost, Site};
+use nop_stream_plugin_host::{
+    Instance, InstanceOptions, Limits, OperatorInstance, PluginHost, Site,
+};
 use nop_stream_state::StateConfig;
 
 const RECORDS: usize = 1000;
@@ -55,9 +56,7 @@ fn operator(
         limits: Limits::default(),
         grants: Vec::new(),
         state,
-        pg: None,
-        redis: None,
-        nats: None,
+        capabilities: None,
     };
     let Instance::Operator(mut op) = plugin.instantiate(&opts).expect("instantiate") else {
         panic!("{package} is not an operator")
@@ -126,7 +125,7 @@ fn print_per_record(name: &str, mut f: impl FnMut()) {
 }
 
 fn boundary(c: &mut Criterion) {
-    let host = PluginHost::new(None).expect("plugin host");
+    let host = nop_stream_task::plugin_host(None).expect("plugin host");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut g = c.benchmark_group("boundary");
     g.throughput(Throughput::Elements(RECORDS as u64));

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use nop_stream_api::Batch;
 use nop_stream_api::{ChannelId, EdgeId, FencingToken, SubtaskIndex};
-use nop_stream_runtime::transport::{LocalTransport, Message, Transport};
+use nop_stream_task::transport::{LocalTransport, Message, Transport};
 
 const RECORDS: usize = 1000;
 

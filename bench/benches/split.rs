@@ -2,7 +2,7 @@
 //! auction keys over 10,000 auctions, as `bids-parser` emits for the keyed count) through
 //! an [`OutputEdge`] into two downstream subtasks, against the same batch moved whole to one
 //! subtask (what p=1 does). The difference is what the split costs per record: the cost
-//! p=2 pays that p=1 does not (issue 14, item 5). Sent batches are dropped by the sender.
+//! p=2 pays that p=1 does not (design §20). Sent batches are dropped by the sender.
 //! For scale it also prints two floors of any record-by-record split: hashing the keys
 //! alone, and a bare scatter into two reused buffers.
 
@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use nop_stream_api::{Batch, ChannelId, EdgeId, PartitionPolicy, SubtaskIndex};
 use nop_stream_core::shards_of;
-use nop_stream_runtime::Site;
-use nop_stream_runtime::partition::OutputEdge;
-use nop_stream_runtime::transport::{ChannelSender, Message};
+use nop_stream_plugin_host::Site;
+use nop_stream_task::partition::OutputEdge;
+use nop_stream_task::transport::{ChannelSender, Message};
 
 const RECORDS: usize = 1024;
 const SHARDS: u32 = 128;
@@ -28,7 +28,7 @@ impl ChannelSender for Drop0 {
     fn channel(&self) -> &ChannelId {
         &self.0
     }
-    fn send(&mut self, msg: Message) -> nop_stream_runtime::Result<()> {
+    fn send(&mut self, msg: Message) -> nop_stream_plugin_host::Result<()> {
         black_box(&msg);
         Ok(())
     }

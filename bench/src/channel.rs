@@ -25,7 +25,7 @@ use nop_stream_cluster::{
     TransportSettings, handshake,
 };
 use nop_stream_proto::{Message, StreamHeader, codec};
-use nop_stream_runtime::transport::{LocalTransport, Transport};
+use nop_stream_task::transport::{LocalTransport, Transport};
 use serde::Serialize;
 
 /// Messages each receiving queue holds (the node's default `channel_capacity`).

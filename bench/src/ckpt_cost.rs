@@ -1,4 +1,4 @@
-//! What exactly-once checkpoints cost the keyed count (issue 14, item 3).
+//! What exactly-once checkpoints cost the keyed count (design §20).
 //!
 //! Wall time cannot tell a few per cent from noise on a shared machine, so this measures
 //! two quantities that can:

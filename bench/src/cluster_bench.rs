@@ -1,4 +1,4 @@
-//! The cluster benchmarks (issue 10, "Bench"):
+//! The cluster benchmarks (design §20):
 //!
 //! - [`throughput`] (`nopstream-bench cluster`): the keyed count at parallelism `p` on a
 //!   coordinator and `p` node processes (release binaries, QUIC on loopback, mTLS

@@ -1,4 +1,4 @@
-//! Large keyed state (issue 14 item 4): the keyed count over generated bids with 1M and 5M
+//! Large keyed state (design §5.5, §8.1): the keyed count over generated bids with 1M and 5M
 //! distinct auctions, 1 s exactly-once checkpoints, p=1.
 //!
 //! The job: `datagen-source` (bounded, `bids_per_key × keys` records, `keys` auctions drawn

@@ -1,8 +1,8 @@
 //! What `SCHED_BATCH` task threads cost in latency (`nopstream-bench latency`).
 //!
 //! Task threads run under `SCHED_BATCH` by default (`TaskScheduling::Batch`,
-//! `host/runtime/src/launch.rs`): a woken task does not preempt the thread running on its
-//! CPU. That saves CPU when task threads outnumber cores (`bench/RESULTS.md`, 2026-12-05),
+//! `host/task/src/scheduling.rs`): a woken task does not preempt the thread running on its
+//! CPU. That saves CPU when task threads outnumber cores (`bench/RESULTS.md`),
 //! and its price is hand-over latency on a busy machine. This bench measures that price
 //! where a user sees it in an exactly-once job: the time from an epoch's barrier injection
 //! to its snapshot being durable (`created` → `durable` in the epoch log, Flink's

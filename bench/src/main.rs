@@ -1,4 +1,4 @@
-//! `nopstream-bench`: the benchmark harness of issue 5 (design §20).
+//! `nopstream-bench`: the benchmark harness (design §20).
 //!
 //! - `gen`: the deterministic Nexmark-style bids CSV ([`bids`]).
 //! - `run`: every workload ([`workload::WORKLOADS`]) on nop-stream (the release
@@ -26,7 +26,7 @@
 //! - `nexmark`: the Nexmark suite q0–q5, q7–q9, q11 against the floor and Flink SQL over
 //!   the same generated files ([`nexmark`]); `nexmark-gen` writes the files,
 //!   `nexmark-floor` is one floor run.
-//! - `postgres`: the Postgres workloads of issue 13 ([`pg`]): the postgres-sink alone,
+//! - `postgres`: the Postgres workloads of design §7.5 ([`pg`]): the postgres-sink alone,
 //!   the multi-row INSERT and COPY floors, JetStream -> Postgres; skipped with a message
 //!   when no server is configured.
 
@@ -99,7 +99,7 @@ enum Cmd {
         #[arg(long, short = 'p', default_value_t = 1)]
         parallelism: u32,
         /// Also run `count-ckpt` at this parallelism, each run right after its p=1 run and
-        /// the floor's, as the row `nop-stream -p N`; the targets table then has issue 14
+        /// the floor's, as the row `nop-stream -p N`; the targets table then has design §20
         /// item 5's "records per CPU-second at p=N within 10 % of p=1". 0: not. Only with
         /// `-p 1` and `count-ckpt` selected.
         #[arg(long, default_value_t = 2)]
@@ -143,7 +143,7 @@ enum Cmd {
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
     },
-    /// What checkpoints cost the keyed count (issue 14, item 3): no periodic checkpoint,
+    /// What checkpoints cost the keyed count (design §20): no periodic checkpoint,
     /// every 1 s and every 100 ms, interleaved, median CPU-second overhead; then
     /// instruction counts under `valgrind --tool=callgrind` with epochs triggered by
     /// record count; writes `<out>/checkpoint-cost.json`.
@@ -201,7 +201,7 @@ enum Cmd {
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
     },
-    /// Soak (issue 14 item 7): an unbounded generated keyed count with 1 s checkpoints
+    /// Soak (design §8.1): an unbounded generated keyed count with 1 s checkpoints
     /// and a TTL on its state, sampling RSS, checkpoint and state bytes and durable epochs
     /// over time; writes `<out>/soak.json`. Not run by any test.
     Soak {
@@ -261,7 +261,7 @@ enum Cmd {
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
     },
-    /// Large keyed state (issue 14 item 4): the keyed count over generated bids with
+    /// Large keyed state (design §5.5, §8.1): the keyed count over generated bids with
     /// many distinct keys and 1 s checkpoints; per size records/s, bytes and stall per
     /// epoch, peak RSS, a run with a working-set budget, and recovery after a SIGKILL
     /// with the state built; every run's output checked against a native expectation;
@@ -426,7 +426,7 @@ enum Cmd {
         #[command(flatten)]
         bins: Bins,
     },
-    /// The Postgres workloads (issue 13): the postgres-sink alone (2PC, 1 s
+    /// The Postgres workloads (design §7.5): the postgres-sink alone (2PC, 1 s
     /// checkpoints), the multi-row INSERT and COPY floors from this process, and
     /// JetStream -> Postgres; rows/s, commit latency per epoch (p50/p99) and ratios to the
     /// floors. Skipped with a message without `NOP_TEST_PG_URL`/`PGPASSWORD` (JetStream:
@@ -1016,7 +1016,7 @@ struct Case<'a> {
     run_dir: PathBuf,
 }
 
-/// The workload `run --scaling N` runs again at parallelism N (issue 14 item 5 measures
+/// The workload `run --scaling N` runs again at parallelism N (design §20 measures
 /// the keyed count with checkpoints), in the run directory `<case>-pN`.
 const SCALING_WORKLOAD: &str = "count-ckpt";
 

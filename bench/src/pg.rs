@@ -1,4 +1,4 @@
-//! Postgres workloads (issue 13, "Bench"): the flights per-record rows (336,776, eight
+//! Postgres workloads (design §20): the flights per-record rows (336,776, eight
 //! columns, primary key = natural key) written
 //!
 //! - `pg-sink`: by nop-stream, file-source -> flights-mapper -> postgres-sink `insert`,

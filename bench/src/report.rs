@@ -177,7 +177,7 @@ pub struct Ratio {
     pub steady: f64,
     /// nop-stream end-to-end ÷ other end-to-end.
     pub e2e: f64,
-    /// nop-stream records per CPU-second ÷ the other's (issue 14 item 5): the pipeline
+    /// nop-stream records per CPU-second ÷ the other's (design §20): the pipeline
     /// runs stages on several threads, so wall-time ratios against a one-thread floor
     /// flatter it.
     pub per_cpu: f64,
@@ -198,7 +198,7 @@ pub struct Marginal {
     pub per_cpu: f64,
 }
 
-/// One line of the targets table: a measured ratio against issue 14's target.
+/// One line of the targets table: a measured ratio against design §20's target.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetLine {
     /// What is measured, e.g. `count-ckpt ÷ floor (steady)`.
@@ -229,7 +229,7 @@ impl TargetLine {
     }
 }
 
-/// Issue 14's targets: (workload, versus, measure, target). `measure` is `steady` (wall
+/// The performance targets (design §20): (workload, versus, measure, target). `measure` is `steady` (wall
 /// time) or `per-cpu`; [`CKPT_CPU_OVERHEAD`] is checked separately.
 pub const TARGETS: &[(&str, &str, &str, f64)] = &[
     ("count-ckpt", FLOOR, "steady", 0.5),
@@ -242,11 +242,11 @@ pub const TARGETS: &[(&str, &str, &str, f64)] = &[
     ("q0", FLOOR, "steady", 0.5),
 ];
 
-/// Issue 14 item 3: CPU seconds of the keyed count with 1 s checkpoints over without, at
+/// The checkpoint-cost target (design §20): CPU seconds of the keyed count with 1 s checkpoints over without, at
 /// most this much more.
 pub const CKPT_CPU_OVERHEAD: f64 = 0.05;
 
-/// Issue 14 item 5: records per CPU-second of `count-ckpt` at p=N at least this share of
+/// The scaling target (design §20): records per CPU-second of `count-ckpt` at p=N at least this share of
 /// p=1's ("within 10 %").
 pub const SCALING_EFFICIENCY: f64 = 0.90;
 
@@ -586,7 +586,7 @@ impl Results {
         if !targets.is_empty() {
             let _ = write!(
                 t,
-                "\nIssue 14's targets (ratios of medians; Flink by its marginal rate where it ran on two sizes):\n\n{targets}"
+                "\nTargets (ratios of medians; Flink by its marginal rate where it ran on two sizes):\n\n{targets}"
             );
         }
         t

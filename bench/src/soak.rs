@@ -1,4 +1,4 @@
-//! The soak run of issue 14 item 7: an unbounded generated keyed count with 1 s
+//! The soak run of design §8.1: an unbounded generated keyed count with 1 s
 //! exactly-once checkpoints for a given time, sampling what grows.
 //!
 //! The job: `datagen-source` (unbounded, throttled, rotating keys: one new auction every

@@ -169,7 +169,7 @@ pub trait Context {
     /// The host restarts an entry's lifetime when a write reaches it, so an operator that
     /// caches values in the instance across calls must, when this is `Some`, write every
     /// change back within the call that made it and read the value from the host again in
-    /// the next (README "State TTL").
+    /// the next (docs/operations.md, "State TTL").
     fn state_ttl_ms(&mut self, state: StateHandle) -> Option<u64>;
 
     /// Looks up one value per key, in key order, in one host call.

@@ -85,7 +85,7 @@ impl StateDescriptor {
 }
 
 /// How a restore at another parallelism hands out the entries of a non-keyed operator
-/// state (seed §10.5). At the same parallelism every policy but
+/// state (design §10.5). At the same parallelism every policy but
 /// [`Redistribution::Union`] gives each subtask back exactly its own entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Redistribution {

@@ -199,7 +199,7 @@ fn render(
     }
 }
 
-/// Typed non-keyed operator state (WIT `operator-state`, issue 11, seed §10.5): entries
+/// Typed non-keyed operator state (WIT `operator-state`, design §10.5): entries
 /// of `T` by string id that belong to the operator subtask, not to a key — the offsets a
 /// subtask tracks, rules broadcast to every subtask, a small model. The host snapshots
 /// them at every barrier and, on a restore at another parallelism, hands them out by the

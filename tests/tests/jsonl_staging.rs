@@ -6,13 +6,13 @@ mod common;
 
 use common::{host, wasm};
 use nop_stream_api::{Batch, PluginKind, TaskInfo};
-use nop_stream_runtime::{DirGrant, Instance, InstanceOptions, Limits, Site};
+use nop_stream_plugin_host::{DirGrant, Instance, InstanceOptions, Limits, SinkInstance, Site};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// An opened instance of `jsonl-sink` for subtask `subtask` of 2, writing into `out`.
-fn sink(out: &Path, subtask: u32) -> nop_stream_runtime::plugin::SinkInstance {
+fn sink(out: &Path, subtask: u32) -> SinkInstance {
     let p = host()
         .load(
             "jsonl-sink@0.1.0",
@@ -33,9 +33,7 @@ fn sink(out: &Path, subtask: u32) -> nop_stream_runtime::plugin::SinkInstance {
             writable: true,
         }],
         state: None,
-        pg: None,
-        redis: None,
-        nats: None,
+        capabilities: None,
     };
     let Instance::Sink(mut s) = p.instantiate(&opts).expect("instantiate") else {
         panic!("not a sink instance");

@@ -7,8 +7,8 @@ mod common;
 use common::{JobDir, Op, host, pipeline_toml, wasm};
 use nop_stream_api::PluginKind;
 use nop_stream_core::{PluginRef, parse_job_file, stream_graph};
-use nop_stream_runtime::registry::PluginRegistry;
-use nop_stream_runtime::{PluginHost, RuntimeError};
+use nop_stream_plugin_host::{PluginRegistry, RuntimeError};
+use nop_stream_task::plugin_host;
 use std::path::PathBuf;
 
 fn registry(job_dir: PathBuf) -> PluginRegistry<'static> {
@@ -186,7 +186,7 @@ fn missing_plugin_is_refused_listing_where_it_looked() {
 fn second_host_takes_the_compiled_component_from_the_disk_cache() {
     let cache = tempfile::tempdir().unwrap();
     let path = nop_stream_artifacts::plugin_path("fault-error");
-    let first = PluginHost::new(Some(cache.path().to_owned())).unwrap();
+    let first = plugin_host(Some(cache.path().to_owned())).unwrap();
     let a = first
         .load("fault-error@0.1.0", &path, PluginKind::Operator)
         .unwrap();
@@ -203,7 +203,7 @@ fn second_host_takes_the_compiled_component_from_the_disk_cache() {
         "{name} is keyed by content hash"
     );
 
-    let second = PluginHost::new(Some(cache.path().to_owned())).unwrap();
+    let second = plugin_host(Some(cache.path().to_owned())).unwrap();
     let b = second
         .load("fault-error@0.1.0", &path, PluginKind::Operator)
         .unwrap();
@@ -338,12 +338,12 @@ fn with_wit_version(bytes: &[u8], from: &str, to: &str) -> (Vec<u8>, usize) {
     (out, n)
 }
 
-/// Issue 11 item 8: a component built against a `nop:stream` version this host does not
+/// Design §16: a component built against a `nop:stream` version this host does not
 /// serve (an older track, a newer track, or a newer patch of the served track) is refused
 /// at load, naming both versions and the file.
 #[test]
 fn a_component_of_a_wit_version_the_host_does_not_serve_is_refused_naming_both() {
-    let served = nop_stream_runtime::WIT_PACKAGE;
+    let served = nop_stream_plugin_host::WIT_PACKAGE;
     assert_eq!(served, "nop:stream@0.2.2");
     let original = std::fs::read(wasm("tally-v1")).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -410,7 +410,7 @@ fn components_built_against_0_2_0_and_0_2_1_load_on_the_0_2_2_host() {
     }
 }
 
-/// The optional `state-migration` export (issue 11): tally v2 converts v1 counts, a plugin
+/// The optional `state-migration` export (design §10.6): tally v2 converts v1 counts, a plugin
 /// without the export is refused naming it, and a guest error names the plugin.
 #[test]
 fn state_migration_runs_the_export_and_a_plugin_without_it_is_refused() {

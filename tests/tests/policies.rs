@@ -6,7 +6,7 @@
 mod common;
 
 use common::{JobDir, records, run};
-use nop_stream_runtime::Limits;
+use nop_stream_plugin_host::Limits;
 use std::collections::{BTreeMap, BTreeSet};
 
 const SOURCE: &str = r#"

@@ -1,7 +1,7 @@
 //! Every sandbox limit of a plugin instance fires with an error naming the plugin, the
 //! operator, the subtask and the limit with its value (design §16); the failed job
 //! publishes nothing; and the host survives: a healthy job run right after, in the same
-//! process on the same [`PluginHost`](nop_stream_runtime::PluginHost), commits exactly the
+//! process on the same [`PluginHost`](nop_stream_plugin_host::PluginHost), commits exactly the
 //! right output.
 
 mod common;
@@ -9,7 +9,7 @@ mod common;
 use common::{
     JobDir, Op, assert_host_survives, assert_nothing_committed, records, run_expecting_failure,
 };
-use nop_stream_runtime::{Limits, RuntimeError, Site};
+use nop_stream_plugin_host::{Limits, RuntimeError, Site};
 use std::time::Duration;
 
 /// Asserts the site names plugin and operator and a subtask below `parallelism`, and that

@@ -135,7 +135,7 @@ impl<F: WindowFunction> WindowOperator<F> {
     /// [module docs](super)): for an [`super::Aggregating`] function over tumbling or
     /// sliding event-time windows with zero allowed lateness, whose [`ACC_STATE`] has no
     /// TTL (a cached accumulator would reach the host, and start its lifetime, only at the
-    /// next checkpoint or firing; README "State TTL"); elsewhere it changes nothing. The
+    /// next checkpoint or firing; docs/operations.md, "State TTL"); elsewhere it changes nothing. The
     /// plugin must then forward `on_watermark` to [`Self::on_watermark`]
     /// and call [`Self::flush`] from `prepare_checkpoint` and `finish`, as
     /// [`crate::window_operator_hooks!`] does: without the flush a checkpoint would miss

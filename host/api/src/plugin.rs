@@ -65,7 +65,7 @@ pub struct StateDescriptor {
 }
 
 /// How a restore at another parallelism hands out the entries of a non-keyed operator
-/// state (seed §10.5; WIT `operator-state.redistribution`). At the same parallelism every
+/// state (design §10.5; WIT `operator-state.redistribution`). At the same parallelism every
 /// policy but [`Redistribution::Union`] gives each subtask back its own entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -94,7 +94,7 @@ impl fmt::Display for Redistribution {
 }
 
 /// A non-keyed operator state a plugin declares (WIT `state-declarations`, `0.2.1`;
-/// seed §3.5, §10.5): entries by string id per operator subtask.
+/// design §3.5, §10.5): entries by string id per operator subtask.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OperatorStateDescriptor {
     /// Unique among the plugin's keyed and operator states; part of the state path.

@@ -103,10 +103,10 @@ pub struct TaskSnapshot {
     /// epochs' files appear here too, and one (shard, state) may appear several times;
     /// restore applies them in this order).
     pub segments: Vec<SegmentDescriptor>,
-    /// Non-keyed operator state of the chain's operators (WIT `operator-state`, issue 11):
+    /// Non-keyed operator state of the chain's operators (WIT `operator-state`, design §10.6):
     /// one descriptor per operator and declared operator state, its `shard` holding this
     /// task's subtask index and its StatePath
-    /// `checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/operator/{stateName}` (seed §3.5);
+    /// `checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/operator/{stateName}` (design §3.5);
     /// payload codec `kv-lp/1` with the entry ids as keys. Absent from manifests of jobs
     /// without operator state (and of hosts before it), so their checksums are unchanged.
     #[serde(default)]
@@ -137,7 +137,7 @@ pub struct TaskSnapshot {
     #[serde(default)]
     pub async_ms: u64,
     /// Bytes of full payloads a background compaction of incremental snapshots wrote
-    /// since the task's previous snapshot (issue 14 item 4): the compacted chains this
+    /// since the task's previous snapshot (design §5.5, §8.1): the compacted chains this
     /// snapshot adopted. Not part of `snapshot_bytes`. Absent from manifests when `0`.
     #[serde(default)]
     pub compacted_bytes: u64,

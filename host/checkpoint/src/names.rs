@@ -137,7 +137,7 @@ pub fn segment_file(epoch: u64, operator_id: &str, subtask: u32, attempt: u32) -
     )
 }
 
-/// The segment file a background compaction of incremental snapshots (issue 14 item 4)
+/// The segment file a background compaction of incremental snapshots (design §5.5, §8.1)
 /// writes for one subtask's chain of `operator_id`: the full payloads folded from the
 /// chain a barrier of `epoch` saw, put in the directory of `dir_epoch` (the epoch of the
 /// chain's newest file, which every manifest references until one adopts the compacted
@@ -180,7 +180,7 @@ pub fn segment_dir_epoch(rel: &str) -> Option<u64> {
 
 /// The packed segment file an offline migration (`savepoint migrate`, or a restore with
 /// actions) writes for `operator_id` in a savepoint of `epoch` when it rewrites that
-/// operator's state at `shards` shards (a reshard or a migrate-state, issue 11): one file
+/// operator's state at `shards` shards (a reshard or a migrate-state, design §10.6): one file
 /// per operator, named apart from the task files of [`segment_file`] (those end in
 /// `.a<attempt>.seg`).
 pub fn migrated_segment_file(epoch: u64, operator_id: &str, shards: u32) -> String {
@@ -203,7 +203,7 @@ pub fn state_path(
     format!("checkpoint/{namespace}/{epoch}/{operator_id}/{subtask}/{shard}/{state}")
 }
 
-/// The StatePath of a non-keyed operator state of one subtask (seed §3.5):
+/// The StatePath of a non-keyed operator state of one subtask (design §3.5):
 /// `checkpoint/{ns}/{epoch}/{operatorId}/{subtask}/operator/{stateName}`.
 pub fn operator_state_path(
     namespace: &str,

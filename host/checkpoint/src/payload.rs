@@ -1,4 +1,4 @@
-//! Keyed-state segment payload codecs (design §8.2; issue 14 item 4, incremental
+//! Keyed-state segment payload codecs (design §8.2, §5.5: incremental
 //! snapshots). A [`SegmentDescriptor`](crate::SegmentDescriptor)'s `codec` names one:
 //!
 //! - [`KV_CODEC`] (`kv-lp/1`), a **full** payload: every live entry of one state in one

@@ -422,11 +422,11 @@ pub fn submit(s: &Submit, args: &ClusterArgs) -> Result<std::process::ExitCode> 
         }
         let sp = crate::savepoint::open(&crate::savepoint::location_arg(sp)?)?;
         let work = std::env::temp_dir().join(format!("nopstream-finalize-{}", std::process::id()));
-        let platform = nop_stream_runtime::embedded::EmbeddedPlatform::new(
-            nop_stream_runtime::PluginHost::new(crate::cache_dir())?,
+        let platform = nop_stream_embedded::EmbeddedPlatform::new(
+            nop_stream_task::plugin_host(crate::cache_dir())?,
             s.plugins.clone(),
-            nop_stream_runtime::RunOptions::new(dir, output.clone(), work.clone()),
-            std::sync::Arc::new(nop_stream_runtime::JobProgress::default()),
+            nop_stream_task::RunOptions::new(dir, output.clone(), work.clone()),
+            std::sync::Arc::new(nop_stream_task::JobProgress::default()),
         );
         let done = platform.finalize(&sp, &actions);
         let _ = std::fs::remove_dir_all(&work);
@@ -789,7 +789,7 @@ pub struct NodeArgs {
     /// task does not preempt a running one, fewer context switches when task threads
     /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
     #[arg(long, default_value = "batch", value_name = "batch|normal")]
-    pub task_scheduling: nop_stream_runtime::TaskScheduling,
+    pub task_scheduling: nop_stream_task::TaskScheduling,
 }
 
 /// `nopstream node`: serves until killed.

@@ -1,6 +1,8 @@
 //! `nopstream`: run, plan and validate nop-stream jobs, and inspect plugins.
 
 mod cluster;
+#[cfg(test)]
+mod doc_commands;
 mod nats;
 mod output;
 mod prepare;
@@ -17,8 +19,8 @@ use nop_stream_core::{
     DeploymentOptions, Layer, StreamModel, deployment_plan, job_graph, parse_job_file,
     partitioned_plan, stream_graph,
 };
-use nop_stream_runtime::registry::PluginRegistry;
-use nop_stream_runtime::{JobProgress, PluginHost};
+use nop_stream_plugin_host::PluginRegistry;
+use nop_stream_task::{JobProgress, plugin_host};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -529,7 +531,7 @@ fn savepoint_target(
     search: Vec<PathBuf>,
 ) -> Result<(
     nop_stream_core::PartitionedPlan,
-    nop_stream_runtime::PluginSet,
+    nop_stream_plugin_host::PluginSet,
     Namespace,
 )> {
     let model = read_model(job, parallelism)?;
@@ -538,12 +540,12 @@ fn savepoint_target(
             .join(&model.job.id)
             .join("work")
     });
-    let host = PluginHost::new(cache_dir())?;
+    let host = plugin_host(cache_dir())?;
     let registry = PluginRegistry::new(&host, search, job_dir(job));
     let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
     let plan = partitioned_plan(&job_graph(&stream));
     let plugins = registry.plugin_set(&plan)?;
-    let ckpt = Namespace::open(&nop_stream_runtime::job::checkpoint_location(
+    let ckpt = Namespace::open(&nop_stream_coordinator::checkpoint_location(
         &checkpoint_root(&work_dir, checkpoints)?,
         &plan,
     ))?;
@@ -698,7 +700,7 @@ fn plan(
     let value = if layer == Layer::Model {
         serde_json::to_value(&model)?
     } else {
-        let host = PluginHost::new(cache_dir())?;
+        let host = plugin_host(cache_dir())?;
         let registry = PluginRegistry::new(&host, search, job_dir(&job));
         let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
         match layer {
@@ -807,7 +809,7 @@ fn validate(job: PathBuf, search: Vec<PathBuf>) -> Result<std::process::ExitCode
             }
         }
     }
-    let host = PluginHost::new(cache_dir())?;
+    let host = plugin_host(cache_dir())?;
     let registry = PluginRegistry::new(&host, search, dir.clone());
     let graph = stream_graph(&model, &registry);
     if !missing.is_empty() {
@@ -922,7 +924,7 @@ fn savepoint_command(
             let sp = savepoint::open(&savepoint::location_arg(&sp_dir)?)?;
             // A component built for a WIT version this host does not serve cannot be
             // planned: it is a finding of the report, not an error.
-            let host = PluginHost::new(cache_dir())?;
+            let host = plugin_host(cache_dir())?;
             let unserved = savepoint::unserved_report(
                 &sp,
                 &read_model(&job, parallelism)?,
@@ -1158,7 +1160,7 @@ fn cluster_command(command: ClusterCommand) -> Result<std::process::ExitCode> {
 
 /// `nopstream plugin list` (and `nopstream plugins`): the plugin path, with sha256 and size.
 fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
-    let host = PluginHost::new(cache_dir())?;
+    let host = plugin_host(cache_dir())?;
     let mut seen = 0;
     for dir in search {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -1176,7 +1178,7 @@ fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
                 .into_iter()
                 .find_map(|k| match host.load(&label, &f, k) {
                     Ok(p) => Some(p),
-                    Err(nop_stream_runtime::RuntimeError::UnservedWit {
+                    Err(nop_stream_plugin_host::RuntimeError::UnservedWit {
                         built_for,
                         served,
                         ..

@@ -95,7 +95,7 @@ pub fn run(command: NatsCommand) -> Result<()> {
                 .with_context(|| format!("{} is not UTF-8 text", file.display()))?;
             lines.retain(|l| !l.is_empty());
             let started = Instant::now();
-            let opts = nop_stream_runtime::nats::PublishOptions {
+            let opts = nop_stream_nats_jetstream::PublishOptions {
                 url,
                 ca_file,
                 password_env,
@@ -103,7 +103,7 @@ pub fn run(command: NatsCommand) -> Result<()> {
                 subject: subject.clone(),
                 timeout: Duration::from_secs(10),
             };
-            let p = nop_stream_runtime::nats::publish_lines(&opts, lines.into_iter())
+            let p = nop_stream_nats_jetstream::publish_lines(&opts, lines.into_iter())
                 .map_err(anyhow::Error::msg)?;
             println!(
                 "published {} messages to stream {stream} (subject {subject}): sequences {}..={} in {:.2} s",

@@ -2,7 +2,7 @@
 //! committed output.
 
 use anyhow::{Result, bail};
-use nop_stream_runtime::JobReport;
+use nop_stream_coordinator::JobReport;
 use std::path::{Path, PathBuf};
 
 /// `1234567` -> `1,234,567`.

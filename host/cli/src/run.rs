@@ -8,9 +8,10 @@ use anyhow::{Context, Result};
 use nop_stream_checkpoint::Location;
 use nop_stream_coordinator::jobs::ObjectJobStore;
 use nop_stream_coordinator::manager::{JobManager, ManagerOptions, Note, RunIn, Submitted};
+use nop_stream_embedded::EmbeddedPlatform;
+use nop_stream_plugin_host::Limits;
 use nop_stream_proto::cli::JobSubmission;
-use nop_stream_runtime::embedded::EmbeddedPlatform;
-use nop_stream_runtime::{JobProgress, Limits, PluginHost, RunOptions};
+use nop_stream_task::{JobProgress, RunOptions, plugin_host};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -78,7 +79,7 @@ pub struct RunArgs {
     /// went on past the savepoint can go back to it.
     #[arg(long, value_name = "SP", conflicts_with_all = ["rescale"])]
     pub from_savepoint: Option<PathBuf>,
-    /// A Delta overlay patching the job file's model (README "Delta overlays"): each
+    /// A Delta overlay patching the job file's model (docs/jobs.md, "Delta overlays"): each
     /// changed field is printed with its class (replan, rescale, state-affecting;
     /// forbidden ones are refused). When the job has a durable checkpoint, its latest
     /// epoch is promoted to a savepoint (`WORK_DIR/savepoints/epoch-N`) and the patched
@@ -94,7 +95,7 @@ pub struct RunArgs {
     /// task does not preempt a running one, fewer context switches when task threads
     /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
     #[arg(long, default_value = "batch", value_name = "batch|normal")]
-    pub task_scheduling: nop_stream_runtime::TaskScheduling,
+    pub task_scheduling: nop_stream_task::TaskScheduling,
 }
 
 /// The directories of a run, as the start note names them.
@@ -183,7 +184,7 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
     template.savepoint_root = savepoints.clone();
     let progress = Arc::new(JobProgress::default());
     let platform = EmbeddedPlatform::new(
-        PluginHost::new(crate::cache_dir())?,
+        plugin_host(crate::cache_dir())?,
         search,
         template,
         Arc::clone(&progress),

@@ -14,8 +14,8 @@ use nop_stream_checkpoint::{Location, Namespace, SavepointInfo};
 use nop_stream_coordinator::compat::{Action, Actions, Report};
 use nop_stream_coordinator::migrate::StateEntry;
 use nop_stream_core::PartitionedPlan;
+use nop_stream_plugin_host::PluginSet;
 use nop_stream_proto::cli::{CliResponse, JobControl};
-use nop_stream_runtime::PluginSet;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -111,14 +111,14 @@ pub fn read_actions(path: Option<&Path>) -> Result<Actions> {
 pub fn unserved_report(
     sp: &Savepoint,
     model: &nop_stream_core::StreamModel,
-    registry: &nop_stream_runtime::registry::PluginRegistry<'_>,
+    registry: &nop_stream_plugin_host::PluginRegistry<'_>,
 ) -> Option<Report> {
     let old = sp.manifest.meta.as_ref()?;
     let unserved: Vec<_> = model
         .nodes
         .iter()
         .filter_map(|node| match registry.load(&node.plugin, node.kind) {
-            Err(nop_stream_runtime::RuntimeError::UnservedWit {
+            Err(nop_stream_plugin_host::RuntimeError::UnservedWit {
                 built_for, served, ..
             }) => Some(nop_stream_coordinator::compat::UnservedComponent {
                 operator_id: nop_stream_core::operator_id(node).to_string(),

@@ -89,6 +89,8 @@ impl Procs {
             .arg(self.dir.path().join(name))
             .arg("--certs")
             .arg(self.certs())
+            .arg("--storage")
+            .arg(self.dir.path().join("coord"))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.log_path(name)).unwrap())

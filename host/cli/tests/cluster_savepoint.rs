@@ -423,7 +423,7 @@ fn a_schema_bump_restores_with_migrate_state_run_by_the_coordinator() {
     );
 }
 
-/// Non-keyed operator state restored on the cluster (seed §10.5): an embedded savepoint of
+/// Non-keyed operator state restored on the cluster (design §10.5): an embedded savepoint of
 /// `opstate-probe` at p=2 submitted at p=3 is refused for its `none` state (exit 2,
 /// `NON_KEYED_STATE_NOT_REDISTRIBUTABLE`); with `drop-state` the nodes take the
 /// split-registry and union entries exactly once and the broadcast copy made at p=2.

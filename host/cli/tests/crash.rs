@@ -415,7 +415,7 @@ fn generated_input_replays_exactly_after_random_kills() {
 
 #[test]
 fn a_tiny_state_memory_budget_keeps_the_output_exact_through_kills() {
-    // Regression for the byte budget of the keyed working set (issue 14 item 4): 20,000
+    // Regression for the byte budget of the keyed working set (design §5.5, §8.1): 20,000
     // auctions at parallelism 2 with `state_memory_bytes` of 1 MiB (512 KiB a subtask, a
     // working set of a few thousand entries) flush and evict all the time; the committed
     // output, uninterrupted and through SIGKILLs, equals the run without a budget.
@@ -486,7 +486,7 @@ fn a_tiny_state_memory_budget_keeps_the_output_exact_through_kills() {
 
 #[test]
 fn a_crash_or_failure_while_an_asynchronous_snapshot_is_in_flight_keeps_the_output_exact() {
-    // Regression for asynchronous snapshots (issue 14 item 4): the keyed-count subtasks
+    // Regression for asynchronous snapshots (design §5.5, §8.1): the keyed-count subtasks
     // write their segments on a background thread after forwarding the barrier, and Ack
     // only once the file is durable. Killed there (failpoint `async-snapshot-write`: the
     // file written, not yet durable, the barrier already downstream), or failed there,
@@ -617,7 +617,7 @@ fn latest_manifest_text(work: &std::path::Path) -> Option<String> {
 
 #[test]
 fn restarts_from_incremental_chains_commit_exactly_the_full_snapshot_output() {
-    // Incremental snapshots (issue 14 item 4), on by default: each epoch writes only the
+    // Incremental snapshots (design §5.5, §8.1), on by default: each epoch writes only the
     // keys changed since the subtask's last snapshot, and a manifest lists per shard the
     // full payload and the deltas after it. SIGKILLed at random points, each restart
     // restores a chain; the committed output must equal that of a run with every epoch a
@@ -692,7 +692,7 @@ fn restarts_from_incremental_chains_commit_exactly_the_full_snapshot_output() {
 
 #[test]
 fn a_compaction_that_crashes_or_fails_keeps_the_output_exact() {
-    // Background compaction of incremental snapshots (issue 14 item 4). Killed while it
+    // Background compaction of incremental snapshots (design §5.5, §8.1). Killed while it
     // writes its file (failpoint `compaction-write`: written, not yet durable), the job
     // restarts from a manifest that never names the file. Failing there, the task logs
     // it, takes a full snapshot at its next barrier and goes on. Either way the committed
@@ -728,7 +728,7 @@ fn a_compaction_that_crashes_or_fails_keeps_the_output_exact() {
 
 #[test]
 fn epochs_that_time_out_while_a_delta_is_written_are_aborted_and_the_chain_stays_exact() {
-    // A checkpoint timeout with incremental snapshots (issue 14 item 4). One subtask's
+    // A checkpoint timeout with incremental snapshots (design §5.5, §8.1). One subtask's
     // snapshot thread stalls for 1.5 s while it writes a delta (failpoint
     // `async-snapshot-write` with `sleep`), far past `checkpoint_timeout_ms = 200`: the
     // coordinator aborts that epoch, and the ones whose snapshots queue behind it, and

@@ -1,4 +1,4 @@
-//! The operator error policy (`on_error`, README "Error policy") through the real
+//! The operator error policy (`on_error`, docs/operations.md, "Error policy") through the real
 //! `nopstream` binary: a flights CSV with a few corrupted lines, parsed by
 //! `flights-mapper`, which reports `invalid-record` for exactly those lines. `fail` stops
 //! at once naming the record and the error; `skip` commits every good record and counts

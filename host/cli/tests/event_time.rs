@@ -1,4 +1,4 @@
-//! Event time, windows and CEP end to end (issue 4) through the real `nopstream` binary:
+//! Event time, windows and CEP end to end (design §9) through the real `nopstream` binary:
 //! the flights examples checked against independent computations over the CSV, run three
 //! ways (straight; parallelism 2 with checkpoints; restored from a mid-run epoch at
 //! parallelism 3 with an explicit rescale) with identical output, killed at random

@@ -1,4 +1,4 @@
-//! The JetStream source against a real nats-server (issue 13 §3): the flights CSV published
+//! The JetStream source against a real nats-server (design §7.5, §16.1): the flights CSV published
 //! into a stream, parsed and written exactly once, uninterrupted, under SIGKILLs and
 //! failpoints, and across a server restart; bad connections and streams; bounded splits.
 //!
@@ -46,7 +46,7 @@ fn server() -> Server {
         panic!(
             "the JetStream tests need a nats-server with JetStream: set NOP_TEST_NATS_URL \
              (nats://host:port), NOP_TEST_NATS_TOKEN and NOP_TEST_NATS_DIR, e.g. with \
-             `eval \"$(scripts/nats-test-server.sh start)\"` (see README, \"JetStream source\")"
+             `eval \"$(scripts/nats-test-server.sh start)\"` (see docs/exactly-once.md, \"JetStream source\")"
         );
     };
     Server { url, token, dir }

@@ -1,4 +1,4 @@
-//! The exactly-once Postgres sink against a real PostgreSQL server (issue 13 §2).
+//! The exactly-once Postgres sink against a real PostgreSQL server (design §7.5, §16.1).
 //!
 //! Every test here needs a server: `.ci/run` starts one with `scripts/pg-test-server.sh`
 //! and runs them with `--ignored` (so a plain `cargo test --workspace` on a machine without

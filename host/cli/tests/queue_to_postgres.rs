@@ -1,4 +1,4 @@
-//! From a queue into a database, exactly once, under crashes (issue 13, "Kill tests"): the
+//! From a queue into a database, exactly once, under crashes (design §7.5): the
 //! flights CSV published into JetStream and written by the two-phase-commit Postgres sink,
 //! killed at every failpoint of the engine and by SIGKILL at ≥ 20 pseudo-random moments,
 //! restarted until it finishes, each time into a fresh database:
@@ -55,7 +55,7 @@ const FAILPOINTS: &[&str] = &[
     "during-restore=1",
 ];
 
-/// SIGKILLs per test at pseudo-random moments (at least 20, issue 13).
+/// SIGKILLs per test at pseudo-random moments (at least 20, design §7.5).
 const RANDOM_KILLS: usize = 20;
 
 /// The two test servers, from the environment `scripts/*-test-server.sh start` prints.

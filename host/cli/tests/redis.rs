@@ -1,4 +1,4 @@
-//! The Redis Streams source and sink against a real Redis 7 server (issue 13 §3, §4).
+//! The Redis Streams source and sink against a real Redis 7 server (design §7.5, §16.1).
 //!
 //! Every test here needs a server: `.ci/run` starts one with `scripts/redis-test-server.sh`
 //! and runs them with `--ignored` (so a plain `cargo test --workspace` on a machine without
@@ -34,7 +34,7 @@ fn server() -> Server {
         panic!(
             "the Redis tests need a Redis 7 server: set NOP_TEST_REDIS_URL (redis://host:port/db) \
              and NOP_TEST_REDIS_PASSWORD, e.g. with `eval \"$(scripts/redis-test-server.sh start)\"` \
-             (see README, \"Redis Streams\")"
+             (see docs/exactly-once.md, \"Redis Streams\")"
         );
     };
     Server { url, password }

@@ -970,7 +970,7 @@ fn departures_per_carrier() -> std::collections::BTreeMap<String, u64> {
     out
 }
 
-/// Issue 11 "Swap with a schema bump": tally v1 -> v2 changes the schema of state `count`.
+/// A swap with a schema bump (design §10.6): tally v1 -> v2 changes the schema of state `count`.
 /// The check needs action (exit 2) and the restore refuses; `savepoint migrate` with
 /// `migrate-state` runs v2's migration export into a new savepoint that checks compatible
 /// with no action, and the restored run counts every departure exactly once.
@@ -1344,7 +1344,7 @@ fn probe_state_job(tag: &str) -> JobFile {
     job(tag, common::flights::probe_state_job_text)
 }
 
-/// Issue 11 "non-keyed operator state with a redistribution policy" (seed §10.5): a
+/// Non-keyed operator state with a redistribution policy (design §10.5): a
 /// savepoint of `opstate-probe` at p=2 restores at p=2 with every state as it was (the
 /// per-subtask record counts of the `none` state add up to every record exactly once),
 /// and at p=3 only with `drop-state` for the `none` state (the check says
@@ -1491,7 +1491,7 @@ fn operator_state_is_redistributed_by_its_declared_policy_on_a_rescale() {
     assert_eq!(lines(&r.out, "N ").len(), 3);
 }
 
-/// Issue 11 "schema changed without a version bump": `tally@0.1.1` stores its count as
+/// A schema changed without a version bump (design §10.4): `tally@0.1.1` stores its count as
 /// `i64` where 0.1.0 stored `u64`, both under schema version 1. The check derives each
 /// state's layout from the plugin (`state-declarations`) and refuses the restore
 /// (`STATE_SCHEMA_CHANGED`, exit 3) without touching the savepoint; `drop-state` clears it.
@@ -1562,7 +1562,7 @@ fn a_state_retyped_without_a_schema_bump_is_refused() {
 
 #[test]
 fn a_savepoint_of_an_incremental_chain_is_self_contained_and_a_reshard_folds_it() {
-    // Incremental snapshots (issue 14 item 4): a promoted savepoint whose manifest lists
+    // Incremental snapshots (design §5.5, §8.1): a promoted savepoint whose manifest lists
     // a chain (a full payload, then deltas) copies every file of the chain, so it restores
     // with the job's checkpoints gone; a reshard migration folds the chain into full
     // payloads, and that savepoint restores exactly too.

@@ -253,7 +253,7 @@ pub enum Code {
     /// plugin gives no description.
     StateSchemaChanged,
     /// A non-keyed operator state without a redistribution policy (`none`) at another
-    /// parallelism (needs `drop-state`, seed §10.5).
+    /// parallelism (needs `drop-state`, design §10.5).
     NonKeyedStateNotRedistributable,
     /// A state's codec changed (needs `migrate-state` or `drop-state`).
     StateCodecChanged,
@@ -340,7 +340,7 @@ pub enum Action {
         shards: u32,
     },
     /// Commit the old sink's pending committables with the old plugin first (design
-    /// §10.6, seed §14.2): the host opens `with` as the operator was configured in the old
+    /// §10.6): the host opens `with` as the operator was configured in the old
     /// job file `job`, commits (or recovers) every pending committable the savepoint
     /// records for `operator`, and the restore then starts without them. The component
     /// must be the one the savepoint records (same sha256).
@@ -1105,7 +1105,7 @@ type ClearFn<'a> = dyn Fn(&mut Finding, &dyn Fn(&Action) -> bool) + 'a;
 
 /// Findings on the non-keyed operator states of one operator (renamed by
 /// `state_renames`): removed, added, schema and codec changes, and a state without a
-/// redistribution policy at another parallelism (seed §10.5). Operator states have no
+/// redistribution policy at another parallelism (design §10.5). Operator states have no
 /// `migrate-state`: a changed encoding needs `drop-state`.
 fn operator_state_findings(
     (o, n): (&OperatorMeta, &OperatorMeta),

@@ -5,7 +5,7 @@
 //!
 //! It reaches tasks only through the [`Workers`] seam: deploy an attempt's assignments,
 //! send commands, receive events, fence a generation, join. The embedded mode implements
-//! the seam with threads and in-process queues (`nop-stream-runtime`), the cluster mode
+//! the seam with threads and in-process queues (`nop-stream-embedded`), the cluster mode
 //! with QUIC streams to node processes. This crate links neither wasmtime nor a
 //! transport; the decisions that can be pure are pure ([`restore`], and the epoch state
 //! machine of `nop-stream-checkpoint`).

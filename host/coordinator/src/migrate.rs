@@ -1,4 +1,4 @@
-//! Savepoint migrations (design §10.6; issue 11 items 4–6): the actions a compatibility
+//! Savepoint migrations (design §10.6): the actions a compatibility
 //! check accepted ([`crate::compat::check`]), applied to a savepoint's manifest and
 //! segments. Pure: the caller reads the payloads it is asked for and writes what comes out.
 //! `nopstream savepoint migrate` writes the result as a new savepoint (the old one is never

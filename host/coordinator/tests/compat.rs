@@ -707,7 +707,7 @@ fn another_ttl_duration_is_compatible_and_reported() {
     assert_eq!(only(&r, Code::StateTtlChanged).status, Status::NeedsAction);
 }
 
-/// Operator state (issue 11, seed §10.5): a changed layout of an operator state is
+/// Operator state (design §10.5): a changed layout of an operator state is
 /// refused like a keyed one; a redistributable policy rescales with no finding; a
 /// removed operator state needs an action; an added one is compatible; a description
 /// missing on either side is never compared.

@@ -286,7 +286,7 @@ fn check_state_ttls(
     }
 }
 
-/// `on_error = "skip" | "dead-letter"` (README "Error policy"): the host isolates a
+/// `on_error = "skip" | "dead-letter"` (docs/operations.md, "Error policy"): the host isolates a
 /// failing record by calling `process` again one record at a time, which is exactly-once
 /// only if the failed call left nothing behind. The host discards a failed call's output
 /// and side outputs but cannot take back its keyed-state and timer writes, so both

@@ -1,4 +1,4 @@
-//! Delta overlays (seed §12, DESIGN §8a): a small TOML file that patches a job's model —
+//! Delta overlays (design §12): a small TOML file that patches a job's model —
 //! never a runtime object — so an operator of the job can change a running pipeline's
 //! parallelism, checkpoint interval, plugin version or config without editing the job
 //! file. Every field a Delta may name has a [`ChangeClass`]; forbidden fields are refused
@@ -29,7 +29,7 @@ use serde::Serialize;
 use std::fmt;
 use toml::{Table, Value};
 
-/// What a changed field does to a job that resumes from a checkpoint (seed §12.2).
+/// What a changed field does to a job that resumes from a checkpoint (design §12.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ChangeClass {

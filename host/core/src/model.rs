@@ -65,7 +65,7 @@ pub struct JobSpec {
     /// Checkpoint after every this many records read by the sources (all subtasks
     /// together); default none. An alternative or an addition to the interval: a run
     /// takes the same number of epochs however fast it goes, which the benchmarks need
-    /// to compare instruction counts under valgrind (issue 14, item 3).
+    /// to compare instruction counts under valgrind (design §20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_records: Option<u64>,
     /// How long an epoch may take from its barrier injection until its manifest is
@@ -92,7 +92,7 @@ pub struct JobSpec {
     )]
     pub async_snapshots: bool,
     /// Whether keyed-state snapshots are incremental (job file `incremental_snapshots`,
-    /// default `true`; issue 14 item 4): an epoch writes, per state and shard, only the
+    /// default `true`; design §5.5, §8.1): an epoch writes, per state and shard, only the
     /// keys written or deleted since the subtask's previous snapshot (`kv-delta/1`), and the
     /// manifest lists the full snapshot they build on and every delta since. A full
     /// snapshot is taken again once the deltas together outweigh it, after a restore, and
@@ -125,7 +125,7 @@ pub enum PrepareStep {
     /// Sort the CSV file `file` (with a header line) by the columns `by` (numerically
     /// when both values parse as numbers, else bytewise; stable, so equal keys keep file
     /// order) into `into`, unless `into` already exists and is newer than `file`. Used to
-    /// feed event-time jobs from a file that is far from time order (issue 4, flights).
+    /// feed event-time jobs from a file that is far from time order (design §9).
     Sort {
         /// Input CSV, relative to the job file's directory.
         file: String,
@@ -214,7 +214,7 @@ pub struct NodeSpec {
 /// belong to no record and always fail the job. `Skip` and `DeadLetter` isolate the
 /// failing records by calling `process` again one record at a time, which is sound only
 /// when a failed call leaves nothing behind: so they are accepted only for operators that
-/// declare no keyed state (the planner refuses them otherwise; see README "Error policy").
+/// declare no keyed state (the planner refuses them otherwise; see docs/operations.md, "Error policy").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ErrorPolicy {

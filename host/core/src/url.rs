@@ -13,9 +13,10 @@
 //!
 //! So a URL is accepted only with at most one raw `@`, a user-info free of `:`, `/`, `?`
 //! and `#` (where both readings agree, and hold no password), and no parameter whose
-//! percent-decoded name is a credential ([`is_credential_name`]). The runtime also checks
-//! each driver's parse of the URL it opens (`host/runtime`), and a property test there
-//! holds every URL this module accepts against the drivers' own parsers.
+//! percent-decoded name is a credential ([`is_credential_name`]). Each host capability also
+//! checks its driver's parse of the URL it opens (`host/capabilities/*`), and
+//! `host/task/tests/url_credentials.rs` holds every URL this module accepts against the
+//! drivers' own parsers.
 
 /// Whether a (percent-decoded) URL parameter name names a credential: it contains
 /// `pass`, `pwd`, `secret`, `token` or `credential`, or is `auth`, in any case. This

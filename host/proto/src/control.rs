@@ -57,7 +57,7 @@ pub struct TaskRestorePlan {
     pub segments: BTreeMap<String, Vec<SegmentDescriptor>>,
     /// Non-keyed operator state to read, by operator id: the segments of every old subtask
     /// of the operator, from which the task takes its entries by each state's
-    /// redistribution policy (seed §10.5).
+    /// redistribution policy (design §10.5).
     pub operator_state: BTreeMap<String, OperatorStateRestore>,
     /// Cursor of every split the manifest knows, by split id.
     pub splits: BTreeMap<String, SplitCursor>,
@@ -80,7 +80,7 @@ pub struct TaskRestorePlan {
     pub records_out_total: u64,
 }
 
-/// The non-keyed operator state of one operator in a manifest (issue 11, seed §10.5).
+/// The non-keyed operator state of one operator in a manifest (design §10.5).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatorStateRestore {
     /// Parallelism of the operator when the manifest was taken.

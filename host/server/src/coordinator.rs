@@ -22,9 +22,10 @@ use nop_stream_coordinator::jobs::{JobStore, ObjectJobStore};
 use nop_stream_coordinator::manager::{
     JobManager, ManagerError, ManagerOptions, Note, RunIn, Submitted,
 };
+use nop_stream_plugin_host::PluginHost;
 use nop_stream_proto::cli::{CliRequest, CliResponse};
 use nop_stream_proto::session::{ComponentFrame, Hello, NodeFrame, NodeRequestFrame};
-use nop_stream_runtime::PluginHost;
+use nop_stream_task::plugin_host;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -117,7 +118,7 @@ impl ClusterCoordinator {
                 .map_err(|e| e.to_string())?,
         );
         let validator = Arc::new(Mutex::new(
-            PluginHost::new(Some(opts.data.join("cache"))).map_err(|e| e.to_string())?,
+            plugin_host(Some(opts.data.join("cache"))).map_err(|e| e.to_string())?,
         ));
         opts.checkpoints.open().map_err(|e| e.to_string())?;
         let jobs: Arc<dyn JobStore> = match &opts.jobs {

@@ -1,6 +1,6 @@
 //! nop-stream's cluster processes (design §2.5): the coordinator and the node, built on the
 //! coordinator role of `nop-stream-coordinator` (written once for both modes), the task
-//! host of `nop-stream-runtime`, and the QUIC foundation of `nop-stream-cluster`.
+//! host of `nop-stream-task`, and the QUIC foundation of `nop-stream-cluster`.
 //!
 //! - [`coordinator`]: [`ClusterCoordinator`], the coordinator process: plugin registry
 //!   ([`store::PluginStore`]), job store ([`store::JobStore`]), node hub ([`hub::NodeHub`])

@@ -22,14 +22,14 @@ use nop_stream_cluster::endpoint::PeerConnection;
 use nop_stream_cluster::session::{CoordinatorLink, NodeService, SessionOutcome};
 use nop_stream_cluster::{ClusterEndpoint, DataPlane, DataPlaneConfig, Identity, NodeId, Protocol};
 use nop_stream_core::PartitionedPlan;
+use nop_stream_plugin_host::{Limits, LoadedPlugin, PluginHost, PluginSet, RuntimeError};
 use nop_stream_proto::session::{
     CoordinatorFrame, JobEvent, JobSpec, NodeCounters, NodeDeployment, NodeFrame, NodeRequest,
     Reply, ReplyBody,
 };
 use nop_stream_proto::{FailureClass, TaskError, TaskEvent, TaskFailure};
-use nop_stream_runtime::{
-    JobProgress, Limits, LiveTasks, LoadedPlugin, LocalTaskEvent, PluginHost, PluginSet,
-    PreparedTasks, RunOptions, RuntimeError, TaskHost,
+use nop_stream_task::{
+    JobProgress, LiveTasks, LocalTaskEvent, PreparedTasks, RunOptions, TaskHost, plugin_host,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -56,7 +56,7 @@ pub struct NodeOptions {
     /// Capacity of each receiving channel queue, in messages (batches). Default 16.
     pub channel_capacity: usize,
     /// How the kernel schedules this node's task threads.
-    pub task_scheduling: nop_stream_runtime::TaskScheduling,
+    pub task_scheduling: nop_stream_task::TaskScheduling,
 }
 
 enum Control {
@@ -144,7 +144,7 @@ impl NodeHost {
     pub fn start(opts: NodeOptions, rt: tokio::runtime::Handle) -> Result<Arc<Self>, String> {
         std::fs::create_dir_all(opts.data.join("components"))
             .map_err(|e| format!("{}: {e}", opts.data.display()))?;
-        let plugins = PluginHost::new(Some(opts.data.join("cache"))).map_err(|e| e.to_string())?;
+        let plugins = plugin_host(Some(opts.data.join("cache"))).map_err(|e| e.to_string())?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let host = Arc::new(NodeHost {
             me: Identity::Node(opts.id).label(),
@@ -610,7 +610,7 @@ impl NodeHost {
         plugins: &PluginHost,
         loaded: &mut HashMap<(String, PluginKind), Arc<LoadedPlugin>>,
         spec: &JobSpec,
-        f: impl FnOnce(&TaskHost<'_>) -> nop_stream_runtime::Result<T>,
+        f: impl FnOnce(&TaskHost<'_>) -> nop_stream_plugin_host::Result<T>,
     ) -> Result<T, TaskFailure> {
         let plan: PartitionedPlan =
             serde_json::from_str(&spec.plan_json).map_err(|e| TaskFailure {

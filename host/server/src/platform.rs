@@ -18,9 +18,9 @@ use nop_stream_coordinator::migrate::StateEntry;
 use nop_stream_core::{
     NodeSpec, PluginCatalog, PluginRef, StreamModel, job_graph, partitioned_plan, stream_graph,
 };
+use nop_stream_plugin_host::{Limits, PluginHost};
 use nop_stream_proto::cli::JobSubmission;
 use nop_stream_proto::session::{ComponentRef, JobSpec, SandboxLimits};
-use nop_stream_runtime::{Limits, PluginHost};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -198,7 +198,7 @@ impl Platform for ClusterPlatform {
     }
 
     fn claim_output(&self, sub: &JobSubmission) -> Result<(), ManagerError> {
-        nop_stream_runtime::job::claim_output_dir(std::path::Path::new(&sub.output_dir))
+        nop_stream_task::claim_output_dir(std::path::Path::new(&sub.output_dir))
             .map_err(ManagerError::Platform)
     }
 

@@ -15,8 +15,8 @@
 use nop_stream_api::{PluginInfo, PluginKind};
 use nop_stream_checkpoint::names::component;
 use nop_stream_checkpoint::{ObjectStore, Scoped};
+use nop_stream_plugin_host::{PluginHost, RuntimeError};
 use nop_stream_proto::cli::PluginEntry;
-use nop_stream_runtime::{PluginHost, RuntimeError};
 use nop_stream_storage::{Created, StoreError as StoreError2};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -250,7 +250,7 @@ impl PluginStore {
                 sha256: sha.clone(),
                 size: bytes.len() as u64,
                 description: info.description.clone(),
-                wit: nop_stream_runtime::WIT_PACKAGE.to_owned(),
+                wit: nop_stream_plugin_host::WIT_PACKAGE.to_owned(),
                 stored_ms: now_ms(),
             },
             info,
@@ -377,7 +377,7 @@ pub fn describe_component(
     Err(StoreError::Invalid(format!(
         "the component exports none of the worlds operator, source, sink of {} that this \
          host serves ({})",
-        nop_stream_runtime::WIT_PACKAGE,
+        nop_stream_plugin_host::WIT_PACKAGE,
         reasons.join("; ")
     )))
 }

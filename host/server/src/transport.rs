@@ -13,9 +13,9 @@
 use nop_stream_api::{ChannelId, FencingToken, JobId, TaskId};
 use nop_stream_cluster::{DataError, DataPlane, QuicSender, ReceiverGuard};
 use nop_stream_core::{DeploymentPlan, PartitionedPlan};
+use nop_stream_plugin_host::RuntimeError;
 use nop_stream_proto::{Message, StreamHeader};
-use nop_stream_runtime::RuntimeError;
-use nop_stream_runtime::transport::{
+use nop_stream_task::transport::{
     ChannelGuard, ChannelReceiver, ChannelSender, LocalTransport, Transport, admit,
 };
 use std::collections::HashMap;

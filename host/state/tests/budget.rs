@@ -1,4 +1,4 @@
-//! The working set's memory budget in bytes (issue 14 item 4): what it counts, and that
+//! The working set's memory budget in bytes (design §5.5, §8.1): what it counts, and that
 //! past its share it flushes and drops clean entries without losing a write.
 
 use nop_stream_api::{StateDescriptor, StateKind};

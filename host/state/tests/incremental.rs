@@ -1,4 +1,4 @@
-//! Incremental snapshots (issue 14 item 4): a delta view hands over exactly the keys
+//! Incremental snapshots (design §5.5, §8.1): a delta view hands over exactly the keys
 //! written or deleted since the previous view; a full payload followed by its deltas,
 //! restored in order, gives the state as of the last view.
 

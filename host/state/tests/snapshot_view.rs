@@ -1,4 +1,4 @@
-//! Asynchronous snapshots (issue 14 item 4): a [`SnapshotView`] holds exactly the state as
+//! Asynchronous snapshots (design §5.5, §8.1): a [`SnapshotView`] holds exactly the state as
 //! of the moment it was taken, on another thread, while the state goes on taking writes,
 //! flushes and budget evictions; expired TTL entries are left out and deleted later only
 //! if they are still expired.

@@ -1,4 +1,4 @@
-//! State TTL (issue 14 item 7): processing time since the last write, entries read as
+//! State TTL (design §8.1): processing time since the last write, entries read as
 //! absent once expired, writes restart the lifetime, snapshots leave expired entries out
 //! and delete them from redb, and write times survive a snapshot/restore.
 

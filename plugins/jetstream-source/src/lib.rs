@@ -1,4 +1,4 @@
-//! `jetstream-source`: replays NATS JetStream streams by stream sequence (issue 13 §3;
+//! `jetstream-source`: replays NATS JetStream streams by stream sequence (design §7.5, §16.1;
 //! capability replayable). It reaches the server only through the host's
 //! `nop:nats/jetstream` capability, on the connection the job file grants to its node; it
 //! never sees the address or the password.

@@ -208,7 +208,7 @@ pub struct KeyedCount {
     state: StateHandle,
     /// Whether the count state has a TTL (`state_ttl_ms`): then nothing is cached across
     /// batches, so every write reaches the host within its batch and starts the entry's
-    /// lifetime there (README "State TTL").
+    /// lifetime there (docs/operations.md, "State TTL").
     ttl: bool,
     /// The cached keys (the index persists across batches; `of_record` is per batch).
     groups: Groups,

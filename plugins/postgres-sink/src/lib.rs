@@ -1,5 +1,5 @@
 //! `postgres-sink`: writes JSON records into a PostgreSQL table exactly once, with one
-//! two-phase-commit transaction per epoch (issue 13 §2; capability two-phase-commit). It
+//! two-phase-commit transaction per epoch (design §7.5, §16.1; capability two-phase-commit). It
 //! reaches the database only through the host's `nop:postgres/client` capability, on the
 //! connection the job file grants to its node; it never sees the address or the password.
 //!

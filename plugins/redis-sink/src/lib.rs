@@ -1,6 +1,6 @@
 //! `redis-sink`: writes records into Redis Streams, one stream per sink subtask, with
-//! entry ids `<epoch>-<n>` (issue 13 §4; capability idempotent, so a job using it is at
-//! most EFFECTIVELY_ONCE, seed §7.1). It reaches Redis only through the host's
+//! entry ids `<epoch>-<n>` (design §7.5, §16.1; capability idempotent, so a job using it is at
+//! most EFFECTIVELY_ONCE, design §7.1). It reaches Redis only through the host's
 //! `nop:redis/streams` capability, on the connection the job file grants to its node.
 //!
 //! Config:

@@ -1,5 +1,5 @@
 //! `redis-source`: replays Redis Streams, one split per stream key, from exclusive
-//! entry-id cursors (issue 13 §3; capability replayable). It reaches Redis only through
+//! entry-id cursors (design §7.5, §16.1; capability replayable). It reaches Redis only through
 //! the host's `nop:redis/streams` capability, on the connection the job file grants to its
 //! node; it never sees the address or the password.
 //!

@@ -5,10 +5,9 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use nop_stream_core::{job_graph, parse_job_file, partitioned_plan, stream_graph};
-use nop_stream_runtime::registry::PluginRegistry;
-use nop_stream_runtime::{
-    JobProgress, JobReport, Limits, PluginHost, RunOptions, RuntimeError, run_job,
-};
+use nop_stream_embedded::{JobReport, run_job};
+use nop_stream_plugin_host::{Limits, PluginHost, PluginRegistry, RuntimeError};
+use nop_stream_task::{JobProgress, RunOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -21,7 +20,7 @@ pub fn host() -> &'static PluginHost {
     static HOST: OnceLock<PluginHost> = OnceLock::new();
     HOST.get_or_init(|| {
         let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-component-cache");
-        PluginHost::new(Some(cache)).expect("plugin host")
+        nop_stream_task::plugin_host(Some(cache)).expect("plugin host")
     })
 }
 

@@ -19,7 +19,7 @@ pub fn server() -> Server {
         panic!(
             "the Postgres tests need a PostgreSQL server: set NOP_TEST_PG_URL \
              (postgres://user@host:port/db) and PGPASSWORD, e.g. with \
-             `eval \"$(scripts/pg-test-server.sh start)\"` (see README, \"Postgres sink\")"
+             `eval \"$(scripts/pg-test-server.sh start)\"` (see docs/exactly-once.md, \"Postgres sink\")"
         );
     };
     Server { url, password }

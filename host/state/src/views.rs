@@ -1,0 +1,426 @@
+//! Snapshots of keyed state: full and delta views, compaction, restore and scans.
+
+use super::*;
+
+impl KeyedState {
+    /// Snapshot of every owned shard (design §8.1, §8.2): flushes the working set,
+    /// then returns one payload per (shard, state) that holds entries, each a sequence of
+    /// length-prefixed (`namespace length | namespace | key`, value) pairs in key order
+    /// (codec `kv-lp/1`, see [`codec`]). Values are as stored (a TTL state's with their
+    /// write-time prefix); expired entries of TTL states are left out and deleted from
+    /// the database (full-snapshot cleanup).
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn snapshot(&mut self) -> Result<Vec<ShardSnapshot>> {
+        let mut out = Vec::new();
+        self.snapshot_each(&mut |s| {
+            out.push(s);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// [`Self::snapshot`], handing each (shard, state) payload to `consume` as soon as it
+    /// is built instead of collecting them, so a snapshot holds one shard's payload in
+    /// memory at a time (the budget of [`StateConfig::memory_bytes`] does not cover a
+    /// whole snapshot). Payloads come in state, then shard order. Synchronous: it is
+    /// [`Self::snapshot_view`], [`SnapshotView::write`] on this thread, then the expired
+    /// entries' deletion at once.
+    ///
+    /// # Errors
+    /// A database failure, or [`StateError::Snapshot`] with the message `consume`
+    /// returned (the snapshot stops there).
+    pub fn snapshot_each(
+        &mut self,
+        consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
+    ) -> Result<()> {
+        let view = self.snapshot_view()?;
+        let expired = view.write(consume)?;
+        self.remove_expired_later(expired);
+        self.flush(false)
+    }
+
+    /// The synchronous half of an asynchronous snapshot (design §7, "Asynchronous
+    /// snapshots"): flushes the working set (and any expired keys pending from the last
+    /// snapshot) to redb in one non-durable transaction, then opens a redb read
+    /// transaction on the result. The returned view sees exactly the state as of this
+    /// call: redb is MVCC, so writes and flushes made afterwards (including the budget's
+    /// evictions) go on without changing it, and the pages of the old version are freed
+    /// only once the view is dropped. The view is `Send`: [`SnapshotView::write`] may run
+    /// on another thread while this state keeps serving the task.
+    ///
+    /// Expired entries of TTL states are judged at this call's processing time.
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn snapshot_view(&mut self) -> Result<SnapshotView> {
+        self.flush(false)?;
+        if self.incremental {
+            for c in &mut self.cache {
+                c.track_from_now();
+            }
+            self.tracking = true;
+        }
+        self.view(None)
+    }
+
+    /// The synchronous half of an incremental snapshot (design §5.5, §8.1): like
+    /// [`Self::snapshot_view`], but the view covers only the table keys written or deleted
+    /// since the previous view, and [`SnapshotView::write`] hands over `kv-delta/1`
+    /// payloads of them (a put of the value as of this call, or a delete). Applied in
+    /// order on top of the previous view's payloads (and its own predecessors'), they give
+    /// this view's state. `None` when the changes are not known: incremental snapshots are
+    /// off ([`Self::set_incremental`]), no view was taken since the state was opened or
+    /// restored, or more changed keys accumulated than the memory budget allows tracking;
+    /// take a full [`Self::snapshot_view`] then.
+    ///
+    /// Expired entries are not looked for, except among the changed keys (which become
+    /// deletes): a full snapshot drops the rest.
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn delta_view(&mut self) -> Result<Option<SnapshotView>> {
+        self.check_tracking();
+        if !self.tracking {
+            return Ok(None);
+        }
+        let shard_count = self.shard_count;
+        let mut delta = Vec::with_capacity(self.cache.len());
+        for c in &mut self.cache {
+            let StateCache {
+                plain,
+                namespaced,
+                dropped,
+                dropped_bytes,
+                ..
+            } = c;
+            let mut changes: Vec<(Bytes, Change)> = Vec::new();
+            // Slots that left the cache since the view: the cached value if the key came
+            // back (unless it is fresh: the loop below takes it), else redb's.
+            // Taken, not drained: the set's capacity would stay uncounted.
+            for entry in std::mem::take(dropped) {
+                let n = u32::from_be_bytes(entry[..4].try_into().expect("4 bytes")) as usize;
+                let (ns, key) = (&entry[4..4 + n], &entry[4 + n..]);
+                let map = if ns.is_empty() {
+                    Some(&*plain)
+                } else {
+                    namespaced.get(ns)
+                };
+                let table_key = composite_inline(shard_of(key, shard_count).0, ns, key);
+                match map.and_then(|m| m.get(key)) {
+                    Some(slot) if slot.fresh => {}
+                    Some(slot) => changes.push((table_key, Change::Cached(slot.value.clone()))),
+                    None => changes.push((table_key, Change::Stored)),
+                }
+            }
+            *dropped_bytes = 0;
+            let maps = std::iter::once((&[][..], plain))
+                .chain(namespaced.iter_mut().map(|(ns, m)| (ns.as_slice(), m)));
+            for (ns, map) in maps {
+                for (k, slot) in map.iter_mut().filter(|(_, s)| s.fresh) {
+                    slot.fresh = false;
+                    slot.handed = true;
+                    changes.push((
+                        composite_inline(shard_of(k, shard_count).0, ns, k),
+                        Change::Cached(slot.value.clone()),
+                    ));
+                }
+            }
+            delta.push(changes);
+        }
+        self.view(Some(delta)).map(Some)
+    }
+
+    /// Drops change tracking if the caches' `dropped` sets count more than half the
+    /// working set's share of the budget (tracking must not break the budget's bound);
+    /// the next snapshot is then full.
+    pub(crate) fn check_tracking(&mut self) {
+        let Some(share) = self.working_set_bytes else {
+            return;
+        };
+        if self.tracking && self.cache.iter().map(|c| c.dropped_bytes).sum::<usize>() > share / 2 {
+            self.tracking = false;
+            for c in &mut self.cache {
+                c.untrack();
+            }
+        }
+    }
+
+    /// Turns change tracking for [`Self::delta_view`] on or off (default off). On an
+    /// empty state (a database opened empty, nothing written yet) tracking starts at once:
+    /// its first delta holds every key written since, the whole state on top of nothing,
+    /// so even a subtask's first snapshot need not flush. Otherwise it starts at the next
+    /// [`Self::snapshot_view`] or [`Self::restore`]. Turning it off drops what was
+    /// tracked.
+    pub fn set_incremental(&mut self, on: bool) {
+        self.incremental = on;
+        if !on {
+            self.tracking = false;
+            for c in &mut self.cache {
+                c.untrack();
+            }
+        } else if !self.tracking
+            && self.cache.iter().all(|c| {
+                !c.opened_non_empty
+                    && c.in_db.is_empty()
+                    && c.plain.is_empty()
+                    && c.namespaced.is_empty()
+            })
+        {
+            self.tracking = true;
+            for c in &mut self.cache {
+                c.track_from_now();
+            }
+        }
+    }
+
+    /// A read transaction on the database as it is, with what a scan needs.
+    pub(crate) fn view(&self, delta: Option<Vec<Vec<(Bytes, Change)>>>) -> Result<SnapshotView> {
+        let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
+        Ok(SnapshotView {
+            txn,
+            path: self.path.clone(),
+            names: self.states.iter().map(|d| d.name.clone()).collect(),
+            ttl: self.ttl.clone(),
+            owned: self.owned.clone(),
+            now: (self.clock)(),
+            delta,
+        })
+    }
+
+    /// A [`Compactor`] judging TTL expiry at the current processing time.
+    pub fn compactor(&self) -> Compactor {
+        Compactor {
+            ttl: self.ttl.clone(),
+            expired: ExpiredKeys {
+                keys: Vec::new(),
+                now: (self.clock)(),
+            },
+        }
+    }
+
+    /// Removes the expired keys a [`SnapshotView::write`] or a [`Compactor`] found. A key
+    /// is removed only if its value is still expired at the time they were judged at, so
+    /// a key written since stays. A key only the working set holds (redb never did) leaves
+    /// it at once: without a memory budget, incremental snapshots never flush, so this is
+    /// what keeps a TTL state's working set bounded. A key redb may hold is queued for
+    /// deletion by the next [`Self::flush`] (a full snapshot's, an eviction's, or any
+    /// other), in that flush's transaction; until then it reads as absent, as every
+    /// expired entry does.
+    pub fn remove_expired_later(&mut self, expired: ExpiredKeys) {
+        let now = expired.now;
+        let mut later = Vec::new();
+        for (i, k) in expired.keys {
+            let Some(ttl) = self.ttl.get(i).copied().flatten() else {
+                continue;
+            };
+            let Some((ns, key)) = k.get(4..).and_then(split_entry_key) else {
+                continue;
+            };
+            let cache = &mut self.cache[i];
+            match cache.map(ns).and_then(|m| m.get(key)) {
+                Some(slot) if !slot.in_db && !cache.maybe_in_db(ns) => {
+                    let still = slot
+                        .value
+                        .as_deref()
+                        .is_some_and(|v| live(v, Some(ttl), now).is_none());
+                    if still {
+                        cache.remove(ns, key);
+                        self.expired_removed += 1;
+                    }
+                }
+                _ => later.push((i, k)),
+            }
+        }
+        if !later.is_empty() {
+            self.pending_expired.push(ExpiredKeys { keys: later, now });
+        }
+    }
+
+    /// Loads shard payloads produced by [`Self::snapshot`] or [`SnapshotView::write`]
+    /// (possibly by another subtask when shards moved, design §10.5), replacing the
+    /// working set. The payloads of one (shard, state) must come in chain order: the full
+    /// one (if any), then its deltas ([`ShardSnapshot::delta`]), oldest first. Entries of
+    /// shards this subtask does not own are refused.
+    ///
+    /// Each chain is folded in memory first (its payloads are in key order: a linear
+    /// merge). With incremental snapshots on ([`Self::set_incremental`], set before
+    /// restoring) and no memory budget, every key it leaves goes into the working set
+    /// itself (nothing flushes it afterwards: compactions make the full payloads), as a
+    /// written entry redb does not hold. Otherwise every key is inserted into redb once,
+    /// in key order, in one non-durable write transaction (a crash restores again from the
+    /// checkpoint). With incremental snapshots on, tracking starts at the restored state,
+    /// so the next snapshot may be a delta on top of the restored chain.
+    ///
+    /// # Errors
+    /// Unknown state, a foreign shard, a corrupt payload or a database failure.
+    pub fn restore(&mut self, shards: &[ShardSnapshot]) -> Result<()> {
+        self.tracking = false;
+        for c in &mut self.cache {
+            c.clear();
+        }
+        // The payloads of each (state, shard) in the order given: its chain.
+        let mut chains: std::collections::BTreeMap<(u32, u32), Vec<&ShardSnapshot>> =
+            std::collections::BTreeMap::new();
+        for s in shards {
+            let desc = self
+                .states
+                .get(s.state as usize)
+                .ok_or(StateError::UnknownHandle(s.state))?;
+            if !self.owned.contains(&s.shard.0) {
+                return Err(StateError::KeyOutsideShards {
+                    key: format!("<shard {} of state `{}`>", s.shard, desc.name),
+                    shard: s.shard,
+                    owned: self.owned.clone(),
+                });
+            }
+            chains.entry((s.state, s.shard.0)).or_default().push(s);
+        }
+        // Without a memory budget, incremental snapshots never flush the working set (a
+        // compaction makes the full payloads off the task thread), so each folded chain
+        // goes straight to the working set: as written (dirty, redb does not hold them) and
+        // handed (the chain holds them, so a delete must reach the next delta). With a
+        // budget, or with a full snapshot each epoch (which would write them all to redb at
+        // the first barrier), into redb.
+        if self.incremental && self.working_set_bytes.is_none() {
+            // The full payloads of a state's shards hold disjoint keys, so their entry
+            // count is a lower bound of its restored keys: the plain map is sized for them
+            // at its first key instead of growing (each growth rehashes every slot into a
+            // fresh table). The count comes from the manifest, so it is capped by what the
+            // payloads can hold (an entry takes at least 8 bytes: two length prefixes).
+            let mut reserve = vec![0usize; self.cache.len()];
+            for s in shards.iter().filter(|s| !s.delta) {
+                let n = usize::try_from(s.entries).unwrap_or(usize::MAX);
+                reserve[s.state as usize] += n.min(s.payload.len() / 8);
+            }
+            for ((state, shard), chain) in chains {
+                let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
+                let cache = &mut self.cache[state as usize];
+                let reserve = &mut reserve[state as usize];
+                // Folded first (a linear merge of payloads written in key order), so each
+                // key the chain leaves is inserted once rather than once per change, and a
+                // deleted one not at all (nothing is tracked yet: no tombstone).
+                for (k, v) in fold_chain(&chain).ok_or_else(corrupt)? {
+                    let (ns, key) = split_entry_key(k).ok_or_else(corrupt)?;
+                    if ns.is_empty() && *reserve > 0 {
+                        cache.plain.reserve(std::mem::take(reserve));
+                    }
+                    if shard_of(key, self.shard_count).0 != shard {
+                        return Err(corrupt());
+                    }
+                    cache.put_restored(ns, key, v);
+                }
+            }
+            for c in &mut self.cache {
+                c.track_from_now();
+            }
+            self.tracking = true;
+            return Ok(());
+        }
+        // One non-durable write transaction: a crash restores again from the checkpoint.
+        let mut txn = self.db.begin_write().map_err(|e| db_err(&self.path, e))?;
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| db_err(&self.path, e))?;
+        for ((state, shard), chain) in chains {
+            let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
+            let entries = fold_chain(&chain).ok_or_else(corrupt)?;
+            let def: TableDefinition<&[u8], &[u8]> =
+                TableDefinition::new(&self.states[state as usize].name);
+            let mut table = txn.open_table(def).map_err(|e| db_err(&self.path, e))?;
+            let known = &mut self.cache[state as usize].in_db;
+            let mut table_key = Vec::new();
+            // In key order: sequential B-tree inserts.
+            for (k, v) in entries {
+                let (ns, _) = split_entry_key(k).ok_or_else(corrupt)?;
+                if !known.contains(ns) {
+                    known.insert(ns.to_vec());
+                }
+                table_key.clear();
+                table_key.extend_from_slice(&shard.to_be_bytes());
+                table_key.extend_from_slice(k);
+                table
+                    .insert(table_key.as_slice(), v)
+                    .map_err(|e| db_err(&self.path, e))?;
+            }
+        }
+        txn.commit().map_err(|e| db_err(&self.path, e))?;
+        if self.incremental {
+            // The restored state is exactly the chain's: deltas may follow it.
+            for c in &mut self.cache {
+                c.track_from_now();
+            }
+            self.tracking = true;
+        }
+        Ok(())
+    }
+
+    /// Every (namespace, key) `state` holds in the owned shards (redb's entries with the
+    /// working set's over them; no flush, so a restored working set stays out of redb), in
+    /// table order (shard, namespace, key). Used to rebuild the timer index after a
+    /// restore.
+    ///
+    /// # Errors
+    /// Unknown handle, a corrupt table key, or a database failure.
+    pub fn scan(&mut self, state: u32) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let name = self
+            .states
+            .get(state as usize)
+            .ok_or(StateError::UnknownHandle(state))?
+            .name
+            .clone();
+        // Table key -> whether it holds a value.
+        let mut keys: std::collections::BTreeMap<Vec<u8>, bool> = std::collections::BTreeMap::new();
+        let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
+        let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&name);
+        match txn.open_table(def) {
+            Ok(table) => {
+                for entry in table.iter().map_err(|e| db_err(&self.path, e))? {
+                    let (k, _) = entry.map_err(|e| db_err(&self.path, e))?;
+                    keys.insert(k.value().to_vec(), true);
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(db_err(&self.path, e)),
+        }
+        let cache = &self.cache[state as usize];
+        let maps = std::iter::once((&[][..], &cache.plain))
+            .chain(cache.namespaced.iter().map(|(ns, m)| (ns.as_slice(), m)));
+        for (ns, map) in maps {
+            for (k, slot) in map {
+                keys.insert(
+                    composite(shard_of(k, self.shard_count).0, ns, k),
+                    slot.value.is_some(),
+                );
+            }
+        }
+        let mut out = Vec::new();
+        for (k, _) in keys.into_iter().filter(|(_, present)| *present) {
+            let (ns, key) = k
+                .get(4..)
+                .and_then(split_entry_key)
+                .ok_or_else(|| StateError::Corrupt(name.clone()))?;
+            out.push((ns.to_vec(), key.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Number of stored entries of every state (after a flush), for tests and metrics.
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn stored_entries(&mut self) -> Result<u64> {
+        self.flush(false)?;
+        let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
+        let mut n = 0;
+        for desc in &self.states {
+            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(&desc.name);
+            match txn.open_table(def) {
+                Ok(t) => n += t.len().map_err(|e| db_err(&self.path, e))?,
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(db_err(&self.path, e)),
+            }
+        }
+        Ok(n)
+    }
+}
