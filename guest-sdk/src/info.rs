@@ -271,6 +271,12 @@ impl PluginInfo {
     /// "x-sink-capability": {"none": "idempotent"}}`, a job whose config says
     /// `transactions = "none"` is planned with capability `idempotent` instead of the one
     /// [`Self::sink_capability`] declares (so a strict job refuses it at plan time).
+    ///
+    /// A plugin whose output keys depend on only some settings marks those top-level
+    /// properties `"x-key-spec": true` (`"key": {"type": "string", "x-key-spec": true}`):
+    /// a savepoint check then calls a change of the other settings compatible for the
+    /// keyed operators downstream, where without the mark any config change is a key
+    /// change (`KEY_SPEC_CHANGED`).
     pub fn config_schema(mut self, schema: impl Into<String>) -> Self {
         self.config_schema = schema.into();
         self

@@ -87,4 +87,12 @@ pub struct InputMeta {
     /// For HASH inputs: what decides the keys, `plugin-name config-sha256-prefix` of the
     /// upstream operator (keys are computed by the upstream plugin from its config).
     pub key_source: Option<String>,
+    /// For HASH inputs whose upstream plugin marks the config properties that decide its
+    /// keys (schema keyword `x-key-spec`, `nop_stream_core::key_spec`): `plugin-name
+    /// key-spec-sha256-prefix` over those properties only. When both sides of a
+    /// compatibility check have it, it is compared instead of `key_source`, so a config
+    /// change that leaves the key alone is not a key change. Absent in metas written
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_spec: Option<String>,
 }

@@ -88,12 +88,12 @@ pub fn cluster_status(args: &ClusterArgs, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} data",
-        "node", "lease", "live", "slots", "renewals", "refused", "expired"
+        "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {:>6} data",
+        "node", "lease", "live", "slots", "renewals", "refused", "expired", "lost"
     );
     for n in &nodes {
         println!(
-            "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {}",
+            "{:<10} {:<8} {:<6} {:>6} {:>9} {:>8} {:>8} {:>6} {}",
             n.node,
             n.lease,
             n.live,
@@ -101,6 +101,7 @@ pub fn cluster_status(args: &ClusterArgs, json: bool) -> Result<()> {
             n.renewals,
             n.refused_renewals,
             n.expirations,
+            n.lost,
             n.data_addr
         );
     }

@@ -719,6 +719,8 @@ fn plan(
             }
         }
     };
+    let mut value = value;
+    nop_stream_core::redact_urls_in_json(&mut value);
     println!("{}", serde_json::to_string_pretty(&value)?);
     Ok(std::process::ExitCode::SUCCESS)
 }
@@ -908,11 +910,29 @@ fn savepoint_command(
             checkpoints,
             format,
         } => {
-            let (plan, plugins, ckpt) =
-                savepoint_target(&job, parallelism, work_dir, checkpoints.as_deref(), search)?;
             let sp = savepoint::open(&savepoint::location_arg(&sp_dir)?)?;
-            let actions = savepoint::read_actions(actions.as_deref())?;
-            let report = savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?;
+            // A component built for a WIT version this host does not serve cannot be
+            // planned: it is a finding of the report, not an error.
+            let host = PluginHost::new(cache_dir())?;
+            let unserved = savepoint::unserved_report(
+                &sp,
+                &read_model(&job, parallelism)?,
+                &PluginRegistry::new(&host, search.clone(), job_dir(&job)),
+            );
+            let report = match unserved {
+                Some(report) => report,
+                None => {
+                    let (plan, plugins, ckpt) = savepoint_target(
+                        &job,
+                        parallelism,
+                        work_dir,
+                        checkpoints.as_deref(),
+                        search,
+                    )?;
+                    let actions = savepoint::read_actions(actions.as_deref())?;
+                    savepoint::check_against(&sp, &plan, &plugins, &ckpt, &actions)?
+                }
+            };
             match format {
                 ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
                 ReportFormat::Text => {
@@ -1133,9 +1153,21 @@ fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
         files.sort();
         for f in files {
             let label = f.display().to_string();
+            let mut unserved = None;
             let found = [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
                 .into_iter()
-                .find_map(|k| host.load(&label, &f, k).ok());
+                .find_map(|k| match host.load(&label, &f, k) {
+                    Ok(p) => Some(p),
+                    Err(nop_stream_runtime::RuntimeError::UnservedWit {
+                        built_for,
+                        served,
+                        ..
+                    }) => {
+                        unserved = Some((built_for, served));
+                        None
+                    }
+                    Err(_) => None,
+                });
             match found {
                 Some(p) => println!(
                     "{:<28} {:<9} {}  {:>12} B  {}  ({})",
@@ -1146,12 +1178,21 @@ fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
                     p.info.description,
                     f.display()
                 ),
-                None => println!(
-                    "{:<28} {:<9} not a nop:stream component  ({})",
-                    "?",
-                    "-",
-                    f.display()
-                ),
+                None => match &unserved {
+                    Some((built_for, served)) => println!(
+                        "{:<28} {:<9} built for {built_for}, which this host does not serve \
+                         (it serves {served}); rebuild it with this host's nop-stream-sdk  ({})",
+                        "?",
+                        "-",
+                        f.display()
+                    ),
+                    None => println!(
+                        "{:<28} {:<9} not a nop:stream component  ({})",
+                        "?",
+                        "-",
+                        f.display()
+                    ),
+                },
             }
             seen += 1;
         }

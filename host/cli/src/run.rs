@@ -53,8 +53,9 @@ pub struct RunArgs {
     /// from the latest durable epoch.
     #[arg(long)]
     pub fresh: bool,
-    /// Global recoveries allowed after task failures [default: 3 with periodic
-    /// checkpoints, else 0].
+    /// Global recoveries allowed after task failures within any 60 s (a failure-rate
+    /// budget; the pause before each doubles from 100 ms to 5 s) [default: 10 with
+    /// periodic checkpoints, else 0].
     #[arg(long)]
     pub max_restarts: Option<u32>,
     /// Explicit rescale action (design §10.5): restore the latest durable epoch, taken

@@ -103,6 +103,36 @@ pub fn read_actions(path: Option<&Path>) -> Result<Actions> {
     Ok(actions)
 }
 
+/// The report of checking `sp` against a job (`model`, its plugins found by `registry`)
+/// some of whose components were built for a `nop:stream` WIT version this host does not
+/// serve ([`nop_stream_coordinator::compat::unserved_components_report`]: one
+/// `WIT_NOT_SERVED` finding each, verdict incompatible); `None` when there is none, or
+/// the savepoint records no compatibility metadata (the full check reports that).
+pub fn unserved_report(
+    sp: &Savepoint,
+    model: &nop_stream_core::StreamModel,
+    registry: &nop_stream_runtime::registry::PluginRegistry<'_>,
+) -> Option<Report> {
+    let old = sp.manifest.meta.as_ref()?;
+    let unserved: Vec<_> = model
+        .nodes
+        .iter()
+        .filter_map(|node| match registry.load(&node.plugin, node.kind) {
+            Err(nop_stream_runtime::RuntimeError::UnservedWit {
+                built_for, served, ..
+            }) => Some(nop_stream_coordinator::compat::UnservedComponent {
+                operator_id: nop_stream_core::operator_id(node).to_string(),
+                plugin: node.plugin.to_string(),
+                built_for,
+                served: served.to_owned(),
+            }),
+            _ => None,
+        })
+        .collect();
+    (!unserved.is_empty())
+        .then(|| nop_stream_coordinator::compat::unserved_components_report(old, &unserved))
+}
+
 /// Checks `sp` against `plan` (with its components) and `actions`; `namespace` is the
 /// job's own checkpoint namespace, to see whether it has advanced past the savepoint
 /// ([`nop_stream_coordinator::from_savepoint::check_against`], which the job manager runs

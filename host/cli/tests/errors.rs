@@ -248,6 +248,32 @@ fn plan_partitioned_prints_json_that_round_trips() {
     );
 }
 
+/// Pins `nopstream plan` printing a password: a connection URL with a percent-encoded
+/// `password` parameter passed the check, and every layer printed the URL whole.
+#[test]
+fn plan_prints_no_credential_of_any_url() {
+    let config = r#"{ after = 2, endpoint = "http://u:s3cret@h/x?api_token=s3cret" }"#;
+    let (dir, _) = job_dir(&pipeline("fault-trap@0.1.0", config), 1);
+    let o = nopstream(dir.path(), &["plan", "--layer", "model", "job.toml"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!out.contains("s3cret"), "{out}");
+    assert!(out.contains("http://u:***@h/x?api_token=***"), "{out}");
+
+    let job = format!(
+        "{}[connections.pg]\nkind = \"postgres\"\nurl = \"postgres://nop@h/db?pass%77ord=s3cret\"\n",
+        pipeline("fault-trap@0.1.0", "{ after = 2 }")
+    );
+    let (dir, _) = job_dir(&job, 1);
+    for layer in ["model", "partitioned"] {
+        let o = nopstream(dir.path(), &["plan", "--layer", layer, "job.toml"]);
+        let (out, err) = text(&o);
+        assert!(!o.status.success(), "{layer}: {out}");
+        assert!(err.contains("connections.pg.url"), "{layer}: {err}");
+        assert!(!out.contains("s3cret") && !err.contains("s3cret"), "{err}");
+    }
+}
+
 #[test]
 fn plugins_lists_the_bundled_plugins_with_their_kind() {
     let o = nopstream(Path::new(env!("CARGO_TARGET_TMPDIR")), &["plugins"]);

@@ -1256,6 +1256,89 @@ fn a_delta_overlay_rescales_a_crashed_job_and_refuses_forbidden_or_unacknowledge
     assert_eq!(committed(&d.out), reference, "restored 2->3 by a delta");
 }
 
+/// Pins a Delta that changes only the parser's `fields` (same `key`) being refused as
+/// KEY_SPEC_CHANGED (exit 3, clearable only by dropping state): the check compared the
+/// parser's whole config, not its key spec. It restores, with the uninterrupted output.
+#[test]
+fn a_delta_changing_only_the_parsers_fields_restores() {
+    let j = job("fields", |t| t);
+    let reference = uninterrupted(&j.0);
+    let d = dirs();
+    let o = run(
+        &j.0,
+        &d,
+        &["-p", "2", "--checkpoint-interval-ms", "50"],
+        Some("after-manifest-publish=2"),
+    );
+    assert!(!o.status.success(), "the failpoint fired: {}", text(&o));
+    let delta = d.work.join("d.toml");
+    std::fs::write(
+        &delta,
+        "[node.parse]\nconfig = { fields = [\"carrier\", \"dep_delay\", \"arr_delay\"] }\n",
+    )
+    .unwrap();
+    let o = run(&j.0, &d, &["--delta", &delta.display().to_string()], None);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(!t.contains("KEY_SPEC_CHANGED"), "{t}");
+    assert!(t.contains("operator.parse.config (state-affecting)"), "{t}");
+    assert!(t.contains("restoring savepoint"), "{t}");
+    assert_eq!(committed(&d.out), reference, "restored with the new fields");
+}
+
+/// Pins `savepoint check` failing with an error (exit 1) instead of a report when the job
+/// names a component built for a WIT version the host does not serve, and `nopstream
+/// plugins` listing such a component as "not a nop:stream component" without the version
+/// it was built for.
+#[test]
+fn a_component_built_for_an_unserved_wit_version_is_a_finding_and_listed_with_its_version() {
+    let j = job("wit", |t| t);
+    let (d, sp) = savepoint_mid_run(&j.0, 2);
+    let dir = d.work.join("old-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let built = Path::new(nop_stream_artifacts::PLUGIN_DIR).join("keyed_aggregate.wasm");
+    let served = "0.2.2";
+    let (bytes, n) =
+        common::files::with_wit_version(&std::fs::read(built).unwrap(), served, "0.1.0");
+    assert!(n >= 2, "the component names nop:stream interfaces ({n})");
+    let old = dir.join("keyed-aggregate@0.1.0.wasm");
+    std::fs::write(&old, bytes).unwrap();
+    let plugins = dir.display().to_string();
+    // By path: a named reference would pass over it to the bundled component.
+    let by_path = job("wit-path", |t| {
+        t.replace(
+            "plugin = \"keyed-aggregate@0.1.0\"",
+            &format!("plugin = \"{}\"", old.display()),
+        )
+    });
+
+    let o = check(&sp, &by_path.0, &d, &[]);
+    let report = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{report}");
+    assert!(report.contains("operators/per-carrier"), "{report}");
+    assert!(report.contains("WIT_NOT_SERVED"), "{report}");
+    assert!(
+        report.contains("built for nop:stream@0.1.0; this host serves nop:stream@0.2.2"),
+        "{report}"
+    );
+    assert!(report.contains("verdict INCOMPATIBLE (exit 3)"), "{report}");
+    let o = check(&sp, &by_path.0, &d, &["--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["verdict"], "incompatible");
+    assert_eq!(v["operators"][0]["findings"][0]["code"], "WIT_NOT_SERVED");
+
+    let o = nopstream(&["plugins", "--plugins", &plugins], None);
+    let listing = text(&o);
+    let line = listing
+        .lines()
+        .find(|l| l.contains("keyed-aggregate@0.1.0.wasm"))
+        .unwrap_or_else(|| panic!("not listed:\n{listing}"));
+    assert!(
+        line.contains("built for nop:stream@0.1.0, which this host does not serve"),
+        "{line}"
+    );
+}
+
 /// The flights job with `opstate-probe` in place of the keyed aggregate.
 fn probe_state_job(tag: &str) -> JobFile {
     job(tag, common::flights::probe_state_job_text)

@@ -107,6 +107,19 @@ impl TransportSettings {
         }
     }
 
+    /// The coordinator's settings for `lease`: the defaults with the idle timeout raised to
+    /// 1.5 × the lease TTL (at least the default), so a silent node is always lost by its
+    /// lease, never first by the transport: failure detection has one setting, the TTL
+    /// (design §2.5). Nodes dial the coordinator with no idle timeout of their own
+    /// ([`ClusterEndpoint::connect_control`]), so this one applies to the session.
+    pub fn for_lease(lease: &crate::lease::LeaseConfig) -> Self {
+        let base = Self::default();
+        Self {
+            idle_timeout: base.idle_timeout.max(lease.ttl + lease.ttl / 2),
+            ..base
+        }
+    }
+
     /// How many data channels may stall at once on one connection without starving the
     /// others: `receive_window / stream_receive_window`, capped by
     /// `max_concurrent_uni_streams`.
@@ -201,6 +214,22 @@ pub enum ConnectError {
     Identity(#[from] IdentityError),
 }
 
+impl ConnectError {
+    /// The certificate refusal this failure is, if it is one: a handshake failed by a
+    /// verifier (either side's), or a peer identity refused after it.
+    pub fn refusal(&self) -> Option<crate::refusal::CertRefusal> {
+        match self {
+            ConnectError::Handshake { source, .. } => crate::refusal::classify(source),
+            ConnectError::Identity(e) => Some(crate::refusal::CertRefusal {
+                problem: e.problem(),
+                whose: crate::refusal::Whose::Theirs,
+                detail: e.to_string(),
+            }),
+            ConnectError::Dial { .. } => None,
+        }
+    }
+}
+
 /// A connection whose peer certificate has been checked against the negotiated protocol.
 #[derive(Debug, Clone)]
 pub struct PeerConnection {
@@ -270,7 +299,12 @@ impl PeerConnection {
 }
 
 fn refuse(connection: &quinn::Connection, reason: &IdentityError) {
-    tracing::warn!(peer = %connection.remote_address(), %reason, "peer refused");
+    tracing::warn!(
+        peer = %connection.remote_address(),
+        problem = reason.problem().name(),
+        %reason,
+        "peer refused"
+    );
     let msg = reason.to_string();
     let mut end = msg.len().min(MAX_CLOSE_REASON);
     while !msg.is_char_boundary(end) {
@@ -305,6 +339,7 @@ pub struct ClusterEndpoint {
     endpoint: quinn::Endpoint,
     identity: Identity,
     node_client: quinn::ClientConfig,
+    control_client: quinn::ClientConfig,
     cli_client: quinn::ClientConfig,
 }
 
@@ -330,6 +365,10 @@ impl ClusterEndpoint {
         };
         let node_client = client(Protocol::Node)?;
         let cli_client = client(Protocol::Cli)?;
+        let mut control_client = client(Protocol::Node)?;
+        let mut control = settings.to_quinn()?;
+        control.max_idle_timeout(None);
+        control_client.transport_config(Arc::new(control));
         let bind_err = |source| EndpointError::Bind { addr, source };
         let endpoint = if serve.is_empty() {
             quinn::Endpoint::client(addr).map_err(bind_err)?
@@ -345,6 +384,7 @@ impl ClusterEndpoint {
             endpoint,
             identity: creds.identity().clone(),
             node_client,
+            control_client,
             cli_client,
         })
     }
@@ -396,6 +436,29 @@ impl ClusterEndpoint {
             refuse(&connection, &e);
             ConnectError::Identity(e)
         })
+    }
+
+    /// Dials the coordinator at `addr` on the node protocol for a node's control session,
+    /// with no idle timeout of this side: the coordinator's
+    /// ([`TransportSettings::for_lease`]) applies, and the node watches its lease itself.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::connect`].
+    pub async fn connect_control(&self, addr: SocketAddr) -> Result<PeerConnection, ConnectError> {
+        let server = Identity::Coordinator;
+        let connection = self
+            .endpoint
+            .connect_with(self.control_client.clone(), addr, &server.dns_name())
+            .map_err(|source| ConnectError::Dial { peer: addr, source })?
+            .await
+            .map_err(|source| ConnectError::Handshake { peer: addr, source })?;
+        PeerConnection::authorize(connection.clone(), PeerSide::Server, Some(&server)).map_err(
+            |e| {
+                refuse(&connection, &e);
+                ConnectError::Identity(e)
+            },
+        )
     }
 
     /// The underlying quinn endpoint.

@@ -129,6 +129,25 @@ pub struct Grant {
     pub replaced: Option<Lease>,
 }
 
+/// What a new registration of a node finds in the [`LeaseTable`] ([`LeaseTable::claim`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The node holds no live lease: the registration is granted.
+    Free,
+    /// The node holds a live lease, but nothing was heard under it (grant or renewal) for
+    /// at least the silence allowed: its process is presumed gone (a restarted node), and
+    /// the registration replaces the lease.
+    Silent(Lease),
+    /// The node holds a live lease renewed `heard_ago` ago, within the silence allowed:
+    /// its holder is presumed alive, and a second registration is refused while it is.
+    Held {
+        /// The lease.
+        lease: Lease,
+        /// Since the last grant or renewal.
+        heard_ago: Duration,
+    },
+}
+
 /// Why a renewal or release was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenewError {
@@ -254,6 +273,37 @@ impl LeaseTable {
             self.leases.remove(&l.node);
         }
         expired
+    }
+
+    /// When the holder of `lease` was last heard from: its grant or latest renewal
+    /// (renewals set `expires_at` to the receipt time + TTL).
+    pub fn heard_at(&self, lease: &Lease) -> Duration {
+        lease
+            .expires_at
+            .saturating_sub(self.ttl)
+            .max(lease.granted_at)
+    }
+
+    /// What a registration of `node` at `now` finds (see [`Claim`]): a live lease whose
+    /// holder was heard from less than `silence` ago is [`Claim::Held`]. A node renews
+    /// every heartbeat interval, so `silence` is that interval with room for delays (the
+    /// coordinator uses 1.5 intervals); a restarted node waits at most that long before
+    /// its old lease counts as [`Claim::Silent`].
+    pub fn claim(&self, node: NodeId, now: Duration, silence: Duration) -> Claim {
+        match self.leases.get(&node) {
+            Some(l) if now < l.expires_at => {
+                let heard_ago = now.saturating_sub(self.heard_at(l));
+                if heard_ago >= silence {
+                    Claim::Silent(*l)
+                } else {
+                    Claim::Held {
+                        lease: *l,
+                        heard_ago,
+                    }
+                }
+            }
+            _ => Claim::Free,
+        }
     }
 
     /// `node`'s current lease, expired or not.
@@ -527,6 +577,35 @@ mod tests {
         ));
         assert_eq!(t.release(n, second.lease.id).unwrap().id, second.lease.id);
         assert!(t.iter().next().is_none());
+    }
+
+    #[test]
+    fn a_registration_finds_a_held_a_silent_or_no_lease() {
+        let mut t = LeaseTable::new(ms(2000));
+        let n = NodeId(1);
+        let silence = ms(450);
+        assert_eq!(t.claim(n, ms(0), silence), Claim::Free);
+        let l = t.grant(n, ms(100)).lease;
+        // Renewed at 1000: held until 450 ms of silence, then silent, then free once expired.
+        t.renew(n, l.id, ms(1000)).unwrap();
+        assert_eq!(
+            t.claim(n, ms(1200), silence),
+            Claim::Held {
+                lease: *t.get(n).unwrap(),
+                heard_ago: ms(200)
+            }
+        );
+        assert!(matches!(t.claim(n, ms(1450), silence), Claim::Silent(x) if x.id == l.id));
+        assert_eq!(t.claim(n, ms(3000), silence), Claim::Free);
+        // Heard from at the grant when never renewed.
+        let mut t = LeaseTable::new(ms(2000));
+        t.grant(n, ms(100));
+        assert!(
+            matches!(t.claim(n, ms(300), silence), Claim::Held { heard_ago, .. } if heard_ago == ms(200))
+        );
+        assert!(matches!(t.claim(n, ms(600), silence), Claim::Silent(_)));
+        // Another node's lease is no matter.
+        assert_eq!(t.claim(NodeId(2), ms(300), silence), Claim::Free);
     }
 
     #[test]

@@ -21,6 +21,8 @@
 //!   flow control as backpressure for synchronous task threads.
 //! - [`lease`]: the pure lease table ([`LeaseTable`]) and the node-side stop rule
 //!   ([`NodeLease`]).
+//! - [`refusal`]: certificate refusals named on both sides ([`CertRefusal`]: unknown CA,
+//!   expired, not yet valid, wrong role, wrong name).
 //!
 //! This crate links neither wasmtime nor the runtime crate; the coordinator and node
 //! processes built on it are `nop-stream-server`.
@@ -64,6 +66,7 @@ pub mod frame;
 pub mod identity;
 pub mod lease;
 pub mod pki;
+pub mod refusal;
 pub mod session;
 pub mod tls;
 
@@ -76,8 +79,9 @@ pub use endpoint::{
 };
 pub use frame::{DEFAULT_MAX_FRAME_LEN, FrameError};
 pub use identity::{CliName, Identity, IdentityParseError, NodeId, Role};
-pub use lease::{LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus};
+pub use lease::{Claim, LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus};
 pub use pki::{
     CertificateAuthority, Credentials, InitOptions, PkiError, init_cluster, load_credentials,
 };
+pub use refusal::{CertProblem, CertRefusal, Whose};
 pub use tls::{CLI_ALPN, IdentityError, NODE_ALPN, PeerSide, Protocol, TlsError, authorize};

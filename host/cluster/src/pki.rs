@@ -287,6 +287,59 @@ impl CertificateAuthority {
         })
     }
 
+    /// The CA [`init_cluster`] wrote into `dir` (`ca.crt`, `ca.key`), to issue more
+    /// certificates under it (a new node, a replacement; tests: an expired or not yet
+    /// valid certificate of the real cluster). Only the operator holds `ca.key`.
+    ///
+    /// # Errors
+    ///
+    /// [`PkiError::MissingFile`], [`PkiError::BadPem`] for a file that is not a
+    /// certificate or a key, [`PkiError::Generate`] if rcgen refuses the key.
+    pub fn load(dir: &Path) -> Result<Self, PkiError> {
+        let cert_path = dir.join(CA_CERT_FILE);
+        let key_path = dir.join(CA_KEY_FILE);
+        let cert_pem = String::from_utf8(read_file(&cert_path, "CA certificate")?)
+            .map_err(|_| bad_pem("CA certificate", &cert_path, "not UTF-8"))?;
+        let key_pem = String::from_utf8(read_file(&key_path, "CA private key")?)
+            .map_err(|_| bad_pem("CA private key", &key_path, "not UTF-8"))?;
+        let cert_der = parse_certs(cert_pem.as_bytes(), "CA certificate", &cert_path)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad_pem("CA certificate", &cert_path, "no certificate"))?;
+        let (_, cert) = x509_parser::parse_x509_certificate(&cert_der)
+            .map_err(|_| bad_pem("CA certificate", &cert_path, "not X.509"))?;
+        let gen_err = |source| PkiError::Generate {
+            subject: "ca".to_owned(),
+            source,
+        };
+        let key = KeyPair::from_pem(&key_pem).map_err(gen_err)?;
+        // The issuer's name and key are what a leaf's issuer and authority key identifier
+        // are made of; the rest of the CA's parameters is not needed to sign.
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
+        for cn in cert.subject().iter_common_name() {
+            if let Ok(v) = cn.as_str() {
+                params.distinguished_name.push(DnType::CommonName, v);
+            }
+        }
+        for o in cert.subject().iter_organization() {
+            if let Ok(v) = o.as_str() {
+                params.distinguished_name.push(DnType::OrganizationName, v);
+            }
+        }
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        Ok(Self {
+            cert_pem,
+            cert_der,
+            key_pem,
+            issuer: Issuer::new(params, key),
+        })
+    }
+
     /// The CA certificate, PEM.
     pub fn cert_pem(&self) -> &str {
         &self.cert_pem
@@ -688,6 +741,32 @@ fn write_file(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_loaded_ca_issues_certificates_the_cluster_trusts() {
+        let dir = tempfile::tempdir().unwrap();
+        init_cluster(dir.path(), &InitOptions::with_nodes(1)).unwrap();
+        let ca = CertificateAuthority::load(dir.path()).unwrap();
+        let issued = ca
+            .issue(&Identity::Node(NodeId(7)), DEFAULT_LEAF_VALIDITY)
+            .unwrap();
+        let creds = load_credentials(dir.path(), &Identity::Node(NodeId(1))).unwrap();
+        // The leaf chains to the CA on disk, as a peer's verifier would check it.
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(creds.ca().clone()).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            crate::tls::crypto_provider(),
+        )
+        .build()
+        .unwrap();
+        let leaf = CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap();
+        verifier
+            .verify_client_cert(&leaf, &[], rustls::pki_types::UnixTime::now())
+            .unwrap();
+        assert!(CertificateAuthority::load(&dir.path().join("nowhere")).is_err());
+    }
+
     use super::*;
 
     fn opts(nodes: u32) -> InitOptions {

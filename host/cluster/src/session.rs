@@ -19,7 +19,9 @@
 
 use crate::endpoint::{ClusterEndpoint, PeerConnection, TransportSettings, handshake};
 use crate::identity::{Identity, NodeId};
-use crate::lease::{LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus, RenewalSeq};
+use crate::lease::{
+    Claim, LeaseConfig, LeaseId, LeaseTable, NodeLease, NodeLeaseStatus, RenewalSeq,
+};
 use crate::pki::load_credentials;
 use crate::tls::Protocol;
 use nop_stream_proto::cli::{CliRequest, CliResponse, MAX_UPLOAD_FRAME, NodeStatus};
@@ -39,6 +41,11 @@ use tokio::sync::mpsc;
 /// How long a peer may take to send its first frame after the handshake.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a node waits for the coordinator's answer to its hello. The coordinator may
+/// hold a registration for 1.5 heartbeat intervals while it finds out whether another
+/// process holds the node's lease.
+pub const WELCOME_TIMEOUT: Duration = Duration::from_secs(30);
+
 const MAX_FRAME: u32 = MAX_CONTROL_FRAME as u32;
 /// Cap on a component frame a node fetches: the upload cap plus the encoding's overhead.
 const MAX_COMPONENT_FRAME: u32 = (MAX_UPLOAD_FRAME + 1024) as u32;
@@ -54,7 +61,25 @@ pub enum SessionError {
     Endpoint(#[from] crate::endpoint::EndpointError),
     /// Connecting failed.
     #[error(transparent)]
-    Connect(#[from] crate::endpoint::ConnectError),
+    Connect(crate::endpoint::ConnectError),
+    /// A certificate was refused, ours by `peer` or `peer`'s by us (see
+    /// [`crate::refusal`]): unknown CA, expired, not yet valid, wrong role, wrong name.
+    #[error("{peer}: {refusal}")]
+    Refused {
+        /// Who (an address or an identity).
+        peer: String,
+        /// What was refused, and why.
+        refusal: crate::refusal::CertRefusal,
+    },
+    /// The coordinator refused the node's hello (another process holds the node id, an
+    /// incompatible protocol version).
+    #[error("{peer} refused the hello: {reason}")]
+    HelloRefused {
+        /// Who.
+        peer: String,
+        /// The coordinator's reason.
+        reason: String,
+    },
     /// The peer broke the protocol or went away.
     #[error("{peer}: {message}")]
     Protocol {
@@ -63,6 +88,64 @@ pub enum SessionError {
         /// What happened.
         message: String,
     },
+}
+
+impl From<crate::endpoint::ConnectError> for SessionError {
+    fn from(e: crate::endpoint::ConnectError) -> Self {
+        let peer = match &e {
+            crate::endpoint::ConnectError::Dial { peer, .. }
+            | crate::endpoint::ConnectError::Handshake { peer, .. } => peer.to_string(),
+            crate::endpoint::ConnectError::Identity(_) => "the peer".to_owned(),
+        };
+        match e.refusal() {
+            Some(refusal) => SessionError::Refused { peer, refusal },
+            None => SessionError::Connect(e),
+        }
+    }
+}
+
+impl SessionError {
+    /// The certificate refusal this error is, if it is one.
+    pub fn refusal(&self) -> Option<&crate::refusal::CertRefusal> {
+        match self {
+            SessionError::Refused { refusal, .. } => Some(refusal),
+            _ => None,
+        }
+    }
+}
+
+/// A frame error as a session error: a connection lost to a certificate refusal is
+/// [`SessionError::Refused`], so the reason reaches the side refused (quinn reports it only
+/// as "connection lost").
+fn frame_err(peer: &str, e: crate::frame::FrameError) -> SessionError {
+    use crate::frame::FrameError;
+    let lost = match &e {
+        FrameError::Read(quinn::ReadError::ConnectionLost(c))
+        | FrameError::Write(quinn::WriteError::ConnectionLost(c)) => Some(c),
+        _ => None,
+    };
+    match lost.and_then(crate::refusal::classify) {
+        Some(refusal) => SessionError::Refused {
+            peer: peer.to_owned(),
+            refusal,
+        },
+        None => match lost {
+            Some(c) => protocol_err(peer, format!("{e}: {c}")),
+            None => protocol_err(peer, e.to_string()),
+        },
+    }
+}
+
+/// A lost connection as a session error, [`SessionError::Refused`] for a certificate
+/// refusal.
+fn connection_err(peer: &str, e: &quinn::ConnectionError) -> SessionError {
+    match crate::refusal::classify(e) {
+        Some(refusal) => SessionError::Refused {
+            peer: peer.to_owned(),
+            refusal,
+        },
+        None => protocol_err(peer, e.to_string()),
+    }
 }
 
 fn protocol_err(peer: impl std::fmt::Display, message: impl Into<String>) -> SessionError {
@@ -79,7 +162,7 @@ async fn read_value<T: serde::de::DeserializeOwned>(
 ) -> Result<Option<T>, SessionError> {
     crate::frame::read_value(recv, max)
         .await
-        .map_err(|e| protocol_err(peer, e.to_string()))
+        .map_err(|e| frame_err(peer, e))
 }
 
 async fn write_value<T: Serialize>(
@@ -90,7 +173,7 @@ async fn write_value<T: Serialize>(
 ) -> Result<(), SessionError> {
     crate::frame::write_value(send, value, max)
         .await
-        .map_err(|e| protocol_err(peer, e.to_string()))
+        .map_err(|e| frame_err(peer, e))
 }
 
 #[derive(Debug)]
@@ -127,9 +210,29 @@ impl NodeRegistry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// What a registration of `node` would find now (see [`LeaseTable::claim`]).
+    pub fn claim(&self, node: NodeId, silence: Duration) -> Claim {
+        let g = self.lock();
+        g.leases.claim(node, g.started.elapsed(), silence)
+    }
+
+    /// Counts a registration of `node` refused because another process holds its lease.
+    pub fn refused_registration(&self, node: NodeId) {
+        if let Some(e) = self.lock().nodes.get_mut(&node) {
+            e.status.refused_registrations += 1;
+        }
+    }
+
+    /// Counts the end of one of `node`'s leases, whatever the cause.
+    fn lost(&self, node: NodeId) {
+        if let Some(e) = self.lock().nodes.get_mut(&node) {
+            e.status.lost += 1;
+        }
+    }
+
     /// Registers `node` (a hello was accepted) and grants it a fresh lease; a lease it held
-    /// before is replaced and no longer renewable.
-    pub fn register(&self, node: NodeId, hello: &Hello) -> LeaseId {
+    /// before is replaced, no longer renewable, and returned so the caller ends it.
+    pub fn register(&self, node: NodeId, hello: &Hello) -> (LeaseId, Option<LeaseId>) {
         let mut g = self.lock();
         let now = g.started.elapsed();
         let grant = g.leases.grant(node, now);
@@ -144,6 +247,8 @@ impl NodeRegistry {
                 renewals: 0,
                 refused_renewals: 0,
                 expirations: 0,
+                lost: 0,
+                refused_registrations: 0,
             },
         });
         e.status.lease = grant.lease.id.0;
@@ -156,7 +261,7 @@ impl NodeRegistry {
         } else {
             tracing::info!(%node, lease = %grant.lease.id, "node registered");
         }
-        grant.lease.id
+        (grant.lease.id, grant.replaced.map(|l| l.id))
     }
 
     /// Renews `node`'s lease `lease`.
@@ -275,8 +380,9 @@ pub struct Coordinator {
     pub registry: NodeRegistry,
 }
 
-/// Live sessions by node, so that an expired lease ends its session.
-type Sessions = Arc<Mutex<BTreeMap<NodeId, (LeaseId, SessionPush)>>>;
+/// Live sessions by node (lease, push, the node's address as the coordinator sees it),
+/// so that an ended lease ends its session.
+type Sessions = Arc<Mutex<BTreeMap<NodeId, (LeaseId, SessionPush, SocketAddr)>>>;
 
 /// Tells the service that a lease is over, once per lease.
 struct Downs<S> {
@@ -308,8 +414,10 @@ impl<S: CoordinatorService> Downs<S> {
             return;
         }
         self.registry.release(node, lease);
+        self.registry.lost(node);
+        tracing::warn!(node = %Identity::Node(node).label(), %lease, "node lost: {reason}");
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((l, push)) = sessions.get(&node)
+        if let Some((l, push, _)) = sessions.get(&node)
             && *l == lease
         {
             push.send(CoordinatorFrame::End(SessionEnd {
@@ -341,7 +449,7 @@ pub async fn serve_coordinator<S: CoordinatorService>(
         cfg.listen,
         &creds,
         &[Protocol::Node, Protocol::Cli],
-        &TransportSettings::default(),
+        &TransportSettings::for_lease(&cfg.lease),
     )?;
     let registry = NodeRegistry::new(cfg.lease.ttl);
     let addr = ep
@@ -378,7 +486,16 @@ pub async fn serve_coordinator<S: CoordinatorService>(
             let pc = match handshake(incoming).await {
                 Ok(pc) => pc,
                 Err(e) => {
-                    tracing::warn!(%peer, "connection refused: {e}");
+                    match e.refusal() {
+                        Some(r) => tracing::warn!(
+                            %peer,
+                            problem = r.problem.name(),
+                            "refused a connection, {}: {}",
+                            r.problem,
+                            r.detail
+                        ),
+                        None => tracing::warn!(%peer, "connection refused: {e}"),
+                    }
                     return;
                 }
             };
@@ -439,7 +556,34 @@ async fn node_session<S: CoordinatorService>(
     let Identity::Node(node) = claimed else {
         return Err(protocol_err(&peer, "only nodes open node sessions"));
     };
-    let id = downs.registry.register(node, &hello);
+    let addr = pc.remote_address();
+    if let Some(reason) = held_elsewhere(downs, node, addr, lease).await {
+        tracing::warn!(node = %peer, "{reason}");
+        downs.registry.refused_registration(node);
+        write_value(
+            &mut send,
+            &HelloReply::Refused(SessionEnd {
+                reason: reason.clone(),
+            }),
+            &peer,
+            MAX_FRAME,
+        )
+        .await?;
+        let _ = send.finish();
+        // The node closes once it has read the refusal; bounded in case it does not.
+        let _ = tokio::time::timeout(HELLO_TIMEOUT, pc.connection.closed()).await;
+        return Err(protocol_err(&peer, reason));
+    }
+    let (id, replaced) = downs.registry.register(node, &hello);
+    if let Some(old) = replaced {
+        // A restarted process: whatever ran under the old lease is lost now, not when the
+        // old session's connection times out.
+        downs.down(
+            node,
+            old,
+            &format!("{peer} registered again from {addr}: its {old} is void"),
+        );
+    }
     write_value(
         &mut send,
         &HelloReply::Welcome(Welcome {
@@ -502,7 +646,7 @@ async fn node_session<S: CoordinatorService>(
         .sessions
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(node, (id, push.clone()));
+        .insert(node, (id, push.clone(), addr));
     downs.service.node_up(node, id, &hello, push.clone());
     let ended = loop {
         let frame = match read_value::<NodeFrame>(&mut recv, &peer, MAX_FRAME).await {
@@ -535,6 +679,60 @@ async fn node_session<S: CoordinatorService>(
     let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
     requests.abort();
     Err(protocol_err(&peer, ended))
+}
+
+/// Why a registration of `node` from `addr` must be refused: another process holds the
+/// node's live lease and renews it (design §2.5, one process per node id). A lease whose
+/// holder has been silent for 1.5 heartbeat intervals is a restarted node's old one, and
+/// the registration may replace it; a lease heard from more recently is watched until
+/// that much silence: renewed meanwhile, its holder is alive and the newcomer is refused,
+/// naming both addresses. `None`: register.
+async fn held_elsewhere<S: CoordinatorService>(
+    downs: &Downs<S>,
+    node: NodeId,
+    addr: SocketAddr,
+    lease: &LeaseConfig,
+) -> Option<String> {
+    let silence = lease.heartbeat_interval + lease.heartbeat_interval / 2;
+    let Claim::Held {
+        lease: held,
+        heard_ago,
+    } = downs.registry.claim(node, silence)
+    else {
+        return None;
+    };
+    tokio::time::sleep(silence.saturating_sub(heard_ago) + Duration::from_millis(20)).await;
+    let Claim::Held {
+        lease: now,
+        heard_ago,
+    } = downs.registry.claim(node, silence)
+    else {
+        return None;
+    };
+    let holder = downs
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&node)
+        .filter(|(l, _, _)| *l == now.id)
+        .map_or_else(
+            || "an unknown address".to_owned(),
+            |(_, _, a)| a.to_string(),
+        );
+    let what = if now.id == held.id {
+        "renews it"
+    } else {
+        "registered meanwhile"
+    };
+    Some(format!(
+        "{} is already registered from {holder} ({}, heard from {} ms ago), and that process \
+         {what}: refusing a second registration of {} from {addr}; two processes claim \
+         the same node id, stop one of them",
+        Identity::Node(node).label(),
+        now.id,
+        heard_ago.as_millis(),
+        Identity::Node(node).label(),
+    ))
 }
 
 async fn cli_requests<S: CoordinatorService>(
@@ -598,7 +796,7 @@ pub async fn cli_request(
         .connection
         .open_bi()
         .await
-        .map_err(|e| protocol_err(&peer, e.to_string()))?;
+        .map_err(|e| connection_err(&peer, &e))?;
     write_value(&mut send, request, &peer, MAX_UPLOAD_FRAME as u32).await?;
     let _ = send.finish();
     let resp = read_value::<CliResponse>(&mut recv, &peer, MAX_FRAME)
@@ -755,17 +953,84 @@ pub async fn serve_node<S: NodeService>(
             }
         });
     }
+    let mut refusals = Refusals::default();
     loop {
-        match node_session_once(&ep, &cfg, &me, data_addr, &service).await {
+        let pause = match node_session_once(&ep, &cfg, &me, data_addr, &service).await {
             Ok(outcome) => {
                 tracing::warn!(node = %me.label(), ?outcome, "registration over: stopping this node's tasks");
                 service.session_down(&outcome);
+                refusals = Refusals::default();
+                REGISTER_RETRY
             }
-            Err(e) => {
-                tracing::warn!(node = %me.label(), "cannot register with the coordinator: {e}")
+            Err(e) => match refusals.after(&e) {
+                Retry::After(pause) => {
+                    tracing::warn!(node = %me.label(), "cannot register with the coordinator: {e}");
+                    pause
+                }
+                Retry::GiveUp => {
+                    tracing::error!(
+                        node = %me.label(),
+                        "certificate refused {} times in a row for a reason that cannot heal: {e}",
+                        refusals.lasting
+                    );
+                    return Err(e);
+                }
+            },
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Pause before a node registers again after a session or a failure that was no refusal.
+pub const REGISTER_RETRY: Duration = Duration::from_millis(200);
+/// Longest pause between registrations the coordinator refuses.
+pub const REFUSED_RETRY_MAX: Duration = Duration::from_secs(10);
+/// Refusals in a row, for a reason that cannot heal (a certificate of another CA, expired,
+/// of the wrong role or name), after which a node gives up and exits with the reason.
+pub const MAX_LASTING_REFUSALS: u32 = 5;
+
+/// What a node does after a failed registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Try again after this pause.
+    After(Duration),
+    /// Stop: the refusal cannot heal.
+    GiveUp,
+}
+
+/// A node's count of refused registrations. Pure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refusals {
+    /// Refusals in a row (certificate or hello).
+    pub refused: u32,
+    /// Certificate refusals in a row whose reason cannot heal.
+    pub lasting: u32,
+}
+
+impl Refusals {
+    /// Counts `e` and says what to do: a refused certificate or hello backs off
+    /// exponentially ([`REGISTER_RETRY`] doubling to [`REFUSED_RETRY_MAX`]); the
+    /// [`MAX_LASTING_REFUSALS`]th certificate refusal in a row for a reason that cannot
+    /// heal gives up; any other failure (the coordinator unreachable) retries after
+    /// [`REGISTER_RETRY`] and resets the counts.
+    pub fn after(&mut self, e: &SessionError) -> Retry {
+        let lasting = match e {
+            SessionError::Refused { refusal, .. } => !refusal.problem.heals(),
+            SessionError::HelloRefused { .. } => false,
+            _ => {
+                *self = Refusals::default();
+                return Retry::After(REGISTER_RETRY);
             }
+        };
+        self.refused += 1;
+        self.lasting = if lasting { self.lasting + 1 } else { 0 };
+        if self.lasting >= MAX_LASTING_REFUSALS {
+            return Retry::GiveUp;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pause = REGISTER_RETRY
+            .checked_mul(1u32.checked_shl(self.refused - 1).unwrap_or(u32::MAX))
+            .unwrap_or(REFUSED_RETRY_MAX);
+        Retry::After(pause.min(REFUSED_RETRY_MAX))
     }
 }
 
@@ -792,14 +1057,15 @@ async fn node_session_once<S: NodeService>(
 ) -> Result<SessionOutcome, SessionError> {
     let peer = "coordinator".to_owned();
     let started = Instant::now();
-    let pc = ep
-        .connect(cfg.join, &Identity::Coordinator, Protocol::Node)
-        .await?;
+    // No idle timeout of the node's own on this connection: the coordinator's, derived
+    // from the lease TTL, applies, so a silent node is lost by its lease, never first by
+    // the transport (design §2.5).
+    let pc = ep.connect_control(cfg.join).await?;
     let (mut send, mut recv) = pc
         .connection
         .open_bi()
         .await
-        .map_err(|e| protocol_err(&peer, e.to_string()))?;
+        .map_err(|e| connection_err(&peer, &e))?;
     let sent_at = started.elapsed();
     write_value(
         &mut send,
@@ -814,7 +1080,7 @@ async fn node_session_once<S: NodeService>(
     )
     .await?;
     let reply: HelloReply =
-        tokio::time::timeout(HELLO_TIMEOUT, read_value(&mut recv, &peer, MAX_FRAME))
+        tokio::time::timeout(WELCOME_TIMEOUT, read_value(&mut recv, &peer, MAX_FRAME))
             .await
             .map_err(|_| protocol_err(&peer, "sent no welcome in time"))??
             .ok_or_else(|| protocol_err(&peer, "closed the session before the welcome"))?;
@@ -822,10 +1088,10 @@ async fn node_session_once<S: NodeService>(
         HelloReply::Welcome(w) => w,
         HelloReply::Refused(end) => {
             pc.connection.close(0u32.into(), b"refused");
-            return Err(protocol_err(
-                &peer,
-                format!("refused the hello: {}", end.reason),
-            ));
+            return Err(SessionError::HelloRefused {
+                peer,
+                reason: end.reason,
+            });
         }
     };
     let ttl = Duration::from_millis(welcome.ttl_ms);
@@ -926,6 +1192,51 @@ async fn node_session_once<S: NodeService>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_back_off_and_give_up_only_when_they_cannot_heal() {
+        use crate::refusal::{CertProblem, CertRefusal, Whose};
+        let refused = |problem| SessionError::Refused {
+            peer: "coordinator".into(),
+            refusal: CertRefusal {
+                problem,
+                whose: Whose::Ours,
+                detail: String::new(),
+            },
+        };
+        let mut r = Refusals::default();
+        let pauses: Vec<Retry> = (0..4)
+            .map(|_| r.after(&refused(CertProblem::UnknownCa)))
+            .collect();
+        assert_eq!(
+            pauses,
+            [200, 400, 800, 1600].map(|ms| Retry::After(Duration::from_millis(ms)))
+        );
+        assert_eq!(r.after(&refused(CertProblem::Expired)), Retry::GiveUp);
+        // Not yet valid heals with time: it backs off to the cap but never gives up.
+        let mut r = Refusals::default();
+        let last = (0..20)
+            .map(|_| r.after(&refused(CertProblem::NotYetValid)))
+            .last();
+        assert_eq!(last, Some(Retry::After(REFUSED_RETRY_MAX)));
+        // Another process holding the node id: back off, never give up.
+        let mut r = Refusals::default();
+        let hello = SessionError::HelloRefused {
+            peer: "coordinator".into(),
+            reason: "two processes".into(),
+        };
+        assert!((0..20).all(|_| matches!(r.after(&hello), Retry::After(_))));
+        // The coordinator unreachable: the counts start over.
+        let mut r = Refusals::default();
+        for _ in 0..4 {
+            r.after(&refused(CertProblem::UnknownCa));
+        }
+        assert_eq!(
+            r.after(&protocol_err("coordinator", "timed out")),
+            Retry::After(REGISTER_RETRY)
+        );
+        assert_eq!(r, Refusals::default());
+    }
 
     #[test]
     fn a_session_ended_past_the_node_deadline_is_a_lost_lease() {

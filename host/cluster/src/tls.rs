@@ -190,6 +190,22 @@ pub enum IdentityError {
     },
 }
 
+impl IdentityError {
+    /// What is wrong with the peer's certificate, as [`crate::refusal`] names it.
+    pub fn problem(&self) -> crate::refusal::CertProblem {
+        use crate::refusal::CertProblem;
+        match self {
+            IdentityError::NoCertificate { .. } => CertProblem::NoCertificate,
+            IdentityError::Certificate { .. } | IdentityError::ClaimMismatch { .. } => {
+                CertProblem::WrongName
+            }
+            IdentityError::UnknownProtocol { .. } | IdentityError::RoleNotAllowed { .. } => {
+                CertProblem::WrongRole
+            }
+        }
+    }
+}
+
 /// The one crypto provider of the cluster: ring.
 pub fn crypto_provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

@@ -9,9 +9,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use nop_stream_cluster::frame::{self, FrameError};
 use nop_stream_cluster::pki::DEFAULT_CA_VALIDITY;
+use nop_stream_cluster::refusal::classify;
 use nop_stream_cluster::{
-    CertificateAuthority, CliName, ClusterEndpoint, ConnectError, Credentials, Identity,
-    InitOptions, NodeId, Protocol, TransportSettings, handshake, init_cluster, load_credentials,
+    CertProblem, CertificateAuthority, CliName, ClusterEndpoint, ConnectError, Credentials,
+    Identity, InitOptions, NodeId, Protocol, TransportSettings, handshake, init_cluster,
+    load_credentials,
 };
 use quinn::crypto::rustls::QuicClientConfig;
 use tokio::sync::mpsc;
@@ -72,8 +74,41 @@ impl Coordinator {
     }
 }
 
+/// The problem a refusal names, in brackets after the message, as both sides log it.
+fn named(message: String, problem: Option<CertProblem>) -> String {
+    match problem {
+        Some(p) => format!("{message} [{}]", p.name()),
+        None => message,
+    }
+}
+
+/// The certificate problem an error of the dialling side names, if any.
+fn client_problem(e: &anyhow::Error) -> Option<CertProblem> {
+    e.chain().find_map(|c| {
+        let lost = |r: &quinn::ReadError| match r {
+            quinn::ReadError::ConnectionLost(c) => classify(c).map(|r| r.problem),
+            _ => None,
+        };
+        if let Some(FrameError::Read(r)) = c.downcast_ref::<FrameError>() {
+            return lost(r);
+        }
+        if let Some(r) = c.downcast_ref::<quinn::ReadError>() {
+            return lost(r);
+        }
+        if let Some(ce) = c.downcast_ref::<quinn::ConnectionError>() {
+            return classify(ce).map(|r| r.problem);
+        }
+        c.downcast_ref::<ConnectError>()
+            .and_then(|e| e.refusal())
+            .map(|r| r.problem)
+    })
+}
+
 async fn session(incoming: quinn::Incoming) -> Result<Identity, String> {
-    let peer = handshake(incoming).await.map_err(|e| e.to_string())?;
+    let peer = handshake(incoming).await.map_err(|e| {
+        let problem = e.refusal().map(|r| r.problem);
+        named(e.to_string(), problem)
+    })?;
     let (mut send, mut recv) = peer
         .connection
         .accept_bi()
@@ -89,7 +124,7 @@ async fn session(incoming: quinn::Incoming) -> Result<Identity, String> {
         .map_err(|e: nop_stream_cluster::IdentityParseError| e.to_string())?;
     if let Err(e) = peer.check_claim(&claimed) {
         peer.refuse(&e);
-        return Err(e.to_string());
+        return Err(named(e.to_string(), Some(e.problem())));
     }
     let welcome = format!("welcome {}", peer.certified);
     frame::write_frame(&mut send, welcome.as_bytes(), MAX)
@@ -152,14 +187,15 @@ async fn bounded<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> 
         .context("test exceeded its time limit")?
 }
 
-/// Runs a dial that must fail and returns the dialler's error and the coordinator's refusal.
+/// Runs a dial that must fail and returns the dialler's error and the coordinator's
+/// refusal; the dialler's error ends with the problem it names in brackets.
 async fn refused(
     c: &mut Cluster,
     dial: impl std::future::Future<Output = anyhow::Result<String>>,
 ) -> anyhow::Result<(String, String)> {
     let client = match dial.await {
         Ok(welcome) => bail!("dial succeeded with {welcome:?}"),
-        Err(e) => format!("{e:#}"),
+        Err(e) => named(format!("{e:#}"), client_problem(&e)),
     };
     let server = match c.coordinator.next_outcome().await? {
         Ok(id) => bail!("coordinator registered {id}"),
@@ -228,6 +264,7 @@ async fn a_client_without_certificate_is_refused() -> anyhow::Result<()> {
         .await?;
         assert!(server.contains("handshake with 127.0.0.1"), "{server}");
         assert!(server.contains("peer sent no certificates"), "{server}");
+        assert!(server.ends_with("[no certificate]"), "{server}");
         assert!(
             client.contains("aborted by peer") && client.contains("peer sent no certificates"),
             "{client}"
@@ -255,6 +292,9 @@ async fn a_certificate_from_a_foreign_ca_is_refused() -> anyhow::Result<()> {
             "{server}"
         );
         assert!(client.contains("UnknownIssuer"), "{client}");
+        // Both sides name the problem.
+        assert!(server.ends_with("[unknown CA]"), "{server}");
+        assert!(client.ends_with("[unknown CA]"), "{client}");
         Ok(())
     })
     .await
@@ -274,6 +314,8 @@ async fn an_expired_certificate_is_refused() -> anyhow::Result<()> {
             "{server}"
         );
         assert!(client.contains("certificate expired"), "{client}");
+        assert!(server.ends_with("[expired]"), "{server}");
+        assert!(client.ends_with("[expired]"), "{client}");
         Ok(())
     })
     .await
@@ -293,6 +335,8 @@ async fn a_cli_certificate_on_the_node_protocol_is_refused() -> anyhow::Result<(
         );
         // The dialler learns why: the close reason carries the message.
         assert!(client.contains("does not admit"), "{client}");
+        assert!(server.ends_with("[wrong role]"), "{server}");
+        assert!(client.ends_with("[wrong role]"), "{client}");
         Ok(())
     })
     .await
@@ -307,10 +351,12 @@ async fn a_node_claiming_another_id_is_refused() -> anyhow::Result<()> {
         let (client, server) =
             refused(&mut c, register(&ep, addr, Protocol::Node, &node(2))).await?;
         assert!(
-            server.ends_with("claims to be node-2 but its certificate names node-1"),
+            server.contains("claims to be node-2 but its certificate names node-1"),
             "{server}"
         );
         assert!(client.contains("claims to be node-2"), "{client}");
+        assert!(server.ends_with("[wrong name]"), "{server}");
+        assert!(client.ends_with("[wrong name]"), "{client}");
         Ok(())
     })
     .await
@@ -327,6 +373,10 @@ async fn the_dialler_refuses_a_server_with_another_name() -> anyhow::Result<()> 
             .await
             .expect_err("dialled the wrong identity");
         assert!(matches!(err, ConnectError::Handshake { .. }), "{err}");
+        assert_eq!(
+            err.refusal().map(|r| (r.problem, r.whose)),
+            Some((CertProblem::WrongName, nop_stream_cluster::Whose::Theirs))
+        );
         assert!(
             err.to_string()
                 .contains(r#"certificate not valid for name "node-2.nopstream""#),

@@ -9,7 +9,7 @@
 
 use nop_stream_api::{PartitionPolicy, Redistribution};
 use nop_stream_checkpoint::{InputMeta, META_FORMAT, OperatorMeta, SnapshotMeta};
-use nop_stream_core::PartitionedPlan;
+use nop_stream_core::{PartitionedPlan, key_spec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,6 +38,7 @@ pub fn snapshot_meta(
                     output: None,
                     partition: PartitionPolicy::Forward.to_string(),
                     key_source: None,
+                    key_spec: None,
                 }]
             } else {
                 plan.edges
@@ -57,6 +58,16 @@ pub fn snapshot_meta(
                                     &sha256_hex(config.as_bytes())[..16]
                                 )
                             }),
+                            key_spec: (e.partition == PartitionPolicy::Hash)
+                                .then(|| key_spec(&up.plugin_info, &up.config))
+                                .flatten()
+                                .map(|spec| {
+                                    format!(
+                                        "{} key {}",
+                                        up.plugin_info.name,
+                                        &sha256_hex(spec.as_bytes())[..16]
+                                    )
+                                }),
                         })
                     })
                     .collect()
@@ -127,19 +138,42 @@ fn kebab(camel: &str) -> String {
 /// sha256 over what routes and shapes state: per stateful or keyed operator its id,
 /// state descriptors and inputs (partition and key source), plus the shard count and the
 /// hash policy. Parallelism, plugin versions and other config are left out.
+///
+/// It hashes a canonical form (design §4): operators sorted by id and their keyed and
+/// operator states by name, so neither the order of a job file's declarations nor the
+/// order in which a plugin lists its states changes it. An operator's inputs keep their
+/// order (the input index is meaning). [`check`] recomputes a savepoint's value rather
+/// than trusting the one it recorded, so savepoints recorded in declaration order
+/// compare by content.
 pub fn state_topology_fingerprint(meta: &SnapshotMeta) -> String {
-    let ops: Vec<_> = meta
+    let mut stateful: Vec<&OperatorMeta> = meta
         .operators
         .iter()
         .filter(|o| o.keyed || !o.states.is_empty() || !o.operator_states.is_empty())
+        .collect();
+    stateful.sort_by(|a, b| a.operator_id.cmp(&b.operator_id));
+    let ops: Vec<_> = stateful
+        .into_iter()
         .map(|o| {
-            // Operator states enter only when declared, so metas without them keep their
-            // fingerprint.
-            let mut v = serde_json::json!([&o.operator_id, &o.states, &o.inputs]);
+            let mut states = o.states.clone();
+            states.sort_by(|a, b| a.name.cmp(&b.name));
+            // An input's keys are decided by its key spec where one is recorded.
+            let inputs: Vec<InputMeta> = o
+                .inputs
+                .iter()
+                .map(|i| InputMeta {
+                    key_source: i.key_spec.clone().or_else(|| i.key_source.clone()),
+                    key_spec: None,
+                    ..i.clone()
+                })
+                .collect();
+            let mut v = serde_json::json!([&o.operator_id, states, inputs]);
             if !o.operator_states.is_empty() {
+                let mut op_states = o.operator_states.clone();
+                op_states.sort_by(|a, b| a.name.cmp(&b.name));
                 v.as_array_mut()
                     .expect("an array")
-                    .push(serde_json::json!(&o.operator_states));
+                    .push(serde_json::json!(op_states));
             }
             v
         })
@@ -200,7 +234,9 @@ pub enum Code {
     /// The plugin's code changed (version or component), its state descriptors did not
     /// (compatible; the report shows both hashes).
     PluginLogicChanged,
-    /// The new plugin's world is not one this host serves (incompatible).
+    /// The new plugin's world is not one this host serves, or its component was built
+    /// against a `nop:stream` version this host does not serve (incompatible; nothing but
+    /// a rebuilt component clears it).
     WitNotServed,
     /// An operator declares a state the savepoint lacks (compatible: it starts empty).
     StateAdded,
@@ -227,8 +263,10 @@ pub enum Code {
     /// gain or lose their write-time prefix); a changed duration is compatible and
     /// reported.
     StateTtlChanged,
-    /// What decides the keys of a keyed operator changed: the upstream plugin or its
-    /// config (incompatible; `drop-state` clears it).
+    /// What decides the keys of a keyed operator changed: the upstream plugin, or the
+    /// config properties its schema marks `x-key-spec` (its whole config when it marks
+    /// none, or when the savepoint predates key specs) (incompatible; `drop-state` clears
+    /// it).
     KeySpecChanged,
     /// The shard count changed (needs `reshard`).
     ShardCountChanged,
@@ -875,13 +913,13 @@ pub fn check(
                     );
                     clear(&mut f, &|a| drops(a, &o.operator_id, ""));
                     findings.push(f);
-                } else if oi.key_source != ni.key_source {
+                } else if let Some((from, to)) = key_change(oi, ni) {
                     let mut f = finding(
                         Code::KeySpecChanged,
                         Status::Incompatible,
                         None,
-                        oi.key_source.clone().unwrap_or_default(),
-                        ni.key_source.clone().unwrap_or_default(),
+                        from,
+                        to,
                         &["drop-state"],
                     );
                     clear(&mut f, &|a| drops(a, &o.operator_id, ""));
@@ -976,12 +1014,89 @@ pub fn check(
         job,
         operators,
         state_topology: (
-            old.state_topology_fingerprint.clone(),
-            new.state_topology_fingerprint.clone(),
+            state_topology_fingerprint(old),
+            state_topology_fingerprint(new),
         ),
         plan: (old.plan_fingerprint.clone(), new.plan_fingerprint.clone()),
         actions: actions.actions.iter().map(Action::describe).collect(),
         verdict,
+    })
+}
+
+/// A component a job names that this host cannot load because it was built against a
+/// `nop:stream` WIT version the host does not serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnservedComponent {
+    /// The operator id it would run (design §3.2).
+    pub operator_id: String,
+    /// The plugin reference as the job file names it.
+    pub plugin: String,
+    /// The package version it was built against, e.g. `nop:stream@0.1.0`.
+    pub built_for: String,
+    /// What this host serves, e.g. `nop:stream@0.2.2`.
+    pub served: String,
+}
+
+/// The report of a savepoint check whose new job names components built for a WIT
+/// version this host does not serve: one [`Code::WitNotServed`] finding (incompatible,
+/// nothing clears it but a rebuilt component) per such component. The rest of a check
+/// needs every component's `describe()`, so the report holds only these findings; the
+/// new side's fingerprints are empty.
+pub fn unserved_components_report(old: &SnapshotMeta, unserved: &[UnservedComponent]) -> Report {
+    let operators: Vec<OperatorReport> = unserved
+        .iter()
+        .map(|u| {
+            let before = old
+                .operators
+                .iter()
+                .find(|o| o.operator_id == u.operator_id);
+            report(
+                u.operator_id.clone(),
+                before.map(|o| o.plugin.clone()),
+                Some(u.plugin.clone()),
+                vec![finding(
+                    Code::WitNotServed,
+                    Status::Incompatible,
+                    None,
+                    before.map_or_else(String::new, |o| o.world.clone()),
+                    format!(
+                        "built for {}; this host serves {} (rebuild the plugin with this \
+                         host's nop-stream-sdk)",
+                        u.built_for, u.served
+                    ),
+                    &[],
+                )],
+            )
+        })
+        .collect();
+    Report {
+        format: "nopstream.compat-report/v1".into(),
+        job: Vec::new(),
+        verdict: operators
+            .iter()
+            .map(|o| o.status)
+            .max()
+            .unwrap_or(Status::Compatible),
+        operators,
+        state_topology: (state_topology_fingerprint(old), String::new()),
+        plan: (old.plan_fingerprint.clone(), String::new()),
+        actions: Vec::new(),
+    }
+}
+
+/// What decided the keys of a HASH input before and after, when it changed: the key specs
+/// when both metas record one (the upstream's config properties marked `x-key-spec`),
+/// else the upstream's whole config (`key_source`).
+fn key_change(old: &InputMeta, new: &InputMeta) -> Option<(String, String)> {
+    let (o, n) = match (&old.key_spec, &new.key_spec) {
+        (Some(o), Some(n)) => (Some(o), Some(n)),
+        _ => (old.key_source.as_ref(), new.key_source.as_ref()),
+    };
+    (o != n).then(|| {
+        (
+            o.cloned().unwrap_or_default(),
+            n.cloned().unwrap_or_default(),
+        )
     })
 }
 

@@ -26,5 +26,8 @@ pub use report::{CommittedTransaction, JobReport, MAX_REPORTED_COMMITS};
 pub use restore::{
     check_restore, check_restore_compatible, checkpoint_location, checkpoint_namespace,
 };
-pub use run::{CoordinatorOptions, SavepointRequest, open_namespace, restart_backoff, run_job};
+pub use run::{
+    CoordinatorOptions, DEFAULT_MAX_RESTARTS, RestartBudget, SavepointRequest, open_namespace,
+    restart_backoff, run_job,
+};
 pub use workers::{Next, Workers};

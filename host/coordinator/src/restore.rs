@@ -91,7 +91,7 @@ pub fn check_restore(
             "the checkpoint holds state of operator `{missing}`, which the job no longer has"
         ));
     }
-    if m.plan_fingerprint != plan.fingerprint {
+    if !plan.fingerprint_matches(&m.plan_fingerprint) {
         if rescale_from == Some(m.plan_fingerprint.as_str()) {
             return Ok(true);
         }

@@ -30,9 +30,16 @@ use std::time::{Duration, Instant};
 /// How the coordinator runs a job.
 #[derive(Debug, Clone)]
 pub struct CoordinatorOptions {
-    /// Global recoveries allowed after task failures. `None`: 3 when the job checkpoints
-    /// periodically, 0 otherwise.
+    /// Global recoveries allowed after task failures within any [`Self::restart_window`]
+    /// (Flink's failure-rate restart strategy): a failure that finds this many recoveries
+    /// in the window before it ends the run. `None`: [`DEFAULT_MAX_RESTARTS`] when the job
+    /// checkpoints periodically, 0 otherwise.
     pub max_restarts: Option<u32>,
+    /// The window of [`Self::max_restarts`]. Default 60 s. With the default budget and
+    /// backoff, an outage of an external system shorter than about 25 s (the pauses of ten
+    /// recoveries: 100 ms doubling to 5 s) does not end a run; a failure that repeats
+    /// ends it after those ten.
+    pub restart_window: Duration,
     /// Epochs older than this are aborted, in ms. Default 60,000.
     pub checkpoint_timeout_ms: u64,
     /// Durable epochs kept per namespace. Default 3.
@@ -41,8 +48,9 @@ pub struct CoordinatorOptions {
     /// at the parallelism the checkpoint was taken with. `None` (default): a changed plan
     /// is refused (design §10.4).
     pub rescale_from: Option<String>,
-    /// Pause before the first recovery attempt of a run; it doubles with every further
-    /// recovery up to [`Self::restart_delay_max`] (see [`restart_backoff`]). Default 100 ms.
+    /// Pause before a recovery when no other recovery is in the restart window; it doubles
+    /// with every further recovery in the window, up to [`Self::restart_delay_max`] (see
+    /// [`restart_backoff`]). Default 100 ms.
     pub restart_delay: Duration,
     /// Longest pause before a recovery attempt. Default 5 s.
     pub restart_delay_max: Duration,
@@ -85,6 +93,7 @@ impl Default for CoordinatorOptions {
     fn default() -> Self {
         CoordinatorOptions {
             max_restarts: None,
+            restart_window: Duration::from_secs(60),
             checkpoint_timeout_ms: 60_000,
             retain_epochs: 3,
             rescale_from: None,
@@ -168,13 +177,17 @@ pub fn run_job<W: Workers>(
     opts: &CoordinatorOptions,
 ) -> Result<JobReport, W::Error> {
     let started = Instant::now();
-    let mut restarts_left = opts.max_restarts.unwrap_or(
-        if plan.job.checkpoint_interval_ms.is_some() || plan.job.checkpoint_every_records.is_some()
-        {
-            3
-        } else {
-            0
-        },
+    let mut budget = RestartBudget::new(
+        opts.max_restarts.unwrap_or(
+            if plan.job.checkpoint_interval_ms.is_some()
+                || plan.job.checkpoint_every_records.is_some()
+            {
+                DEFAULT_MAX_RESTARTS
+            } else {
+                0
+            },
+        ),
+        opts.restart_window,
     );
     let mut tally = RunTally::default();
     loop {
@@ -216,20 +229,77 @@ pub fn run_job<W: Workers>(
                 r.stopped = end.stopped;
                 return Ok(r);
             }
-            Err(e) if restarts_left > 0 && e.class() != FailureClass::Fatal => {
-                restarts_left -= 1;
+            Err(e) if e.class() != FailureClass::Fatal => {
+                let Some(in_window) = budget.admit(Instant::now()) else {
+                    tracing::warn!(
+                        "attempt {attempt} failed with {} recoveries within the last {} s \
+                         (--max-restarts): the run ends",
+                        budget.max,
+                        budget.window.as_secs_f64()
+                    );
+                    return Err(e);
+                };
                 tally.recoveries += 1;
                 tracing::warn!(
-                    "attempt {attempt} failed, recovering from the latest durable epoch: {e}"
+                    "attempt {attempt} failed, recovering from the latest durable epoch \
+                     (recovery {in_window} of {} allowed within {} s): {e}",
+                    budget.max,
+                    budget.window.as_secs_f64()
                 );
                 std::thread::sleep(restart_backoff(
                     opts.restart_delay,
                     opts.restart_delay_max,
-                    tally.recoveries - 1,
+                    in_window - 1,
                 ));
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Recoveries allowed after task failures when a job checkpoints periodically and sets no
+/// budget: within any [`CoordinatorOptions::restart_window`].
+pub const DEFAULT_MAX_RESTARTS: u32 = 10;
+
+/// The failure-rate restart budget (Flink's `failure-rate` strategy): at most `max`
+/// recoveries within any `window`. Pure: the caller passes the time.
+#[derive(Debug, Clone)]
+pub struct RestartBudget {
+    /// Recoveries allowed within a window.
+    pub max: u32,
+    /// The window.
+    pub window: Duration,
+    /// When each recovery still in the window was admitted, oldest first.
+    recent: VecDeque<Instant>,
+}
+
+impl RestartBudget {
+    /// A budget of `max` recoveries within any `window`.
+    pub fn new(max: u32, window: Duration) -> Self {
+        RestartBudget {
+            max,
+            window,
+            recent: VecDeque::new(),
+        }
+    }
+
+    /// A failure at `now`: `Some(n)` when it may recover, `n` being how many recoveries
+    /// (this one included, so at least 1) the window ending at `now` holds, which sets the
+    /// backoff; `None` when `max` recoveries already happened less than `window` before
+    /// `now`, and the run must end.
+    pub fn admit(&mut self, now: Instant) -> Option<u32> {
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= self.window)
+        {
+            self.recent.pop_front();
+        }
+        if self.recent.len() >= self.max as usize {
+            return None;
+        }
+        self.recent.push_back(now);
+        Some(self.recent.len() as u32)
     }
 }
 
@@ -1046,8 +1116,33 @@ fn export_savepoint(
 
 #[cfg(test)]
 mod tests {
-    use super::restart_backoff;
-    use std::time::Duration;
+    use super::{RestartBudget, restart_backoff};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_restart_budget_counts_recoveries_within_a_sliding_window() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = RestartBudget::new(3, Duration::from_secs(60));
+        // Three quick failures recover, with growing backoff; the fourth in the window ends.
+        assert_eq!(b.admit(at(0)), Some(1));
+        assert_eq!(b.admit(at(100)), Some(2));
+        assert_eq!(b.admit(at(300)), Some(3));
+        assert_eq!(b.admit(at(700)), None);
+        // Once the first left the window, one more fits, and the count is of the window.
+        assert_eq!(b.admit(at(60_000)), Some(3));
+        assert_eq!(b.admit(at(60_050)), None);
+        // After a quiet window the budget, and the backoff, start over.
+        assert_eq!(b.admit(at(200_000)), Some(1));
+        // No budget: the first failure ends the run.
+        assert_eq!(
+            RestartBudget::new(0, Duration::from_secs(60)).admit(at(0)),
+            None
+        );
+        // A zero window holds nothing: every failure recovers.
+        let mut z = RestartBudget::new(1, Duration::ZERO);
+        assert!((0..20).all(|i| z.admit(at(i)) == Some(1)));
+    }
 
     #[test]
     fn restart_backoff_doubles_from_the_first_delay_up_to_the_cap() {

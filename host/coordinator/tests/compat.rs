@@ -56,6 +56,7 @@ fn base() -> SnapshotMeta {
         output: None,
         partition: "HASH".into(),
         key_source: Some("flights-mapper 0123456789abcdef".into()),
+        key_spec: None,
     }];
     // A non-keyed operator with operator state that cannot be redistributed.
     let mut buffer = op("operators/buffer", "buffer@0.1.0", vec![], false);
@@ -400,6 +401,119 @@ fn an_unchanged_job_is_compatible_with_no_finding() {
         r.to_text()
     );
     assert_eq!(r.state_topology.0, r.state_topology.1);
+}
+
+/// Pins the state-topology fingerprint hashing operators and states in declaration
+/// order: the same job with its declarations reordered, or a plugin listing its states in
+/// another order, got another fingerprint.
+#[test]
+fn the_state_topology_fingerprint_ignores_declaration_order() {
+    let mut a = base();
+    agg(&mut a).states.push(state("max", 1));
+    let fa = state_topology_fingerprint(&a);
+    let mut b = a.clone();
+    b.operators.reverse();
+    agg(&mut b).states.reverse();
+    let buffer = b
+        .operators
+        .iter_mut()
+        .find(|o| o.operator_id == "operators/buffer")
+        .unwrap();
+    let mut second = buffer.operator_states[0].clone();
+    second.name = "later".into();
+    buffer.operator_states.insert(0, second.clone());
+    a.operators
+        .iter_mut()
+        .find(|o| o.operator_id == "operators/buffer")
+        .unwrap()
+        .operator_states
+        .push(second);
+    assert_eq!(
+        state_topology_fingerprint(&a),
+        state_topology_fingerprint(&b)
+    );
+    assert_ne!(
+        state_topology_fingerprint(&a),
+        fa,
+        "a new operator state counts"
+    );
+    // What a savepoint recorded under the old scheme is recomputed, not trusted.
+    a.state_topology_fingerprint = "old-scheme".into();
+    let r = check(
+        &a,
+        &b,
+        &CheckContext::default(),
+        &Actions { actions: vec![] },
+    )
+    .unwrap();
+    assert_eq!(r.state_topology.0, r.state_topology.1);
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+}
+
+/// Pins a Delta that changed only the parser's `fields` (same `key`) being reported as
+/// KEY_SPEC_CHANGED: the whole upstream config was compared, not the key spec.
+#[test]
+fn only_the_key_spec_decides_a_key_change_when_both_sides_record_one() {
+    let with = |source: &str, spec: Option<&str>| {
+        let mut m = base();
+        let i = &mut agg(&mut m).inputs[0];
+        i.key_source = Some(source.into());
+        i.key_spec = spec.map(Into::into);
+        m
+    };
+    let old = with(
+        "flights-mapper 1111111111111111",
+        Some("flights-mapper key aaaa"),
+    );
+    // Same key spec, another config (the fields): compatible.
+    let same_key = with(
+        "flights-mapper 2222222222222222",
+        Some("flights-mapper key aaaa"),
+    );
+    let r = check(
+        &old,
+        &same_key,
+        &CheckContext::default(),
+        &Actions { actions: vec![] },
+    )
+    .unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+    assert_eq!(r.state_topology.0, r.state_topology.1);
+    // Another key spec: a key change.
+    let other_key = with(
+        "flights-mapper 2222222222222222",
+        Some("flights-mapper key bbbb"),
+    );
+    let r = check(
+        &old,
+        &other_key,
+        &CheckContext::default(),
+        &Actions { actions: vec![] },
+    )
+    .unwrap();
+    let f = only(&r, Code::KeySpecChanged);
+    assert_eq!(
+        (f.old.as_str(), f.new.as_str()),
+        ("flights-mapper key aaaa", "flights-mapper key bbbb")
+    );
+    // A savepoint without key specs compares the whole config, as it always did.
+    let older = with("flights-mapper 1111111111111111", None);
+    let r = check(
+        &older,
+        &same_key,
+        &CheckContext::default(),
+        &Actions { actions: vec![] },
+    )
+    .unwrap();
+    only(&r, Code::KeySpecChanged);
+    let r = check(
+        &older,
+        &with("flights-mapper 1111111111111111", Some("x")),
+        &CheckContext::default(),
+        &Actions { actions: vec![] },
+    )
+    .unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
 }
 
 #[test]

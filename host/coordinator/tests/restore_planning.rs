@@ -232,6 +232,20 @@ fn a_changed_plan_without_a_rescale_action_is_refused() {
     );
 }
 
+/// A manifest recorded before fingerprints hashed canonical forms holds the
+/// declaration-order fingerprint of the same plan: it still restores, while another
+/// plan's old fingerprint is still refused.
+#[test]
+fn a_manifest_with_the_old_fingerprint_scheme_still_restores() {
+    let plan = common::plan(2, 8);
+    let mut m = manifest(&plan, 1);
+    m.plan_fingerprint = nop_stream_core::declaration_order_fingerprint_of(&plan);
+    assert_ne!(m.plan_fingerprint, plan.fingerprint);
+    assert_eq!(check_restore(&m, &plan, None), Ok(false));
+    m.plan_fingerprint = nop_stream_core::declaration_order_fingerprint_of(&common::plan(3, 8));
+    assert!(check_restore(&m, &plan, None).is_err());
+}
+
 #[test]
 fn a_malformed_cursor_is_refused_naming_the_split() {
     let plan = common::plan(1, 4);

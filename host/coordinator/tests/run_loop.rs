@@ -411,6 +411,34 @@ fn the_restart_budget_bounds_recoveries() {
     assert_eq!(deploys, [1, 2, 3], "generations grow with every recovery");
 }
 
+/// Pins the default budget (3 recoveries per run) ending a run after any outage of an
+/// external system longer than about a second: here five failed attempts in a row, a
+/// database restarting. With the failure-rate budget (10 within 60 s) the run recovers
+/// and finishes.
+#[test]
+fn an_outage_of_a_few_failed_attempts_does_not_end_a_run_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(1, 4);
+    assert!(plan.job.checkpoint_interval_ms.is_some());
+    let storage = local(dir.path());
+    let mut w = Scripted::new(plan.clone());
+    w.fail_deploys = 5;
+    let report = run_job(&plan, &mut w, storage, &opts()).unwrap();
+    assert_eq!(report.recoveries, 5);
+    assert!(report.final_epoch.is_some());
+    // Failures spread wider than the window never exhaust it.
+    let dir = tempfile::tempdir().unwrap();
+    let storage = local(dir.path());
+    let mut w = Scripted::new(plan.clone());
+    w.fail_deploys = 4;
+    let o = CoordinatorOptions {
+        max_restarts: Some(1),
+        restart_window: Duration::ZERO,
+        ..opts()
+    };
+    assert_eq!(run_job(&plan, &mut w, storage, &o).unwrap().recoveries, 4);
+}
+
 #[test]
 fn events_of_a_stale_attempt_are_refused_and_counted() {
     let dir = tempfile::tempdir().unwrap();

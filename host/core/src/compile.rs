@@ -19,7 +19,7 @@ use nop_stream_api::{
     ChannelId, EdgeId, JobId, OperatorId, PartitionPolicy, PipelineId, PluginInfo, PluginKind,
     SemanticMode, SinkCapability, SourceCapability, StateShardId, SubtaskIndex, TaskId, VertexId,
 };
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -417,6 +417,45 @@ fn check_config(node: &NodeSpec, info: &PluginInfo, prefix: &str, diags: &mut Ve
             ),
         ));
     }
+}
+
+/// The schema keyword by which a plugin marks the top-level config properties that decide
+/// the keys of the records it emits: see [`key_spec`].
+pub const KEY_SPEC_KEYWORD: &str = "x-key-spec";
+
+/// The part of a node's `config` that decides the keys its plugin emits, as canonical JSON
+/// (an object of the marked properties, keys sorted, each the config's value, else the
+/// schema's `default`, else `null`), when the plugin's `config_schema` marks at least one
+/// top-level property with `"x-key-spec": true`:
+///
+/// ```json
+/// {"properties": {"key": {"type": "string", "default": "carrier", "x-key-spec": true},
+///     "fields": {"type": "array"}}}
+/// ```
+///
+/// A keyed operator's state depends on its upstream's key spec, not on the rest of that
+/// upstream's config (design §12.2: operator parameters may change), so the savepoint
+/// check compares this when both sides have it. `None` (nothing marked, or a schema that
+/// is not JSON): the whole config decides the keys.
+pub fn key_spec(info: &PluginInfo, config: &serde_json::Value) -> Option<String> {
+    let schema: serde_json::Value = serde_json::from_str(&info.config_schema).ok()?;
+    let props = schema.get("properties")?.as_object()?;
+    let spec: BTreeMap<&str, serde_json::Value> = props
+        .iter()
+        .filter(|(_, p)| p.get(KEY_SPEC_KEYWORD) == Some(&serde_json::Value::Bool(true)))
+        .map(|(k, p)| {
+            let v = config
+                .get(k)
+                .or_else(|| p.get("default"))
+                .cloned()
+                .unwrap_or(serde_json::Value::Null);
+            (k.as_str(), canonical(v))
+        })
+        .collect();
+    if spec.is_empty() {
+        return None;
+    }
+    Some(serde_json::to_string(&spec).expect("JSON values serialize"))
 }
 
 /// The schema keyword by which a sink lets a config value set its capability: see
@@ -997,14 +1036,48 @@ pub fn partitioned_plan(g: &JobGraph) -> PartitionedPlan {
     plan
 }
 
-/// sha256 (lower-case hex) of the plan's canonical JSON with `fingerprint` set to `""`.
+/// The fingerprint scheme [`fingerprint_of`] computes. Scheme 1
+/// ([`declaration_order_fingerprint_of`]) hashed arrays in declaration order; manifests
+/// recorded before scheme 2 still match their plan through
+/// [`PartitionedPlan::fingerprint_matches`].
+pub const FINGERPRINT_SCHEME: u32 = 2;
+
+/// sha256 (lower-case hex) of the plan's canonical form (design §4: fingerprints hash
+/// canonical forms, sorted by id, never declaration order).
 ///
-/// Canonical JSON is `serde_json` output with every object's keys sorted, so the value
-/// does not depend on map ordering features (`preserve_order`) or on key order in the
-/// job file. It covers everything in the plan: job settings, operator ids, plugin
-/// references and their `describe()` metadata (so a plugin version change shows),
-/// config, grants, parallelism, policies, shard ownership and channels.
+/// The canonical form is the plan with `fingerprint` set to `""`, every set-like array
+/// sorted — vertices and edges by id, the ACK set, each subtask's output channels, and
+/// per operator its plugin's keyed states, operator states and side outputs by name —
+/// serialised by `serde_json` with every object's keys sorted. Arrays whose order is
+/// meaning stay as they are: the operators of a chain, a subtask's inputs (by input
+/// index), shard ownership. So reordering independent declarations of a job file, or the
+/// state list of a plugin, changes nothing; the fingerprint covers everything else: job
+/// settings, operator ids, plugin references and their `describe()` metadata (so a plugin
+/// version change shows), config, grants, parallelism, policies, shard ownership and
+/// channels.
 pub fn fingerprint_of(plan: &PartitionedPlan) -> String {
+    let mut plan = plan.clone();
+    plan.vertices.sort_by(|a, b| a.id.cmp(&b.id));
+    plan.edges.sort_by(|a, b| a.id.cmp(&b.id));
+    plan.ack_set.sort();
+    for v in &mut plan.vertices {
+        for st in &mut v.subtasks {
+            st.outputs.sort();
+        }
+        for op in &mut v.operators {
+            let info = &mut op.plugin_info;
+            info.states.sort_by(|a, b| a.name.cmp(&b.name));
+            info.operator_states.sort_by(|a, b| a.name.cmp(&b.name));
+            info.side_outputs.sort();
+        }
+    }
+    declaration_order_fingerprint_of(&plan)
+}
+
+/// Fingerprint scheme 1: sha256 (lower-case hex) of the plan's JSON as it stands (arrays
+/// in declaration order) with `fingerprint` set to `""` and every object's keys sorted.
+/// Kept to read manifests recorded under it ([`PartitionedPlan::fingerprint_matches`]).
+pub fn declaration_order_fingerprint_of(plan: &PartitionedPlan) -> String {
     use sha2::{Digest, Sha256};
     let mut value = serde_json::to_value(plan).expect("plans serialize to JSON");
     if let Some(obj) = value.as_object_mut() {
@@ -1015,6 +1088,15 @@ pub fn fingerprint_of(plan: &PartitionedPlan) -> String {
     }
     let bytes = serde_json::to_vec(&canonical(value)).expect("JSON values serialize");
     hex::encode(Sha256::digest(&bytes))
+}
+
+impl PartitionedPlan {
+    /// Whether a fingerprint recorded in a manifest is this plan's: its current one
+    /// ([`fingerprint_of`]), or the one scheme 1 ([`declaration_order_fingerprint_of`])
+    /// gives it, so checkpoints taken before fingerprints were canonical still restore.
+    pub fn fingerprint_matches(&self, recorded: &str) -> bool {
+        recorded == self.fingerprint || recorded == declaration_order_fingerprint_of(self)
+    }
 }
 
 /// Rebuilds `v` with object keys inserted in sorted order.

@@ -175,11 +175,12 @@ pub fn apply_delta(
     let mut errors = Vec::new();
     let mut note = |field: String, class: ChangeClass, from: Option<&Value>, to: &Value| {
         if from != Some(to) {
+            // A URL is shown redacted, whatever the job-file check later says of it.
             changes.push(Change {
                 field,
                 class,
-                from: shown(from),
-                to: to.to_string(),
+                from: crate::url::redact_url(&shown(from)),
+                to: crate::url::redact_url(&to.to_string()),
             });
         }
     };
@@ -421,6 +422,18 @@ config = { dir = "/output" }
             classes("[job]\nstate_shards = 16\n"),
             [("job.state_shards".into(), ChangeClass::StateAffecting)]
         );
+    }
+
+    #[test]
+    fn a_delta_url_with_a_password_is_refused_without_echoing_it() {
+        for url in [
+            "postgres://u@db2/flights?pass%77ord=s3cret",
+            "postgres://u:pa/s3cret@db2/flights",
+        ] {
+            let d = apply(&format!("[connections.pg]\nurl = \"{url}\"\n")).unwrap_err();
+            assert!(d.to_string().contains("connections.pg.url"), "{d}");
+            assert!(!d.to_string().contains("s3cret"), "{d}");
+        }
     }
 
     #[test]

@@ -813,9 +813,10 @@ fn read_connections(
 /// - `kind` is one of [`crate::model::CONNECTION_KINDS`];
 /// - the `url` scheme fits the kind: `postgres://` or `postgresql://` for `postgres`,
 ///   `nats://` or `tls://` for `nats`, `redis://` or `rediss://` for `redis`;
-/// - the `url` holds no password (neither `user:password@` nor a `password=` parameter):
-///   passwords come from the environment variable `password_env` on the host running the
-///   job;
+/// - the `url` holds no password, read the way the drivers read it
+///   ([`crate::url::check_url`]: no `user:password@`, no parameter whose percent-decoded
+///   name is a credential, no user-info any driver could read as one): passwords come
+///   from the environment variable `password_env` on the host running the job;
 /// - `password_env` is a variable name (`[A-Za-z_][A-Za-z0-9_]*`);
 /// - `ca_file` goes only with a TLS URL (`rediss://`, `tls://`); Postgres has no TLS yet.
 ///
@@ -837,7 +838,7 @@ pub fn check_connection(name: &str, spec: &ConnectionSpec) -> Vec<(&'static str,
                 crate::model::CONNECTION_KINDS.join(", ")
             ),
         ));
-    } else if let Err(e) = check_url(&spec.kind, &spec.url) {
+    } else if let Err(e) = crate::url::check_url(&spec.kind, &spec.url) {
         out.push(("url", e));
     }
     if spec.ca_file.is_some() {
@@ -868,52 +869,6 @@ pub fn check_connection(name: &str, spec: &ConnectionSpec) -> Vec<(&'static str,
         }
     }
     out
-}
-
-/// Checks a connection URL for the scheme of its kind and refuses one that carries a
-/// password.
-fn check_url(kind: &str, url: &str) -> Result<(), String> {
-    let (schemes, shape): (&[&str], &str) = match kind {
-        "postgres" => (
-            &["postgres://", "postgresql://"],
-            "`postgres://user@host:port/database` (key-value connection strings are not accepted)",
-        ),
-        "nats" => (&["nats://", "tls://"], "`nats://[user@]host:port`"),
-        "redis" => (
-            &["redis://", "rediss://"],
-            "`redis://[user@]host:port[/db]`",
-        ),
-        _ => return Ok(()),
-    };
-    let Some(rest) = schemes.iter().find_map(|s| url.strip_prefix(s)) else {
-        return Err(format!("expected a URL {shape}"));
-    };
-    let authority = rest.split(['/', '?']).next().unwrap_or("");
-    if let Some((userinfo, _)) = authority.rsplit_once('@')
-        && userinfo.contains(':')
-    {
-        return Err(
-            "the URL holds a password (`user:password@`); remove it and name an environment variable in `password_env`"
-                .into(),
-        );
-    }
-    if let Some((_, query)) = rest.split_once('?')
-        && query.split('&').any(|kv| {
-            kv.split('=')
-                .next()
-                .is_some_and(|k| k.eq_ignore_ascii_case("password"))
-        })
-    {
-        return Err(
-            "the URL holds a `password` parameter; remove it and name an environment variable in `password_env`"
-                .into(),
-        );
-    }
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host.is_empty() {
-        return Err("the URL names no host".into());
-    }
-    Ok(())
 }
 
 fn read_prepare(cx: &mut Cx<'_>, t: &DeTable<'_>, span: Span, prefix: &str) -> Option<PrepareStep> {
@@ -2635,6 +2590,18 @@ config = { dir = "/output" }
                 "url = \"postgres://u@h/db?password=s3cret\"",
                 "connections.pg.url",
                 "`password` parameter",
+            ),
+            // The two forms the PostgreSQL driver authenticated with while this check let
+            // them through: a percent-encoded parameter name and a `/` in the password.
+            (
+                "url = \"postgres://u@h:5432/db?pass%77ord=s3cret\"",
+                "connections.pg.url",
+                "a credential",
+            ),
+            (
+                "url = \"postgres://u:pa/s3cret@h/db\"",
+                "connections.pg.url",
+                "holds a password",
             ),
             (
                 "url = \"host=h user=u\"",

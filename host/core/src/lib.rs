@@ -23,6 +23,7 @@ pub mod placement;
 pub mod plan;
 pub mod schema;
 pub mod shard;
+pub mod url;
 
 pub use compile::*;
 pub use diag::*;
@@ -31,3 +32,4 @@ pub use model::*;
 pub use placement::*;
 pub use plan::*;
 pub use shard::*;
+pub use url::{redact_url, redact_urls_in_json};

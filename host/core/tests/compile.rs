@@ -1093,3 +1093,107 @@ fn skip_and_dead_letter_are_refused_for_operators_with_keyed_state() {
         &Fake::new(),
     );
 }
+
+/// `branches` independent pipelines `s<i> -> agg<i> (keyed) -> k<i>`, declared in the
+/// order `order` names them.
+fn branches_job(order: &[usize]) -> String {
+    let mut t = String::from("[job]\nname = \"j\"\nparallelism = 2\n");
+    for &i in order {
+        t.push_str(&format!(
+            "[[source]]\nname = \"s{i}\"\nplugin = \"file-source@0.1.0\"\n\
+             [[operator]]\nname = \"agg{i}\"\nplugin = \"keyed-aggregate@0.1.0\"\n\
+             inputs = [{{ from = \"s{i}\", partition = \"hash\" }}]\n\
+             [[sink]]\nname = \"k{i}\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"agg{i}\"]\n"
+        ));
+    }
+    t
+}
+
+/// A catalog whose `keyed-aggregate` declares the states `names`, in that order.
+fn catalog_with_states(names: &[&str]) -> Fake {
+    Fake::new().with("keyed-aggregate@0.1.0", |i| {
+        let proto = i.states[0].clone();
+        i.states = names
+            .iter()
+            .map(|n| StateDescriptor {
+                name: (*n).into(),
+                ..proto.clone()
+            })
+            .collect();
+    })
+}
+
+mod declaration_order {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Pins fingerprints hashing arrays in declaration order: two job files differing
+        /// only in the order of independent branches (or a plugin listing its states in
+        /// another order) compiled to the same operators, yet their plan fingerprints
+        /// differed, so a reordered job could not resume from its own checkpoints.
+        #[test]
+        fn fingerprints_do_not_depend_on_declaration_order(
+            order in Just(vec![0usize, 1, 2, 3]).prop_shuffle(),
+            states in Just(vec!["a", "b", "c"]).prop_shuffle(),
+        ) {
+            let reference = plan_of(&model(&branches_job(&[0, 1, 2, 3])), &catalog_with_states(&["a", "b", "c"]));
+            let permuted = plan_of(&model(&branches_job(&order)), &catalog_with_states(&states));
+            prop_assert_eq!(&permuted.fingerprint, &reference.fingerprint);
+            // The plans hold the same vertices, whatever their order.
+            let ids = |p: &PartitionedPlan| p.vertices.iter().map(|v| v.id.to_string()).collect::<BTreeSet<_>>();
+            prop_assert_eq!(ids(&permuted), ids(&reference));
+        }
+    }
+}
+
+#[test]
+fn fingerprints_still_tell_dependent_order_and_recorded_old_fingerprints_match() {
+    let cat = Fake::new();
+    let plan = plan_of(&model(EXAMPLE), &cat);
+    // A manifest written before fingerprints were canonical recorded the
+    // declaration-order fingerprint; the plan still recognises it as its own.
+    let old = declaration_order_fingerprint_of(&plan);
+    assert!(plan.fingerprint_matches(&old));
+    assert!(plan.fingerprint_matches(&plan.fingerprint));
+    let other = plan_of(
+        &model(&EXAMPLE.replace("header = true", "header = false")),
+        &cat,
+    );
+    assert!(!plan.fingerprint_matches(&other.fingerprint));
+    assert!(!plan.fingerprint_matches(&declaration_order_fingerprint_of(&other)));
+    // Input order of a multi-input operator is meaning, not declaration order.
+    let two = |a: &str, b: &str| {
+        format!(
+            "[job]\nname = \"j\"\nsemantic = \"best-effort\"\n\
+             [[source]]\nname = \"x\"\nplugin = \"file-source@0.1.0\"\n\
+             [[source]]\nname = \"y\"\nplugin = \"file-source@0.1.0\"\n\
+             [[sink]]\nname = \"k\"\nplugin = \"jsonl-sink@0.1.0\"\ninputs = [\"{a}\", \"{b}\"]\n"
+        )
+    };
+    assert_ne!(
+        plan_of(&model(&two("x", "y")), &cat).fingerprint,
+        plan_of(&model(&two("y", "x")), &cat).fingerprint
+    );
+}
+
+#[test]
+fn the_key_spec_is_the_marked_config_properties_with_their_defaults() {
+    let mut parser = info("flights-mapper", "0.1.0", PluginKind::Operator);
+    parser.config_schema = r#"{"properties": {"key": {"type": "string", "default": "carrier", "x-key-spec": true}, "fields": {"type": "array"}}}"#.into();
+    let spec = |config: serde_json::Value| key_spec(&parser, &config);
+    let default = spec(serde_json::json!({"fields": ["carrier"]}));
+    assert_eq!(default.as_deref(), Some(r#"{"key":"carrier"}"#));
+    assert_eq!(
+        spec(serde_json::json!({"key": "carrier", "fields": ["a", "b"]})),
+        default,
+        "fields are not the key"
+    );
+    assert_ne!(spec(serde_json::json!({"key": "origin"})), default);
+    // Nothing marked: no key spec (the whole config decides).
+    parser.config_schema = r#"{"properties": {"key": {"type": "string"}}}"#.into();
+    assert_eq!(
+        key_spec(&parser, &serde_json::json!({"key": "carrier"})),
+        None
+    );
+}

@@ -213,8 +213,16 @@ pub struct NodeStatus {
     pub renewals: u64,
     /// Renewals refused (stale or expired lease) over all sessions.
     pub refused_renewals: u64,
-    /// Leases of this node that expired.
+    /// Leases of this node that expired (no renewal within the TTL).
     pub expirations: u32,
+    /// Leases of this node that ended, whatever the cause: expired, its session ended
+    /// (connection closed, renewal refused), or a restarted process registered again. Every
+    /// loss of the node is counted here (design §2.5).
+    #[serde(default)]
+    pub lost: u32,
+    /// Registrations refused because another process held the node's live lease.
+    #[serde(default)]
+    pub refused_registrations: u32,
 }
 
 /// A plugin of the registry.

@@ -38,6 +38,23 @@ pub enum RuntimeError {
         /// Why.
         message: String,
     },
+    /// The component imports or exports `nop:stream` interfaces of a WIT version this
+    /// host does not serve (design §16): built by another SDK than this host's.
+    #[error(
+        "cannot load plugin `{plugin}` from {path}: it was built against {built_for}, a WIT \
+         version this host does not serve: it serves {served} (see wit/CHANGELOG.md); \
+         rebuild the plugin with the nop-stream-sdk of this host"
+    )]
+    UnservedWit {
+        /// Plugin reference.
+        plugin: String,
+        /// Component file.
+        path: String,
+        /// The package version it was built against, e.g. `nop:stream@0.1.0`.
+        built_for: String,
+        /// What this host serves ([`crate::WIT_PACKAGE`]).
+        served: &'static str,
+    },
     /// No component file matches the reference.
     #[error("plugin `{plugin}` {message}")]
     PluginNotFound {
@@ -232,6 +249,7 @@ impl nop_stream_proto::TaskError for RuntimeError {
             | RuntimeError::Fenced { .. } => FailureClass::Secondary,
             RuntimeError::CommitUncertain { .. }
             | RuntimeError::PluginLoad { .. }
+            | RuntimeError::UnservedWit { .. }
             | RuntimeError::PluginNotFound { .. }
             | RuntimeError::WrongWorld { .. }
             | RuntimeError::DescribeMismatch { .. }

@@ -44,7 +44,8 @@ pub struct RunOptions {
     /// Resume from the latest durable manifest of the job's checkpoint namespace if there
     /// is one (otherwise its checkpoints are deleted and the job starts fresh).
     pub resume: bool,
-    /// Global recoveries allowed after task failures. `None`: 3 when the job checkpoints
+    /// Global recoveries allowed after task failures within any 60 s (see
+    /// `CoordinatorOptions::max_restarts`). `None`: 10 when the job checkpoints
     /// periodically, 0 otherwise.
     pub max_restarts: Option<u32>,
     /// Epochs older than this are aborted, in ms. Default 60,000.

@@ -152,7 +152,7 @@ fn err(kind: ErrorKind, message: String) -> NatsError {
 }
 
 /// `scheme://host:port` and the user of a `nats://[user@]host:port[/...]` URL.
-fn split_url(url: &str) -> (String, Option<String>) {
+pub(crate) fn split_url(url: &str) -> (String, Option<String>) {
     let (scheme, rest) = url.split_once("://").unwrap_or(("nats", url));
     let authority = rest.split(['/', '?']).next().unwrap_or("");
     match authority.rsplit_once('@') {
@@ -199,6 +199,16 @@ fn classify(connection: &str, url: &str, what: &str, e: &dyn std::fmt::Display) 
 fn connect(grant: &NatsGrant, timeout: Duration) -> Result<jetstream::Context, NatsError> {
     let connection = grant.name.clone();
     let (url, user) = split_url(&grant.url);
+    // The job file refuses a URL with a password; a user-info with `:` would carry one.
+    if user.as_deref().is_some_and(|u| u.contains(':')) {
+        return Err(err(
+            ErrorKind::Refused,
+            format!(
+                "connection `{connection}`: the URL holds a password; name an environment \
+                 variable in `password_env` instead"
+            ),
+        ));
+    }
     let secret = grant.password().map_err(|m| err(ErrorKind::Refused, m))?;
     let mut opts = async_nats::ConnectOptions::new()
         .connection_timeout(timeout)

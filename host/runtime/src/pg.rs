@@ -304,6 +304,17 @@ impl StoreData {
                 format!("connection `{connection}`: the URL in the job file does not parse"),
             )
         })?;
+        // The job file refuses a URL with a password; the driver's own reading of it is
+        // checked too, so no credential ever comes from a URL.
+        if config.get_password().is_some() {
+            return Err(err(
+                ErrorKind::Refused,
+                format!(
+                    "connection `{connection}`: the URL holds a password; name an environment \
+                     variable in `password_env` instead"
+                ),
+            ));
+        }
         if let Some(pw) = grant.password().map_err(|m| err(ErrorKind::Refused, m))? {
             config.password(pw);
         }

@@ -278,13 +278,11 @@ impl PluginHost {
                 same_track && v <= served_v
             });
             if !ok {
-                return Err(RuntimeError::PluginLoad {
+                return Err(RuntimeError::UnservedWit {
                     plugin: label.to_owned(),
                     path: path.display().to_string(),
-                    message: format!(
-                        "it was built against {served_pkg}@{version} (`{name}`), a WIT version this host does not serve: it serves {} (see wit/CHANGELOG.md); rebuild the plugin with the nop-stream-sdk of this host",
-                        crate::WIT_PACKAGE
-                    ),
+                    built_for: format!("{served_pkg}@{version}"),
+                    served: crate::WIT_PACKAGE,
                 });
             }
         }
@@ -297,7 +295,8 @@ impl PluginHost {
     ///
     /// # Errors
     /// [`RuntimeError::PluginLoad`] (unreadable, not a component, does not compile),
-    /// [`RuntimeError::WrongWorld`] (missing exports or unsatisfiable imports),
+    /// [`RuntimeError::UnservedWit`] (built against a `nop:stream` version this host does
+    /// not serve), [`RuntimeError::WrongWorld`] (missing exports or unsatisfiable imports),
     /// [`RuntimeError::DescribeMismatch`] (describes another kind), or a trap in `describe`.
     pub fn load(&self, label: &str, path: &Path, expected: PluginKind) -> Result<LoadedPlugin> {
         let bytes = std::fs::read(path).map_err(|e| RuntimeError::PluginLoad {

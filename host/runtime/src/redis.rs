@@ -247,6 +247,17 @@ fn connect(
             format!("connection `{name}`: the URL in the job file does not parse"),
         )
     })?;
+    // The job file refuses a URL with a password; the driver's own reading of it is
+    // checked too, so no credential ever comes from a URL.
+    if info.redis_settings().password().is_some() {
+        return Err(err(
+            ErrorKind::Refused,
+            format!(
+                "connection `{name}`: the URL holds a password; name an environment variable \
+                 in `password_env` instead"
+            ),
+        ));
+    }
     let mut settings = info.redis_settings().clone().set_skip_set_lib_name();
     if let Some(pw) = grant.password().map_err(|m| err(ErrorKind::Refused, m))? {
         settings = settings.set_password(pw);

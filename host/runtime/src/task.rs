@@ -511,17 +511,31 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
         }
     }
     t.aligner = Aligner::new(t.inputs.len());
-    // Sink recovery (design §7.3 "on recovery"): commit the durable pre-committed
-    // transactions, abort every other pending one of this subtask, then begin anew.
+    // Sink recovery (design §7.3 "on recovery", §7.4): commit the durable pre-committed
+    // transactions, then abort every pending one of this subtask and, listed or not, its
+    // transaction of every epoch after the restored one that an earlier generation may
+    // have begun (up to this attempt's first epoch): a sink that finds one of those
+    // committed fails there, loudly, instead of letting the replay repeat it. Then begin
+    // anew.
     if let (Some(prefix), Some(Stage::Sink(sink))) = (sink_txn_prefix, t.stages.last_mut()) {
         for p in &restore.pending {
             let committable =
                 hex::decode(&p.committable).map_err(|e| RuntimeError::Internal(e.to_string()))?;
             commit_with_recovery(sink, &p.txn, &committable)?;
         }
-        for stale in sink.pending_transactions()? {
+        let listed: std::collections::BTreeSet<String> =
+            sink.pending_transactions()?.into_iter().collect();
+        for stale in &listed {
             tracing::info!(txn = %stale, "aborting a transaction of a non-durable epoch");
-            sink.abort(&stale)?;
+            sink.abort(stale)?;
+        }
+        let restored = restore.epoch.map_or(0, |e| e.0);
+        for epoch in restored + 1..first_epoch.0 {
+            let txn = format!("{prefix}{epoch}");
+            if !listed.contains(&txn) {
+                tracing::debug!(%txn, "aborting the transaction of a non-durable epoch, if any");
+                sink.abort(&txn)?;
+            }
         }
         let txn = format!("{prefix}{first_epoch}");
         sink.begin(&txn)?;

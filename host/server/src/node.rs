@@ -202,6 +202,8 @@ impl NodeHost {
     /// streams, their tasks are cancelled and joined on the control thread.
     fn fence(&self, job: &JobId, generation: u64) {
         self.plane.fences().fence(job, generation);
+        // A prepare waiting for a peer of a fenced generation stops waiting.
+        self.peers_changed.notify_all();
         let mut jobs = lock(&self.jobs);
         if let Some(j) = jobs.get_mut(job)
             && j.generation < generation
@@ -337,15 +339,33 @@ impl NodeHost {
         Ok(set)
     }
 
-    /// A connection to every other node in `peers` (name → address): the node with the
-    /// lower id dials, the other waits for it, so two nodes share one connection.
+    /// Whether generation `generation` of `job` is fenced here (a newer one is in force).
+    fn fenced(&self, job: &JobId, generation: u64) -> bool {
+        self.plane
+            .fences()
+            .generation(job)
+            .is_some_and(|g| g > generation)
+    }
+
+    /// A connection to every other node in `peers` (name → address) for generation
+    /// `generation` of `job`: the node with the lower id dials, the other waits for it, so
+    /// two nodes share one connection. Either stops, failing the prepare, as soon as the
+    /// generation is fenced (the coordinator gave up on the deployment: a node of it was
+    /// lost), instead of waiting out [`PEER_WAIT`] or the handshake.
     fn connect_peers(
         &self,
+        job: &JobId,
+        generation: u64,
         peers: &BTreeMap<String, String>,
     ) -> Result<HashMap<String, quinn::Connection>, TaskFailure> {
         let fail = |m: String| TaskFailure {
             class: FailureClass::Recoverable,
             message: m,
+        };
+        let fenced = |name: &str| {
+            fail(format!(
+                "stopped waiting for {name}: generation {generation} of job {job} was fenced"
+            ))
         };
         let mut out = HashMap::new();
         for (name, addr) in peers {
@@ -372,7 +392,22 @@ impl NodeHost {
                     .ok_or_else(|| fail("the endpoint is not bound yet".into()))?;
                 let pc = self
                     .rt
-                    .block_on(ep.connect(addr, &Identity::Node(id), Protocol::Node))
+                    .block_on(async {
+                        let peer = Identity::Node(id);
+                        let dial = ep.connect(addr, &peer, Protocol::Node);
+                        tokio::pin!(dial);
+                        loop {
+                            tokio::select! {
+                                r = &mut dial => return Some(r),
+                                () = tokio::time::sleep(Duration::from_millis(50)) => {
+                                    if self.fenced(job, generation) {
+                                        return None;
+                                    }
+                                }
+                            }
+                        }
+                    })
+                    .ok_or_else(|| fenced(name))?
                     .map_err(|e| fail(format!("cannot connect to {name} at {addr}: {e}")))?;
                 self.plane.serve(pc.connection.clone());
                 lock(&self.peers).insert(name.clone(), pc.connection.clone());
@@ -383,6 +418,9 @@ impl NodeHost {
                 loop {
                     if let Some(c) = g.get(name).filter(|c| usable(c)) {
                         break c.clone();
+                    }
+                    if self.fenced(job, generation) {
+                        return Err(fenced(name));
                     }
                     let now = Instant::now();
                     if now >= deadline {
@@ -495,7 +533,7 @@ impl NodeHost {
                 message: format!("the deployment's plan does not parse: {e}"),
             })?;
         let set = self.plugin_set(plugins, loaded, &nd.spec, &plan)?;
-        let peers = self.connect_peers(&nd.peers)?;
+        let peers = self.connect_peers(&job, generation, &nd.peers)?;
         let opts = self.run_options(&nd.spec);
         let storage = self.storage(&nd.spec)?;
         let progress = self.progress(&job);

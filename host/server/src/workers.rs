@@ -171,6 +171,56 @@ impl ClusterWorkers {
         self.await_reply(n.id, self.hub.request(n.id, n.lease, request), what)
     }
 
+    /// Waits for the replies of every request of `waiting` at once, calling `ok` with each
+    /// node that answered with success, and returns the first failure as soon as it
+    /// arrives (a request no node answers within [`WorkerTimeouts::request`] fails too).
+    fn await_all(
+        &self,
+        waiting: Vec<(NodeId, Receiver<Result<ReplyBody, TaskFailure>>)>,
+        what: &str,
+        mut ok: impl FnMut(NodeId),
+    ) -> Result<(), TaskFailure> {
+        let deadline = Instant::now() + self.timeouts.request;
+        let mut left: Vec<_> = waiting;
+        while !left.is_empty() {
+            let mut select = crossbeam_channel::Select::new();
+            for (_, rx) in &left {
+                select.recv(rx);
+            }
+            let Ok(op) = select.select_deadline(deadline) else {
+                let (node, _) = &left[0];
+                return Err(failure(
+                    FailureClass::Recoverable,
+                    format!(
+                        "{}: {what}: no answer within {:?}",
+                        name(*node),
+                        self.timeouts.request
+                    ),
+                ));
+            };
+            let i = op.index();
+            let got = op.recv(&left[i].1);
+            drop(select);
+            let (node, _) = left.swap_remove(i);
+            match got {
+                Ok(Ok(_)) => ok(node),
+                Ok(Err(e)) => {
+                    return Err(TaskFailure {
+                        class: e.class,
+                        message: format!("{}: {what}: {}", name(node), e.message),
+                    });
+                }
+                Err(_) => {
+                    return Err(failure(
+                        FailureClass::Recoverable,
+                        format!("{}: {what}: the request was dropped", name(node)),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn await_reply(
         &self,
         node: NodeId,
@@ -447,15 +497,10 @@ impl Workers for ClusterWorkers {
             });
             waiting.push((node, self.hub.request(node, leases[&node], req)));
         }
-        let mut first_error = None;
-        for (node, rx) in waiting {
-            if let Err(e) = self.await_reply(node, rx, "preparing tasks") {
-                first_error.get_or_insert(e);
-            }
-        }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
+        // The first failure fails the deployment at once: a node lost meanwhile answers
+        // with a failure the moment its lease ends, and its peers, still waiting for its
+        // data connection, stop when the caller fences the generation.
+        self.await_all(waiting, "preparing tasks", |_| {})?;
         // Phase 2: start.
         let waiting: Vec<_> = leases
             .iter()
@@ -473,25 +518,18 @@ impl Workers for ClusterWorkers {
                 )
             })
             .collect();
-        for (node, rx) in waiting {
-            match self.await_reply(node, rx, "starting tasks") {
-                Ok(_) => {
-                    if let Some(live) = &mut self.live {
-                        let started: Vec<TaskId> = live
-                            .task_node
-                            .iter()
-                            .filter(|(_, n)| **n == node)
-                            .map(|(t, _)| t.clone())
-                            .collect();
-                        live.open.extend(started);
-                    }
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
+        let mut started = Vec::new();
+        let result = self.await_all(waiting, "starting tasks", |node| started.push(node));
+        if let Some(live) = &mut self.live {
+            let tasks: Vec<TaskId> = live
+                .task_node
+                .iter()
+                .filter(|(_, n)| started.contains(n))
+                .map(|(t, _)| t.clone())
+                .collect();
+            live.open.extend(tasks);
         }
-        first_error.map_or(Ok(()), Err)
+        result
     }
 
     fn send(&mut self, task: &TaskId, command: TaskCommand) {

@@ -27,7 +27,7 @@ use serde::Deserialize;
 pub const BID_FIXED_BYTES: usize = 32;
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"keyed":{"type":"boolean","default":true,"description":"key each record by its auction (8 bytes LE)"},"timestamps":{"type":"boolean","default":true,"description":"use date_time as the record's event time"}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"keyed":{"type":"boolean","default":true,"x-key-spec":true,"description":"key each record by its auction (8 bytes LE)"},"timestamps":{"type":"boolean","default":true,"description":"use date_time as the record's event time"}}}"#;
 
 /// One parsed bid, borrowing the channel from the input line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

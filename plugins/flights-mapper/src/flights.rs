@@ -44,7 +44,7 @@ pub const COLUMNS: [(&str, Kind); 19] = [
 ];
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"key":{"type":"string","default":"carrier","description":"column whose value becomes the record key"},"fields":{"type":"array","items":{"type":"string"},"description":"columns to keep, in output order; default all, in file order"},"skip_null_key":{"type":"boolean","default":false,"description":"drop records whose key column is missing (unquoted NA or empty) or an empty quoted string"}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"key":{"type":"string","default":"carrier","x-key-spec":true,"description":"column whose value becomes the record key"},"fields":{"type":"array","items":{"type":"string"},"description":"columns to keep, in output order; default all, in file order"},"skip_null_key":{"type":"boolean","default":false,"description":"drop records whose key column is missing (unquoted NA or empty) or an empty quoted string"}}}"#;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -7,13 +7,21 @@
 //!
 //! | file | meaning |
 //! |---|---|
-//! | `{dir}/.staging/{enc(txn)}.jsonl.tmp` | begun, being written |
-//! | `{dir}/.staging/{enc(txn)}.jsonl` | pre-committed: flushed, fsynced, sealed |
+//! | `{dir}/.staging/{prefix}-{subtask:02}/{enc(txn)}.jsonl.tmp` | begun, being written |
+//! | `{dir}/.staging/{prefix}-{subtask:02}/{enc(txn)}.jsonl` | pre-committed: flushed, fsynced, sealed |
 //! | `{dir}/{prefix}-{subtask:02}-{epoch:06}.jsonl` | committed, visible |
 //!
 //! `enc` percent-encodes every byte outside `[A-Za-z0-9._-]` as `%XX` (so `:` → `%3A`,
 //! `/` → `%2F`); it is reversible, which lets [`Staging::pending`] report the original ids.
 //! Subtask and epoch of the final name are the txn id's last two `:` fields.
+//!
+//! Each subtask stages in a directory of its own, so no subtask ever lists a directory a
+//! sibling writes to or removes from: under WASI a listed entry that vanishes before the
+//! host reads its type fails the whole listing, and a sibling aborting its transactions
+//! during a recovery did exactly that. Files staged directly in `{dir}/.staging/` (the
+//! layout before per-subtask directories) are still listed, aborted and committed; a
+//! listing of that shared directory that meets a vanished entry starts over.
+//! A staging directory that does not exist holds nothing pending.
 //!
 //! # Lifecycle
 //!
@@ -161,6 +169,48 @@ fn io_err(what: &str, p: &Path, e: &io::Error) -> PluginError {
     PluginError::io(format!("{what} {}: {e}", p.display()))
 }
 
+/// How often a listing that meets a vanished entry starts over before it fails.
+const LIST_ATTEMPTS: usize = 16;
+
+/// The transaction ids of the `.tmp` and sealed files directly in `dir`; a missing `dir`
+/// holds none. An entry that vanishes while the directory is listed (another writer's
+/// abort or commit) starts the listing over, up to [`LIST_ATTEMPTS`] times.
+fn list_txns(dir: &Path) -> Result<Vec<String>> {
+    let mut last = None;
+    for _ in 0..LIST_ATTEMPTS {
+        match try_list_txns(dir) {
+            Ok(txns) => return Ok(txns),
+            Err(e) if e.kind() == ErrorKind::NotFound => last = Some(e),
+            Err(e) => return Err(io_err("cannot list", dir, &e)),
+        }
+    }
+    Err(io_err(
+        "cannot list",
+        dir,
+        &last.unwrap_or_else(|| io::Error::from(ErrorKind::NotFound)),
+    ))
+}
+
+fn try_list_txns(dir: &Path) -> io::Result<Vec<String>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound && !dir.exists() => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut txns = Vec::new();
+    for entry in entries {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let stem = name
+            .strip_suffix(TMP_SUFFIX)
+            .or_else(|| name.strip_suffix(SEALED_SUFFIX));
+        if let Some(txn) = stem.and_then(decode_txn) {
+            txns.push(txn);
+        }
+    }
+    Ok(txns)
+}
+
 /// The staging area and published files of one sink subtask.
 #[derive(Debug)]
 pub struct Staging {
@@ -195,22 +245,44 @@ impl Staging {
         self
     }
 
-    fn staging_dir(&self) -> PathBuf {
+    /// The staging directory of subtask `subtask`: `{dir}/.staging/{prefix}-{subtask:02}`.
+    fn staging_dir_of(&self, subtask: u32) -> PathBuf {
+        self.dir
+            .join(STAGING_DIR)
+            .join(format!("{}-{subtask:02}", self.prefix))
+    }
+
+    /// The staging directory of `txn`'s subtask (this instance's when the id has none).
+    fn staging_dir(&self, txn: &str) -> PathBuf {
+        self.staging_dir_of(parse_txn(txn).map_or(self.subtask, |(subtask, _)| subtask))
+    }
+
+    /// The directory every subtask staged in before per-subtask directories.
+    fn shared_dir(&self) -> PathBuf {
         self.dir.join(STAGING_DIR)
     }
 
     /// Path of the `.tmp` file of `txn`.
     #[must_use]
     pub fn tmp_path(&self, txn: &str) -> PathBuf {
-        self.staging_dir()
+        self.staging_dir(txn)
             .join(format!("{}{TMP_SUFFIX}", encode_txn(txn)))
     }
 
     /// Path of the sealed file of `txn`.
     #[must_use]
     pub fn sealed_path(&self, txn: &str) -> PathBuf {
-        self.staging_dir()
+        self.staging_dir(txn)
             .join(format!("{}{SEALED_SUFFIX}", encode_txn(txn)))
+    }
+
+    /// Where `txn`'s `.tmp` and sealed files were staged before per-subtask directories.
+    fn shared_paths(&self, txn: &str) -> [PathBuf; 2] {
+        let name = encode_txn(txn);
+        [
+            self.shared_dir().join(format!("{name}{TMP_SUFFIX}")),
+            self.shared_dir().join(format!("{name}{SEALED_SUFFIX}")),
+        ]
     }
 
     /// Path `txn` is published at.
@@ -236,14 +308,16 @@ impl Staging {
                 final_path.display()
             )));
         }
-        let sealed = self.sealed_path(txn);
-        if sealed.exists() {
-            return Err(PluginError::transaction(format!(
-                "transaction {txn} is already pre-committed ({})",
-                sealed.display()
-            )));
+        let [_, shared_sealed] = self.shared_paths(txn);
+        for sealed in [self.sealed_path(txn), shared_sealed] {
+            if sealed.exists() {
+                return Err(PluginError::transaction(format!(
+                    "transaction {txn} is already pre-committed ({})",
+                    sealed.display()
+                )));
+            }
         }
-        let staging = self.staging_dir();
+        let staging = self.staging_dir(txn);
         fs::create_dir_all(&staging).map_err(|e| io_err("cannot create", &staging, &e))?;
         let tmp = self.tmp_path(txn);
         let f = File::create(&tmp).map_err(|e| io_err("cannot create", &tmp, &e))?;
@@ -351,7 +425,7 @@ impl Staging {
         } else {
             fs::rename(&tmp, &sealed).map_err(|e| io_err("cannot seal", &tmp, &e))?;
         }
-        sync_dir(&self.staging_dir());
+        sync_dir(&self.staging_dir(txn));
         committable(bytes)
     }
 
@@ -392,7 +466,13 @@ impl Staging {
     /// I/O failures other than absent files.
     pub fn abort(&mut self, txn: &str) -> Result<()> {
         self.open.remove(txn);
-        for p in [self.tmp_path(txn), self.sealed_path(txn)] {
+        let [shared_tmp, shared_sealed] = self.shared_paths(txn);
+        for p in [
+            self.tmp_path(txn),
+            self.sealed_path(txn),
+            shared_tmp,
+            shared_sealed,
+        ] {
             remove_if_present(&p).map_err(|e| io_err("cannot remove", &p, &e))?;
         }
         Ok(())
@@ -410,33 +490,19 @@ impl Staging {
         }
     }
 
-    /// Ids of this subtask's begun or sealed transactions, sorted.
+    /// Ids of this subtask's begun or sealed transactions, sorted: those in its own
+    /// staging directory and, of the files staged before per-subtask directories, those
+    /// of its subtask (and owner).
     ///
     /// # Errors
-    /// The staging directory cannot be listed.
+    /// A staging directory that exists but cannot be listed (a missing one holds nothing).
     pub fn pending(&self) -> Result<Vec<String>> {
-        let staging = self.staging_dir();
-        let entries = match fs::read_dir(&staging) {
-            Ok(e) => e,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_err("cannot list", &staging, &e)),
-        };
-        let mut txns = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| io_err("cannot list", &staging, &e))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let stem = name
-                .strip_suffix(TMP_SUFFIX)
-                .or_else(|| name.strip_suffix(SEALED_SUFFIX));
-            let Some(txn) = stem.and_then(decode_txn) else {
-                continue;
-            };
+        let mut txns = list_txns(&self.staging_dir_of(self.subtask))?;
+        txns.extend(list_txns(&self.shared_dir())?);
+        txns.retain(|txn| {
             let mine = self.owner.as_deref().is_none_or(|o| txn.starts_with(o));
-            if mine && parse_txn(&txn).is_ok_and(|(subtask, _)| subtask == self.subtask) {
-                txns.push(txn);
-            }
-        }
+            mine && parse_txn(txn).is_ok_and(|(subtask, _)| subtask == self.subtask)
+        });
         txns.sort();
         txns.dedup();
         Ok(txns)
@@ -513,8 +579,8 @@ mod tests {
         assert_eq!(
             listing(dir.path()),
             vec![
-                ".staging/job%3Amain%3Asinks%2Fout%3A0%3A3.jsonl",
-                ".staging/job%3Amain%3Asinks%2Fout%3A0%3A4.jsonl.tmp"
+                ".staging/part-00/job%3Amain%3Asinks%2Fout%3A0%3A3.jsonl",
+                ".staging/part-00/job%3Amain%3Asinks%2Fout%3A0%3A4.jsonl.tmp"
             ]
         );
         let c = Committable::decode(&c.encode()).unwrap();
@@ -626,6 +692,71 @@ mod tests {
         // Writing to an unknown txn is a transaction error.
         let err = s0.write("j:p:o:0:99", recs(&["z"])).unwrap_err();
         assert_eq!(err.code, nop_stream_sdk::ErrorCode::Transaction);
+    }
+
+    #[test]
+    fn each_subtask_stages_in_its_own_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s0 = Staging::new(dir.path(), "part", 0);
+        let mut s1 = Staging::new(dir.path(), "part", 1);
+        s0.begin(T3).unwrap();
+        s1.begin("job:main:sinks/out:1:3").unwrap();
+        assert_eq!(
+            listing(dir.path()),
+            vec![
+                ".staging/part-00/job%3Amain%3Asinks%2Fout%3A0%3A3.jsonl.tmp",
+                ".staging/part-01/job%3Amain%3Asinks%2Fout%3A1%3A3.jsonl.tmp"
+            ]
+        );
+        // A sibling's whole staging directory may go: this subtask's listing is unmoved,
+        // and a subtask whose directory is missing has nothing pending.
+        fs::remove_dir_all(dir.path().join(".staging/part-01")).unwrap();
+        assert_eq!(s0.pending().unwrap(), vec![T3]);
+        assert!(s1.pending().unwrap().is_empty());
+    }
+
+    #[test]
+    fn files_staged_in_the_shared_directory_are_still_listed_aborted_and_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join(STAGING_DIR);
+        fs::create_dir_all(&shared).unwrap();
+        // As an instance staging in `.staging/` itself left them: a sealed T3 and an open
+        // T4 of subtask 0, and a transaction of subtask 1.
+        let sealed = shared.join(format!("{}{SEALED_SUFFIX}", encode_txn(T3)));
+        fs::write(&sealed, "x\n").unwrap();
+        fs::write(
+            shared.join(format!("{}{TMP_SUFFIX}", encode_txn(T4))),
+            "y\n",
+        )
+        .unwrap();
+        let other = "job:main:sinks/out:1:4";
+        fs::write(
+            shared.join(format!("{}{TMP_SUFFIX}", encode_txn(other))),
+            "",
+        )
+        .unwrap();
+        let mut s = Staging::new(dir.path(), "part", 0);
+        assert_eq!(s.pending().unwrap(), vec![T3, T4]);
+        assert!(
+            s.begin(T3).is_err(),
+            "a sealed transaction is not begun again"
+        );
+        s.abort(T4).unwrap();
+        assert_eq!(s.pending().unwrap(), vec![T3]);
+        // A committable of the old layout names its staged file and commits from there.
+        let c = Committable {
+            txn: T3.into(),
+            staged: sealed.display().to_string(),
+            final_path: s.final_path(T3).unwrap().display().to_string(),
+            bytes: 2,
+        };
+        s.commit(&c).unwrap();
+        assert_eq!(fs::read_to_string(&c.final_path).unwrap(), "x\n");
+        assert!(s.pending().unwrap().is_empty());
+        assert_eq!(
+            Staging::new(dir.path(), "part", 1).pending().unwrap(),
+            vec![other]
+        );
     }
 
     #[test]

@@ -40,7 +40,11 @@
 //! `pg_prepared_xacts` (this database) and commits what it finds there; otherwise the
 //! marker decides: present is committed, absent is unknown (the host only asks about
 //! committables of durable epochs, so a missing transaction was rolled back behind the
-//! engine's back). Errors are unknown, never committed.
+//! engine's back). Errors are unknown, never committed. `abort` (the host aborts only
+//! epochs that are not durable, on recovery every one after the restored epoch, listed or
+//! not) runs `ROLLBACK PREPARED`; when the transaction is not prepared but its marker is
+//! there, the epoch was committed outside the protocol, and `abort` fails naming the GID
+//! and the epoch (design §7.4).
 //!
 //! # `transactions = "none"`: effectively once, without two-phase commit
 //!
@@ -715,12 +719,20 @@ impl Sink for PostgresSink {
                 epoch,
                 committed: false,
             };
+            // The host aborts only epochs that are not durable (design §7.4): a marker
+            // means the epoch's rows were committed outside the protocol (a COMMIT
+            // PREPARED by hand), and the replay would write them again.
             if self
                 .marker_exists(&c)
                 .map_err(|e| db_err("looking up the epoch marker", e))?
             {
                 return Err(PluginError::transaction(format!(
-                    "postgres-sink: abort of {txn}: transaction {gid} is already committed"
+                    "postgres-sink: epoch {epoch} of subtask {subtask} is not durable, yet its \
+                     transaction {gid} is committed (its marker row is in nop_sink_epochs): its \
+                     rows were committed outside the protocol, by a COMMIT PREPARED by hand or \
+                     another writer, and the replay of the epoch would write them again. \
+                     Nothing more is written: delete that epoch's rows and its marker row to \
+                     resume, or start the job afresh"
                 )));
             }
         }

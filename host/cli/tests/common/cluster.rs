@@ -144,6 +144,8 @@ impl Layout {
 pub struct Cluster {
     dir: tempfile::TempDir,
     addr: String,
+    /// `--lease-ttl-ms` and `--heartbeat-ms` of the coordinator.
+    lease: (String, String),
     layout: Layout,
     coordinator: Option<Child>,
     nodes: Vec<Option<Child>>,
@@ -179,8 +181,20 @@ impl Cluster {
         Cluster::start_in(Layout::loopback(n))
     }
 
+    /// As [`Self::start`], with a lease of `ttl_ms` renewed every `heartbeat_ms`.
+    pub fn start_with_lease(n: u32, ttl_ms: u32, heartbeat_ms: u32) -> Cluster {
+        Cluster::start_full(
+            Layout::loopback(n),
+            (ttl_ms.to_string(), heartbeat_ms.to_string()),
+        )
+    }
+
     /// As [`Self::start`], with the processes where `layout` puts them.
     pub fn start_in(layout: Layout) -> Cluster {
+        Cluster::start_full(layout, (TTL_MS.to_owned(), HEARTBEAT_MS.to_owned()))
+    }
+
+    fn start_full(layout: Layout, lease: (String, String)) -> Cluster {
         let n = layout.nodes.len() as u32;
         let dir = tempfile::tempdir().unwrap();
         let certs = dir.path().join("certs");
@@ -204,6 +218,7 @@ impl Cluster {
         };
         let mut c = Cluster {
             addr: std::net::SocketAddr::new(ip, port).to_string(),
+            lease,
             layout,
             dir,
             coordinator: None,
@@ -280,9 +295,9 @@ impl Cluster {
                 "--listen",
                 &self.addr,
                 "--lease-ttl-ms",
-                TTL_MS,
+                &self.lease.0,
                 "--heartbeat-ms",
-                HEARTBEAT_MS,
+                &self.lease.1,
             ])
             .arg("--data")
             .arg(self.dir.path().join("coord"))

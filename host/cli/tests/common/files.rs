@@ -87,3 +87,29 @@ pub fn namespace_in(work: &Path) -> Option<nop_stream_checkpoint::Namespace> {
         .next()?;
     Some(nop_stream_checkpoint::Namespace::new(store.scope(&name)))
 }
+
+/// `bytes` of a component with every `nop:stream/<interface>@<from>` name rewritten to
+/// `@<to>` (same length, so the component stays valid): the component as if built against
+/// another WIT version. Also returns how many names were rewritten.
+pub fn with_wit_version(bytes: &[u8], from: &str, to: &str) -> (Vec<u8>, usize) {
+    assert_eq!(from.len(), to.len());
+    let mut out = bytes.to_vec();
+    let prefix = b"nop:stream/";
+    let mut n = 0;
+    let mut i = 0;
+    while let Some(p) = out[i..].windows(prefix.len()).position(|w| w == prefix) {
+        let start = i + p + prefix.len();
+        let name_end = start
+            + out[start..]
+                .iter()
+                .take_while(|b| b.is_ascii_lowercase() || **b == b'-')
+                .count();
+        let at = format!("@{from}");
+        if out[name_end..].starts_with(at.as_bytes()) {
+            out[name_end + 1..name_end + 1 + to.len()].copy_from_slice(to.as_bytes());
+            n += 1;
+        }
+        i = name_end;
+    }
+    (out, n)
+}

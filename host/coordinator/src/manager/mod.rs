@@ -108,8 +108,10 @@ pub struct ManagerOptions {
     /// Whether savepoints go under `<savepoints>/<job>/` (a coordinator holding many jobs)
     /// or straight into the root (an embedded run's work directory).
     pub savepoints_per_job: bool,
-    /// Global recoveries a job gets unless its submission says otherwise; `None`: the
-    /// coordinator role's default (3 with periodic checkpoints, else 0).
+    /// Global recoveries a job gets within any 60 s unless its submission says otherwise
+    /// (a failure-rate budget, `CoordinatorOptions::max_restarts`); `None`: the
+    /// coordinator role's default ([`crate::DEFAULT_MAX_RESTARTS`] with periodic
+    /// checkpoints, else 0).
     pub max_restarts: Option<u32>,
     /// Pause before the first recovery attempt (it doubles per recovery).
     pub restart_delay: Duration,

@@ -171,7 +171,7 @@ impl<P: Platform> JobManager<P> {
             node.parallelism = Some(n);
         }
         let old_plan = self.platform.compile(&old, &p.sub)?.plan;
-        if old_plan.fingerprint != m.plan_fingerprint {
+        if !old_plan.fingerprint_matches(&m.plan_fingerprint) {
             return Err(ManagerError::Rescale(format!(
                 "--rescale: epoch {} was not taken by this job at its old parallelism \
                  (fingerprint {} vs {}); only the parallelism may change in a rescale",
