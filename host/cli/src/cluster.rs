@@ -512,6 +512,10 @@ pub struct CoordinatorArgs {
     /// Global recoveries a job gets unless its submission says otherwise.
     #[arg(long, default_value_t = 10)]
     pub max_restarts: u32,
+    /// Serve /metrics and the JSON API (/api/v1/) over HTTP on this address (a bare port
+    /// binds 127.0.0.1; there is no authentication).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
 }
 
 /// `nopstream coordinator`: serves until killed.
@@ -540,6 +544,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
         certs: a.certs,
         lease,
     };
+    let _http = crate::serve_http(a.http.as_deref(), service.manager(), None)?;
     let s2 = Arc::clone(&service);
     rt.block_on(nop_stream_cluster::session::serve_coordinator(
         cfg,

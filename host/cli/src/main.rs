@@ -451,6 +451,28 @@ fn plugin_path(extra: &[PathBuf]) -> Vec<PathBuf> {
     path
 }
 
+/// Where `nopstream run --http` writes the address it serves on, in its work directory.
+const HTTP_ADDR_FILE: &str = "http.addr";
+
+/// Starts the HTTP server (`--http ADDR`) over `manager` when asked, prints where it
+/// listens and, with `addr_file`, writes the address there.
+fn serve_http<P: nop_stream_coordinator::manager::Platform>(
+    given: Option<&str>,
+    manager: &Arc<nop_stream_coordinator::manager::JobManager<P>>,
+    addr_file: Option<&Path>,
+) -> Result<Option<nop_stream_http::Server>> {
+    let Some(given) = given else {
+        return Ok(None);
+    };
+    let server = nop_stream_http::spawn(nop_stream_http::parse_addr(given)?, Arc::clone(manager))?;
+    eprintln!("http: /metrics and /api/v1/ on http://{}", server.addr);
+    if let Some(f) = addr_file {
+        std::fs::write(f, server.addr.to_string())
+            .with_context(|| format!("cannot write {}", f.display()))?;
+    }
+    Ok(Some(server))
+}
+
 fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("NOPSTREAM_CACHE") {
         return Some(PathBuf::from(d));

@@ -157,13 +157,13 @@ families! {
         "Epochs triggered and neither committed nor aborted yet.";
     /// Committed epochs.
     EPOCHS_COMMITTED = "epochs_committed", Counter, None, JOB,
-        "Epochs committed by the job's current run in this coordinator process.";
+        "Epochs the job's durable epoch log records committed (it survives restarts).";
     /// Aborted epochs.
     EPOCHS_ABORTED = "epochs_aborted", Counter, None, JOB,
-        "Epochs aborted (timed out, or a task failed) by the job's current run in this coordinator process.";
+        "Epochs the job's durable epoch log records aborted (timed out, or a task failed).";
     /// Checkpoint duration.
     CHECKPOINT_DURATION = "checkpoint_duration", Histogram, Seconds, JOB,
-        "Time from an epoch's trigger until its manifest was durable.";
+        "Time from an epoch's creation until its manifest was durable, over the epochs of the durable epoch log.";
     /// Alignment.
     CHECKPOINT_ALIGNMENT = "checkpoint_alignment", Histogram, Seconds, JOB,
         "The longest barrier alignment of any task in a durable epoch (design §5.4).";

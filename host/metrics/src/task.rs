@@ -47,6 +47,9 @@ pub struct TaskMetrics {
     sink_pending: AtomicI64,
     committed: AtomicU64,
     recovered: AtomicU64,
+    /// Whether the task loop reports its idle and backpressured time: without it, busy
+    /// time would be the whole life, so the three are not sampled.
+    idle_measured: std::sync::atomic::AtomicBool,
     life: Mutex<Life>,
 }
 
@@ -69,6 +72,7 @@ impl Default for TaskMetrics {
             sink_pending: AtomicI64::new(-1),
             committed: AtomicU64::new(0),
             recovered: AtomicU64::new(0),
+            idle_measured: std::sync::atomic::AtomicBool::new(false),
             life: Mutex::new(Life::default()),
         }
     }
@@ -121,6 +125,7 @@ impl TaskMetrics {
 
     /// The thread waited `d` for input.
     pub fn idle(&self, d: Duration) {
+        self.idle_measured.store(true, Relaxed);
         self.idle_ns.fetch_add(nanos(d), Relaxed);
     }
 
@@ -300,15 +305,11 @@ impl JobMetrics {
         for ((vertex, subtask), t) in &tasks {
             let labels = || vec![job.to_owned(), vertex.clone(), subtask.to_string()];
             let c = |f: &Family, v: u64| Sample::counter(f, labels(), v as f64);
-            let (busy, bp, idle) = t.times();
             out.extend([
                 c(&inv::RECORDS_IN, t.records_in.load(Relaxed)),
                 c(&inv::RECORDS_OUT, t.records_out.load(Relaxed)),
                 c(&inv::INPUT, t.bytes_in.load(Relaxed)),
                 c(&inv::OUTPUT, t.bytes_out.load(Relaxed)),
-                Sample::counter(&inv::BUSY_TIME, labels(), busy.as_secs_f64()),
-                Sample::counter(&inv::BACKPRESSURED_TIME, labels(), bp.as_secs_f64()),
-                Sample::counter(&inv::IDLE_TIME, labels(), idle.as_secs_f64()),
                 c(&inv::LATE_RECORDS, t.late_records.load(Relaxed)),
                 c(&inv::TIMERS_FIRED, t.timers_fired.load(Relaxed)),
                 c(&inv::SKIPPED_RECORDS, t.skipped.load(Relaxed)),
@@ -319,6 +320,14 @@ impl JobMetrics {
             if committed + recovered > 0 {
                 *commits.entry((vertex.clone(), "committed")).or_default() += committed;
                 *commits.entry((vertex.clone(), "recovered")).or_default() += recovered;
+            }
+            if t.idle_measured.load(Relaxed) {
+                let (busy, bp, idle) = t.times();
+                out.extend([
+                    Sample::counter(&inv::BUSY_TIME, labels(), busy.as_secs_f64()),
+                    Sample::counter(&inv::BACKPRESSURED_TIME, labels(), bp.as_secs_f64()),
+                    Sample::counter(&inv::IDLE_TIME, labels(), idle.as_secs_f64()),
+                ]);
             }
             if !t.running() {
                 continue;

@@ -275,11 +275,18 @@ struct Task {
     align_started: Option<Instant>,
     report: TaskReport,
     progress: Arc<JobProgress>,
+    /// This subtask's metrics (design §15), updated once per batch.
+    metrics: Arc<nop_stream_metrics::TaskMetrics>,
     storage: Arc<Namespace>,
     namespace: String,
     events: Sender<TaskEvent>,
     commands: Receiver<TaskCommand>,
     cancel: Arc<AtomicBool>,
+}
+
+/// Payload bytes of `b`'s records.
+fn payload_bytes(b: &Batch) -> u64 {
+    b.ends.last().map_or(0, |e| u64::from(*e))
 }
 
 /// Runs a task to completion on the current thread and reports to the coordinator.
@@ -288,7 +295,13 @@ pub(crate) fn run(spec: TaskSpec) {
     let attempt = spec.attempt;
     let events = spec.events.clone();
     let cancel = Arc::clone(&spec.cancel);
+    let metrics = spec
+        .progress
+        .metrics()
+        .task(task_id.vertex.as_str(), task_id.subtask.0);
+    metrics.started();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(spec)));
+    metrics.ended();
     let event = match outcome {
         Ok(Ok(report)) => TaskEvent::Finished { attempt, report },
         Ok(Err(error)) => TaskEvent::Failed {
@@ -491,6 +504,9 @@ fn drive(spec: TaskSpec) -> Result<TaskReport> {
             task: task.to_string(),
             ..TaskReport::default()
         },
+        metrics: progress
+            .metrics()
+            .task(task.vertex.as_str(), task.subtask.0),
         progress,
         storage,
         namespace,
@@ -1164,6 +1180,7 @@ impl Task {
         let r = src.read(&sc.split, &sc.cursor, self.batch_records)?;
         let n = r.records.ends.len() as u64;
         self.report.records_in += n;
+        self.metrics.records_in(n, payload_bytes(&r.records));
         self.progress.record_read(
             self.id.vertex.as_str(),
             &sc.split.id,
@@ -1322,6 +1339,8 @@ impl Task {
         match msg {
             Ok(Message::Records(b)) => {
                 self.report.records_in += b.ends.len() as u64;
+                self.metrics
+                    .records_in(b.ends.len() as u64, payload_bytes(&b));
                 let input = self.inputs[idx].input_index;
                 if self.inputs[idx].idle {
                     self.inputs[idx].idle = false;
@@ -1832,6 +1851,8 @@ impl Task {
         if from == self.stages.len() {
             let site = &self.sites[self.sites.len() - 1];
             self.report.records_out += batch.ends.len() as u64;
+            self.metrics
+                .records_out(batch.ends.len() as u64, payload_bytes(&batch));
             return emit_to(&mut self.outputs, None, batch, site);
         }
         match &mut self.stages[from] {
@@ -1850,6 +1871,7 @@ impl Task {
                     .map(|s| s.txn.as_str())
                     .unwrap_or_default();
                 let n = batch.ends.len() as u64;
+                self.metrics.records_out(n, payload_bytes(&batch));
                 sink.write(txn, batch)?;
                 self.report.records_out += n;
                 self.progress.add_written(n);
@@ -1886,6 +1908,8 @@ impl Task {
             i + 1 == self.stages.len() && self.outputs.iter().any(|o| o.output() == Some(tag));
         if read {
             self.report.records_out += batch.ends.len() as u64;
+            self.metrics
+                .records_out(batch.ends.len() as u64, payload_bytes(&batch));
             emit_to(&mut self.outputs, Some(tag), batch, &self.sites[i])
         } else {
             self.count(i, &format!("side_output_dropped.{tag}"), batch.len() as u64);

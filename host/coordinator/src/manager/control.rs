@@ -129,7 +129,7 @@ impl<P: Platform> JobManager<P> {
 
     /// The location of `r`'s checkpoint namespace (from its job file and lineage, without
     /// compiling it).
-    fn namespace_of(&self, r: &JobRecord) -> Result<Location, ManagerError> {
+    pub(super) fn namespace_of(&self, r: &JobRecord) -> Result<Location, ManagerError> {
         let model = self.model(&r.submission)?;
         Ok(self
             .opts
