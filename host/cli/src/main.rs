@@ -7,6 +7,7 @@ mod prepare;
 mod run;
 mod savepoint;
 mod scaffold;
+mod status;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -114,6 +115,21 @@ enum Command {
         /// A Delta overlay to apply to the job file first (its changes go to stderr).
         #[arg(long, value_name = "D.toml")]
         delta: Option<PathBuf>,
+    },
+    /// Show a job as the job manager sees it: state, vertices with counts and rates,
+    /// edges, the last epochs. Asks a running embedded job (by its job file and work
+    /// directory) or, with --cluster, the coordinator (JOB is then the job id).
+    Status {
+        /// Job file (TOML), or with --cluster the job id.
+        job: PathBuf,
+        /// Working directory of the embedded run [default: nopstream-out/JOB_ID/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// `table`, or `json` (the JSON API's StatusView).
+        #[arg(long, value_enum, default_value = "table")]
+        format: status::Format,
+        #[command(flatten)]
+        on: cluster::MaybeCluster,
     },
     /// Check a job file and its plugins; report every problem with its location.
     Validate {
@@ -667,6 +683,16 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             delta,
         } => plan(job, layer, parallelism, nodes, slots, delta, search),
         Command::Validate { job } => validate(job, search),
+        Command::Status {
+            job,
+            work_dir,
+            format,
+            on,
+        } => {
+            let (target, id) = status::target(&job, work_dir, on)?;
+            status::status(&target, &id, format)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
         Command::Checkpoints {
             target,
             work_dir,

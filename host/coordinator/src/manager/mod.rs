@@ -26,7 +26,7 @@ mod restore;
 pub use error::ManagerError;
 pub use observe::{
     API_VERSION, CheckpointsView, EdgeView, EpochDetail, EpochView, ExceptionView, JobView,
-    METRICS_CONTENT_TYPE, MinAvgMax, VertexView,
+    METRICS_CONTENT_TYPE, MinAvgMax, StatusView, VertexView,
 };
 pub use platform::{Compiled, Component, DeployHook, JobRun, LiveCounts, LiveJob, Platform};
 

@@ -155,6 +155,17 @@ pub struct CheckpointsView {
     pub history: Vec<EpochView>,
 }
 
+/// What `nopstream status` shows: the job's view and its checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// The job.
+    pub job: JobView,
+    /// Its checkpoints; `None` when its epoch log cannot be read (`error` says why).
+    pub checkpoints: Option<CheckpointsView>,
+    /// Why the checkpoints are missing.
+    pub error: Option<String>,
+}
+
 /// One epoch in detail: the log's view and, while retained, its manifest (per task its
 /// bytes, alignment and duration; split offsets; segments; sink transactions).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -298,6 +309,23 @@ impl<P: Platform> JobManager<P> {
             fingerprint: plan.map(|p| p.fingerprint.clone()),
             vertices,
             edges,
+        })
+    }
+
+    /// `job`'s view and checkpoints, for `nopstream status`.
+    ///
+    /// # Errors
+    /// No such job.
+    pub fn status_view(&self, job: &str) -> Result<StatusView, ManagerError> {
+        let view = self.view(job)?;
+        let (checkpoints, error) = match self.checkpoints(job) {
+            Ok(c) => (Some(c), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        Ok(StatusView {
+            job: view,
+            checkpoints,
+            error,
         })
     }
 
