@@ -5,6 +5,8 @@
 //! plan vertex; `nopstream status`; and the API's shapes against a committed snapshot,
 //! which fails on a change that does not bump the API version.
 
+mod common;
+
 use nop_stream_checkpoint::{EpochState, Location, Namespace};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -45,10 +47,12 @@ impl Drop for JobFile {
 fn job_file() -> JobFile {
     let dir = repo().join("examples/flights");
     let text = std::fs::read_to_string(dir.join("flights.toml")).unwrap();
-    let text = text.replace(
-        "config = { path = \"/input/",
-        "config = { max_records_per_second = 2000, path = \"/input/",
-    );
+    let text = text
+        .replace(
+            "config = { path = \"/input/",
+            "config = { max_records_per_second = 2000, path = \"/input/",
+        )
+        .replace("[job]\n", "[job]\ncheckpoint_interval_ms = 200\n");
     let path = dir.join(format!(".observe-{}.toml", std::process::id()));
     std::fs::write(&path, text).unwrap();
     JobFile(path)
@@ -70,7 +74,6 @@ fn start(job: &Path, out: &Path, work: &Path) -> (Running, String) {
     let _ = std::fs::remove_file(&addr_file);
     let child = Command::new(BIN)
         .args(["run", "--no-progress", "--no-echo", "-p", "2"])
-        .args(["--checkpoint-interval-ms", "200"])
         .args(["--http", "127.0.0.1:0", "--output"])
         .arg(out)
         .arg("--work-dir")
@@ -215,10 +218,12 @@ impl Scrape {
 /// The job's epoch log, read from its checkpoint namespace: epochs by the states
 /// recorded for them.
 fn epoch_log(work: &Path) -> BTreeMap<u64, BTreeSet<String>> {
-    let ns = Namespace::open(&Location::Local(
-        work.join("checkpoints").join(format!("{JOB}.main")),
-    ))
-    .unwrap();
+    epoch_log_in(&work.join("checkpoints"))
+}
+
+/// The epoch log of the job's namespace under checkpoint root `root`.
+fn epoch_log_in(root: &Path) -> BTreeMap<u64, BTreeSet<String>> {
+    let ns = Namespace::open(&Location::Local(root.join(format!("{JOB}.main")))).unwrap();
     let mut out: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
     for r in ns.read_log().unwrap() {
         let s = match r.state {
@@ -329,12 +334,11 @@ fn a_running_job_over_http_metrics_api_status_and_a_restart() {
     let read = view["status"]["records_read"].as_f64().unwrap();
     let job = [("job", JOB)];
     assert!(read > 0.0);
-    for metric in ["nopstream_source_records_total"] {
-        assert!(
-            m1.sum(metric, &job) <= read && read <= m2.sum(metric, &job),
-            "{metric}"
-        );
-    }
+    let metric = "nopstream_source_records_total";
+    assert!(
+        m1.sum(metric, &job) <= read && read <= m2.sum(metric, &job),
+        "{metric}"
+    );
     let source = [("job", JOB), ("vertex", SOURCE_VERTEX)];
     let (in1, in2) = (
         m1.sum("nopstream_records_in_total", &source),
@@ -503,4 +507,52 @@ fn a_running_job_over_http_metrics_api_status_and_a_restart() {
     assert!(m.sum("nopstream_epochs_committed_total", &job) >= committed_before);
     assert!(m.sum("nopstream_epoch_durable", &job) >= latest(&log_before));
     drop(running);
+}
+
+#[test]
+fn a_cluster_coordinator_serves_its_nodes_samples_and_the_epoch_log() {
+    let _g = common::cluster::serial();
+    let c = common::cluster::Cluster::start(3);
+    let j = job_file();
+    let out = tempfile::tempdir().unwrap();
+    let id = c.submit(&j.0, out.path(), &["-p", "2"]);
+    assert_eq!(id, JOB);
+    let addr = c.http_addr();
+    let root = PathBuf::from(c.storage()).join("checkpoints");
+    wait_for("three durable epochs", || {
+        (durable(&epoch_log_in(&root)).len() >= 3).then_some(())
+    });
+    // The nodes' samples reach the coordinator in their metrics frames: every subtask of
+    // the source, wherever it runs, has read records.
+    let source = [("job", JOB), ("vertex", SOURCE_VERTEX)];
+    wait_for("every source subtask's records in /metrics", || {
+        let m = scrape(&addr);
+        (0..2)
+            .all(|i| {
+                let i = i.to_string();
+                m.0.iter().any(|s| {
+                    s.metric == "nopstream_records_in_total"
+                        && source.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
+                        && s.labels.get("subtask") == Some(i.as_str())
+                        && matches!(s.value, prometheus_parse::Value::Untyped(x) if x > 0.0)
+                })
+            })
+            .then_some(())
+    });
+    let log1 = epoch_log_in(&root);
+    let m = scrape(&addr);
+    let cps = json(&addr, &format!("/api/v1/jobs/{JOB}/checkpoints"));
+    let log2 = epoch_log_in(&root);
+    let job = [("job", JOB)];
+    let d = m.sum("nopstream_epoch_durable", &job);
+    let latest = |l: &BTreeMap<u64, BTreeSet<String>>| *durable(l).last().unwrap() as f64;
+    assert!(
+        latest(&log1) <= d && d <= latest(&log2),
+        "durable epoch {d}"
+    );
+    let in_api = api_durable(&cps);
+    assert!(durable(&log1).is_subset(&in_api) && in_api.is_subset(&durable(&log2)));
+    let view = json(&addr, &format!("/api/v1/jobs/{JOB}"));
+    assert_eq!(view["vertices"].as_array().unwrap().len(), 2, "{view}");
+    assert_eq!(view["edges"][0]["partition"], "HASH", "{view}");
 }
