@@ -10,6 +10,9 @@
 //! - `GET /api/v1/jobs/{job}/checkpoints/{epoch}`: one epoch's trace (its manifest);
 //! - `GET /api/v1/jobs/{job}/exceptions`: failures and what recoveries recovered from.
 //!
+//! - `GET /` and `GET /jobs/{job}`: the job list and a job's page (HTML rendered here,
+//!   complete without JavaScript: graph as SVG, checkpoint history, exceptions).
+//!
 //! Errors are JSON `{"error": "..."}`: 404 for an unknown job or epoch, 500 otherwise.
 //! The server binds to 127.0.0.1 unless given another address; it has no
 //! authentication, so exposing it beyond loopback is the operator's decision.
@@ -23,6 +26,9 @@ use nop_stream_coordinator::manager::{JobManager, ManagerError, Platform};
 use serde::Serialize;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+
+mod page;
+pub use page::esc;
 
 /// The server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +73,8 @@ pub struct Server {
 /// The routes over `manager`.
 pub fn router<P: Platform>(manager: Arc<JobManager<P>>) -> Router {
     Router::new()
+        .route("/", get(jobs_page::<P>))
+        .route("/jobs/{job}", get(job_page::<P>))
         .route("/metrics", get(metrics::<P>))
         .route("/api/v1/jobs", get(jobs::<P>))
         .route("/api/v1/jobs/{job}", get(job::<P>))
@@ -151,6 +159,39 @@ async fn metrics<P: Platform>(State(m): State<Arc<JobManager<P>>>) -> Response {
         Ok(Err(e)) => Failure(e).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
+}
+
+/// Runs a (blocking) page rendering off the server's thread.
+async fn html<P: Platform>(
+    m: Arc<JobManager<P>>,
+    f: impl FnOnce(&JobManager<P>) -> Result<String, ManagerError> + Send + 'static,
+) -> Response {
+    match tokio::task::spawn_blocking(move || f(&m)).await {
+        Ok(Ok(page)) => axum::response::Html(page).into_response(),
+        Ok(Err(e)) => Failure(e).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn jobs_page<P: Platform>(State(m): State<Arc<JobManager<P>>>) -> Response {
+    html(m, |m| Ok(page::jobs_page(&m.list()?))).await
+}
+
+async fn job_page<P: Platform>(
+    State(m): State<Arc<JobManager<P>>>,
+    Path(job): Path<String>,
+) -> Response {
+    html(m, move |m| {
+        let view = m.view(&job)?;
+        let checkpoints = m.checkpoints(&job).map_err(|e| e.to_string());
+        let exceptions = m.exceptions(&job)?;
+        Ok(page::job_page(
+            &view,
+            checkpoints.as_ref().map_err(Clone::clone),
+            &exceptions,
+        ))
+    })
+    .await
 }
 
 async fn jobs<P: Platform>(State(m): State<Arc<JobManager<P>>>) -> Response {
