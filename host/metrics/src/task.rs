@@ -310,16 +310,24 @@ impl JobMetrics {
                 c(&inv::RECORDS_OUT, t.records_out.load(Relaxed)),
                 c(&inv::INPUT, t.bytes_in.load(Relaxed)),
                 c(&inv::OUTPUT, t.bytes_out.load(Relaxed)),
-                c(&inv::LATE_RECORDS, t.late_records.load(Relaxed)),
-                c(&inv::TIMERS_FIRED, t.timers_fired.load(Relaxed)),
                 c(&inv::SKIPPED_RECORDS, t.skipped.load(Relaxed)),
                 c(&inv::DEAD_LETTERED_RECORDS, t.dead_lettered.load(Relaxed)),
-                c(&inv::PLUGIN_TRAPS, t.traps.load(Relaxed)),
             ]);
             let (committed, recovered) = (t.committed.load(Relaxed), t.recovered.load(Relaxed));
             if committed + recovered > 0 {
                 *commits.entry((vertex.clone(), "committed")).or_default() += committed;
                 *commits.entry((vertex.clone(), "recovered")).or_default() += recovered;
+            }
+            // Late records, timers and traps are sampled once something counts them: a
+            // counter nothing increments would read as a true zero.
+            for (f, n) in [
+                (&inv::LATE_RECORDS, t.late_records.load(Relaxed)),
+                (&inv::TIMERS_FIRED, t.timers_fired.load(Relaxed)),
+                (&inv::PLUGIN_TRAPS, t.traps.load(Relaxed)),
+            ] {
+                if n > 0 {
+                    out.push(c(f, n));
+                }
             }
             if t.idle_measured.load(Relaxed) {
                 let (busy, bp, idle) = t.times();

@@ -1998,9 +1998,11 @@ impl Task {
         }
         if skipped > 0 {
             self.count(i, "records_skipped", skipped);
+            self.metrics.skipped(skipped);
         }
         if dead_lettered > 0 {
             self.count(i, "records_dead_lettered", dead_lettered);
+            self.metrics.dead_lettered(dead_lettered);
         }
         self.push(i + 1, 0, out)?;
         if !dead.is_empty() {
