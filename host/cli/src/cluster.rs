@@ -666,6 +666,10 @@ pub struct CoordinatorArgs {
     /// [default: --lease-ttl-ms].
     #[arg(long)]
     pub election_ttl_ms: Option<u64>,
+    /// Serve /metrics and the JSON API (/api/v1/) over HTTP on this address (a bare port
+    /// binds 127.0.0.1; there is no authentication). A standby serves it once it leads.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
 }
 
 /// The election a coordinator takes part in, and the job store its leadership guards.
@@ -719,6 +723,10 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
             service
                 .lead(opts, None)
                 .map_err(|e| anyhow::anyhow!("coordinator (data {}): {e}", data.display()))?;
+            if let Some(c) = service.leader() {
+                // Kept for the life of the process.
+                std::mem::forget(crate::serve_http(a.http.as_deref(), c.manager(), None)?);
+            }
             service
         }
         Some(url) => {
@@ -726,6 +734,7 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
             let (election, jobs) = election(url, ttl)?;
             let service = nop_stream_server::ha::HaCoordinator::new(election, advertise);
             let s = Arc::clone(&service);
+            let http = a.http.clone();
             std::thread::Builder::new()
                 .name("campaign".into())
                 .spawn(move || {
@@ -733,6 +742,13 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
                         tracing::error!("cannot lead: {e}");
                         eprintln!("error: cannot lead: {e}");
                         std::process::exit(1);
+                    }
+                    if let Some(c) = s.leader() {
+                        match crate::serve_http(http.as_deref(), c.manager(), None) {
+                            // Kept for the life of the process.
+                            Ok(server) => std::mem::forget(server),
+                            Err(e) => tracing::error!("cannot serve HTTP: {e:#}"),
+                        }
                     }
                 })?;
             service

@@ -9,6 +9,7 @@ mod prepare;
 mod run;
 mod savepoint;
 mod scaffold;
+mod status;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -116,6 +117,21 @@ enum Command {
         /// A Delta overlay to apply to the job file first (its changes go to stderr).
         #[arg(long, value_name = "D.toml")]
         delta: Option<PathBuf>,
+    },
+    /// Show a job as the job manager sees it: state, vertices with counts and rates,
+    /// edges, the last epochs. Asks a running embedded job (by its job file and work
+    /// directory) or, with --cluster, the coordinator (JOB is then the job id).
+    Status {
+        /// Job file (TOML), or with --cluster the job id.
+        job: PathBuf,
+        /// Working directory of the embedded run [default: nopstream-out/JOB_ID/work].
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+        /// `table`, or `json` (the JSON API's StatusView).
+        #[arg(long, value_enum, default_value = "table")]
+        format: status::Format,
+        #[command(flatten)]
+        on: cluster::MaybeCluster,
     },
     /// Check a job file and its plugins; report every problem with its location.
     Validate {
@@ -462,6 +478,28 @@ fn plugin_path(extra: &[PathBuf]) -> Vec<PathBuf> {
     path
 }
 
+/// Where `nopstream run --http` writes the address it serves on, in its work directory.
+const HTTP_ADDR_FILE: &str = "http.addr";
+
+/// Starts the HTTP server (`--http ADDR`) over `manager` when asked, prints where it
+/// listens and, with `addr_file`, writes the address there.
+fn serve_http<P: nop_stream_coordinator::manager::Platform>(
+    given: Option<&str>,
+    manager: &Arc<nop_stream_coordinator::manager::JobManager<P>>,
+    addr_file: Option<&Path>,
+) -> Result<Option<nop_stream_http::Server>> {
+    let Some(given) = given else {
+        return Ok(None);
+    };
+    let server = nop_stream_http::spawn(nop_stream_http::parse_addr(given)?, Arc::clone(manager))?;
+    eprintln!("http: /metrics and /api/v1/ on http://{}", server.addr);
+    if let Some(f) = addr_file {
+        std::fs::write(f, server.addr.to_string())
+            .with_context(|| format!("cannot write {}", f.display()))?;
+    }
+    Ok(Some(server))
+}
+
 fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("NOPSTREAM_CACHE") {
         return Some(PathBuf::from(d));
@@ -656,6 +694,16 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             delta,
         } => plan(job, layer, parallelism, nodes, slots, delta, search),
         Command::Validate { job } => validate(job, search),
+        Command::Status {
+            job,
+            work_dir,
+            format,
+            on,
+        } => {
+            let (target, id) = status::target(&job, work_dir, on)?;
+            status::status(&target, &id, format)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
         Command::Checkpoints {
             target,
             work_dir,

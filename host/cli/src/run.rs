@@ -96,6 +96,11 @@ pub struct RunArgs {
     /// outnumber cores) or `normal` (the default policy, lowest hand-over latency).
     #[arg(long, default_value = "batch", value_name = "batch|normal")]
     pub task_scheduling: nop_stream_task::TaskScheduling,
+    /// Serve /metrics and the JSON API (/api/v1/) over HTTP on this address while the job
+    /// runs (a bare port binds 127.0.0.1; port 0 picks one; there is no authentication).
+    /// The address is printed and written to WORK_DIR/http.addr.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
 }
 
 /// The directories of a run, as the start note names them.
@@ -204,11 +209,14 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
 
     let control = crate::savepoint::control_socket(&work_dir);
     let control_server = crate::savepoint::serve_control(&control, Arc::clone(&manager))?;
+    let http_addr = work_dir.join(crate::HTTP_ADDR_FILE);
+    let _http = crate::serve_http(a.http.as_deref(), &manager, Some(&http_addr))?;
     let done = Arc::new(AtomicBool::new(false));
     let display = (!a.no_progress && !a.json)
         .then(|| crate::spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
     let result = manager.submit(sub, RunIn::Foreground);
     let _ = std::fs::remove_file(&control);
+    let _ = std::fs::remove_file(&http_addr);
     // A stop's answer is written as the job ends: let it reach the client.
     control_server.drain(std::time::Duration::from_secs(5));
     done.store(true, Ordering::SeqCst);

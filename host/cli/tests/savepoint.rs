@@ -1676,6 +1676,9 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// A way to damage one file of a savepoint.
+type Damage<'a> = &'a dyn Fn(&Path);
+
 /// Failure pinned: a savepoint with one segment byte flipped, or one segment deleted, was
 /// reported COMPATIBLE and copied over the job's namespace before its checksum failed, so
 /// the job's own healthy epoch was gone (and with a deleted segment the next plain run
@@ -1695,7 +1698,7 @@ fn a_damaged_savepoint_is_found_before_anything_is_touched() {
     let rel = segment.strip_prefix(&sp).unwrap().to_owned();
     let name = segment.file_name().unwrap().to_string_lossy().into_owned();
     let checkpoints = d.work.join("checkpoints");
-    let damages: [(&str, &dyn Fn(&Path)); 2] = [
+    let damages: [(&str, Damage); 2] = [
         ("a flipped byte", &|p: &Path| {
             let mut b = std::fs::read(p).unwrap();
             let mid = b.len() / 2;

@@ -306,4 +306,11 @@ impl Platform for EmbeddedPlatform {
             ..LiveCounts::default()
         }
     }
+
+    fn samples(&self, job: &str) -> Vec<nop_stream_metrics::Sample> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.progress.metrics().samples(job, now_ms)
+    }
 }

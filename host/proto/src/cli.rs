@@ -54,6 +54,12 @@ pub enum JobControl {
         /// Job id.
         job: String,
     },
+    /// A job's status with its graph and checkpoints, as `nopstream status` shows it
+    /// ([`CliResponse::View`]).
+    View {
+        /// Job id.
+        job: String,
+    },
     /// Take a savepoint of a running job ([`CliResponse::Savepoint`]).
     TakeSavepoint {
         /// Job id.
@@ -171,6 +177,11 @@ pub enum CliResponse {
         log_json: String,
         /// `Vec<EpochManifest>` as JSON, oldest first.
         manifests_json: String,
+    },
+    /// A job's view (the job manager's `StatusView`, the JSON API's shapes), as JSON.
+    View {
+        /// `StatusView` as JSON.
+        view_json: String,
     },
     /// The savepoint taken.
     Savepoint {

@@ -151,6 +151,10 @@ pub enum NodeFrame {
     Reply(Reply),
     /// The node's figures for one job, cumulative since the node process started.
     Counters(NodeCounters),
+    /// The node's metrics samples of one job (design §15), cumulative since the node
+    /// process started, at most `nop_stream_metrics::MAX_FRAME_SAMPLES`: one frame for
+    /// every metric, so a new one is a line where it is counted.
+    Metrics(nop_stream_metrics::MetricsFrame),
 }
 
 /// An event of a task, tagged with its job and generation.

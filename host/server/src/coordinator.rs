@@ -230,6 +230,7 @@ impl CoordinatorService for ClusterCoordinator {
             NodeFrame::Event(e) => self.hub.event(node, e),
             NodeFrame::Reply(r) => self.hub.reply(r),
             NodeFrame::Counters(c) => self.hub.counters(node, c),
+            NodeFrame::Metrics(m) => self.hub.metrics(node, m),
             NodeFrame::Heartbeat(_) => {}
         }
     }

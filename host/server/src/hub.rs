@@ -77,6 +77,8 @@ struct Inner {
     next_request: u64,
     pending: HashMap<u64, (NodeId, Sender<Result<ReplyBody, TaskFailure>>)>,
     counts: HashMap<JobId, Counts>,
+    /// The latest metrics samples of each job from each node.
+    samples: HashMap<JobId, BTreeMap<NodeId, Vec<nop_stream_metrics::Sample>>>,
     /// Events for jobs with no coordinator thread (a job ended or was never known here).
     orphan_events: u64,
 }
@@ -222,6 +224,27 @@ impl NodeHub {
                 .map(|(n, (base, last))| (*n, add(base, last)))
                 .collect();
         }
+    }
+
+    /// A node's latest metrics samples of a job (cumulative in its process: they replace
+    /// the node's previous ones).
+    pub fn metrics(&self, node: NodeId, frame: nop_stream_metrics::MetricsFrame) {
+        self.lock()
+            .samples
+            .entry(JobId::new(frame.job))
+            .or_default()
+            .insert(node, frame.samples);
+    }
+
+    /// A job's samples, merged over the nodes that sent any (counters summed).
+    pub fn job_samples(&self, job: &JobId) -> Vec<nop_stream_metrics::Sample> {
+        let mut out = Vec::new();
+        if let Some(per_node) = self.lock().samples.get(job) {
+            for s in per_node.values() {
+                nop_stream_metrics::merge(&mut out, s);
+            }
+        }
+        out
     }
 
     /// The job's counters of its current run, summed over its nodes.

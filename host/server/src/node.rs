@@ -195,6 +195,7 @@ impl NodeHost {
                 refused_streams: self.plane.fences().refused(job),
                 refused_commands: j.refused_commands,
             }));
+            link.send(NodeFrame::Metrics(metrics_frame(job.as_str(), &j.progress)));
         }
     }
 
@@ -742,5 +743,30 @@ impl NodeService for NodeHost {
             old.close(0u32.into(), b"replaced");
         }
         self.peers_changed.notify_all();
+    }
+}
+
+/// The node's samples of `job` in one frame, cut at
+/// [`nop_stream_metrics::MAX_FRAME_SAMPLES`].
+fn metrics_frame(
+    job: &str,
+    progress: &nop_stream_task::JobProgress,
+) -> nop_stream_metrics::MetricsFrame {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let mut samples = progress.metrics().samples(job, now_ms);
+    if samples.len() > nop_stream_metrics::MAX_FRAME_SAMPLES {
+        tracing::warn!(
+            %job,
+            "metrics: {} samples, sending the first {}",
+            samples.len(),
+            nop_stream_metrics::MAX_FRAME_SAMPLES
+        );
+        samples.truncate(nop_stream_metrics::MAX_FRAME_SAMPLES);
+    }
+    nop_stream_metrics::MetricsFrame {
+        job: job.to_owned(),
+        samples,
     }
 }

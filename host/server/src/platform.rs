@@ -223,6 +223,10 @@ impl Platform for ClusterPlatform {
         })
     }
 
+    fn samples(&self, job: &str) -> Vec<nop_stream_metrics::Sample> {
+        self.hub.job_samples(&JobId::new(job))
+    }
+
     fn live_counts(&self, job: &str) -> LiveCounts {
         let c = self.hub.job_counters(&JobId::new(job));
         LiveCounts {

@@ -14,6 +14,7 @@ pub struct JobProgress {
     /// name their splits alike.
     splits: Mutex<BTreeMap<SourceSplit, (u64, Option<u64>)>>,
     started: Instant,
+    metrics: nop_stream_metrics::JobMetrics,
 }
 
 /// A split as (source operator, split id).
@@ -26,6 +27,7 @@ impl Default for JobProgress {
             records_written: AtomicU64::new(0),
             splits: Mutex::new(BTreeMap::new()),
             started: Instant::now(),
+            metrics: nop_stream_metrics::JobMetrics::default(),
         }
     }
 }
@@ -42,6 +44,16 @@ impl JobProgress {
         total: Option<u64>,
     ) {
         self.records_read.fetch_add(n, Ordering::Relaxed);
+        self.metrics.split_read(
+            source,
+            split,
+            n,
+            nop_stream_metrics::SplitProgress {
+                consumed,
+                total,
+                max_timestamp: None,
+            },
+        );
         self.splits
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -50,6 +62,12 @@ impl JobProgress {
 
     pub(crate) fn add_written(&self, n: u64) {
         self.records_written.fetch_add(n, Ordering::Relaxed);
+        self.metrics.written(n);
+    }
+
+    /// The metrics of the job's subtasks in this process (design §15).
+    pub fn metrics(&self) -> &nop_stream_metrics::JobMetrics {
+        &self.metrics
     }
 
     /// Records read by all sources so far (in every attempt).

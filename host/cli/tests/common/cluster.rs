@@ -262,6 +262,16 @@ impl Cluster {
         strip_ansi(&std::fs::read_to_string(self.path(name)).unwrap_or_default())
     }
 
+    /// The address the current coordinator serves HTTP on (`--http`, as its log says).
+    pub fn http_addr(&self) -> String {
+        const SAYS: &str = "http: /metrics and /api/v1/ on http://";
+        self.log("coordinator.log")
+            .lines()
+            .rev()
+            .find_map(|l| l.split_once(SAYS).map(|(_, a)| a.trim().to_owned()))
+            .expect("the coordinator serves HTTP")
+    }
+
     /// `--storage` of every process.
     pub fn storage(&self) -> String {
         self.layout
@@ -305,6 +315,7 @@ impl Cluster {
             .arg(self.storage())
             .arg("--certs")
             .arg(self.certs())
+            .args(["--http", "127.0.0.1:0"])
             .env("RUST_LOG", log_filter())
             .stdout(Stdio::piped())
             .stderr(log_file(&self.dir.path().join("coordinator.log")))

@@ -37,6 +37,10 @@ impl<P: Platform> JobManager<P> {
                 }
                 CliResponse::Job(Box::new(self.status_of(&r)))
             }
+            JobControl::View { job } => CliResponse::View {
+                view_json: serde_json::to_string(&self.status_view(&job)?)
+                    .map_err(|e| ManagerError::Platform(e.to_string()))?,
+            },
             JobControl::TakeSavepoint { job, out, stop } => {
                 let info = self.take_savepoint(&job, out, stop)?;
                 CliResponse::Savepoint {
@@ -129,7 +133,7 @@ impl<P: Platform> JobManager<P> {
 
     /// The location of `r`'s checkpoint namespace (from its job file and lineage, without
     /// compiling it).
-    fn namespace_of(&self, r: &JobRecord) -> Result<Location, ManagerError> {
+    pub(super) fn namespace_of(&self, r: &JobRecord) -> Result<Location, ManagerError> {
         let model = self.model(&r.submission)?;
         Ok(self
             .opts

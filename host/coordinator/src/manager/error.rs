@@ -32,6 +32,14 @@ pub enum ManagerError {
         /// The job.
         job: String,
     },
+    /// The epoch log of a job does not know an epoch.
+    #[error("job `{job}` has no epoch {epoch} in its epoch log")]
+    NoEpoch {
+        /// The job.
+        job: String,
+        /// The epoch asked for.
+        epoch: u64,
+    },
     /// No such job.
     #[error("no job `{job}` {where_}")]
     NoJob {

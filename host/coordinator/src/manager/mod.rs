@@ -19,10 +19,15 @@
 
 mod control;
 mod error;
+mod observe;
 mod platform;
 mod restore;
 
 pub use error::ManagerError;
+pub use observe::{
+    API_VERSION, CheckpointsView, EdgeView, EpochDetail, EpochView, ExceptionView, JobView,
+    METRICS_CONTENT_TYPE, MinAvgMax, StatusView, VertexView,
+};
 pub use platform::{Compiled, Component, DeployHook, JobRun, LiveCounts, LiveJob, Platform};
 
 use crate::jobs::{HISTORY_RUNS, JobRecord, JobStore, PastRun, Versioned};
@@ -198,6 +203,7 @@ pub struct JobManager<P: Platform> {
     /// any other submission of them is refused meanwhile.
     busy: Mutex<BTreeSet<String>>,
     notes: Box<dyn Fn(&Note) + Send + Sync>,
+    observed: observe::Observed,
     started: Instant,
     me: std::sync::Weak<JobManager<P>>,
 }
@@ -260,6 +266,7 @@ impl<P: Platform> JobManager<P> {
             running: Mutex::new(HashMap::new()),
             busy: Mutex::new(BTreeSet::new()),
             notes: Box::new(notes),
+            observed: observe::Observed::default(),
             started: Instant::now(),
             me: me.clone(),
         })
@@ -482,6 +489,7 @@ impl<P: Platform> JobManager<P> {
                 value: record.clone(),
             },
         );
+        self.observed.started(&job, &p.compiled.plan);
         let live = Arc::new(LiveJob::default());
         *lock(&live.expect) = expect;
         let weak = self.me.clone();

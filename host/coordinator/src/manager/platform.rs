@@ -163,4 +163,10 @@ pub trait Platform: Send + Sync + 'static {
 
     /// Live counts of running job `job`.
     fn live_counts(&self, job: &str) -> LiveCounts;
+
+    /// The metrics samples of `job`'s subtasks this platform holds (design §15), over
+    /// every attempt since its process started. Default: none.
+    fn samples(&self, _job: &str) -> Vec<nop_stream_metrics::Sample> {
+        Vec::new()
+    }
 }

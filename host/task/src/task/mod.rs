@@ -240,11 +240,18 @@ struct Task {
     align_started: Option<Instant>,
     report: TaskReport,
     progress: Arc<JobProgress>,
+    /// This subtask's metrics (design §15), updated once per batch.
+    metrics: Arc<nop_stream_metrics::TaskMetrics>,
     storage: Arc<Namespace>,
     namespace: String,
     events: Sender<TaskEvent>,
     commands: Receiver<TaskCommand>,
     cancel: Arc<AtomicBool>,
+}
+
+/// Payload bytes of `b`'s records.
+pub(super) fn payload_bytes(b: &nop_stream_api::Batch) -> u64 {
+    b.ends.last().map_or(0, |e| u64::from(*e))
 }
 
 /// Runs a task to completion on the current thread and reports to the coordinator.
@@ -253,7 +260,13 @@ pub(crate) fn run(spec: TaskSpec) {
     let attempt = spec.attempt;
     let events = spec.events.clone();
     let cancel = Arc::clone(&spec.cancel);
+    let metrics = spec
+        .progress
+        .metrics()
+        .task(task_id.vertex.as_str(), task_id.subtask.0);
+    metrics.started();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(spec)));
+    metrics.ended();
     let event = match outcome {
         Ok(Ok(report)) => TaskEvent::Finished { attempt, report },
         Ok(Err(error)) => TaskEvent::Failed {
@@ -460,6 +473,9 @@ impl Task {
                 task: task.to_string(),
                 ..TaskReport::default()
             },
+            metrics: progress
+                .metrics()
+                .task(task.vertex.as_str(), task.subtask.0),
             progress,
             storage,
             namespace,
@@ -653,6 +669,7 @@ impl Task {
         let r = src.read(&sc.split, &sc.cursor, self.batch_records)?;
         let n = r.records.ends.len() as u64;
         self.report.records_in += n;
+        self.metrics.records_in(n, payload_bytes(&r.records));
         self.progress.record_read(
             self.id.vertex.as_str(),
             &sc.split.id,
@@ -811,6 +828,8 @@ impl Task {
         match msg {
             Ok(Message::Records(b)) => {
                 self.report.records_in += b.ends.len() as u64;
+                self.metrics
+                    .records_in(b.ends.len() as u64, payload_bytes(&b));
                 let input = self.inputs[idx].input_index;
                 if self.inputs[idx].idle {
                     self.inputs[idx].idle = false;

@@ -27,6 +27,8 @@ impl Task {
         if from == self.stages.len() {
             let site = &self.sites[self.sites.len() - 1];
             self.report.records_out += batch.ends.len() as u64;
+            self.metrics
+                .records_out(batch.ends.len() as u64, super::payload_bytes(&batch));
             return emit_to(&mut self.outputs, None, batch, site);
         }
         match &mut self.stages[from] {
@@ -45,6 +47,7 @@ impl Task {
                     .map(|s| s.txn.as_str())
                     .unwrap_or_default();
                 let n = batch.ends.len() as u64;
+                self.metrics.records_out(n, super::payload_bytes(&batch));
                 sink.write(txn, batch)?;
                 self.report.records_out += n;
                 self.progress.add_written(n);
@@ -81,6 +84,8 @@ impl Task {
             i + 1 == self.stages.len() && self.outputs.iter().any(|o| o.output() == Some(tag));
         if read {
             self.report.records_out += batch.ends.len() as u64;
+            self.metrics
+                .records_out(batch.ends.len() as u64, super::payload_bytes(&batch));
             emit_to(&mut self.outputs, Some(tag), batch, &self.sites[i])
         } else {
             self.count(i, &format!("side_output_dropped.{tag}"), batch.len() as u64);
@@ -169,9 +174,11 @@ impl Task {
         }
         if skipped > 0 {
             self.count(i, "records_skipped", skipped);
+            self.metrics.skipped(skipped);
         }
         if dead_lettered > 0 {
             self.count(i, "records_dead_lettered", dead_lettered);
+            self.metrics.dead_lettered(dead_lettered);
         }
         self.push(i + 1, 0, out)?;
         if !dead.is_empty() {
