@@ -6,7 +6,7 @@ use super::{JobManager, ManagerError, Platform, lock};
 use crate::SavepointRequest;
 use crate::jobs::JobRecord;
 use nop_stream_checkpoint::{Location, Namespace, names};
-use nop_stream_proto::cli::{CliResponse, JobControl, JobStatus};
+use nop_stream_proto::cli::{CliResponse, JobControl, JobState, JobStatus};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -142,7 +142,12 @@ impl<P: Platform> JobManager<P> {
     }
 
     fn status_of(&self, r: &JobRecord) -> JobStatus {
-        let live = lock(&self.running).get(&r.job).map(|x| Arc::clone(&x.live));
+        // A run whose end is recorded counts from its report, even while its thread is
+        // still leaving the running set (the record is written first).
+        let live = lock(&self.running)
+            .get(&r.job)
+            .filter(|_| matches!(r.state, JobState::Submitted | JobState::Running))
+            .map(|x| Arc::clone(&x.live));
         let mut refused = r.refused;
         let mut generation = r.generation;
         let mut deployment_json = r.deployment_json.clone();
