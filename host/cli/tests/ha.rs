@@ -266,6 +266,19 @@ impl Ha {
         self.nodes[id as usize - 1] = Some(child);
     }
 
+    /// Submits the job file `job` with its output in `out` and `extra` flags; returns the
+    /// job id.
+    fn submit(&self, job: &Path, out: &Path, extra: &[&str]) -> String {
+        let out = out.display().to_string();
+        let mut args = vec!["job", "submit"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--output", &out]);
+        self.json(&args, &[job.to_owned()]).expect("submit")["job"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
     fn cli(&self, args: &[&str], files: &[PathBuf]) -> (bool, String, String) {
         let out = Command::new(BIN)
             .args(args)
@@ -414,16 +427,7 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
     let job = job_copy("flights-per-record.toml", 200, 15_000);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let o = out.display().to_string();
-    let id = ha
-        .json(
-            &["job", "submit", "-p", "3", "--fresh", "--output", &o],
-            std::slice::from_ref(&job.0),
-        )
-        .expect("submit")["job"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = ha.submit(&job.0, &out, &["-p", "3", "--fresh"]);
     let mut kills = 0;
     let mut term = term;
     let mut failovers = Vec::new();
@@ -531,16 +535,7 @@ fn a_leader_stopped_past_its_lease_is_deposed_and_exits_without_acting() {
     let job = job_copy("flights-per-record.toml", 200, 15_000);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let o = out.display().to_string();
-    let id = ha
-        .json(
-            &["job", "submit", "-p", "3", "--fresh", "--output", &o],
-            std::slice::from_ref(&job.0),
-        )
-        .expect("submit")["job"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = ha.submit(&job.0, &out, &["-p", "3", "--fresh"]);
     wait_for("a first commit", Duration::from_secs(60), || {
         ha.durable_epoch(&id) > 0
     });
@@ -609,16 +604,7 @@ fn a_finished_job_is_not_run_again_by_a_new_leader() {
     let job = job_copy("flights.toml", 200, 200_000);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let o = out.display().to_string();
-    let id = ha
-        .json(
-            &["job", "submit", "--fresh", "--output", &o],
-            std::slice::from_ref(&job.0),
-        )
-        .expect("submit")["job"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = ha.submit(&job.0, &out, &["--fresh"]);
     let first = ha.wait_finished(&id, Duration::from_secs(300));
     let before = committed(&out);
     assert!(!before.is_empty());
@@ -649,16 +635,7 @@ fn etcd_restarted_while_a_job_runs_leaves_exact_output() {
     let job = job_copy("flights-per-record.toml", 200, 15_000);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let o = out.display().to_string();
-    let id = ha
-        .json(
-            &["job", "submit", "-p", "3", "--fresh", "--output", &o],
-            std::slice::from_ref(&job.0),
-        )
-        .expect("submit")["job"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = ha.submit(&job.0, &out, &["-p", "3", "--fresh"]);
     wait_for("a first durable epoch", Duration::from_secs(60), || {
         ha.durable_epoch(&id) > 0
     });
