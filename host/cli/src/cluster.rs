@@ -667,7 +667,9 @@ pub struct CoordinatorArgs {
     #[arg(long)]
     pub election_ttl_ms: Option<u64>,
     /// Serve /metrics and the JSON API (/api/v1/) over HTTP on this address (a bare port
-    /// binds 127.0.0.1; there is no authentication). A standby serves it once it leads.
+    /// binds 127.0.0.1; there is no authentication). Bound at start and announced in the
+    /// election: a standby redirects the API to the leader's HTTP address (307) and serves
+    /// its own `nopstream_coordinator_*` families on /metrics.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<String>,
 }
@@ -695,6 +697,56 @@ fn election(url: &str, _ttl: Duration) -> Result<ElectionParts> {
     )
 }
 
+/// The coordinator process's HTTP role: the leader's routes once it leads, a standby's
+/// answers before.
+#[derive(Default)]
+struct CoordinatorHttp {
+    service: std::sync::OnceLock<Arc<nop_stream_server::ha::HaCoordinator>>,
+    routes: std::sync::OnceLock<nop_stream_http::Router>,
+}
+
+impl nop_stream_http::Role for CoordinatorHttp {
+    fn leading(&self) -> Option<nop_stream_http::Router> {
+        let service = self.service.get()?;
+        let c = service.leader()?;
+        let routes = self.routes.get_or_init(|| {
+            let s = Arc::clone(service);
+            nop_stream_http::router_with(
+                Arc::clone(c.manager()),
+                Some(Arc::new(move || s.samples())),
+            )
+        });
+        Some(routes.clone())
+    }
+
+    fn leader(&self) -> nop_stream_http::LeaderHint {
+        match self.service.get().and_then(|s| s.leader_info()) {
+            Some(l) => nop_stream_http::LeaderHint {
+                leader: Some(l.addr),
+                leader_http: l.http,
+                term: l.term,
+            },
+            None => nop_stream_http::LeaderHint::default(),
+        }
+    }
+
+    fn samples(&self) -> Vec<nop_stream_metrics::Sample> {
+        self.service.get().map(|s| s.samples()).unwrap_or_default()
+    }
+}
+
+/// The HTTP address a coordinator announces: where it is bound, or, bound to every
+/// interface, the host of its cluster address with the bound port.
+fn http_advertised(bound: SocketAddr, advertise: &str) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    match advertise.rsplit_once(':') {
+        Some((host, _)) => format!("{host}:{}", bound.port()),
+        None => bound.to_string(),
+    }
+}
+
 /// `nopstream coordinator`: serves until killed.
 pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
     let lease = nop_stream_cluster::LeaseConfig {
@@ -715,26 +767,44 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
     opts.max_restarts = a.max_restarts;
     let rt = tokio_runtime()?;
     let advertise = a.advertise.clone().unwrap_or_else(|| a.listen.to_string());
+    // The HTTP server is bound before the campaign so that its address can be announced;
+    // it answers as a standby until this process leads.
+    let http_role = Arc::new(CoordinatorHttp::default());
+    let http = match &a.http {
+        Some(given) => {
+            let server = nop_stream_http::spawn_ha(
+                nop_stream_http::parse_addr(given)?,
+                Arc::clone(&http_role) as Arc<dyn nop_stream_http::Role>,
+            )?;
+            eprintln!("http: /metrics and /api/v1/ on http://{}", server.addr);
+            let announced = http_advertised(server.addr, &advertise);
+            // Kept for the life of the process.
+            std::mem::forget(server);
+            Some(announced)
+        }
+        None => None,
+    };
+    let announcement = nop_stream_coordinator::election::Announcement {
+        addr: advertise,
+        http,
+    };
     let service = match &a.election {
         None => {
             // The only coordinator: it leads at once (term 0), before it serves.
             let local = Arc::new(nop_stream_coordinator::election::LocalElection::new(0));
-            let service = nop_stream_server::ha::HaCoordinator::new(local, advertise);
+            let service = nop_stream_server::ha::HaCoordinator::new(local, announcement);
+            let _ = http_role.service.set(Arc::clone(&service));
             service
                 .lead(opts, None)
                 .map_err(|e| anyhow::anyhow!("coordinator (data {}): {e}", data.display()))?;
-            if let Some(c) = service.leader() {
-                // Kept for the life of the process.
-                std::mem::forget(crate::serve_http(a.http.as_deref(), c.manager(), None)?);
-            }
             service
         }
         Some(url) => {
             let ttl = Duration::from_millis(a.election_ttl_ms.unwrap_or(a.lease_ttl_ms));
             let (election, jobs) = election(url, ttl)?;
-            let service = nop_stream_server::ha::HaCoordinator::new(election, advertise);
+            let service = nop_stream_server::ha::HaCoordinator::new(election, announcement);
+            let _ = http_role.service.set(Arc::clone(&service));
             let s = Arc::clone(&service);
-            let http = a.http.clone();
             std::thread::Builder::new()
                 .name("campaign".into())
                 .spawn(move || {
@@ -742,13 +812,6 @@ pub fn run_coordinator(a: CoordinatorArgs) -> Result<()> {
                         tracing::error!("cannot lead: {e}");
                         eprintln!("error: cannot lead: {e}");
                         std::process::exit(1);
-                    }
-                    if let Some(c) = s.leader() {
-                        match crate::serve_http(http.as_deref(), c.manager(), None) {
-                            // Kept for the life of the process.
-                            Ok(server) => std::mem::forget(server),
-                            Err(e) => tracing::error!("cannot serve HTTP: {e:#}"),
-                        }
                     }
                 })?;
             service

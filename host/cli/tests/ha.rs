@@ -8,6 +8,9 @@
 //!   into detection + election and reload + redeploy + first commit.
 //! - The leader SIGSTOPped past its lease, then SIGCONTed: a standby takes over meanwhile;
 //!   the old leader exits (status 75) without acting, and the output is exact.
+//! - The leader's election lease revoked in etcd, the process restarted within one TTL:
+//!   discovery (`cluster status`, every coordinator's `/metrics` and HTTP redirects) ends
+//!   on the real leader, and the output is exact.
 //! - A node that saw a higher term refuses a coordinator of a lower one (the session layer's
 //!   `TermWatch`, exercised through a real etcd-elected cluster: the nodes' logs).
 //!
@@ -115,6 +118,8 @@ struct Ha {
     addrs: Vec<String>,
     storage: String,
     coordinators: Vec<Option<Child>>,
+    /// Each coordinator's HTTP address (`--http 127.0.0.1:0`), from its log.
+    http: Vec<String>,
     nodes: Vec<Option<Child>>,
 }
 
@@ -177,6 +182,7 @@ impl Ha {
             addrs,
             storage,
             coordinators: vec![None, None, None],
+            http: vec![String::new(); 3],
             nodes: vec![None, None, None],
         };
         for i in 0..3 {
@@ -223,6 +229,7 @@ impl Ha {
             .arg(&self.storage)
             .arg("--certs")
             .arg(self.certs())
+            .args(["--http", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(log_file(
@@ -239,6 +246,15 @@ impl Ha {
             "{line}\n{}",
             self.log(&format!("coordinator-{i}.log"))
         );
+        // Bound before the cluster endpoint: its line is in the log already (the last one:
+        // the log is appended to across restarts).
+        let log = self.log(&format!("coordinator-{i}.log"));
+        self.http[i] = log
+            .lines()
+            .filter_map(|l| l.split_once("http: /metrics and /api/v1/ on http://"))
+            .map(|(_, a)| a.trim().to_owned())
+            .next_back()
+            .expect("the coordinator prints its HTTP address");
         self.coordinators[i] = Some(child);
     }
 
@@ -375,6 +391,63 @@ impl Ha {
 
 /// Seconds since the Unix epoch of a log line's RFC 3339 timestamp
 /// (`2026-12-05T20:16:58.929436Z ...`).
+/// A GET on an HTTP/1.1 server: status, headers (lower-cased names) and body.
+fn http_get(addr: &str, path: &str) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+/// The value of an unlabelled gauge in a `/metrics` answer.
+fn gauge(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .find_map(|v| v.trim().parse().ok())
+}
+
+/// A POST of JSON to etcd's gRPC gateway (`/v3/...`, etcd 3.4 and later).
+fn etcd_post(endpoint: &str, path: &str, body: &Value) -> Value {
+    use std::io::{Read, Write};
+    let addr = endpoint.trim_start_matches("http://");
+    let body = body.to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains(" 200 "), "etcd {path}: {head}\n{body}");
+    // A chunked answer: the JSON object is the one line that starts with `{`.
+    let json = body
+        .lines()
+        .find(|l| l.trim_start().starts_with('{'))
+        .unwrap_or(body);
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("etcd {path}: {e}: {body}"))
+}
+
 fn log_time(line: &str) -> Option<f64> {
     let ts = line.split_whitespace().next()?;
     let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
@@ -672,5 +745,136 @@ fn etcd_restarted_while_a_job_runs_leaves_exact_output() {
         "[ha suite] etcd down 3.5 s: {exited} coordinators had exited, {restarted} restarted; \
          term {term} -> {t2}; recoveries {}",
         status["recoveries"]
+    );
+}
+
+#[test]
+#[ignore = "needs etcd (.ci/run installs etcd-server)"]
+fn a_revoked_leadership_leaves_discovery_and_http_on_the_real_leader() {
+    // Pins FLINK-40114: leadership lost and regained within one lease erased the discovery
+    // record. Here the leader's election lease is revoked in etcd mid-job and the deposed
+    // process restarted at once (within one TTL); discovery (`cluster status`, the nodes'
+    // hints, every coordinator's HTTP answers) must end on the process that really leads.
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let _g = serial();
+    let _t = Timed("ha: lease revoked", Instant::now());
+    let mut ha = Ha::start();
+    let (leader, term) = ha.wait_leader(None, Duration::from_secs(30));
+    let i = ha.index_of(&leader);
+    // Before: the leader serves the API and says it leads; a standby redirects to it.
+    let (code, _, body) = http_get(&ha.http[i], "/metrics");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(gauge(&body, "nopstream_coordinator_leading"), Some(1.0));
+    assert_eq!(
+        gauge(&body, "nopstream_coordinator_term"),
+        Some(term as f64)
+    );
+    let job = job_copy("flights-per-record.toml", 200, 15_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let id = ha.submit(&job.0, &out, &["-p", "3", "--fresh"]);
+    wait_for("a first commit", Duration::from_secs(60), || {
+        ha.durable_epoch(&id) > 0
+    });
+    // The leader's candidacy: the key under `<prefix>/leader/` created first.
+    let prefix = "/ha-test/leader/";
+    let range = etcd_post(
+        &ha.etcd.endpoint(),
+        "/v3/kv/range",
+        &serde_json::json!({ "key": b64(prefix), "range_end": b64("/ha-test/leader0") }),
+    );
+    let kvs = range["kvs"].as_array().cloned().unwrap_or_default();
+    let first = kvs
+        .iter()
+        .min_by_key(|kv| {
+            kv["create_revision"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .expect("the leader's candidacy key");
+    assert_eq!(
+        first["create_revision"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap(),
+        term,
+        "the term is the leader key's create revision"
+    );
+    let lease = first["lease"].as_str().unwrap().to_owned();
+    etcd_post(
+        &ha.etcd.endpoint(),
+        "/v3/lease/revoke",
+        &serde_json::json!({ "ID": lease }),
+    );
+    let revoked = Instant::now();
+    let mut c = ha.coordinators[i].take().unwrap();
+    let mut code = None;
+    wait_for(
+        "the revoked leader to exit",
+        Duration::from_secs(30),
+        || {
+            code = c.try_wait().unwrap().map(|s| s.code());
+            code.is_some()
+        },
+    );
+    assert_eq!(code, Some(Some(75)), "a revoked leader exits at once");
+    // Re-granted: the same process campaigns again within one TTL.
+    ha.start_coordinator(i);
+    let rejoined = revoked.elapsed();
+    let (next, t2) = ha.wait_leader(Some(term), Duration::from_secs(30));
+    assert!(t2 > term, "a new term {t2} after {term}");
+    let j = ha.index_of(&next);
+    // Discovery ends on the real leader: exactly one process says it leads, it is the one
+    // `cluster status` names, and every standby redirects the API to its HTTP address.
+    wait_for(
+        "every coordinator to agree on the leader",
+        Duration::from_secs(30),
+        || {
+            (0..3).all(|k| {
+                let (code, _, m) = http_get(&ha.http[k], "/metrics");
+                code == 200
+                    && gauge(&m, "nopstream_coordinator_leading") == Some(f64::from(k == j))
+                    && gauge(&m, "nopstream_coordinator_term") == Some(t2 as f64)
+            })
+        },
+    );
+    for k in (0..3).filter(|k| *k != j) {
+        let (code, headers, body) = http_get(&ha.http[k], "/api/v1/jobs");
+        assert_eq!(code, 307, "a standby redirects: {body}");
+        let location = headers
+            .iter()
+            .find(|(n, _)| n == "location")
+            .map(|(_, v)| v.clone());
+        assert_eq!(
+            location,
+            Some(format!("http://{}/api/v1/jobs", ha.http[j])),
+            "to the leader's HTTP address"
+        );
+    }
+    let (code, _, body) = http_get(&ha.http[j], "/api/v1/jobs");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(&id), "the leader lists the job: {body}");
+    let status = ha.wait_finished(&id, Duration::from_secs(300));
+    let lines = committed(&out);
+    check_per_record(&lines);
+    assert_eq!(
+        status["records_written"].as_u64(),
+        Some(lines.len() as u64),
+        "{status:#}"
+    );
+    let (l3, t3) = ha.wait_leader(None, Duration::from_secs(30));
+    assert_eq!(
+        (l3.as_str(), t3),
+        (next.as_str(), t2),
+        "discovery is stable"
+    );
+    eprintln!(
+        "[ha suite] lease of {leader} (term {term}) revoked; it exited 75 and rejoined after \
+         {:.2} s; {next} leads (term {t2})",
+        rejoined.as_secs_f64()
     );
 }

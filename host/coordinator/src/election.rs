@@ -75,8 +75,45 @@ impl Leadership {
 pub struct LeaderInfo {
     /// The leader's advertised address (nodes and the CLI reach it there).
     pub addr: String,
+    /// The leader's HTTP address (`/metrics`, `/api/v1/`), if it serves one.
+    pub http: Option<String>,
     /// Its term.
     pub term: u64,
+}
+
+/// What a coordinator announces when it takes part in an election: the address nodes and
+/// the CLI reach it at and, if it serves HTTP, that address too. Encoded as `ADDR` or
+/// `ADDR http=HTTP_ADDR` (the value an election backend stores and hands back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announcement {
+    /// The cluster address (`HOST:PORT`, QUIC).
+    pub addr: String,
+    /// The HTTP address (`HOST:PORT`), if any.
+    pub http: Option<String>,
+}
+
+impl Announcement {
+    /// The encoded form an [`Election`] campaigns with.
+    pub fn encode(&self) -> String {
+        match &self.http {
+            Some(h) => format!("{} http={h}", self.addr),
+            None => self.addr.clone(),
+        }
+    }
+
+    /// Reads [`Self::encode`]'s form; a bare address has no HTTP address.
+    pub fn decode(value: &str) -> Self {
+        match value.split_once(" http=") {
+            Some((addr, http)) => Announcement {
+                addr: addr.trim().to_owned(),
+                http: Some(http.trim().to_owned()).filter(|h| !h.is_empty()),
+            },
+            None => Announcement {
+                addr: value.trim().to_owned(),
+                http: None,
+            },
+        }
+    }
 }
 
 /// Why an election operation failed.
@@ -95,15 +132,16 @@ pub trait Election: Send + Sync + std::fmt::Debug {
     /// (never credentials).
     fn describe(&self) -> String;
 
-    /// The advertised addresses of the coordinators taking part (the leader and the
-    /// standbys), sorted.
+    /// The advertised cluster addresses of the coordinators taking part (the leader and
+    /// the standbys), sorted.
     ///
     /// # Errors
     /// The backend cannot be reached.
     fn members(&self) -> Result<Vec<String>, ElectionError>;
 
-    /// Campaigns until this coordinator (advertised at `addr`) leads; returns the
-    /// leadership, which the backend keeps renewing (and loses for good when it cannot).
+    /// Campaigns until this coordinator (announced as `addr`, an [`Announcement`]'s
+    /// encoded form) leads; returns the leadership, which the backend keeps renewing (and
+    /// loses for good when it cannot).
     ///
     /// # Errors
     /// The backend cannot be reached.
@@ -114,6 +152,12 @@ pub trait Election: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// The backend cannot be reached.
     fn leader(&self) -> Result<Option<LeaderInfo>, ElectionError>;
+
+    /// Writes the backend refused this process because its leadership no longer held
+    /// (a deposed leader's job-record writes); 0 for a backend that cannot refuse any.
+    fn fenced_writes(&self) -> u64 {
+        0
+    }
 }
 
 /// One coordinator, always the leader: its term is one more than the last one recorded
@@ -154,8 +198,10 @@ impl Election for LocalElection {
 
     fn leader(&self) -> Result<Option<LeaderInfo>, ElectionError> {
         let addr = self.addr.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let a = Announcement::decode(&addr);
         Ok((!addr.is_empty()).then_some(LeaderInfo {
-            addr,
+            addr: a.addr,
+            http: a.http,
             term: self.term,
         }))
     }

@@ -14,20 +14,28 @@
 //!   complete without JavaScript: graph as SVG, checkpoint history, exceptions).
 //!
 //! Errors are JSON `{"error": "..."}`: 404 for an unknown job or epoch, 500 otherwise.
+//!
+//! On a coordinator with standbys ([`spawn_ha`]) one server answers for the process
+//! whatever its role: the leader serves the routes above; a standby redirects every route
+//! but `/metrics` (`307`, `Location` on the leader's HTTP address) or, when it does not
+//! know the leader's HTTP address, answers `503` with the leader's cluster address and
+//! term; on `/metrics` a standby serves its own coordinator families
+//! (`nopstream_coordinator_leading 0`), so every replica stays a healthy scrape target.
 //! The server binds to 127.0.0.1 unless given another address; it has no
 //! authentication, so exposing it beyond loopback is the operator's decision.
 
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use nop_stream_coordinator::manager::{JobManager, ManagerError, Platform};
+use nop_stream_metrics::Sample;
 use serde::Serialize;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 mod page;
+pub use axum::Router;
 pub use page::esc;
 
 /// The server could not start.
@@ -70,12 +78,28 @@ pub struct Server {
     _thread: std::thread::JoinHandle<()>,
 }
 
+/// The process-wide samples a coordinator adds to `/metrics` (its role, term and
+/// election counters), next to the manager's.
+pub type ProcessSamples = Arc<dyn Fn() -> Vec<Sample> + Send + Sync>;
+
 /// The routes over `manager`.
 pub fn router<P: Platform>(manager: Arc<JobManager<P>>) -> Router {
+    router_with(manager, None)
+}
+
+/// [`router`], with `process` samples added to every `/metrics` answer.
+pub fn router_with<P: Platform>(
+    manager: Arc<JobManager<P>>,
+    process: Option<ProcessSamples>,
+) -> Router {
+    let extra = process.clone();
     Router::new()
         .route("/", get(jobs_page::<P>))
         .route("/jobs/{job}", get(job_page::<P>))
-        .route("/metrics", get(metrics::<P>))
+        .route(
+            "/metrics",
+            get(move |State(m): State<Arc<JobManager<P>>>| metrics(m, extra.clone())),
+        )
         .route("/api/v1/jobs", get(jobs::<P>))
         .route("/api/v1/jobs/{job}", get(job::<P>))
         .route("/api/v1/jobs/{job}/checkpoints", get(checkpoints::<P>))
@@ -93,6 +117,102 @@ pub fn spawn<P: Platform>(
     addr: SocketAddr,
     manager: Arc<JobManager<P>>,
 ) -> Result<Server, HttpError> {
+    serve(addr, router(manager))
+}
+
+/// Who leads, as a standby answers it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LeaderHint {
+    /// The leader's cluster address (QUIC; what `--cluster` and `--join` take), if known.
+    pub leader: Option<String>,
+    /// The leader's HTTP address, if it serves one.
+    pub leader_http: Option<String>,
+    /// The leader's term; 0 when unknown.
+    pub term: u64,
+}
+
+/// A coordinator process's role, as its HTTP server needs it.
+pub trait Role: Send + Sync + 'static {
+    /// The leader's routes while this process leads (built once, e.g. with
+    /// [`router_with`]); `None` while it stands by.
+    fn leading(&self) -> Option<Router>;
+    /// Who leads, for a standby's answers.
+    fn leader(&self) -> LeaderHint;
+    /// This process's own samples (the coordinator families), served on a standby's
+    /// `/metrics`.
+    fn samples(&self) -> Vec<Sample>;
+}
+
+/// Serves a coordinator process that may stand by (module docs) on `addr` from a thread
+/// of its own until the process ends. Bound at once, before the election is won, so the
+/// address can be announced.
+///
+/// # Errors
+/// [`HttpError::Bind`].
+pub fn spawn_ha(addr: SocketAddr, role: Arc<dyn Role>) -> Result<Server, HttpError> {
+    let app = Router::new().fallback(move |req: axum::extract::Request| {
+        let role = Arc::clone(&role);
+        async move { dispatch(role, req).await }
+    });
+    serve(addr, app)
+}
+
+async fn dispatch(role: Arc<dyn Role>, req: axum::extract::Request) -> Response {
+    use tower::ServiceExt;
+    if let Some(r) = role.leading() {
+        return match r.oneshot(req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        };
+    }
+    let path = req.uri().path().to_owned();
+    if path == "/metrics" {
+        return match nop_stream_metrics::encode(role.samples()) {
+            Ok(text) => (
+                [(
+                    header::CONTENT_TYPE,
+                    nop_stream_coordinator::manager::METRICS_CONTENT_TYPE,
+                )],
+                text,
+            )
+                .into_response(),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        };
+    }
+    let hint = role.leader();
+    match &hint.leader_http {
+        Some(http) => {
+            let target = match req.uri().query() {
+                Some(q) => format!("http://{http}{path}?{q}"),
+                None => format!("http://{http}{path}"),
+            };
+            (
+                StatusCode::TEMPORARY_REDIRECT,
+                [(header::LOCATION, target)],
+                axum::Json(serde_json::json!({
+                    "error": "this coordinator is a standby",
+                    "leader": hint.leader,
+                    "leader_http": hint.leader_http,
+                    "term": hint.term,
+                })),
+            )
+                .into_response()
+        }
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1".to_owned())],
+            axum::Json(serde_json::json!({
+                "error": "this coordinator is a standby and knows no leader's HTTP address",
+                "leader": hint.leader,
+                "term": hint.term,
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// Serves `app` on `addr` from a thread of its own (one-thread tokio runtime).
+fn serve(addr: SocketAddr, app: Router) -> Result<Server, HttpError> {
     let bind = |source| HttpError::Bind { addr, source };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
@@ -105,7 +225,6 @@ pub fn spawn<P: Platform>(
         let _guard = rt.enter();
         tokio::net::TcpListener::from_std(std_listener).map_err(bind)?
     };
-    let app = router(manager);
     let thread = std::thread::Builder::new()
         .name("http".into())
         .spawn(move || {
@@ -146,8 +265,16 @@ async fn call<P: Platform, T: Serialize + Send + 'static>(
     }
 }
 
-async fn metrics<P: Platform>(State(m): State<Arc<JobManager<P>>>) -> Response {
-    match tokio::task::spawn_blocking(move || m.metrics_text()).await {
+async fn metrics<P: Platform>(m: Arc<JobManager<P>>, process: Option<ProcessSamples>) -> Response {
+    let text = move || {
+        let mut samples = m.samples()?;
+        if let Some(p) = process {
+            samples.extend(p());
+        }
+        nop_stream_metrics::encode(samples)
+            .map_err(|e| ManagerError::Platform(format!("metrics: {e}")))
+    };
+    match tokio::task::spawn_blocking(text).await {
         Ok(Ok(text)) => (
             [(
                 header::CONTENT_TYPE,

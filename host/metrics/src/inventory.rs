@@ -119,6 +119,15 @@ families! {
     /// The host build.
     BUILD = "build", Info, None, &["version", "wit"],
         "The host's version and the newest WIT package it serves.";
+    /// Whether this coordinator process leads.
+    COORDINATOR_LEADING = "coordinator_leading", Gauge, None, &[],
+        "1 on the coordinator that leads the cluster, 0 on a standby (design §14.5); a standby serves only the coordinator families.";
+    /// The leader's term.
+    COORDINATOR_TERM = "coordinator_term", Gauge, None, &[],
+        "The term of the cluster's leader as this coordinator knows it (its own while it leads); 0 when none is known.";
+    /// Refused election-guarded writes.
+    ELECTION_FENCED_WRITES = "election_fenced_writes", Counter, None, &[],
+        "Job-record writes of this process the election store refused because its leadership no longer held (design §14.5).";
     /// One job.
     JOB_INFO = "job", Info, None, &["job", "name", "semantic", "fingerprint"],
         "A job: its name, semantic mode (design §13) and plan fingerprint.";

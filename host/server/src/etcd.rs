@@ -19,7 +19,9 @@
 //!   version read and the leader key's create revision with our term.
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
-use nop_stream_coordinator::election::{Election, ElectionError, LeaderInfo, Leadership};
+use nop_stream_coordinator::election::{
+    Announcement, Election, ElectionError, LeaderInfo, Leadership,
+};
 use nop_stream_coordinator::jobs::{JobRecord, JobStore, JobStoreError, Versioned};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -204,7 +206,7 @@ impl EtcdElection {
         }
         let ttl = self.inner.cfg.ttl.as_secs().max(1) as i64;
         let mut c = self.inner.client.clone();
-        let member = self.key(&format!("members/{addr}"));
+        let member = self.key(&format!("members/{}", Announcement::decode(addr).addr));
         let addr_v = addr.to_owned();
         let id = self
             .block(async move {
@@ -371,9 +373,13 @@ impl Election for EtcdElection {
         let mut c = self.inner.client.clone();
         let name = self.key("leader");
         match self.block(async move { c.leader(name).await }) {
-            Ok(r) => Ok(r.kv().map(|kv| LeaderInfo {
-                addr: String::from_utf8_lossy(kv.value()).into_owned(),
-                term: kv.create_revision() as u64,
+            Ok(r) => Ok(r.kv().map(|kv| {
+                let a = Announcement::decode(&String::from_utf8_lossy(kv.value()));
+                LeaderInfo {
+                    addr: a.addr,
+                    http: a.http,
+                    term: kv.create_revision() as u64,
+                }
             })),
             // etcd answers "election: no leader" with an error status.
             Err(e) if e.to_string().contains("no leader") => Ok(None),
@@ -390,10 +396,14 @@ impl Election for EtcdElection {
         let mut out: Vec<String> = r
             .kvs()
             .iter()
-            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+            .map(|kv| Announcement::decode(&String::from_utf8_lossy(kv.value())).addr)
             .collect();
         out.sort();
         Ok(out)
+    }
+
+    fn fenced_writes(&self) -> u64 {
+        self.inner.counters.fenced_writes.load(Ordering::Relaxed)
     }
 }
 

@@ -13,7 +13,7 @@
 use crate::coordinator::{ClusterCoordinator, ClusterOptions};
 use nop_stream_cluster::session::{CoordinatorRole, CoordinatorService, NodeRegistry, SessionPush};
 use nop_stream_cluster::{Identity, LeaseId, NodeId};
-use nop_stream_coordinator::election::{Election, Leadership};
+use nop_stream_coordinator::election::{Announcement, Election, Leadership};
 use nop_stream_coordinator::jobs::JobStore;
 use nop_stream_proto::cli::{CliRequest, CliResponse, Leadership as LeadershipStatus};
 use nop_stream_proto::session::{ComponentFrame, Hello, LeaderHint, NodeFrame, NodeRequestFrame};
@@ -31,6 +31,7 @@ const WATCH: Duration = Duration::from_millis(50);
 pub struct HaCoordinator {
     election: Arc<dyn Election>,
     advertise: String,
+    announcement: Announcement,
     leading: OnceLock<(Arc<ClusterCoordinator>, Arc<Leadership>)>,
     registry: OnceLock<NodeRegistry>,
 }
@@ -45,11 +46,13 @@ impl std::fmt::Debug for HaCoordinator {
 }
 
 impl HaCoordinator {
-    /// A standby advertised at `advertise` (the address nodes and the CLI reach it at).
-    pub fn new(election: Arc<dyn Election>, advertise: String) -> Arc<Self> {
+    /// A standby announced as `announcement` (the address nodes and the CLI reach it at,
+    /// and its HTTP address if it serves one).
+    pub fn new(election: Arc<dyn Election>, announcement: Announcement) -> Arc<Self> {
         Arc::new(HaCoordinator {
             election,
-            advertise,
+            advertise: announcement.addr.clone(),
+            announcement,
             leading: OnceLock::new(),
             registry: OnceLock::new(),
         })
@@ -69,7 +72,7 @@ impl HaCoordinator {
         let started = std::time::Instant::now();
         let leadership = self
             .election
-            .campaign(&self.advertise)
+            .campaign(&self.announcement.encode())
             .map_err(|e| e.to_string())?;
         let elected = started.elapsed();
         tracing::info!(term = leadership.term, election = %self.election.describe(), "leading");
@@ -117,6 +120,36 @@ impl HaCoordinator {
             .get()
             .filter(|(_, l)| l.is_valid())
             .map(|(c, _)| c)
+    }
+
+    /// Who leads, with the leader's HTTP address (for a standby's HTTP answers).
+    pub fn leader_info(&self) -> Option<nop_stream_coordinator::election::LeaderInfo> {
+        match self.election.leader() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("cannot tell who leads: {e}");
+                None
+            }
+        }
+    }
+
+    /// This process's coordinator families: whether it leads, the leader's term, and the
+    /// writes its election store refused.
+    pub fn samples(&self) -> Vec<nop_stream_metrics::Sample> {
+        use nop_stream_metrics::{Sample, inventory as inv};
+        let (leading, term) = match self.leading.get() {
+            Some((_, l)) if l.is_valid() => (1.0, l.term),
+            _ => (0.0, self.leader_info().map_or(0, |l| l.term)),
+        };
+        vec![
+            Sample::gauge(&inv::COORDINATOR_LEADING, Vec::new(), leading),
+            Sample::gauge(&inv::COORDINATOR_TERM, Vec::new(), term as f64),
+            Sample::counter(
+                &inv::ELECTION_FENCED_WRITES,
+                Vec::new(),
+                self.election.fenced_writes() as f64,
+            ),
+        ]
     }
 
     fn hint(&self) -> LeaderHint {
