@@ -710,10 +710,13 @@ impl nop_stream_http::Role for CoordinatorHttp {
         let service = self.service.get()?;
         let c = service.leader()?;
         let routes = self.routes.get_or_init(|| {
-            let s = Arc::clone(service);
+            let (s, n) = (Arc::clone(service), Arc::clone(service));
             nop_stream_http::router_with(
                 Arc::clone(c.manager()),
-                Some(Arc::new(move || s.samples())),
+                nop_stream_http::Extras {
+                    samples: Some(Arc::new(move || s.samples())),
+                    nodes: Some(Arc::new(move || n.nodes())),
+                },
             )
         });
         Some(routes.clone())

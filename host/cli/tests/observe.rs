@@ -555,6 +555,43 @@ fn a_cluster_coordinator_serves_its_nodes_samples_and_the_epoch_log() {
     let view = json(&addr, &format!("/api/v1/jobs/{JOB}"));
     assert_eq!(view["vertices"].as_array().unwrap().len(), 2, "{view}");
     assert_eq!(view["edges"][0]["partition"], "HASH", "{view}");
+    // The nodes and their leases: the API lists the three, /metrics counts their leases.
+    let nodes = json(&addr, "/api/v1/nodes");
+    let names: BTreeSet<&str> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["live"] == true)
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["node-1", "node-2", "node-3"]),
+        "{nodes}"
+    );
+    assert!(
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["renewals_total"].as_u64() > Some(0)),
+        "every node renewed its lease: {nodes}"
+    );
+    let snapshot = repo().join("host/cli/tests/fixtures/api-v1-nodes-shape.json");
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(&snapshot).unwrap()).unwrap();
+    let have = serde_json::json!({ "version": 1, "GET /api/v1/nodes": shape(&nodes) });
+    let mut diff = Vec::new();
+    differences("", &want, &have, &mut diff);
+    assert!(
+        diff.is_empty(),
+        "/api/v1/nodes changed without a new version ({}):\n{}",
+        snapshot.display(),
+        diff.join("\n")
+    );
+    let m = scrape(&addr);
+    assert_eq!(m.sum("nopstream_node_leases", &[]), 3.0);
+    assert!(m.sum("nopstream_node_lease_renewals_total", &[]) > 0.0);
+    assert_eq!(m.sum("nopstream_coordinator_leading", &[]), 1.0);
 }
 
 /// Debian's Chromium, if installed; with `CI=true` its absence fails the test.

@@ -253,6 +253,7 @@ impl NodeRegistry {
                 slots: 0,
                 registrations: 0,
                 renewals: 0,
+                renewals_total: 0,
                 refused_renewals: 0,
                 expirations: 0,
                 lost: 0,
@@ -282,7 +283,10 @@ impl NodeRegistry {
         let r = g.leases.renew(node, lease, now);
         if let Some(e) = g.nodes.get_mut(&node) {
             match &r {
-                Ok(_) => e.status.renewals += 1,
+                Ok(_) => {
+                    e.status.renewals += 1;
+                    e.status.renewals_total += 1;
+                }
                 Err(_) => e.status.refused_renewals += 1,
             }
         }

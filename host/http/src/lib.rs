@@ -9,6 +9,8 @@
 //!   epoch log;
 //! - `GET /api/v1/jobs/{job}/checkpoints/{epoch}`: one epoch's trace (its manifest);
 //! - `GET /api/v1/jobs/{job}/exceptions`: failures and what recoveries recovered from.
+//! - `GET /api/v1/nodes`: a coordinator's nodes, their leases and liveness (404 on an
+//!   embedded run).
 //!
 //! - `GET /` and `GET /jobs/{job}`: the job list and a job's page (HTML rendered here,
 //!   complete without JavaScript: graph as SVG, checkpoint history, exceptions).
@@ -30,6 +32,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use nop_stream_coordinator::manager::{JobManager, ManagerError, Platform};
 use nop_stream_metrics::Sample;
+use nop_stream_proto::cli::NodeStatus;
 use serde::Serialize;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -78,27 +81,56 @@ pub struct Server {
     _thread: std::thread::JoinHandle<()>,
 }
 
-/// The process-wide samples a coordinator adds to `/metrics` (its role, term and
-/// election counters), next to the manager's.
+/// The process-wide samples a coordinator adds to `/metrics` (its role, term, election
+/// counters and node leases), next to the manager's.
 pub type ProcessSamples = Arc<dyn Fn() -> Vec<Sample> + Send + Sync>;
+
+/// The nodes a coordinator sees (`cluster status`'s answer).
+pub type Nodes = Arc<dyn Fn() -> Vec<NodeStatus> + Send + Sync>;
+
+/// What a coordinator process adds to the manager's routes.
+#[derive(Clone, Default)]
+pub struct Extras {
+    /// Samples added to every `/metrics` answer.
+    pub samples: Option<ProcessSamples>,
+    /// The answer of `GET /api/v1/nodes`; without it that route answers 404 (an embedded
+    /// run has no nodes).
+    pub nodes: Option<Nodes>,
+}
 
 /// The routes over `manager`.
 pub fn router<P: Platform>(manager: Arc<JobManager<P>>) -> Router {
-    router_with(manager, None)
+    router_with(manager, Extras::default())
 }
 
-/// [`router`], with `process` samples added to every `/metrics` answer.
-pub fn router_with<P: Platform>(
-    manager: Arc<JobManager<P>>,
-    process: Option<ProcessSamples>,
-) -> Router {
-    let extra = process.clone();
+/// [`router`], with a coordinator process's [`Extras`].
+pub fn router_with<P: Platform>(manager: Arc<JobManager<P>>, extras: Extras) -> Router {
+    let extra = extras.samples.clone();
+    let nodes = extras.nodes.clone();
     Router::new()
         .route("/", get(jobs_page::<P>))
         .route("/jobs/{job}", get(job_page::<P>))
         .route(
             "/metrics",
             get(move |State(m): State<Arc<JobManager<P>>>| metrics(m, extra.clone())),
+        )
+        .route(
+            "/api/v1/nodes",
+            get(move || {
+                let nodes = nodes.clone();
+                async move {
+                    match nodes {
+                        Some(f) => axum::Json(f()).into_response(),
+                        None => (
+                            StatusCode::NOT_FOUND,
+                            axum::Json(serde_json::json!({
+                                "error": "an embedded run has no nodes (ask a coordinator)"
+                            })),
+                        )
+                            .into_response(),
+                    }
+                }
+            }),
         )
         .route("/api/v1/jobs", get(jobs::<P>))
         .route("/api/v1/jobs/{job}", get(job::<P>))

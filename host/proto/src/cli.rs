@@ -247,6 +247,9 @@ pub struct NodeStatus {
     pub registrations: u32,
     /// Renewals accepted under the current lease.
     pub renewals: u64,
+    /// Renewals accepted over every lease of the node (a counter).
+    #[serde(default)]
+    pub renewals_total: u64,
     /// Renewals refused (stale or expired lease) over all sessions.
     pub refused_renewals: u64,
     /// Leases of this node that expired (no renewal within the TTL).

@@ -133,15 +133,45 @@ impl HaCoordinator {
         }
     }
 
-    /// This process's coordinator families: whether it leads, the leader's term, and the
-    /// writes its election store refused.
+    /// The nodes as this coordinator sees them (`cluster status`'s answer); empty while
+    /// it stands by.
+    pub fn nodes(&self) -> Vec<nop_stream_proto::cli::NodeStatus> {
+        match (self.leader(), self.registry.get()) {
+            (Some(_), Some(r)) => r.status(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// This process's coordinator families: whether it leads, the leader's term, the
+    /// writes its election store refused and, while it leads, the node leases.
     pub fn samples(&self) -> Vec<nop_stream_metrics::Sample> {
         use nop_stream_metrics::{Sample, inventory as inv};
         let (leading, term) = match self.leading.get() {
             Some((_, l)) if l.is_valid() => (1.0, l.term),
             _ => (0.0, self.leader_info().map_or(0, |l| l.term)),
         };
-        vec![
+        let mut out = Vec::new();
+        if leading > 0.0 {
+            let nodes = self.nodes();
+            out.extend([
+                Sample::gauge(
+                    &inv::NODE_LEASES,
+                    Vec::new(),
+                    nodes.iter().filter(|n| n.live).count() as f64,
+                ),
+                Sample::counter(
+                    &inv::NODE_LEASE_RENEWALS,
+                    Vec::new(),
+                    nodes.iter().map(|n| n.renewals_total).sum::<u64>() as f64,
+                ),
+                Sample::counter(
+                    &inv::NODE_LEASE_EXPIRATIONS,
+                    Vec::new(),
+                    nodes.iter().map(|n| u64::from(n.lost)).sum::<u64>() as f64,
+                ),
+            ]);
+        }
+        out.extend([
             Sample::gauge(&inv::COORDINATOR_LEADING, Vec::new(), leading),
             Sample::gauge(&inv::COORDINATOR_TERM, Vec::new(), term as f64),
             Sample::counter(
@@ -149,7 +179,8 @@ impl HaCoordinator {
                 Vec::new(),
                 self.election.fenced_writes() as f64,
             ),
-        ]
+        ]);
+        out
     }
 
     fn hint(&self) -> LeaderHint {
