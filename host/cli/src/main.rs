@@ -130,6 +130,10 @@ enum Command {
         /// `table`, or `json` (the JSON API's StatusView).
         #[arg(long, value_enum, default_value = "table")]
         format: status::Format,
+        /// Refresh every SECONDS (default 2) until the job ends: the table is redrawn in
+        /// place; with `--format json`, one object per line.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+        watch: Option<f64>,
         #[command(flatten)]
         on: cluster::MaybeCluster,
     },
@@ -698,10 +702,17 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             job,
             work_dir,
             format,
+            watch,
             on,
         } => {
             let (target, id) = status::target(&job, work_dir, on)?;
-            status::status(&target, &id, format)?;
+            match watch {
+                Some(s) if !(s.is_finite() && s >= 0.1) => {
+                    bail!("--watch {s}: the interval is in seconds, at least 0.1")
+                }
+                Some(s) => status::watch(&target, &id, format, Duration::from_secs_f64(s))?,
+                None => status::status(&target, &id, format)?,
+            }
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Checkpoints {

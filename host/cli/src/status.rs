@@ -70,6 +70,47 @@ pub fn status(target: &Target, job: &str, format: Format) -> Result<()> {
     Ok(())
 }
 
+/// `nopstream status --watch`: asks every `every` and prints each answer (the table redrawn
+/// in place on a terminal, one JSON object per line with `--format json`) until the job
+/// ends (its last answer printed) or the run can no longer be asked (an embedded run
+/// that exited; said on stderr).
+///
+/// # Errors
+/// The first ask fails: nothing runs there, or no such job.
+pub fn watch(target: &Target, job: &str, format: Format, every: Duration) -> Result<()> {
+    use std::io::{IsTerminal, Write};
+    let tty = std::io::stdout().is_terminal();
+    let mut first = true;
+    loop {
+        let v = match ask(target, job) {
+            Ok(v) => v,
+            Err(e) if !first => {
+                eprintln!("status: {e:#}; stopped watching");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        first = false;
+        let ended = !matches!(v.job.status.state, JobState::Running | JobState::Submitted);
+        let mut out = std::io::stdout().lock();
+        match format {
+            Format::Json => writeln!(out, "{}", serde_json::to_string(&v)?)?,
+            Format::Table if tty => write!(
+                out,
+                "\x1b[H\x1b[2J{}\n(every {:.1} s; Ctrl-C to stop)\n",
+                table(&v),
+                every.as_secs_f64()
+            )?,
+            Format::Table => writeln!(out, "{}", table(&v))?,
+        }
+        out.flush()?;
+        if ended {
+            return Ok(());
+        }
+        std::thread::sleep(every);
+    }
+}
+
 fn rate(r: Option<f64>) -> String {
     r.map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"))
 }

@@ -10,7 +10,7 @@ mod common;
 use nop_stream_checkpoint::{EpochState, Location, Namespace};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -486,6 +486,31 @@ fn a_running_job_over_http_metrics_api_status_and_a_restart() {
     assert!(
         sv["job"]["vertices"][0]["records_in_per_second"].is_number(),
         "a running job's rates: {sv}"
+    );
+
+    // `status --watch --format json`: one StatusView per line, refreshed while it runs.
+    let mut watch = Command::new(BIN)
+        .args(["status"])
+        .arg(&j.0)
+        .arg("--work-dir")
+        .arg(&work)
+        .args(["--format", "json", "--watch", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let line = lines.next().expect("a line per refresh").unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["job"]["status"]["job"].as_str(), Some(JOB));
+        seen.push(v["job"]["status"]["records_read"].as_u64().unwrap());
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(
+        seen.windows(2).all(|w| w[0] <= w[1]),
+        "records read only grow: {seen:?}"
     );
 
     // SIGKILL and restart: the history before the kill is still there.
