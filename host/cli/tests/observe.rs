@@ -423,6 +423,29 @@ fn a_running_job_over_http_metrics_api_status_and_a_restart() {
         4,
         "one per subtask"
     );
+    // Snapshot bytes per vertex fold every durable manifest: at least this one's.
+    let mut bytes: BTreeMap<String, f64> = BTreeMap::new();
+    for t in manifest["tasks"].as_array().unwrap() {
+        *bytes
+            .entry(t["task"]["vertex"].as_str().unwrap().to_owned())
+            .or_default() += t["snapshot_bytes"].as_f64().unwrap();
+    }
+    assert!(
+        bytes.values().any(|b| *b > 0.0),
+        "keyed state was written: {bytes:?}"
+    );
+    let m = scrape(&addr);
+    for (v, b) in &bytes {
+        let have = m.sum(
+            "nopstream_snapshot_bytes_total",
+            &[("job", JOB), ("vertex", v)],
+        );
+        assert!(
+            have >= *b,
+            "{v}: {have} snapshot bytes in /metrics, {b} in epoch {e} alone"
+        );
+    }
+    assert!(m.sum("nopstream_checkpoint_alignment_seconds", &[("job", JOB)]) >= 1.0);
     let exceptions = json(&addr, &format!("/api/v1/jobs/{JOB}/exceptions"));
     assert_eq!(exceptions, Value::Array(vec![]), "a healthy run");
     for missing in [

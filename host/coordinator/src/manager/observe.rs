@@ -32,6 +32,66 @@ pub struct Observed {
     plans: Mutex<HashMap<String, Arc<PartitionedPlan>>>,
     /// Per job: when its vertices' counts were last seen, and those counts (in, out).
     last: Mutex<HashMap<String, (Instant, VertexCounts)>>,
+    /// Per job (namespace): what its durable manifests hold, folded once each.
+    manifests: Mutex<HashMap<String, Arc<Mutex<Folded>>>>,
+}
+
+/// The figures of a job's durable manifests, each manifest folded once (at the first
+/// scrape that finds it retained), so `/metrics` never reads a manifest twice.
+#[derive(Debug)]
+struct Folded {
+    /// The newest epoch folded.
+    upto: u64,
+    /// Snapshot bytes by vertex.
+    snapshot: BTreeMap<String, u64>,
+    /// Compaction bytes by vertex.
+    compaction: BTreeMap<String, u64>,
+    /// The longest task alignment of each epoch, seconds.
+    alignment: Histogram,
+}
+
+impl Default for Folded {
+    fn default() -> Self {
+        Folded {
+            upto: 0,
+            snapshot: BTreeMap::new(),
+            compaction: BTreeMap::new(),
+            alignment: Histogram::seconds(),
+        }
+    }
+}
+
+impl Folded {
+    fn fold(&mut self, m: &nop_stream_checkpoint::EpochManifest) {
+        for t in &m.tasks {
+            let v = t.task.vertex.as_str();
+            *self.snapshot.entry(v.to_owned()).or_default() += t.snapshot_bytes;
+            *self.compaction.entry(v.to_owned()).or_default() += t.compacted_bytes;
+        }
+        let longest = m.tasks.iter().map(|t| t.alignment_ms).max().unwrap_or(0);
+        self.alignment.observe(longest as f64 / 1000.0);
+        self.upto = self.upto.max(m.epoch.0);
+    }
+
+    fn samples(&self, job: &str) -> Vec<Sample> {
+        let l = |v: &str| vec![job.to_owned(), v.to_owned()];
+        let mut out = vec![Sample::new(
+            &inv::CHECKPOINT_ALIGNMENT,
+            vec![job.to_owned()],
+            Value::Histogram(self.alignment.value()),
+        )];
+        out.extend(
+            self.snapshot
+                .iter()
+                .map(|(v, b)| Sample::counter(&inv::SNAPSHOT, l(v), *b as f64)),
+        );
+        out.extend(
+            self.compaction
+                .iter()
+                .map(|(v, b)| Sample::counter(&inv::COMPACTION, l(v), *b as f64)),
+        );
+        out
+    }
 }
 
 /// Records (in, out) by vertex.
@@ -480,9 +540,34 @@ impl<P: Platform> JobManager<P> {
                 Ok(c) => out.extend(epoch_samples(&c, l)),
                 Err(e) => tracing::warn!(%job, "metrics: cannot read the epoch log: {e}"),
             }
+            match self.manifest_samples(&job) {
+                Ok(s) => out.extend(s),
+                Err(e) => tracing::warn!(%job, "metrics: cannot read the manifests: {e}"),
+            }
             out.extend(self.platform.samples(&job));
         }
         Ok(out)
+    }
+
+    /// The per-vertex snapshot and compaction bytes and the alignment histogram of `job`,
+    /// folding the durable manifests not folded yet (those of the current namespace; a
+    /// manifest no longer retained when first seen is not counted).
+    fn manifest_samples(&self, job: &str) -> Result<Vec<Sample>, ManagerError> {
+        let ns = self.namespace_of_job(job)?;
+        let key = format!("{job}\u{0}{}", ns.describe());
+        let folded = Arc::clone(lock(&self.observed.manifests).entry(key).or_default());
+        let mut f = lock(&folded);
+        // A published manifest is a durable epoch (design §5.6).
+        for e in ns.manifest_epochs()? {
+            if e.0 > f.upto {
+                match ns.read_manifest(e) {
+                    Ok(m) => f.fold(&m),
+                    // Retention may delete it meanwhile: the next one still counts.
+                    Err(err) => tracing::debug!(%job, epoch = e.0, "metrics: manifest gone: {err}"),
+                }
+            }
+        }
+        Ok(f.samples(job))
     }
 
     /// The OpenMetrics text of [`Self::samples`].
