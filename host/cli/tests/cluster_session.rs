@@ -5,13 +5,14 @@
 //! capacity under a new lease. Lease TTL 2 s, heartbeats every 300 ms; this binary holds
 //! one test so nothing else competes for the cores while leases run.
 
+mod common;
+
+use common::kit::BIN;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_nopstream");
 
 /// Kills every child on drop, so a failed assertion leaves no process behind.
 struct Procs(Vec<Child>);

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// A copy of an example job with a given checkpoint interval, next to the example data.
+/// A copy of an example job with a given checkpoint interval, in `tmp`.
 fn job_copy(example: &str, interval_ms: u64, tmp: &Path) -> PathBuf {
     let text = std::fs::read_to_string(repo().join("examples/flights").join(example)).unwrap();
     let mut out = String::new();
@@ -23,18 +23,7 @@ fn job_copy(example: &str, interval_ms: u64, tmp: &Path) -> PathBuf {
             out.push_str(&format!("checkpoint_interval_ms = {interval_ms}\n"));
         }
     }
-    // Relative grants and prepare steps resolve against the job file's directory, so the
-    // copy lives in the example directory under a unique name.
-    let name = format!(
-        ".crash-{}-{}",
-        std::process::id(),
-        tmp.file_name().unwrap().to_string_lossy()
-    );
-    let path = repo()
-        .join("examples/flights")
-        .join(format!("{name}-{example}"));
-    std::fs::write(&path, out).unwrap();
-    path
+    common::kit::job_in(tmp, example, "examples/flights", &out)
 }
 
 use common::flights::check_per_record;
@@ -255,10 +244,7 @@ inputs = ["flaky"]
 grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
 config = { dir = "/output", prefix = "lines" }
 "#;
-    let file = repo()
-        .join("examples/flights")
-        .join(format!(".crash-{}-transient.toml", std::process::id()));
-    std::fs::write(&file, text).unwrap();
+    let file = common::kit::job_in(tmp.path(), "transient.toml", "examples/flights", text);
     let job = Job::at(file, tmp.path());
     let (ok, text) = job.run(None);
     assert!(ok, "{text}");

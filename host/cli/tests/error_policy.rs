@@ -5,16 +5,15 @@
 //! the bad ones; `dead-letter` commits the good records to one sink and the bad ones, with
 //! their errors, to another, exactly once even under SIGKILLs.
 
+mod common;
+
+use common::kit::repo;
 use serde_json::Value;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Data lines of the flights CSV (all of them: a run lasts long enough for several
 /// durable epochs and commits before it ends, so kills land between them).

@@ -4,15 +4,14 @@
 //! parallelism 3 with an explicit rescale) with identical output, killed at random
 //! moments with identical committed output, and late data routed to a side output.
 
+mod common;
+
+use common::kit::{repo, text};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// One flight as the independent computations see it.
 struct Flight {
@@ -262,36 +261,20 @@ impl Run {
     }
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn example(name: &str) -> PathBuf {
     repo().join("examples/flights").join(name)
 }
 
-/// A job file written next to the example data (relative paths in a job resolve against
-/// its directory), removed when dropped.
-struct TempJob(PathBuf);
+/// A job file in a temporary directory of its own (relative paths made absolute against
+/// the flights example), removed when dropped.
+struct TempJob(PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 impl TempJob {
     fn new(tag: &str, text: &str) -> TempJob {
-        let path = repo().join(format!(
-            "examples/flights/.crash-{}-{tag}.toml",
-            std::process::id()
-        ));
-        std::fs::write(&path, text).unwrap();
-        TempJob(path)
-    }
-}
-
-impl Drop for TempJob {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let tmp = tempfile::tempdir().unwrap();
+        let path =
+            common::kit::job_in(tmp.path(), &format!("{tag}.toml"), "examples/flights", text);
+        TempJob(path, tmp)
     }
 }
 

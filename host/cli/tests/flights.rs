@@ -3,13 +3,10 @@
 
 mod common;
 
-use common::flights::{check_per_carrier as check, expected_per_carrier as expected};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use common::kit::repo;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::flights::{check_per_carrier as check, expected_per_carrier as expected};
+use std::process::Command;
 
 fn run(parallelism: u32) -> (Vec<String>, Vec<String>) {
     run_with(parallelism, &[])

@@ -7,42 +7,26 @@
 
 mod common;
 
+use common::kit::{BIN, repo, text};
+
 use nop_stream_checkpoint::{EpochState, Location, Namespace};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nopstream");
 const JOB: &str = "flights-per-carrier";
 const SOURCE_VERTEX: &str = "sources/flights";
 /// Generous: the machine may be loaded; nothing here asserts on time.
 const PATIENCE: Duration = Duration::from_secs(180);
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// The flights job (a source chained to a parser, a HASH edge, a keyed aggregate chained
 /// to a sink), rate-limited so that it runs while the test looks at it, next to its
 /// data.
-struct JobFile(PathBuf);
-
-impl Drop for JobFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+/// A job file in a temporary directory (removed on drop).
+struct JobFile(PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 fn job_file() -> JobFile {
     let dir = repo().join("examples/flights");
@@ -53,9 +37,9 @@ fn job_file() -> JobFile {
             "config = { max_records_per_second = 2000, path = \"/input/",
         )
         .replace("[job]\n", "[job]\ncheckpoint_interval_ms = 200\n");
-    let path = dir.join(format!(".observe-{}.toml", std::process::id()));
-    std::fs::write(&path, text).unwrap();
-    JobFile(path)
+    let tmp = tempfile::tempdir().unwrap();
+    let path = common::kit::job_in(tmp.path(), "flights.toml", "examples/flights", &text);
+    JobFile(path, tmp)
 }
 
 /// A running `nopstream run --http 127.0.0.1:0`, killed when dropped.

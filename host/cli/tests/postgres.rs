@@ -17,14 +17,12 @@
 
 mod common;
 
+use common::kit::{repo, text};
+
 use common::pg::{Db, connect, server};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 impl Db {
     fn departures_table(&mut self) {
@@ -106,23 +104,23 @@ config = {{ connection = "pg", table = "departures", columns = [
 /// on drop, with its own work directory.
 struct Job {
     file: PathBuf,
+    /// Holds the job file (apart from `work`, which the credential test scans).
+    _dir: tempfile::TempDir,
     work: tempfile::TempDir,
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.file);
-    }
 }
 
 impl Job {
     fn new(tag: &str, text: &str) -> Job {
-        let file = repo()
-            .join("examples/flights")
-            .join(format!(".pg-{}-{tag}.toml", std::process::id()));
-        std::fs::write(&file, text).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = common::kit::job_in(
+            dir.path(),
+            &format!("pg-{tag}.toml"),
+            "examples/flights",
+            text,
+        );
         Job {
             file,
+            _dir: dir,
             work: tempfile::tempdir().unwrap(),
         }
     }
@@ -177,14 +175,6 @@ impl Job {
         }
         panic!("the job never finished");
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Digest of an uninterrupted run of the per-record job (p = 2).

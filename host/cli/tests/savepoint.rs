@@ -5,32 +5,15 @@
 
 mod common;
 
+use common::kit::{BIN, committed, repo, text};
+
 use common::files::{check_split_output, copy_dir, snapshot};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nopstream");
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// A copy of the flights job next to its data, with `edit` applied to its text.
-struct JobFile(PathBuf);
-
-impl Drop for JobFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
+/// A job file in a temporary directory (removed on drop).
+struct JobFile(PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 fn job(tag: &str, edit: impl Fn(String) -> String) -> JobFile {
     job_from("flights.toml", tag, edit)
@@ -38,12 +21,14 @@ fn job(tag: &str, edit: impl Fn(String) -> String) -> JobFile {
 
 fn job_from(file: &str, tag: &str, edit: impl Fn(String) -> String) -> JobFile {
     let text = std::fs::read_to_string(repo().join("examples/flights").join(file)).unwrap();
-    let path = repo().join(format!(
-        "examples/flights/.savepoint-{}-{tag}.toml",
-        std::process::id()
-    ));
-    std::fs::write(&path, edit(text)).unwrap();
-    JobFile(path)
+    let tmp = tempfile::tempdir().unwrap();
+    let path = common::kit::job_in(
+        tmp.path(),
+        &format!("savepoint-{tag}.toml"),
+        "examples/flights",
+        &edit(text),
+    );
+    JobFile(path, tmp)
 }
 
 fn nopstream(args: &[&str], env: Option<(&str, &str)>) -> Output {
@@ -53,23 +38,6 @@ fn nopstream(args: &[&str], env: Option<(&str, &str)>) -> Output {
         c.env(k, v);
     }
     c.output().unwrap()
-}
-
-fn committed(out: &Path) -> Vec<String> {
-    let mut lines = Vec::new();
-    for e in std::fs::read_dir(out).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "jsonl") {
-            lines.extend(
-                std::fs::read_to_string(&p)
-                    .unwrap()
-                    .lines()
-                    .map(str::to_owned),
-            );
-        }
-    }
-    lines.sort();
-    lines
 }
 
 struct Dirs {

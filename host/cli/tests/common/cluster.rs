@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_nopstream");
+pub use super::kit::{BIN, committed, repo};
 pub const TTL_MS: &str = "2000";
 pub const HEARTBEAT_MS: &str = "300";
 
@@ -29,10 +29,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// starvation.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// Prints how long a test took when it ends (also on failure).
@@ -567,15 +563,9 @@ pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 
 /// A copy of an example job with a given checkpoint interval, next to the example data
 /// (relative grants and prepare steps resolve against the job file's directory).
-pub struct JobCopy(pub PathBuf);
+pub struct JobCopy(pub PathBuf, tempfile::TempDir);
 
-impl Drop for JobCopy {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A copy of `example` with epochs every `interval_ms` and each source subtask throttled
+/// A copy of `example` (in a temporary directory, removed on drop) with epochs every `interval_ms` and each source subtask throttled
 /// to `rate` records per second, so that a run lasts long enough to be interrupted.
 pub fn job_copy(example: &str, interval_ms: u64, rate: u64) -> JobCopy {
     let text = std::fs::read_to_string(repo().join("examples/flights").join(example)).unwrap();
@@ -605,34 +595,9 @@ pub fn job_copy(example: &str, interval_ms: u64, rate: u64) -> JobCopy {
         throttled,
         "{example}: no file-source config line to throttle"
     );
-    let path = repo().join("examples/flights").join(format!(
-        ".cluster-{}-{}-{example}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::write(&path, out).unwrap();
-    JobCopy(path)
-}
-
-/// Committed output lines (sorted); staging files are not output.
-pub fn committed(out: &Path) -> Vec<String> {
-    let mut lines = Vec::new();
-    for e in std::fs::read_dir(out).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "jsonl") {
-            lines.extend(
-                std::fs::read_to_string(&p)
-                    .unwrap()
-                    .lines()
-                    .map(str::to_owned),
-            );
-        }
-    }
-    lines.sort();
-    lines
+    let tmp = tempfile::tempdir().unwrap();
+    let path = super::kit::job_in(tmp.path(), example, "examples/flights", &out);
+    JobCopy(path, tmp)
 }
 
 /// Checks a per-record output: 336,776 lines with unique natural keys.

@@ -4,22 +4,10 @@
 //! rounds ([`kill_rounds`]), and read the committed JSONL output.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The repository root.
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// stdout and stderr of a finished process.
-pub fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+pub use super::kit::{repo, text};
 
 /// A job file with its output and work directories; the file is removed on drop.
 pub struct Job {
@@ -60,15 +48,17 @@ impl Job {
         }
     }
 
-    /// Writes `text` as `examples/flights/.<suite>-<pid>-<tag>.toml` (relative grants and
-    /// prepare steps resolve against the flights example), with output and work
-    /// directories in a temporary directory of its own.
+    /// Writes `text` as `<suite>-<tag>.toml` in a temporary directory of its own (relative
+    /// grants and prepare steps made absolute against the flights example, see
+    /// [`super::kit::job_in`]), with the output and work directories beside it.
     pub fn new(suite: &str, tag: &str, text: &str) -> Job {
-        let file = repo()
-            .join("examples/flights")
-            .join(format!(".{suite}-{}-{tag}.toml", std::process::id()));
-        std::fs::write(&file, text).unwrap();
         let tmp = tempfile::tempdir().unwrap();
+        let file = super::kit::job_in(
+            tmp.path(),
+            &format!("{suite}-{tag}.toml"),
+            "examples/flights",
+            text,
+        );
         let mut job = Job::at(file, tmp.path());
         job._tmp = Some(tmp);
         job
@@ -156,20 +146,7 @@ impl Job {
 
     /// Committed JSONL output lines (sorted); staging files are not output.
     pub fn committed(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        for e in std::fs::read_dir(&self.out).unwrap() {
-            let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "jsonl") {
-                lines.extend(
-                    std::fs::read_to_string(&p)
-                        .unwrap()
-                        .lines()
-                        .map(str::to_owned),
-                );
-            }
-        }
-        lines.sort();
-        lines
+        super::kit::committed(&self.out)
     }
 }
 

@@ -1,4 +1,5 @@
-//! Shared harness of the suites: the flights data and independent expectations
+//! Shared harness of the suites: the repository root, the binary, process output and
+//! committed lines ([`kit`]); the flights data and independent expectations
 //! ([`flights`]), running and crashing jobs through the binary ([`job`]: the crash,
 //! JetStream, Redis and queue-to-postgres suites), and, for the cluster suites (`cluster`,
 //! `cluster_partition`): a coordinator and node processes of the `nopstream` binary, the
@@ -13,6 +14,7 @@ pub mod files;
 pub mod flights;
 pub mod forward;
 pub mod job;
+pub mod kit;
 pub mod netns;
 pub mod pg;
 pub mod tls;
