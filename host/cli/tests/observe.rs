@@ -12,7 +12,7 @@ use common::kit::{BIN, repo, text};
 use nop_stream_checkpoint::{EpochState, Location, Namespace};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, Read, Write};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -88,66 +88,18 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-/// A response: status code, content type, body.
-struct Response {
-    status: u16,
-    content_type: String,
-    body: String,
-}
-
-/// `GET path` over plain HTTP/1.1 (one request per connection).
-fn get(addr: &str, path: &str) -> Response {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let raw = String::from_utf8(raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let header = |name: &str| {
-        head.lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-            })
-            .unwrap_or_default()
-    };
-    let body = if header("transfer-encoding").eq_ignore_ascii_case("chunked") {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    Response {
-        status,
-        content_type: header("content-type"),
-        body,
-    }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = s.split_once("\r\n").unwrap();
-        let n = usize::from_str_radix(size.trim(), 16).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
+/// `GET path` over plain HTTP/1.1.
+fn get(addr: &str, path: &str) -> common::kit::HttpResponse {
+    common::kit::http_get(addr, path)
 }
 
 fn json(addr: &str, path: &str) -> Value {
     let r = get(addr, path);
     assert_eq!(r.status, 200, "GET {path}: {}", r.body);
     assert!(
-        r.content_type.starts_with("application/json"),
+        r.header("content-type").starts_with("application/json"),
         "{}",
-        r.content_type
+        r.header("content-type")
     );
     serde_json::from_str(&r.body).unwrap()
 }
@@ -159,9 +111,10 @@ fn scrape(addr: &str) -> Scrape {
     let r = get(addr, "/metrics");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(
-        r.content_type.starts_with("application/openmetrics-text"),
+        r.header("content-type")
+            .starts_with("application/openmetrics-text"),
         "{}",
-        r.content_type
+        r.header("content-type")
     );
     assert_eq!(
         r.body.lines().last(),

@@ -102,7 +102,8 @@ fn job(tag: &str) -> Job {
 fn job_with(tag: &str, slow_lines: usize) -> Job {
     let job = Job::new("two-sources", tag, "");
     let text = job_text(&job.dir.join("slow-input"), slow_lines);
-    std::fs::write(&job.file, text).unwrap();
+    let name = job.file.file_name().unwrap().to_str().unwrap();
+    common::kit::job_in(&job.dir, name, "examples/flights", &text);
     job
 }
 

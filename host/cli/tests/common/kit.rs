@@ -73,3 +73,73 @@ pub fn job_in(dir: &Path, name: &str, example_dir: &str, text: &str) -> PathBuf 
     std::fs::write(&path, out).unwrap();
     path
 }
+
+/// An HTTP response: status code, headers (names lower-cased) and body (de-chunked).
+pub struct HttpResponse {
+    /// The status code.
+    pub status: u16,
+    /// The headers, names lower-cased, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The first value of header `name` (any case), or "".
+    pub fn header(&self, name: &str) -> String {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// `GET path` over plain HTTP/1.1 (one request per connection).
+pub fn http_get(addr: &str, path: &str) -> HttpResponse {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut r = HttpResponse {
+        status,
+        headers,
+        body: String::new(),
+    };
+    r.body = if r
+        .header("transfer-encoding")
+        .eq_ignore_ascii_case("chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    r
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s.split_once("\r\n").unwrap();
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+}
