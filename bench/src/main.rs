@@ -42,6 +42,7 @@ mod latency;
 mod measure;
 mod nexmark;
 mod object_store;
+mod observe_overhead;
 mod pg;
 mod report;
 mod soak;
@@ -352,6 +353,29 @@ enum Cmd {
         #[arg(long, default_value = "bench-out")]
         out: PathBuf,
     },
+    /// What watching a job costs: `count-ckpt` embedded in interleaved pairs, plain and
+    /// with `--http` and a scraper reading /metrics every interval; prints the median CPU
+    /// ratio and checks both runs' output; writes `<out>/observe-overhead.json`.
+    ObserveOverhead {
+        /// Measured pairs (after one unmeasured warm-up of each).
+        #[arg(long, default_value_t = 5)]
+        pairs: usize,
+        /// Bids per run (long enough for several scrapes).
+        #[arg(long, default_value_t = 40_000_000)]
+        records: u64,
+        /// Scrape interval, ms.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Parallelism.
+        #[arg(short, long, default_value_t = 1)]
+        parallelism: u32,
+        /// The `nopstream` binary [default: next to this one].
+        #[arg(long)]
+        nopstream: Option<PathBuf>,
+        /// Output directory.
+        #[arg(long, default_value = "bench-out")]
+        out: PathBuf,
+    },
     /// Recovery time after SIGKILL: runs a checkpointing workload, kills it mid-run,
     /// restarts it, and reports the time from the restart to the first epoch the new
     /// attempt committed (read from the epoch log); writes `<out>/recovery.json`.
@@ -646,6 +670,26 @@ fn dispatch(cli: Cli) -> Result<()> {
             run_flink(&mut results, &peer, &out)?;
             println!("\n{}", results.table());
             results.write(&out)?;
+            Ok(())
+        }
+        Cmd::ObserveOverhead {
+            pairs,
+            records,
+            interval_ms,
+            parallelism,
+            nopstream,
+            out,
+        } => {
+            let nopstream = nopstream_binary(nopstream)?;
+            let out = absolute(&out)?;
+            observe_overhead::run(
+                &nopstream,
+                &out,
+                records,
+                pairs.max(1),
+                std::time::Duration::from_millis(interval_ms.max(10)),
+                parallelism.max(1),
+            )?;
             Ok(())
         }
         Cmd::Recovery {

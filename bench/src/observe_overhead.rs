@@ -1,0 +1,172 @@
+//! `observe-overhead`: what watching a job costs (design §15). The keyed count with
+//! exactly-once checkpoints (`count-ckpt`), embedded, in interleaved pairs: one run plain,
+//! one with `--http 127.0.0.1:0` and a scraper reading `/metrics` every interval for the
+//! whole run. The metrics registry counts in both (it is always on); the difference is the
+//! HTTP server, the encoding and the epoch-log and manifest reads a scrape does. Prints
+//! each pair's CPU seconds and the median ratio observed ÷ plain, and checks that both
+//! runs of every pair committed the same output (count and checksum).
+
+use crate::measure;
+use crate::workload;
+use anyhow::{Context, Result, ensure};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// One measured pair.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Pair {
+    /// CPU seconds of the plain run.
+    pub plain_cpu_s: f64,
+    /// CPU seconds of the run with `--http` and a scraper.
+    pub observed_cpu_s: f64,
+    /// Scrapes answered during the observed run.
+    pub scrapes: u64,
+    /// Records read (both runs).
+    pub records: u64,
+}
+
+/// Runs `pairs` interleaved pairs (after one unmeasured warm-up of each) over `records`
+/// bids at parallelism `p`, scraping every `interval`; writes `<out>/observe-overhead.json`.
+///
+/// # Errors
+/// A run fails, a scrape fails, or the two runs of a pair commit different output.
+pub fn run(
+    nopstream: &Path,
+    out: &Path,
+    records: u64,
+    pairs: usize,
+    interval: Duration,
+    p: u32,
+) -> Result<Vec<Pair>> {
+    let w = workload::find("count-ckpt").context("count-ckpt workload")?;
+    let data = out.join("data");
+    let label = format!("{}", records);
+    let input = crate::bids_file(&data, &label, records, true)?;
+    let jobs = out.join("jobs");
+    std::fs::create_dir_all(&jobs)?;
+    let file_name = input.file_name().context("file name")?.to_string_lossy();
+    let job = jobs.join(format!("observe-overhead-{label}.toml"));
+    std::fs::write(&job, workload::job_text(w, "../data", &file_name, 1024))?;
+    let runs = out.join("runs").join("observe-overhead");
+    let one = |observed: bool, tag: &str| -> Result<(f64, u64, u64, crate::floor::OutputSummary)> {
+        let dir = runs.join(tag);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        let work = dir.join("work");
+        let mut cmd = Command::new(nopstream);
+        cmd.arg("run")
+            .arg(&job)
+            .args(["-p", &p.to_string(), "--json", "--no-progress", "--no-echo"])
+            .arg("--output")
+            .arg(dir.join("output"))
+            .arg("--work-dir")
+            .arg(&work);
+        if observed {
+            cmd.args(["--http", "127.0.0.1:0"]);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let scrapes = Arc::new(AtomicU64::new(0));
+        let scraper = observed.then(|| {
+            let (stop, scrapes) = (Arc::clone(&stop), Arc::clone(&scrapes));
+            let addr_file = work.join("http.addr");
+            std::thread::spawn(move || -> Result<()> {
+                let mut addr = None;
+                while !stop.load(Ordering::Relaxed) {
+                    if addr.is_none() {
+                        addr = std::fs::read_to_string(&addr_file).ok();
+                    }
+                    if let Some(a) = &addr
+                        && scrape(a.trim()).is_ok()
+                    {
+                        scrapes.fetch_add(1, Ordering::Relaxed);
+                        std::thread::sleep(interval);
+                        continue;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(())
+            })
+        });
+        let child = measure::run(cmd)?;
+        stop.store(true, Ordering::Relaxed);
+        if let Some(s) = scraper {
+            s.join()
+                .map_err(|_| anyhow::anyhow!("the scraper panicked"))??;
+        }
+        let report: serde_json::Value = serde_json::from_str(&child.stdout)
+            .with_context(|| format!("nopstream --json printed {:?}", child.stdout))?;
+        let read = report["records_read"].as_u64().unwrap_or(0);
+        ensure!(read == records, "{tag}: read {read} of {records} records");
+        let summary = crate::committed_output(&dir.join("output"))?
+            .with_context(|| format!("{tag}: the sink committed no summary"))?;
+        Ok((child.cpu_s, scrapes.load(Ordering::Relaxed), read, summary))
+    };
+    one(false, "warm-plain")?;
+    one(true, "warm-observed")?;
+    let mut out_pairs = Vec::new();
+    for i in 1..=pairs {
+        let (pc, _, r, ps) = one(false, &format!("plain-{i}"))?;
+        let (oc, n, _, os) = one(true, &format!("observed-{i}"))?;
+        ensure!(
+            (ps.records, ps.checksum) == (os.records, os.checksum),
+            "pair {i}: the observed run committed other output ({} records, checksum {:x}) \
+             than the plain one ({}, {:x})",
+            os.records,
+            os.checksum,
+            ps.records,
+            ps.checksum
+        );
+        ensure!(n > 0, "pair {i}: no scrape was answered during the run");
+        println!(
+            "pair {i}: plain {pc:.3} CPU-s, observed {oc:.3} CPU-s ({n} scrapes), ratio {:.4}",
+            oc / pc
+        );
+        out_pairs.push(Pair {
+            plain_cpu_s: pc,
+            observed_cpu_s: oc,
+            scrapes: n,
+            records: r,
+        });
+    }
+    let mut ratios: Vec<f64> = out_pairs
+        .iter()
+        .map(|p| p.observed_cpu_s / p.plain_cpu_s)
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    println!(
+        "observe-overhead: {records} bids, p={p}, a scrape every {} ms: median CPU observed ÷ \
+         plain {median:.4} ({:+.2} %) over {pairs} pairs (target ≤ 1.01)",
+        interval.as_millis(),
+        (median - 1.0) * 100.0
+    );
+    std::fs::write(
+        out.join("observe-overhead.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "records": records,
+            "parallelism": p,
+            "interval_ms": interval.as_millis() as u64,
+            "median_ratio": median,
+            "pairs": out_pairs,
+        }))?,
+    )?;
+    Ok(out_pairs)
+}
+
+/// One `GET /metrics`, read to the end.
+fn scrape(addr: &str) -> Result<()> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = Vec::new();
+    s.read_to_end(&mut body)?;
+    ensure!(body.starts_with(b"HTTP/1.1 200"), "GET /metrics: not 200");
+    Ok(())
+}
