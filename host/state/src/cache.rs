@@ -17,23 +17,70 @@ pub const ENTRY_OVERHEAD_BYTES: usize =
 /// the table's first allocation.
 pub const NAMESPACE_OVERHEAD_BYTES: usize = 256;
 
-/// Entry keys dropped from a cache since the last view, inline up to 24 bytes, hashed
-/// with foldhash.
-pub(crate) type ChangedKeys = HashSet<Bytes, foldhash::fast::RandomState>;
-
-/// Where a delta view finds a changed key's value.
-#[derive(Debug, Clone)]
-pub(crate) enum Change {
-    /// The working set held it at the view: its stored value, or `None` (deleted).
-    Cached(Option<Bytes>),
-    /// It had left the working set (after a flush): read it from the view's transaction.
-    Stored,
-}
+/// Entry keys dropped from a cache since the last view or spill (inline up to 24 bytes,
+/// hashed with foldhash), each with its stored value as of its drop (`None`: absent).
+pub(crate) type ChangedKeys = HashMap<Bytes, Option<Bytes>, foldhash::fast::RandomState>;
 
 /// Bytes the change tracking of incremental snapshots counts per changed key on top of
-/// its bytes (the hash set's bucket holds the inline key: 32 bytes and a control byte; a
-/// longer key's heap allocation header instead of nothing).
-pub(crate) const CHANGED_OVERHEAD_BYTES: usize = 40;
+/// its key and value bytes: two hash-table buckets (key, value and control byte), as
+/// [`ENTRY_OVERHEAD_BYTES`] counts them.
+pub(crate) const CHANGED_OVERHEAD_BYTES: usize =
+    2 * (std::mem::size_of::<Bytes>() + std::mem::size_of::<Option<Bytes>>() + 1);
+
+/// One sorted run of changed keys spilled to a file next to the database (design §8.1):
+/// `kv-delta/1` changes ([`payload::push_change`]) of table keys in ascending order, each
+/// with its stored value as of its drop. The file is removed when the run is dropped.
+#[derive(Debug)]
+pub(crate) struct SpillRun {
+    pub(crate) path: PathBuf,
+}
+
+impl Drop for SpillRun {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Reads a [`SpillRun`] one change at a time.
+pub(crate) struct RunReader {
+    file: std::io::BufReader<std::fs::File>,
+    /// The change at the head: table key and tagged value (`kv-delta/1`'s second item).
+    pub(crate) head: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl RunReader {
+    /// Opens `run` and reads its first change.
+    pub(crate) fn open(run: &SpillRun) -> std::io::Result<Self> {
+        let file = std::fs::File::open(&run.path)?;
+        let mut r = RunReader {
+            file: std::io::BufReader::with_capacity(16 << 10, file),
+            head: None,
+        };
+        r.advance()?;
+        Ok(r)
+    }
+
+    /// Reads the next change into `head` (`None` at the end).
+    pub(crate) fn advance(&mut self) -> std::io::Result<()> {
+        use std::io::Read;
+        let mut len = [0u8; 4];
+        match self.file.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                self.head = None;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        let mut key = vec![0u8; u32::from_le_bytes(len) as usize];
+        self.file.read_exact(&mut key)?;
+        self.file.read_exact(&mut len)?;
+        let mut value = vec![0u8; u32::from_le_bytes(len) as usize];
+        self.file.read_exact(&mut value)?;
+        self.head = Some((key, value));
+        Ok(())
+    }
+}
 
 /// Smallest redb page cache a budget leaves redb, bytes (256 KiB).
 pub(crate) const MIN_REDB_CACHE_BYTES: u64 = 256 << 10;
@@ -77,11 +124,15 @@ pub(crate) struct StateCache {
     /// Whether drops are recorded in `dropped` (incremental snapshots are tracking).
     pub(crate) track: bool,
     /// Entry keys (`namespace length (u32 BE) | namespace | key`) whose slot left the
-    /// cache since the last view while it may hold a change the next delta must carry:
-    /// a delete, or an eviction of a slot written since the view (its value is in redb).
+    /// cache since the last view or spill while it may hold a change the next delta must
+    /// carry (a delete, or an eviction of a slot written since the view, whose value is in
+    /// redb), with the stored value as of the drop.
     pub(crate) dropped: ChangedKeys,
-    /// Bytes `dropped` counts (key bytes plus [`CHANGED_OVERHEAD_BYTES`] each).
+    /// Bytes `dropped` counts (key and value bytes plus [`CHANGED_OVERHEAD_BYTES`] each).
     pub(crate) dropped_bytes: usize,
+    /// Changes spilled since the last view, oldest first (a later run's change of a key
+    /// supersedes an earlier one's): the next delta view takes them.
+    pub(crate) runs: Vec<SpillRun>,
 }
 
 impl StateCache {
@@ -131,17 +182,27 @@ impl StateCache {
         dropped_bytes: &mut usize,
         namespace: &[u8],
         key: &[u8],
+        value: Option<&Bytes>,
     ) {
         if track {
             let mut k = Bytes::with_capacity(4 + namespace.len() + key.len());
             k.extend_from_slice(&(namespace.len() as u32).to_be_bytes());
             k.extend_from_slice(namespace);
             k.extend_from_slice(key);
-            let len = k.len();
-            if dropped.insert(k) {
-                *dropped_bytes += len + CHANGED_OVERHEAD_BYTES;
+            let len = k.len() + value.map_or(0, |v| v.len());
+            match dropped.insert(k, value.cloned()) {
+                Some(old) => {
+                    *dropped_bytes =
+                        *dropped_bytes + value.map_or(0, |v| v.len()) - old.map_or(0, |v| v.len());
+                }
+                None => *dropped_bytes += len + CHANGED_OVERHEAD_BYTES,
             }
         }
+    }
+
+    /// Forgets the spilled changes (tracking restarts or stops), removing their files.
+    pub(crate) fn forget_spill(&mut self) {
+        self.runs.clear();
     }
 
     /// Starts tracking changes from now: no slot is fresh, nothing dropped.
@@ -157,8 +218,9 @@ impl StateCache {
                 s.handed = true;
             }
         }
-        self.dropped.clear();
+        self.dropped = ChangedKeys::default();
         self.dropped_bytes = 0;
+        self.forget_spill();
         self.track = true;
     }
 
@@ -167,6 +229,7 @@ impl StateCache {
         self.track = false;
         self.dropped = ChangedKeys::default();
         self.dropped_bytes = 0;
+        self.forget_spill();
     }
 
     /// Drops clean entries until the cache counts at most `target` bytes (or no clean
@@ -187,7 +250,7 @@ impl StateCache {
             }
             *bytes -= entry_cost(k.len(), s.value.as_ref());
             if s.fresh {
-                Self::record_drop(*track, dropped, dropped_bytes, ns, k);
+                Self::record_drop(*track, dropped, dropped_bytes, ns, k, s.value.as_ref());
             }
             false
         };
@@ -248,6 +311,7 @@ impl StateCache {
                 &mut self.dropped_bytes,
                 namespace,
                 key,
+                None,
             );
         }
     }

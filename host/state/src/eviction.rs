@@ -17,7 +17,7 @@ impl KeyedState {
         };
         // Deletes record keys without growing the working set: check their bound here,
         // after every write, not only at flushes.
-        self.check_tracking();
+        self.check_tracking()?;
         if self.cached_bytes() <= share {
             return Ok(());
         }
@@ -30,8 +30,7 @@ impl KeyedState {
             let part = (c.bytes as u128 * target as u128 / total as u128) as usize;
             c.evict_to(part);
         }
-        self.check_tracking();
-        Ok(())
+        self.check_tracking()
     }
 
     /// Writes every dirty entry to redb in one write transaction (`durable`: fsync on
@@ -115,7 +114,14 @@ impl KeyedState {
                     let keep = s.value.is_some() || s.dirty;
                     if !keep {
                         *bytes -= entry_cost(k.len(), None);
-                        StateCache::record_drop(*track && s.handed, dropped, dropped_bytes, ns, k);
+                        StateCache::record_drop(
+                            *track && s.handed,
+                            dropped,
+                            dropped_bytes,
+                            ns,
+                            k,
+                            None,
+                        );
                     }
                     keep
                 });
@@ -136,7 +142,57 @@ impl KeyedState {
             }
         }
         self.expired_removed += removed.len() as u64;
-        self.check_tracking();
+        self.spill_changes()
+    }
+
+    /// Moves every cache's `dropped` changes to a new sorted run file ([`SpillRun`]),
+    /// written sequentially next to the database. This keeps change tracking within the
+    /// budget however many keys change between two views, at the cost of one sequential
+    /// write per change: the next delta view merges the runs (design §8.1).
+    ///
+    /// # Errors
+    /// [`StateError::Database`] naming the run file if it cannot be written.
+    pub(crate) fn spill_changes(&mut self) -> Result<()> {
+        use std::io::Write;
+        for i in 0..self.cache.len() {
+            if self.cache[i].dropped.is_empty() {
+                continue;
+            }
+            let cache = &mut self.cache[i];
+            let mut changes: Vec<(Bytes, Option<Bytes>)> = std::mem::take(&mut cache.dropped)
+                .into_iter()
+                .map(|(entry, value)| {
+                    let n = u32::from_be_bytes(entry[..4].try_into().expect("4 bytes")) as usize;
+                    let (ns, key) = (&entry[4..4 + n], &entry[4 + n..]);
+                    (
+                        composite_inline(shard_of(key, self.shard_count).0, ns, key),
+                        value,
+                    )
+                })
+                .collect();
+            cache.dropped_bytes = 0;
+            changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            self.spill_seq += 1;
+            let mut name = self.path.clone().into_os_string();
+            name.push(format!(".changed-{i}-{}", self.spill_seq));
+            // Owned by the run from here: a failed write removes the file.
+            let run = SpillRun {
+                path: PathBuf::from(name),
+            };
+            let io = |e: std::io::Error| db_err(&run.path, e);
+            let mut out = std::io::BufWriter::with_capacity(
+                64 << 10,
+                std::fs::File::create(&run.path).map_err(io)?,
+            );
+            let mut buf = Vec::new();
+            for (table_key, value) in changes {
+                buf.clear();
+                payload::push_change(&mut buf, &table_key, value.as_deref());
+                out.write_all(&buf).map_err(io)?;
+            }
+            out.flush().map_err(io)?;
+            cache.runs.push(run);
+        }
         Ok(())
     }
 

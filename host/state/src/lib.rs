@@ -47,7 +47,11 @@
 //! dropped entries go to redb. The hash tables keep their capacity, so the memory they
 //! hold is that of the largest working set, which the budget bounds. Without a budget
 //! (`None`) the working set keeps every entry touched since the attempt began, and redb
-//! its default 1 GiB cache.
+//! its default 1 GiB cache. With incremental snapshots, the keys that left the working set
+//! since the last view are tracked in memory up to half the working set's share and
+//! spilled beyond it (and at every flush) to sorted run files next to the database, which
+//! the next delta view merges and removes, so a budget keeps snapshots incremental however
+//! many keys change between two views.
 
 mod cache;
 pub mod codec;
@@ -73,7 +77,6 @@ use nop_stream_checkpoint::payload;
 use nop_stream_core::shard_of;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::HashMap;
-use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -126,10 +129,12 @@ pub struct KeyedState {
     pending_expired: Vec<ExpiredKeys>,
     /// Whether [`KeyedState::snapshot_view`] starts tracking changes for delta views.
     incremental: bool,
+    /// Spill runs written so far (names each run file uniquely).
+    spill_seq: u64,
     /// Whether changes since the last view are known (fresh slots and the caches'
-    /// `dropped` sets): the state was empty when incremental snapshots were turned on, or
-    /// a full view was taken or a restore done since, and tracking was not dropped past
-    /// the budget. Otherwise the next view must be full.
+    /// `dropped` sets and spilled runs): the state was empty when incremental snapshots
+    /// were turned on, or a full view was taken or a restore done since. Otherwise the
+    /// next view must be full.
     tracking: bool,
 }
 
@@ -261,6 +266,7 @@ impl KeyedState {
             expired_removed: 0,
             pending_expired: Vec::new(),
             incremental: false,
+            spill_seq: 0,
             tracking: false,
         })
     }

@@ -45,10 +45,19 @@ pub struct SnapshotView {
     pub(crate) ttl: Vec<Option<u64>>,
     pub(crate) owned: Range<u32>,
     pub(crate) now: u64,
-    /// A delta view ([`KeyedState::delta_view`]): per state, the table keys written or
-    /// deleted since the previous view, in no order, each with its value as of the view
-    /// or where to read it. `None`: a full view.
-    pub(crate) delta: Option<Vec<Vec<(Bytes, Change)>>>,
+    /// A delta view ([`KeyedState::delta_view`]); `None`: a full view.
+    pub(crate) delta: Option<Delta>,
+}
+
+/// What a delta view hands over, per state (by handle).
+pub(crate) struct Delta {
+    /// The table keys written or deleted since the previous view that the working set
+    /// knew at the view, in no order, each with its stored value as of the view (`None`:
+    /// absent).
+    pub(crate) changes: Vec<Vec<(Bytes, Option<Bytes>)>>,
+    /// The runs of changes spilled since the previous view, oldest first; `changes` wins
+    /// over them where both hold a key, and a later run over an earlier one.
+    pub(crate) spilled: Vec<Vec<SpillRun>>,
 }
 
 impl std::fmt::Debug for SnapshotView {
@@ -106,7 +115,7 @@ impl SnapshotView {
             now: self.now,
         };
         if let Some(mut delta) = self.delta.take() {
-            for keys in &mut delta {
+            for keys in &mut delta.changes {
                 keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             }
             self.write_delta(&delta, consume)?;
@@ -165,64 +174,105 @@ impl SnapshotView {
     }
 
     /// [`Self::write`] of a delta view: per state and shard, one `kv-delta/1` payload of
-    /// the changed keys, each a put of its value as of the view or, when the view holds
-    /// no live value (deleted, or expired at the view's time), a delete.
+    /// the changed keys (the working set's, merged in key order with the spilled ones the
+    /// view's transaction reads), each a put of its value as of the view or, when the view
+    /// holds no live value (deleted, or expired at the view's time), a delete.
     pub(crate) fn write_delta(
         &self,
-        delta: &[Vec<(Bytes, Change)>],
+        delta: &Delta,
         consume: &mut dyn FnMut(ShardSnapshot) -> std::result::Result<(), String>,
     ) -> Result<()> {
         for (i, name) in self.names.iter().enumerate() {
-            let keys = &delta[i];
-            if keys.is_empty() {
+            let keys = &delta.changes[i];
+            let runs = &delta.spilled[i];
+            if keys.is_empty() && runs.is_empty() {
                 continue;
             }
+            let mut readers = Vec::with_capacity(runs.len());
+            for run in runs {
+                readers.push(RunReader::open(run).map_err(|e| db_err(&run.path, e))?);
+            }
             let ttl = self.ttl[i];
-            let def: TableDefinition<&[u8], &[u8]> = TableDefinition::new(name);
-            let table = match self.txn.open_table(def) {
-                Ok(t) => Some(t),
-                Err(redb::TableError::TableDoesNotExist(_)) => None,
-                Err(e) => return Err(db_err(&self.path, e)),
-            };
-            // Keys are sorted, so each shard's keys are contiguous.
-            let mut rest = &keys[..];
-            while let Some((first, _)) = rest.first() {
-                let prefix: [u8; 4] = first[..4].try_into().expect("table keys hold a shard");
-                let n = rest
-                    .iter()
-                    .take_while(|(k, _)| k.starts_with(&prefix))
-                    .count();
-                let (group, tail) = rest.split_at(n);
-                rest = tail;
-                let mut payload = Vec::new();
-                for (k, change) in group {
-                    let stored;
-                    let value = match change {
-                        Change::Cached(v) => v.as_deref(),
-                        Change::Stored => {
-                            stored = match &table {
-                                Some(t) => {
-                                    t.get(k.as_slice()).map_err(|e| db_err(&self.path, e))?
-                                }
-                                None => None,
-                            };
-                            stored.as_ref().map(|v| v.value())
-                        }
-                    };
-                    let value = value.filter(|v| live(v, ttl, self.now).is_some());
-                    payload::push_change(&mut payload, &k[4..], value);
-                }
+            let mut shard: Option<[u8; 4]> = None;
+            let mut payload = Vec::new();
+            let mut entries = 0u64;
+            let mut emit = |shard: [u8; 4], payload: &mut Vec<u8>, entries: &mut u64| {
                 consume(ShardSnapshot {
-                    shard: StateShardId(u32::from_be_bytes(prefix)),
+                    shard: StateShardId(u32::from_be_bytes(shard)),
                     state: i as u32,
-                    entries: n as u64,
-                    payload,
+                    entries: std::mem::take(entries),
+                    payload: std::mem::take(payload),
                     delta: true,
                 })
                 .map_err(|message| StateError::Snapshot {
                     state: name.clone(),
                     message,
-                })?;
+                })
+            };
+            let corrupt = |r: usize| {
+                db_err(
+                    &runs[r].path,
+                    "malformed spilled change (expected a kv-delta/1 change)",
+                )
+            };
+            let mut cached = keys.iter().peekable();
+            loop {
+                // The smallest next key; where several sources hold it, the working set's
+                // change wins, then the latest run's (each is later than the ones before).
+                let mut min: Option<&[u8]> = cached.peek().map(|(k, _)| k.as_slice());
+                let mut from_run: Option<usize> = None;
+                for (r, reader) in readers.iter().enumerate() {
+                    if let Some((k, _)) = &reader.head {
+                        let better = match min {
+                            None => true,
+                            Some(m) => {
+                                k.as_slice() < m || (k.as_slice() == m && from_run.is_some())
+                            }
+                        };
+                        if better {
+                            min = Some(k.as_slice());
+                            from_run = Some(r);
+                        }
+                    }
+                }
+                let Some(min) = min else { break };
+                let key = min.to_vec();
+                let winner: (Vec<u8>, Option<Vec<u8>>) = match from_run {
+                    None => {
+                        let (_, v) = cached.next().expect("peeked");
+                        (key, v.as_ref().map(|v| v.to_vec()))
+                    }
+                    Some(r) => {
+                        let (_, tagged) = readers[r].head.as_ref().expect("a head");
+                        let value = match tagged.split_first() {
+                            Some((&payload::DELTA_PUT, v)) => Some(v.to_vec()),
+                            Some((&payload::DELTA_DELETE, [])) => None,
+                            _ => return Err(corrupt(r)),
+                        };
+                        (key, value)
+                    }
+                };
+                // Every run's change of the key is superseded (or taken): skip them.
+                for (r, reader) in readers.iter_mut().enumerate() {
+                    while reader.head.as_ref().is_some_and(|(k, _)| *k == winner.0) {
+                        reader.advance().map_err(|e| db_err(&runs[r].path, e))?;
+                    }
+                }
+                let (key, value) = (&winner.0, winner.1.as_deref());
+                let prefix: [u8; 4] = key
+                    .get(..4)
+                    .and_then(|p| p.try_into().ok())
+                    .ok_or_else(|| StateError::Corrupt(name.clone()))?;
+                if shard.is_some_and(|s| s != prefix) {
+                    emit(shard.expect("checked"), &mut payload, &mut entries)?;
+                }
+                shard = Some(prefix);
+                let value = value.filter(|v| live(v, ttl, self.now).is_some());
+                payload::push_change(&mut payload, &key[4..], value);
+                entries += 1;
+            }
+            if let Some(s) = shard {
+                emit(s, &mut payload, &mut entries)?;
             }
         }
         Ok(())

@@ -71,9 +71,11 @@ impl KeyedState {
     /// payloads of them (a put of the value as of this call, or a delete). Applied in
     /// order on top of the previous view's payloads (and its own predecessors'), they give
     /// this view's state. `None` when the changes are not known: incremental snapshots are
-    /// off ([`Self::set_incremental`]), no view was taken since the state was opened or
-    /// restored, or more changed keys accumulated than the memory budget allows tracking;
-    /// take a full [`Self::snapshot_view`] then.
+    /// off ([`Self::set_incremental`]), or no view was taken since the state was opened
+    /// (on a database that held entries); take a full [`Self::snapshot_view`] then. Under
+    /// a memory budget the changed keys that do not fit its tracking share are spilled to
+    /// sorted run files and merged back by the view's scan, so a budget never turns a
+    /// delta into a full snapshot.
     ///
     /// Expired entries are not looked for, except among the changed keys (which become
     /// deletes): a full snapshot drops the rest.
@@ -81,12 +83,13 @@ impl KeyedState {
     /// # Errors
     /// A database failure.
     pub fn delta_view(&mut self) -> Result<Option<SnapshotView>> {
-        self.check_tracking();
+        self.check_tracking()?;
         if !self.tracking {
             return Ok(None);
         }
         let shard_count = self.shard_count;
         let mut delta = Vec::with_capacity(self.cache.len());
+        let mut spilled = Vec::with_capacity(self.cache.len());
         for c in &mut self.cache {
             let StateCache {
                 plain,
@@ -95,11 +98,12 @@ impl KeyedState {
                 dropped_bytes,
                 ..
             } = c;
-            let mut changes: Vec<(Bytes, Change)> = Vec::new();
-            // Slots that left the cache since the view: the cached value if the key came
-            // back (unless it is fresh: the loop below takes it), else redb's.
-            // Taken, not drained: the set's capacity would stay uncounted.
-            for entry in std::mem::take(dropped) {
+            let mut changes: Vec<(Bytes, Option<Bytes>)> = Vec::new();
+            // Slots that left the cache since the view or the last spill: their value as
+            // of the drop, unless the key came back fresh (the loop below takes it). A key
+            // that came back clean holds that same value.
+            // Taken, not drained: the map's capacity would stay uncounted.
+            for (entry, value) in std::mem::take(dropped) {
                 let n = u32::from_be_bytes(entry[..4].try_into().expect("4 bytes")) as usize;
                 let (ns, key) = (&entry[4..4 + n], &entry[4 + n..]);
                 let map = if ns.is_empty() {
@@ -107,15 +111,13 @@ impl KeyedState {
                 } else {
                     namespaced.get(ns)
                 };
-                let table_key = composite_inline(shard_of(key, shard_count).0, ns, key);
-                match map.and_then(|m| m.get(key)) {
-                    Some(slot) if slot.fresh => {}
-                    Some(slot) => changes.push((table_key, Change::Cached(slot.value.clone()))),
-                    None => changes.push((table_key, Change::Stored)),
+                if !map.and_then(|m| m.get(key)).is_some_and(|s| s.fresh) {
+                    let table_key = composite_inline(shard_of(key, shard_count).0, ns, key);
+                    changes.push((table_key, value));
                 }
             }
             *dropped_bytes = 0;
-            let maps = std::iter::once((&[][..], plain))
+            let maps = std::iter::once((&[][..], &mut *plain))
                 .chain(namespaced.iter_mut().map(|(ns, m)| (ns.as_slice(), m)));
             for (ns, map) in maps {
                 for (k, slot) in map.iter_mut().filter(|(_, s)| s.fresh) {
@@ -123,28 +125,36 @@ impl KeyedState {
                     slot.handed = true;
                     changes.push((
                         composite_inline(shard_of(k, shard_count).0, ns, k),
-                        Change::Cached(slot.value.clone()),
+                        slot.value.clone(),
                     ));
                 }
             }
             delta.push(changes);
+            // The view merges the spilled runs (and removes them when done).
+            spilled.push(std::mem::take(&mut c.runs));
         }
-        self.view(Some(delta)).map(Some)
+        self.view(Some(Delta {
+            changes: delta,
+            spilled,
+        }))
+        .map(Some)
     }
 
-    /// Drops change tracking if the caches' `dropped` sets count more than half the
-    /// working set's share of the budget (tracking must not break the budget's bound);
-    /// the next snapshot is then full.
-    pub(crate) fn check_tracking(&mut self) {
+    /// Spills the tracked changes to a run file ([`Self::spill_changes`]) if the caches' `dropped` sets count more than half the working set's
+    /// share of the budget: tracking must not break the budget's bound, and it is never
+    /// dropped for it (design §8.1).
+    ///
+    /// # Errors
+    /// A database failure.
+    pub(crate) fn check_tracking(&mut self) -> Result<()> {
         let Some(share) = self.working_set_bytes else {
-            return;
+            return Ok(());
         };
-        if self.tracking && self.cache.iter().map(|c| c.dropped_bytes).sum::<usize>() > share / 2 {
-            self.tracking = false;
-            for c in &mut self.cache {
-                c.untrack();
-            }
+        if !self.tracking || self.cache.iter().map(|c| c.dropped_bytes).sum::<usize>() <= share / 2
+        {
+            return Ok(());
         }
+        self.spill_changes()
     }
 
     /// Turns change tracking for [`Self::delta_view`] on or off (default off). On an
@@ -176,7 +186,7 @@ impl KeyedState {
     }
 
     /// A read transaction on the database as it is, with what a scan needs.
-    pub(crate) fn view(&self, delta: Option<Vec<Vec<(Bytes, Change)>>>) -> Result<SnapshotView> {
+    pub(crate) fn view(&self, delta: Option<Delta>) -> Result<SnapshotView> {
         let txn = self.db.begin_read().map_err(|e| db_err(&self.path, e))?;
         Ok(SnapshotView {
             txn,
