@@ -12,13 +12,19 @@ use serde::{Deserialize, Serialize};
 /// Invariants (checked by the runtime where a guest produced the batch): `ends` is
 /// non-decreasing and its last value is `data.len()`; `key_ends` is empty or has one entry
 /// per record, likewise `timestamps`.
+///
+/// `data` and `keys` serialize as serde bytes: in postcard that is the same encoding as a
+/// sequence of `u8` (a varint length, then the bytes), written and read with one copy
+/// instead of one serde call per byte (the data plane's wire frames, design §4.3).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     /// Concatenated record payloads, no separators.
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
     /// Exclusive end offset in `data` of each record; its length is the record count.
     pub ends: Vec<u32>,
     /// Concatenated record keys (the bytes a HASH edge routes on); empty if unkeyed.
+    #[serde(with = "serde_bytes")]
     pub keys: Vec<u8>,
     /// Exclusive end offset in `keys` of each record's key; empty if unkeyed.
     pub key_ends: Vec<u32>,

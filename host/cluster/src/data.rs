@@ -38,17 +38,23 @@
 //!
 //! Subtasks run on plain std threads; quinn runs on tokio. The bridge is explicit:
 //!
-//! - **Producer**: [`QuicSender::send`] encodes on the calling thread and hands the frame
-//!   to the channel's writer task through a bounded tokio queue of
-//!   [`DataPlaneConfig::send_queue`] frames (`blocking_send`). The writer task writes each
-//!   frame with `write_all`, which waits while QUIC flow control has no credit for the
-//!   stream; the queue then fills and `send` blocks. That is the backpressure.
+//! - **Producer**: [`QuicSender::send`] encodes on the calling thread, length prefix and
+//!   postcard payload into one buffer, and hands that buffer to the channel's writer task
+//!   through a bounded tokio queue of [`DataPlaneConfig::send_queue`] frames
+//!   (`blocking_send`). The writer task gives each frame to quinn as one chunk
+//!   (`write_chunk`, which takes the buffer over without a copy) and waits while QUIC flow
+//!   control has no credit for the stream; the queue then fills and `send` blocks. That is
+//!   the backpressure.
 //! - **Receiver**: [`DataPlane::serve`] runs one acceptor task per connection; each
 //!   accepted stream gets a reader task that reads the header (bounded by
 //!   [`DataPlaneConfig::header_timeout`] and [`DataPlaneConfig::max_header_len`]), admits
 //!   it against the [`FenceTable`], then decodes frames into the channel's bounded
 //!   `crossbeam_channel` queue (capacity in messages, given to
-//!   [`DataPlane::register_receiver`]). When the queue is full the reader waits (on a
+//!   [`DataPlane::register_receiver`]). A records frame's payload bytes are read from quinn
+//!   straight into the vector the delivered [`nop_stream_api::Batch`] owns (one copy, out
+//!   of quinn's packet buffers) and its other fields are decoded from a second buffer
+//!   ([`nop_stream_proto::records_head`]); any other message is read into one buffer and
+//!   decoded. When the queue is full the reader waits (on a
 //!   `tokio::sync::Notify` the receiver pokes after every receive) and stops reading the
 //!   stream, so the stream's receive window fills and stalls that one producer; the
 //!   connection and its other streams go on (size windows by the rule on
@@ -63,8 +69,8 @@
 //!
 //! # Memory
 //!
-//! Per receiving channel at most `capacity` decoded messages, plus one message and one read
-//! chunk (64 KiB) in its reader, plus `stream_receive_window` bytes in quinn. Per sending
+//! Per receiving channel at most `capacity` decoded messages, plus the one message its
+//! reader is reading, plus `stream_receive_window` bytes in quinn. Per sending
 //! channel `send_queue` encoded frames plus one being written.
 
 use std::collections::HashMap;
@@ -74,21 +80,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use bytes::Bytes;
 use crossbeam_channel::{self as cb, RecvTimeoutError, TrySendError};
 use nop_stream_api::{ChannelId, FencingToken, JobId};
-use nop_stream_proto::codec::{self, CodecError, FrameReader, MAX_DATA_FRAME};
-use nop_stream_proto::{Message, StreamHeader};
+use nop_stream_proto::codec::{self, CodecError, MAX_DATA_FRAME};
+use nop_stream_proto::{
+    MAX_PAYLOAD_HEAD, Message, PayloadHead, StreamHeader, records_from_parts, records_head,
+};
 use quinn::VarInt;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 use crate::frame::{self, FrameError};
-
-/// Bytes a reader takes from quinn at once.
-const READ_CHUNK: usize = 64 * 1024;
-/// Bytes fed to the frame reader at once, bounding the bytes it shifts per frame.
-const FEED_PIECE: usize = 4 * 1024;
 
 /// Why a receiver refused or abandoned a data stream. The receiver stops the stream
 /// (`STOP_SENDING`) with [`Refusal::code`] as the QUIC application error code, so the
@@ -628,16 +632,13 @@ impl DataPlane {
                 source: Box::new(source),
             });
         }
-        let mut header_frame = Vec::new();
-        codec::write_frame(
-            &mut header_frame,
-            &header,
-            self.config.max_header_len as usize,
-        )
-        .map_err(|source| DataError::Encode {
-            channel: channel.clone(),
-            source,
-        })?;
+        let header_frame =
+            codec::frame(&header, self.config.max_header_len as usize).map_err(|source| {
+                DataError::Encode {
+                    channel: channel.clone(),
+                    source,
+                }
+            })?;
         let (frames, queue) = mpsc::channel(self.config.send_queue.max(1));
         let writer = self.runtime.spawn(write_stream(
             connection.clone(),
@@ -695,7 +696,7 @@ impl DataPlane {
 pub struct QuicSender {
     channel: ChannelId,
     peer: SocketAddr,
-    frames: Option<mpsc::Sender<Vec<u8>>>,
+    frames: Option<mpsc::Sender<Bytes>>,
     writer: Option<JoinHandle<Result<(), DataError>>>,
     runtime: Handle,
     max_frame_len: usize,
@@ -738,13 +739,12 @@ impl QuicSender {
     /// receiver stopped the stream), [`DataError::Connection`], and [`DataError::Closed`]
     /// on every later call. Messages after the one that failed were not delivered.
     pub fn send(&mut self, msg: Message) -> Result<(), DataError> {
-        let mut frame = Vec::new();
-        codec::write_frame(&mut frame, &msg, self.max_frame_len).map_err(|source| {
+        let frame = Bytes::from(codec::frame(&msg, self.max_frame_len).map_err(|source| {
             DataError::Encode {
                 channel: self.channel.clone(),
                 source,
             }
-        })?;
+        })?);
         self.check_context()?;
         let Some(frames) = &self.frames else {
             return Err(self.closed());
@@ -841,7 +841,7 @@ impl QuicSender {
 async fn write_stream(
     connection: quinn::Connection,
     header_frame: Vec<u8>,
-    mut frames: mpsc::Receiver<Vec<u8>>,
+    mut frames: mpsc::Receiver<Bytes>,
     channel: ChannelId,
 ) -> Result<(), DataError> {
     let peer = connection.remote_address();
@@ -859,9 +859,11 @@ async fn write_stream(
             peer,
         },
     };
-    send.write_all(&header_frame).await.map_err(write_failed)?;
+    send.write_chunk(Bytes::from(header_frame))
+        .await
+        .map_err(write_failed)?;
     while let Some(frame) = frames.recv().await {
-        send.write_all(&frame).await.map_err(write_failed)?;
+        send.write_chunk(frame).await.map_err(write_failed)?;
     }
     // Fails only if the stream was stopped or reset; `stopped` reports the code then.
     let _ = send.finish();
@@ -1115,17 +1117,101 @@ async fn pump(
     tx: &cb::Sender<Message>,
     max_frame_len: usize,
 ) -> Result<(), Stop> {
-    let mut reader = FrameReader::new(max_frame_len);
+    let mut prefix = Vec::with_capacity(codec::LENGTH_PREFIX);
     loop {
-        let chunk = match recv.read_chunk(READ_CHUNK, true).await {
-            Ok(Some(chunk)) => chunk.bytes,
-            Ok(None) if reader.buffered() == 0 => return Ok(()),
+        prefix.clear();
+        if !fill(recv, &mut prefix, codec::LENGTH_PREFIX, true).await? {
+            return Ok(());
+        }
+        let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+        if len > max_frame_len {
+            return Err(Stop {
+                refusal: Some(Refusal::FrameTooLarge),
+                failure: Some(
+                    CodecError::TooLarge {
+                        size: len,
+                        cap: max_frame_len,
+                    }
+                    .to_string(),
+                ),
+            });
+        }
+        let msg = read_message(recv, len, max_frame_len).await?;
+        deliver(slot, tx, msg).await.map_err(|refusal| Stop {
+            refusal: Some(refusal),
+            failure: None,
+        })?;
+    }
+}
+
+/// Reads and decodes one message payload of `len` bytes. A records payload's `data` is
+/// read into the batch's own vector; everything else is read into one buffer.
+async fn read_message(
+    recv: &mut quinn::RecvStream,
+    len: usize,
+    max_frame_len: usize,
+) -> Result<Message, Stop> {
+    let malformed = |e: CodecError| Stop {
+        refusal: Some(Refusal::Malformed),
+        failure: Some(e.to_string()),
+    };
+    // Enough of the payload to classify it, and never more than the payload.
+    let mut head = Vec::with_capacity(MAX_PAYLOAD_HEAD.min(len));
+    let decided = loop {
+        match records_head(&head) {
+            PayloadHead::Incomplete if head.len() < len => {
+                let want = (head.len() + 1).max(MAX_PAYLOAD_HEAD.min(len));
+                fill(recv, &mut head, want.min(len), false).await?;
+            }
+            PayloadHead::Incomplete => break PayloadHead::Other,
+            decided => break decided,
+        }
+    };
+    match decided {
+        PayloadHead::Records { head_len, data_len }
+            if head_len.checked_add(data_len).is_some_and(|n| n <= len) =>
+        {
+            // `head` may already hold the first bytes of `data`, and of the tail after it.
+            let in_head = head.len() - head_len;
+            let mut data = Vec::with_capacity(data_len);
+            data.extend_from_slice(&head[head_len..head_len + in_head.min(data_len)]);
+            fill(recv, &mut data, data_len, false).await?;
+            let tail_len = len - head_len - data_len;
+            let mut tail = Vec::with_capacity(tail_len);
+            if in_head > data_len {
+                tail.extend_from_slice(&head[head_len + data_len..]);
+            }
+            fill(recv, &mut tail, tail_len, false).await?;
+            records_from_parts(data, &tail, max_frame_len).map_err(malformed)
+        }
+        _ => {
+            let mut payload = head;
+            payload.reserve_exact(len - payload.len());
+            fill(recv, &mut payload, len, false).await?;
+            codec::decode::<Message>(&payload, max_frame_len).map_err(malformed)
+        }
+    }
+}
+
+/// Reads from the stream into `buf` until it holds `upto` bytes, asking quinn for no more
+/// than that, so nothing of what follows is taken. Returns `false` if the stream finished
+/// before the first byte and `at_boundary` allows that (a clean end between frames).
+async fn fill(
+    recv: &mut quinn::RecvStream,
+    buf: &mut Vec<u8>,
+    upto: usize,
+    at_boundary: bool,
+) -> Result<bool, Stop> {
+    while buf.len() < upto {
+        match recv.read_chunk(upto - buf.len(), true).await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
+            Ok(None) if at_boundary && buf.is_empty() => return Ok(false),
             Ok(None) => {
                 return Err(Stop {
                     refusal: None,
                     failure: Some(format!(
-                        "stream finished inside a frame ({} bytes of it received)",
-                        reader.buffered()
+                        "stream finished inside a frame ({} of {upto} bytes of a frame part received)",
+                        buf.len()
                     )),
                 });
             }
@@ -1135,31 +1221,9 @@ async fn pump(
                     failure: Some(format!("read failed: {e}")),
                 });
             }
-        };
-        for piece in chunk.chunks(FEED_PIECE) {
-            reader.push(piece);
-            loop {
-                let payload = match reader.next_frame() {
-                    Ok(Some(payload)) => payload,
-                    Ok(None) => break,
-                    Err(e) => {
-                        return Err(Stop {
-                            refusal: Some(Refusal::FrameTooLarge),
-                            failure: Some(e.to_string()),
-                        });
-                    }
-                };
-                let msg = codec::decode::<Message>(&payload, max_frame_len).map_err(|e| Stop {
-                    refusal: Some(Refusal::Malformed),
-                    failure: Some(e.to_string()),
-                })?;
-                deliver(slot, tx, msg).await.map_err(|refusal| Stop {
-                    refusal: Some(refusal),
-                    failure: None,
-                })?;
-            }
         }
     }
+    Ok(true)
 }
 
 /// How long a reader waits for space in a full queue before looking again, when no

@@ -99,7 +99,8 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8], cap: usize) -> Result<T, CodecE
     Ok(value)
 }
 
-/// Appends `value` to `out` as one frame: length prefix, then its encoding.
+/// Appends `value` to `out` as one frame: length prefix, then its encoding, serialized in
+/// place behind the prefix (no intermediate buffer). On error `out` is left as it was.
 ///
 /// # Errors
 /// As [`encode`].
@@ -108,14 +109,54 @@ pub fn write_frame<T: Serialize>(
     value: &T,
     cap: usize,
 ) -> Result<(), CodecError> {
-    let bytes = encode(value, cap)?;
-    let len = u32::try_from(bytes.len()).map_err(|_| CodecError::TooLarge {
-        size: bytes.len(),
-        cap: u32::MAX as usize,
-    })?;
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&bytes);
+    let start = out.len();
+    out.extend_from_slice(&[0; LENGTH_PREFIX]);
+    if let Err(e) = postcard::serialize_with_flavor(value, AppendTo(out)) {
+        out.truncate(start);
+        return Err(CodecError::Encode(e.to_string()));
+    }
+    let size = out.len() - start - LENGTH_PREFIX;
+    let len = match u32::try_from(size) {
+        Ok(len) if size <= cap => len,
+        _ => {
+            out.truncate(start);
+            return Err(CodecError::TooLarge { size, cap });
+        }
+    };
+    out[start..start + LENGTH_PREFIX].copy_from_slice(&len.to_be_bytes());
     Ok(())
+}
+
+/// A postcard output that appends to a borrowed vector, byte slices with one copy.
+struct AppendTo<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for AppendTo<'_> {
+    type Output = ();
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
+/// `value` as one frame (length prefix and encoding) in a buffer of its own, ready to
+/// hand to a stream as one chunk.
+///
+/// # Errors
+/// As [`encode`].
+pub fn frame<T: Serialize>(value: &T, cap: usize) -> Result<Vec<u8>, CodecError> {
+    let mut out = Vec::new();
+    write_frame(&mut out, value, cap)?;
+    Ok(out)
 }
 
 /// Splits a byte stream into frames as bytes arrive, in any chunking.

@@ -6,8 +6,8 @@ use nop_stream_api::{
 };
 use nop_stream_proto::codec::{FrameReader, MAX_CONTROL_FRAME, MAX_DATA_FRAME, write_frame};
 use nop_stream_proto::{
-    Deployment, FailureClass, Message, SinkSettlement, StreamHeader, TaskCommand, TaskEvent,
-    TaskFailure, TaskReport, decode, encode,
+    Deployment, FailureClass, Message, PayloadHead, SinkSettlement, StreamHeader, TaskCommand,
+    TaskEvent, TaskFailure, TaskReport, decode, encode, records_from_parts, records_head,
 };
 use proptest::prelude::*;
 
@@ -88,6 +88,37 @@ proptest! {
             }
         }
         prop_assert_eq!(got, msgs);
+    }
+
+    #[test]
+    fn a_payload_split_at_its_head_decodes_to_the_same_message(m in message(), cut in 0usize..16) {
+        let payload = encode(&m, MAX_DATA_FRAME).unwrap();
+        // Any prefix of the payload either decides or asks for more bytes; what it decides
+        // does not depend on how much more of the payload it saw.
+        let decided = records_head(&payload);
+        prop_assert_ne!(decided, PayloadHead::Incomplete);
+        let prefix = records_head(&payload[..cut.min(payload.len())]);
+        prop_assert!(prefix == PayloadHead::Incomplete || prefix == decided, "{prefix:?} vs {decided:?}");
+        match decided {
+            PayloadHead::Records { head_len, data_len } => {
+                let Message::Records(b) = &m else { panic!("split a non-records message: {m:?}") };
+                prop_assert_eq!(&payload[head_len..head_len + data_len], &b.data[..]);
+                let data = payload[head_len..head_len + data_len].to_vec();
+                let back = records_from_parts(data, &payload[head_len + data_len..], MAX_DATA_FRAME).unwrap();
+                prop_assert_eq!(back, m);
+            }
+            _ => prop_assert!(!matches!(m, Message::Records(_)), "records not recognised: {m:?}"),
+        }
+    }
+
+    #[test]
+    fn batch_bytes_encode_as_a_sequence_of_u8(b in batch()) {
+        // The wire format of `Batch` stays that of plain `u8` sequences (serde bytes is the
+        // same postcard encoding, written with one copy).
+        #[derive(serde::Serialize)]
+        struct Plain<'a> { data: &'a Vec<u8>, ends: &'a Vec<u32>, keys: &'a Vec<u8>, key_ends: &'a Vec<u32>, timestamps: &'a Vec<i64> }
+        let plain = Plain { data: &b.data, ends: &b.ends, keys: &b.keys, key_ends: &b.key_ends, timestamps: &b.timestamps };
+        prop_assert_eq!(encode(&b, MAX_DATA_FRAME).unwrap(), encode(&plain, MAX_DATA_FRAME).unwrap());
     }
 
     #[test]
