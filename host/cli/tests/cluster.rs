@@ -265,3 +265,52 @@ fn a_job_stopped_with_a_savepoint_resumes_on_resubmission_with_exact_output() {
     cluster.wait_finished(&id, Duration::from_secs(300));
     check_per_record(&committed(&out));
 }
+
+#[test]
+fn nodes_holding_no_task_of_a_job_compile_its_components_ahead_of_need() {
+    // Regression: only nodes given tasks fetched and compiled a job's components, so a
+    // redeploy onto a survivor after a node loss began with a cold compile there.
+    let _g = serial();
+    let _t = Timed("warm components", Instant::now());
+    let cluster = Cluster::start(3);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let id = cluster.submit(
+        &repo().join("examples/flights/flights.toml"),
+        &out,
+        &["-p", "1"],
+    );
+    wait_for("a deployment", Duration::from_secs(60), || {
+        !cluster.nodes_of(&id).is_empty()
+    });
+    let busy = cluster.nodes_of(&id);
+    assert_eq!(busy.len(), 1, "parallelism 1 runs on one node");
+    let components = |node: u32| -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(cluster.path(&format!("node-{node}")).join("components"))
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.ends_with(".wasm"))
+                        .collect()
+                })
+                .unwrap_or_default();
+        names.sort();
+        names
+    };
+    cluster.wait_finished(&id, Duration::from_secs(300));
+    let expected = components(busy[0]);
+    assert!(!expected.is_empty(), "node-{} fetched nothing", busy[0]);
+    for idle in (1..=3).filter(|n| !busy.contains(n)) {
+        wait_for(
+            &format!("node-{idle} to compile the job's components"),
+            Duration::from_secs(120),
+            || {
+                components(idle) == expected
+                    && cluster
+                        .log(&format!("node-{idle}.log"))
+                        .contains("components warmed")
+            },
+        );
+    }
+}

@@ -234,6 +234,11 @@ pub enum NodeRequest {
         /// The generation.
         generation: u64,
     },
+    /// Fetch, compile and load every component of the job ahead of need, so that a later
+    /// [`NodeRequest::Prepare`] here (a redeploy after another node was lost) finds them
+    /// compiled (design §10.1). Sent to the live nodes that hold no task of a deployment;
+    /// answered with `Done` once they are loaded. Nothing is started.
+    Warm(JobSpec),
 }
 
 /// What a node needs to host tasks of a job, besides the deployment.

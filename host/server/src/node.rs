@@ -639,6 +639,20 @@ impl NodeHost {
         match request {
             NodeRequest::Prepare(nd) => self.prepare(plugins, loaded, nd),
             NodeRequest::Start { job, generation } => self.start_tasks(&job, generation),
+            NodeRequest::Warm(spec) => {
+                let started = std::time::Instant::now();
+                let plan: PartitionedPlan =
+                    serde_json::from_str(&spec.plan_json).map_err(|e| TaskFailure {
+                        class: FailureClass::Fatal,
+                        message: format!("the job's plan does not parse: {e}"),
+                    })?;
+                self.plugin_set(plugins, loaded, &spec, &plan)?;
+                tracing::info!(
+                    node = %self.me, job = %spec.job, components = spec.components.len(),
+                    ms = started.elapsed().as_millis() as u64, "components warmed"
+                );
+                Ok(ReplyBody::Done)
+            }
             NodeRequest::DiscoverSplits {
                 job,
                 vertex,

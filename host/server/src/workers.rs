@@ -497,6 +497,17 @@ impl Workers for ClusterWorkers {
             });
             waiting.push((node, self.hub.request(node, leases[&node], req)));
         }
+        // Every other live node compiles the job's components meanwhile, so that a redeploy
+        // onto it after a node loss finds them compiled (design §10.1). Nobody waits for
+        // its answer: a node that fails to warm compiles at its Prepare instead.
+        for n in self.hub.live() {
+            if !leases.contains_key(&n.id) {
+                drop(
+                    self.hub
+                        .request(n.id, n.lease, NodeRequest::Warm(self.spec.clone())),
+                );
+            }
+        }
         // The first failure fails the deployment at once: a node lost meanwhile answers
         // with a failure the moment its lease ends, and its peers, still waiting for its
         // data connection, stop when the caller fences the generation.
