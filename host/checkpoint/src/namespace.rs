@@ -358,6 +358,11 @@ impl Namespace {
         let name = names::manifest_candidate(manifest.epoch.0, manifest.attempt.0);
         let bytes = serde_json::to_vec_pretty(manifest)
             .map_err(|e| StorageError::corrupt(self, &name, e.to_string()))?;
+        // A candidate written again may reference other segments: forget what it did.
+        self.referenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&name);
         self.retry(|| self.store.put(&name, &bytes))?;
         Ok(name)
     }
@@ -646,6 +651,10 @@ impl Namespace {
     /// # Errors
     /// Storage failures.
     pub fn delete_all(&self) -> Result<()> {
+        self.referenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         for m in self.retry(|| self.store.list(""))? {
             self.retry(|| self.store.delete(&m.name))?;
         }
