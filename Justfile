@@ -72,10 +72,12 @@ bench-cluster:
 bench-micro:
     cargo bench -p nop-stream-bench
 
-# Add Apache Flink (PyPI apache-flink in .venv, Java 17) to the results of the last `just bench`.
+# Add Apache Flink (apache-flink 1.20.1 from PyPI in .venv, Java 17; the version of the
+# ÷ Flink ratios in bench/RESULTS.md and of `just bench-nexmark`) to the results of the
+# last `just bench`.
 bench-peers *ARGS:
     test -x .venv/bin/python || python3 -m venv .venv
-    .venv/bin/python -c "import pyflink" 2>/dev/null || .venv/bin/pip install apache-flink
+    .venv/bin/python -c "import pyflink.version as v; assert v.__version__ == '1.20.1'" 2>/dev/null || .venv/bin/pip install apache-flink==1.20.1
     cargo run --release -q -p nop-stream-bench -- flink --python .venv/bin/python --script bench/peers/flink_job.py {{ARGS}}
 
 # Nexmark q0-q5, q7-q9, q11 (issue 38): nop-stream vs the native floor vs Flink SQL over the

@@ -275,9 +275,11 @@ impl EpochManifest {
         format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
     }
 
-    /// Sets the checksum.
+    /// Sets the checksum (as [`Self::compute_checksum`], without copying the manifest).
     pub fn seal(&mut self) {
-        self.checksum = self.compute_checksum();
+        self.checksum.clear();
+        let bytes = serde_json::to_vec(&*self).unwrap_or_default();
+        self.checksum = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes));
     }
 
     /// Whether the stored checksum matches.

@@ -161,6 +161,11 @@ pub struct Namespace {
     store: Scoped,
     /// Epoch records whose create had an unknown outcome, with their bytes.
     unresolved: Mutex<BTreeMap<u64, Vec<u8>>>,
+    /// The segment directories (epochs) each durable manifest this handle published or
+    /// read for retention references, by manifest object name. A manifest object is
+    /// written once under a name of its own epoch and attempt and never changed, so
+    /// [`Self::retain`] reads each kept manifest once per handle, not once per epoch.
+    referenced: Mutex<BTreeMap<String, BTreeSet<u64>>>,
 }
 
 /// What a namespace listing found: the durable epochs and their manifests' names.
@@ -178,6 +183,7 @@ impl Namespace {
         Namespace {
             store,
             unresolved: Mutex::default(),
+            referenced: Mutex::default(),
         }
     }
 
@@ -335,7 +341,12 @@ impl Namespace {
     /// - other storage failures: the epoch is not durable.
     pub fn publish_manifest(&self, manifest: &EpochManifest) -> Result<()> {
         let name = self.write_candidate(manifest)?;
-        self.make_durable(manifest, &name)
+        self.make_durable(manifest, &name)?;
+        self.referenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, segment_dirs(manifest));
+        Ok(())
     }
 
     /// The first half of [`Self::publish_manifest`]: writes `manifest` as its attempt's
@@ -347,6 +358,11 @@ impl Namespace {
         let name = names::manifest_candidate(manifest.epoch.0, manifest.attempt.0);
         let bytes = serde_json::to_vec_pretty(manifest)
             .map_err(|e| StorageError::corrupt(self, &name, e.to_string()))?;
+        // A candidate written again may reference other segments: forget what it did.
+        self.referenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&name);
         self.retry(|| self.store.put(&name, &bytes))?;
         Ok(name)
     }
@@ -635,6 +651,10 @@ impl Namespace {
     /// # Errors
     /// Storage failures.
     pub fn delete_all(&self) -> Result<()> {
+        self.referenced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         for m in self.retry(|| self.store.list(""))? {
             self.retry(|| self.store.delete(&m.name))?;
         }
@@ -657,14 +677,16 @@ impl Namespace {
             .copied()
             .collect();
         let mut referenced = BTreeSet::new();
-        for e in &kept {
-            let m = self.read_manifest_object(&durable.manifests[e])?;
-            for t in &m.tasks {
-                for s in t.segments.iter().chain(&t.operator_state) {
-                    if let Some(dir) = names::segment_dir_epoch(&s.file) {
-                        referenced.insert(dir);
-                    }
+        {
+            let mut cache = self.referenced.lock().unwrap_or_else(|p| p.into_inner());
+            let names: BTreeSet<&String> = kept.iter().map(|e| &durable.manifests[e]).collect();
+            cache.retain(|n, _| names.contains(n));
+            for name in names {
+                if !cache.contains_key(name) {
+                    let m = self.read_manifest_object(name)?;
+                    cache.insert(name.clone(), segment_dirs(&m));
                 }
+                referenced.extend(cache[name].iter().copied());
             }
         }
         let objects: Vec<String> = self
@@ -744,6 +766,15 @@ pub fn list_namespaces(root: &Scoped) -> Result<Vec<String>> {
         .collect();
     out.dedup();
     Ok(out)
+}
+
+/// The epochs of the segment directories `m` references.
+fn segment_dirs(m: &EpochManifest) -> BTreeSet<u64> {
+    m.tasks
+        .iter()
+        .flat_map(|t| t.segments.iter().chain(&t.operator_state))
+        .filter_map(|s| names::segment_dir_epoch(&s.file))
+        .collect()
 }
 
 /// The order of an epoch's states in the log, and their names in log object names.

@@ -483,3 +483,28 @@ fn a_namespace_of_the_older_layout_reads_as_it_is() {
     assert_eq!(ns.manifest_epochs().unwrap(), [EpochId(6)]);
     assert!(!root.join(names::legacy_manifest(4)).exists());
 }
+
+/// Retention read every kept manifest back on every epoch (three manifest decodes and
+/// checksums per epoch at the default retention, most of the coordinator's CPU per epoch
+/// with thousands of subtasks). A handle now remembers what the manifests it published
+/// reference: with every manifest read failing, its retention still keeps each kept
+/// epoch's chain and deletes the rest.
+#[test]
+fn retention_does_not_read_back_the_manifests_its_handle_published() {
+    let faulty = Arc::new(Faulty::new(Arc::new(MemStore::new())));
+    let ns = Namespace::new(Scoped::new(Arc::clone(&faulty) as Arc<dyn ObjectStore>, ""));
+    faulty.inject(Op::Get, "manifests/", u32::MAX, Fault::Unavailable);
+    for e in 1..=6u64 {
+        // Epoch 3 a full snapshot, 4.. deltas on it.
+        let chain: Vec<u64> = if e < 3 { vec![e] } else { (3..=e).collect() };
+        ns.write_segment(&names::segment_file(e, "op", 0, 1), b"x")
+            .unwrap();
+        ns.publish_manifest(&manifest(e, 1, &chain)).unwrap();
+        ns.retain(2).unwrap();
+    }
+    assert_eq!(segment_dirs(&ns), BTreeSet::from([3, 4, 5, 6]));
+    assert_eq!(ns.manifest_epochs().unwrap(), [EpochId(5), EpochId(6)]);
+    // A handle that published none of them reads them, and fails while it cannot.
+    let other = Namespace::new(Scoped::new(Arc::clone(&faulty) as Arc<dyn ObjectStore>, ""));
+    assert!(other.retain(2).is_err());
+}

@@ -5,7 +5,10 @@
 
 use crate::CoordinatorError;
 use nop_stream_api::{PluginKind, Split, TaskId};
-use nop_stream_checkpoint::{EnumeratorState, EpochManifest, Location, STATE_FORMAT_VERSION};
+use nop_stream_checkpoint::{
+    EnumeratorState, EpochManifest, Location, STATE_FORMAT_VERSION, SegmentDescriptor, SplitState,
+    TaskSnapshot,
+};
 use nop_stream_core::PartitionedPlan;
 use nop_stream_proto::{OperatorStateRestore, SinkSettlement, SplitCursor, TaskRestorePlan};
 use std::collections::{BTreeMap, BTreeSet};
@@ -216,40 +219,99 @@ pub fn plan_restore(
     rescale: bool,
     splits: &BTreeMap<(usize, u32), Vec<Split>>,
 ) -> Result<BTreeMap<TaskId, TaskRestorePlan>, CoordinatorError> {
+    let Some(m) = m else {
+        return Ok(plan
+            .vertices
+            .iter()
+            .flat_map(|v| &v.subtasks)
+            .map(|st| (st.task.clone(), TaskRestorePlan::default()))
+            .collect());
+    };
+    // The manifest indexed once, so planning is O(n log n) in its tasks, segments and
+    // splits rather than a scan of the manifest per subtask.
+    let index = ManifestIndex::new(m);
     let mut out = BTreeMap::new();
     for (vi, v) in plan.vertices.iter().enumerate() {
+        let head = v.operators[0].operator_id.as_str();
+        let old = index
+            .by_vertex
+            .get(v.id.as_str())
+            .map_or(&[][..], Vec::as_slice);
+        // With rescale, per input edge: the minimum watermark of the old channels that had
+        // not ended, and whether every old channel had ended; `None`: no old channel.
+        let mut edge_restore: BTreeMap<String, Option<(i64, bool)>> = BTreeMap::new();
+        // Non-keyed operator state of each operator of the chain: the same for every
+        // subtask of the vertex.
+        let mut operator_state: BTreeMap<&str, OperatorStateRestore> = BTreeMap::new();
+        for op in v
+            .operators
+            .iter()
+            .filter(|o| o.kind == PluginKind::Operator)
+        {
+            let op_id = op.operator_id.as_str();
+            let old_tasks: Vec<&TaskSnapshot> = m
+                .tasks
+                .iter()
+                .filter(|t| t.operator_state.iter().any(|s| s.operator_id == op_id))
+                .collect();
+            if let Some(first) = old_tasks.first() {
+                operator_state.insert(
+                    op_id,
+                    OperatorStateRestore {
+                        old_parallelism: index
+                            .by_vertex
+                            .get(first.task.vertex.as_str())
+                            .map_or(0, Vec::len) as u32,
+                        segments: old_tasks
+                            .iter()
+                            .flat_map(|t| &t.operator_state)
+                            .filter(|s| s.operator_id == op_id)
+                            .cloned()
+                            .collect(),
+                    },
+                );
+            }
+        }
         for st in &v.subtasks {
-            let mut r = TaskRestorePlan::default();
-            let Some(m) = m else {
-                out.insert(st.task.clone(), r);
-                continue;
+            let mut r = TaskRestorePlan {
+                epoch: Some(m.epoch),
+                ..TaskRestorePlan::default()
             };
-            r.epoch = Some(m.epoch);
             if rescale {
-                let old: Vec<_> = m.tasks.iter().filter(|t| t.task.vertex == v.id).collect();
                 r.end_of_data = !old.is_empty() && old.iter().all(|t| t.end_of_data);
                 for ch in &st.inputs {
-                    let edge = format!("{}/", ch.edge);
-                    let old_channels: Vec<(i64, bool)> = old
-                        .iter()
-                        .flat_map(|t| {
-                            t.watermarks
+                    let edge = ch.edge.to_string();
+                    let restored = edge_restore
+                        .entry(edge.clone())
+                        .or_insert_with(|| {
+                            let prefix = format!("{edge}/");
+                            let old_channels: Vec<(i64, bool)> = old
                                 .iter()
-                                .filter(|(c, _)| c.starts_with(&edge))
-                                .map(|(c, w)| (*w, t.ended_inputs.contains(c)))
+                                .flat_map(|t| {
+                                    t.watermarks
+                                        .iter()
+                                        .filter(|(c, _)| c.starts_with(&prefix))
+                                        .map(|(c, w)| (*w, t.ended_inputs.contains(c)))
+                                })
+                                .collect();
+                            (!old_channels.is_empty()).then(|| {
+                                (
+                                    old_channels
+                                        .iter()
+                                        .filter(|(_, ended)| !ended)
+                                        .map(|(w, _)| *w)
+                                        .min()
+                                        .unwrap_or(i64::MAX),
+                                    old_channels.iter().all(|(_, ended)| *ended),
+                                )
+                            })
                         })
-                        .collect();
-                    if old_channels.is_empty() {
+                        .to_owned();
+                    let Some((w, ended)) = restored else {
                         continue;
-                    }
-                    let w = old_channels
-                        .iter()
-                        .filter(|(_, ended)| !ended)
-                        .map(|(w, _)| *w)
-                        .min()
-                        .unwrap_or(i64::MAX);
+                    };
                     r.watermarks.insert(ch.to_string(), w);
-                    if old_channels.iter().all(|(_, ended)| *ended) {
+                    if ended {
                         r.ended_inputs.insert(ch.to_string());
                     }
                 }
@@ -257,7 +319,7 @@ pub fn plan_restore(
                     r.records_in_total = old.iter().map(|t| t.records_in_total).sum();
                     r.records_out_total = old.iter().map(|t| t.records_out_total).sum();
                 }
-            } else if let Some(s) = m.task(&st.task) {
+            } else if let Some(s) = index.by_task.get(&st.task) {
                 r.end_of_data = s.end_of_data;
                 r.watermarks = s.watermarks.iter().cloned().collect();
                 r.ended_inputs = s.ended_inputs.iter().cloned().collect();
@@ -266,16 +328,22 @@ pub fn plan_restore(
                 r.records_out_total = s.records_out_total;
             }
             // This reader's splits and their cursors, by (source operator, split id): a
-            // split of another source with the same id is not this one.
-            let mine: BTreeSet<&str> = splits
+            // split of another source with the same id is not this one. Manifest order.
+            let mut mine: Vec<(usize, &SplitState)> = splits
                 .get(&(vi, st.index.0))
-                .map(|s| s.iter().map(|s| s.id.as_str()).collect())
-                .unwrap_or_default();
-            let head = v.operators[0].operator_id.as_str();
-            for sp in m.source_splits(head) {
-                if !mine.contains(sp.split_id.as_str()) {
-                    continue;
-                }
+                .into_iter()
+                .flatten()
+                .flat_map(|s| {
+                    index
+                        .splits
+                        .get(&(head, s.id.as_str()))
+                        .into_iter()
+                        .flatten()
+                        .copied()
+                })
+                .collect();
+            mine.sort_by_key(|(at, _)| *at);
+            for (_, sp) in mine {
                 let cursor = hex::decode(&sp.cursor).map_err(|e| CoordinatorError::Restore {
                     epoch: m.epoch.0,
                     message: format!("split `{}`: cursor is not hex: {e}", sp.split_id),
@@ -295,51 +363,74 @@ pub fn plan_restore(
                 .iter()
                 .filter(|o| o.kind == PluginKind::Operator)
             {
-                let segs: Vec<_> = m
-                    .tasks
-                    .iter()
-                    .flat_map(|t| &t.segments)
-                    .filter(|s| {
-                        s.operator_id == op.operator_id.as_str() && owned.contains(&s.shard)
-                    })
-                    .cloned()
+                let op_id = op.operator_id.as_str();
+                // The segments of the shards this subtask owns, in manifest order.
+                let mut segs: Vec<(usize, &SegmentDescriptor)> = index
+                    .segments
+                    .range((op_id, owned.start)..(op_id, owned.end.max(owned.start)))
+                    .flat_map(|(_, s)| s.iter().copied())
                     .collect();
+                segs.sort_by_key(|(at, _)| *at);
                 if !segs.is_empty() {
-                    r.segments.insert(op.operator_id.to_string(), segs);
-                }
-                // Non-keyed operator state: every old subtask's segments; the task takes
-                // its entries by each state's redistribution policy.
-                let old_tasks: Vec<_> = m
-                    .tasks
-                    .iter()
-                    .filter(|t| {
-                        t.operator_state
-                            .iter()
-                            .any(|s| s.operator_id == op.operator_id.as_str())
-                    })
-                    .collect();
-                if !old_tasks.is_empty() {
-                    let old_vertex = &old_tasks[0].task.vertex;
-                    r.operator_state.insert(
-                        op.operator_id.to_string(),
-                        OperatorStateRestore {
-                            old_parallelism: m
-                                .tasks
-                                .iter()
-                                .filter(|t| t.task.vertex == *old_vertex)
-                                .count() as u32,
-                            segments: old_tasks
-                                .iter()
-                                .flat_map(|t| &t.operator_state)
-                                .filter(|s| s.operator_id == op.operator_id.as_str())
-                                .cloned()
-                                .collect(),
-                        },
+                    r.segments.insert(
+                        op_id.to_owned(),
+                        segs.into_iter().map(|(_, s)| s.clone()).collect(),
                     );
+                }
+                if let Some(o) = operator_state.get(op_id) {
+                    r.operator_state.insert(op_id.to_owned(), o.clone());
                 }
             }
             out.insert(st.task.clone(), r);
         }
     }
     Ok(out)
+}
+
+/// A manifest's tasks, splits and keyed segments indexed for [`plan_restore`]; splits and
+/// segments carry their position in the manifest, so a plan lists them in manifest order.
+struct ManifestIndex<'m> {
+    by_task: BTreeMap<&'m TaskId, &'m TaskSnapshot>,
+    /// Snapshots by vertex id, in manifest order.
+    by_vertex: BTreeMap<&'m str, Vec<&'m TaskSnapshot>>,
+    /// Split states by (source operator, split id): a source heads its vertex, so its
+    /// tasks' vertex id is its operator id.
+    splits: BTreeMap<(&'m str, &'m str), Vec<(usize, &'m SplitState)>>,
+    /// Keyed segments by (operator id, shard).
+    segments: BTreeMap<(&'m str, u32), Vec<(usize, &'m SegmentDescriptor)>>,
+}
+
+impl<'m> ManifestIndex<'m> {
+    fn new(m: &'m EpochManifest) -> Self {
+        let mut ix = ManifestIndex {
+            by_task: BTreeMap::new(),
+            by_vertex: BTreeMap::new(),
+            splits: BTreeMap::new(),
+            segments: BTreeMap::new(),
+        };
+        let mut at = 0usize;
+        for t in &m.tasks {
+            // The first snapshot of a task wins, as a scan in manifest order finds it.
+            ix.by_task.entry(&t.task).or_insert(t);
+            ix.by_vertex
+                .entry(t.task.vertex.as_str())
+                .or_default()
+                .push(t);
+            for sp in &t.splits {
+                at += 1;
+                ix.splits
+                    .entry((t.task.vertex.as_str(), sp.split_id.as_str()))
+                    .or_default()
+                    .push((at, sp));
+            }
+            for s in &t.segments {
+                at += 1;
+                ix.segments
+                    .entry((s.operator_id.as_str(), s.shard))
+                    .or_default()
+                    .push((at, s));
+            }
+        }
+        ix
+    }
 }

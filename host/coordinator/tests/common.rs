@@ -37,7 +37,8 @@ inputs = ["agg"]
     )
 }
 
-struct Fake;
+/// A catalog of the three fake plugins `src`, `agg` (keyed state `acc`) and `out`.
+pub struct Fake;
 
 fn info(name: &str, kind: PluginKind) -> PluginInfo {
     PluginInfo {
