@@ -127,3 +127,37 @@ pub fn two_sources_plan(p: u32, q: u32) -> PartitionedPlan {
     let g = stream_graph(&m, &Fake).unwrap_or_else(|d| panic!("{d}"));
     partitioned_plan(&job_graph(&g))
 }
+
+/// The error of the scripted workers: a coordinator error (fatal) or a task failure of
+/// a given class.
+#[derive(Debug)]
+pub enum FakeError {
+    /// The coordinator failed.
+    Coord(nop_stream_coordinator::CoordinatorError),
+    /// A task failed with this class and message.
+    Task(nop_stream_proto::FailureClass, String),
+}
+
+impl std::fmt::Display for FakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FakeError::Coord(e) => write!(f, "{e}"),
+            FakeError::Task(_, m) => f.write_str(m),
+        }
+    }
+}
+
+impl nop_stream_proto::TaskError for FakeError {
+    fn class(&self) -> nop_stream_proto::FailureClass {
+        match self {
+            FakeError::Coord(_) => nop_stream_proto::FailureClass::Fatal,
+            FakeError::Task(c, _) => *c,
+        }
+    }
+}
+
+impl From<nop_stream_coordinator::CoordinatorError> for FakeError {
+    fn from(e: nop_stream_coordinator::CoordinatorError) -> Self {
+        FakeError::Coord(e)
+    }
+}

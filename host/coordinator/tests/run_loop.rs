@@ -5,10 +5,12 @@
 
 mod common;
 
+use common::FakeError;
+
 use nop_stream_api::{AttemptId, EpochId, Split, TaskId};
 use nop_stream_checkpoint::coordinator::EpochState;
 use nop_stream_checkpoint::{Location, Namespace, PendingTransaction, Scoped, TaskSnapshot};
-use nop_stream_coordinator::{CoordinatorError, CoordinatorOptions, Next, Workers, run_job};
+use nop_stream_coordinator::{CoordinatorOptions, Next, Workers, run_job};
 use nop_stream_core::PartitionedPlan;
 use nop_stream_proto::{
     Deployment, FailureClass, SinkSettlement, TaskCommand, TaskError, TaskEvent, TaskReport,
@@ -18,36 +20,6 @@ use nop_stream_storage::memory::MemStore;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
-
-#[derive(Debug)]
-enum FakeError {
-    Coord(CoordinatorError),
-    Task(FailureClass, String),
-}
-
-impl std::fmt::Display for FakeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FakeError::Coord(e) => write!(f, "{e}"),
-            FakeError::Task(_, m) => f.write_str(m),
-        }
-    }
-}
-
-impl TaskError for FakeError {
-    fn class(&self) -> FailureClass {
-        match self {
-            FakeError::Coord(_) => FailureClass::Fatal,
-            FakeError::Task(c, _) => *c,
-        }
-    }
-}
-
-impl From<CoordinatorError> for FakeError {
-    fn from(e: CoordinatorError) -> Self {
-        FakeError::Coord(e)
-    }
-}
 
 /// What the fake did, in order.
 #[derive(Debug, Clone, PartialEq)]

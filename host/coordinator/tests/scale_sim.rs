@@ -19,52 +19,24 @@
 
 mod common;
 
+use common::FakeError;
+
 use nop_stream_api::{AttemptId, EpochId, PluginKind, Split, TaskId};
 use nop_stream_checkpoint::coordinator::EpochState;
 use nop_stream_checkpoint::{
     Location, Namespace, PendingTransaction, SegmentDescriptor, SplitState, TaskSnapshot, names,
 };
-use nop_stream_coordinator::{CoordinatorError, CoordinatorOptions, Next, Workers, run_job};
+use nop_stream_coordinator::{CoordinatorOptions, Next, Workers, run_job};
 use nop_stream_core::{
     NodeSpec, PartitionedPlan, PluginCatalog, job_graph, parse_job_file, partitioned_plan,
     stream_graph,
 };
 use nop_stream_proto::{
-    Deployment, FailureClass, SinkSettlement, TaskCommand, TaskError, TaskEvent, TaskReport,
+    Deployment, FailureClass, SinkSettlement, TaskCommand, TaskEvent, TaskReport,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Debug)]
-enum SimError {
-    Coord(CoordinatorError),
-    Task(FailureClass, String),
-}
-
-impl std::fmt::Display for SimError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SimError::Coord(e) => write!(f, "{e}"),
-            SimError::Task(_, m) => f.write_str(m),
-        }
-    }
-}
-
-impl TaskError for SimError {
-    fn class(&self) -> FailureClass {
-        match self {
-            SimError::Coord(_) => FailureClass::Fatal,
-            SimError::Task(c, _) => *c,
-        }
-    }
-}
-
-impl From<CoordinatorError> for SimError {
-    fn from(e: CoordinatorError) -> Self {
-        SimError::Coord(e)
-    }
-}
 
 /// CPU time this thread has run, in ns (`/proc/thread-self/schedstat`, user and system).
 fn thread_cpu_ns() -> u64 {
@@ -143,7 +115,7 @@ struct Sim {
     dead: BTreeSet<usize>,
     lose_after: Option<u64>,
     epochs: u64,
-    events: VecDeque<TaskEvent<SimError>>,
+    events: VecDeque<TaskEvent<FakeError>>,
     attempt: AttemptId,
     live: bool,
     reads: u64,
@@ -291,9 +263,9 @@ impl Sim {
 }
 
 impl Workers for Sim {
-    type Error = SimError;
+    type Error = FakeError;
 
-    fn discover_splits(&mut self, vertex: usize, _a: AttemptId) -> Result<Vec<Split>, SimError> {
+    fn discover_splits(&mut self, vertex: usize, _a: AttemptId) -> Result<Vec<Split>, FakeError> {
         // One split per source subtask, named as its snapshots name it.
         let vertex_id = &self.vertices[vertex];
         Ok(self
@@ -307,11 +279,11 @@ impl Workers for Sim {
             .collect())
     }
 
-    fn settle_sinks(&mut self, _s: &[SinkSettlement], _a: AttemptId) -> Result<(), SimError> {
+    fn settle_sinks(&mut self, _s: &[SinkSettlement], _a: AttemptId) -> Result<(), FakeError> {
         Ok(())
     }
 
-    fn deploy(&mut self, d: Deployment) -> Result<(), SimError> {
+    fn deploy(&mut self, d: Deployment) -> Result<(), FakeError> {
         assert!(
             !self.live,
             "deployed while the previous generation was live"
@@ -387,7 +359,7 @@ impl Workers for Sim {
         }
     }
 
-    fn next_event(&mut self, _timeout: Duration) -> Next<SimError> {
+    fn next_event(&mut self, _timeout: Duration) -> Next<FakeError> {
         if let Some(e) = self.events.pop_front() {
             return Next::Event(e);
         }
@@ -415,7 +387,7 @@ impl Workers for Sim {
                 self.events.push_back(TaskEvent::Failed {
                     attempt,
                     task: t,
-                    error: SimError::Task(
+                    error: FakeError::Task(
                         FailureClass::Recoverable,
                         format!("node n{node} lost (lease expired)"),
                     ),
@@ -459,7 +431,7 @@ impl Workers for Sim {
                 self.events.push_back(TaskEvent::Failed {
                     attempt,
                     task: t,
-                    error: SimError::Task(FailureClass::Secondary, "cancelled".into()),
+                    error: FakeError::Task(FailureClass::Secondary, "cancelled".into()),
                 });
             }
         }
