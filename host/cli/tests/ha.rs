@@ -384,6 +384,23 @@ impl Ha {
         last
     }
 
+    /// Whether `job`'s status says it is neither running nor submitted.
+    fn ended(&self, job: &str) -> bool {
+        self.status(job)
+            .is_some_and(|s| s["state"] != "Running" && s["state"] != "Submitted")
+    }
+
+    /// Waits for coordinator `i` to exit (taking it out of the set); its exit code.
+    fn wait_exit(&mut self, i: usize, what: &str) -> Option<i32> {
+        let mut c = self.coordinators[i].take().unwrap();
+        let mut code = None;
+        wait_for(what, Duration::from_secs(30), || {
+            code = c.try_wait().unwrap().map(|s| s.code());
+            code.is_some()
+        });
+        code.flatten()
+    }
+
     /// Latest durable epoch of `job` (from its status), 0 if none.
     fn durable_epoch(&self, job: &str) -> u64 {
         self.status(job)
@@ -520,12 +537,7 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
         wait_for(
             "a commit under the new leader",
             Duration::from_secs(60),
-            || {
-                ha.durable_epoch(&id) > before
-                    || ha
-                        .status(&id)
-                        .is_some_and(|s| s["state"] != "Running" && s["state"] != "Submitted")
-            },
+            || ha.durable_epoch(&id) > before || ha.ended(&id),
         );
         let first_commit = killed.elapsed();
         eprintln!(
@@ -608,27 +620,13 @@ fn a_leader_stopped_past_its_lease_is_deposed_and_exits_without_acting() {
     wait_for(
         "a commit under the new leader",
         Duration::from_secs(60),
-        || {
-            ha.durable_epoch(&id) > before
-                || ha
-                    .status(&id)
-                    .is_some_and(|s| s["state"] != "Running" && s["state"] != "Submitted")
-        },
+        || ha.durable_epoch(&id) > before || ha.ended(&id),
     );
     signal(pid, "-CONT");
-    let mut c = ha.coordinators[i].take().unwrap();
-    let mut code = None;
-    wait_for(
-        "the deposed leader to exit",
-        Duration::from_secs(30),
-        || {
-            code = c.try_wait().unwrap().map(|s| s.code());
-            code.is_some()
-        },
-    );
+    let code = ha.wait_exit(i, "the deposed leader to exit");
     assert_eq!(
         code,
-        Some(Some(75)),
+        Some(75),
         "the deposed leader exits with EXIT_LEADERSHIP_LOST"
     );
     let old_log = ha.log(&format!("coordinator-{i}.log"));
@@ -797,17 +795,8 @@ fn a_revoked_leadership_leaves_discovery_and_http_on_the_real_leader() {
         &serde_json::json!({ "ID": lease }),
     );
     let revoked = Instant::now();
-    let mut c = ha.coordinators[i].take().unwrap();
-    let mut code = None;
-    wait_for(
-        "the revoked leader to exit",
-        Duration::from_secs(30),
-        || {
-            code = c.try_wait().unwrap().map(|s| s.code());
-            code.is_some()
-        },
-    );
-    assert_eq!(code, Some(Some(75)), "a revoked leader exits at once");
+    let code = ha.wait_exit(i, "the revoked leader to exit");
+    assert_eq!(code, Some(75), "a revoked leader exits at once");
     // Re-granted: the same process campaigns again within one TTL.
     ha.start_coordinator(i);
     let rejoined = revoked.elapsed();
@@ -888,16 +877,12 @@ fn chaos_of_node_and_leader_kills_stops_and_etcd_restarts_keeps_every_record_onc
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let id = ha.submit(&job.0, &out, &["-p", "3", "--fresh"]);
-    let ended = |ha: &Ha| {
-        ha.status(&id)
-            .is_some_and(|s| s["state"] != "Running" && s["state"] != "Submitted")
-    };
     let mut faults: std::collections::BTreeMap<&str, u32> = Default::default();
     let deadline = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1000 + rng.below(3000)));
         ha.supervise();
-        if ended(&ha) {
+        if ha.ended(&id) {
             break;
         }
         match rng.below(4) {
@@ -943,7 +928,7 @@ fn chaos_of_node_and_leader_kills_stops_and_etcd_restarts_keeps_every_record_onc
     // Healing: the supervisor keeps restarting what exited until the job ends.
     wait_for("the job to end", Duration::from_secs(600), || {
         ha.supervise();
-        ended(&ha)
+        ha.ended(&id)
     });
     let status = ha.status(&id).unwrap();
     assert_eq!(status["state"], "Finished", "{status:#}");
