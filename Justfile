@@ -30,12 +30,12 @@ bench-postgres *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     target/release/nopstream-bench postgres {{ARGS}}
 
-# Checkpoint cost (issue 14 item 3): none / 1 s / 100 ms interleaved, then callgrind.
+# Checkpoint cost: none / 1 s / 100 ms interleaved, then callgrind.
 bench-checkpoints *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     target/release/nopstream-bench checkpoint-cost {{ARGS}}
 
-# Soak (issue 14 item 7): 30 minutes of an unbounded keyed count with 1 s checkpoints and a
+# Soak: 30 minutes of an unbounded keyed count with 1 s checkpoints and a
 # state TTL; prints RSS, checkpoint and state bytes over time. Not part of any test run.
 soak *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
@@ -47,7 +47,7 @@ bench-latency *ARGS:
     cargo build --release -p nop-stream-cli -p nop-stream-bench
     target/release/nopstream-bench latency {{ARGS}}
 
-# Large keyed state (issue 14 item 4): the keyed count with 1M and 5M distinct keys and 1 s
+# Large keyed state: the keyed count with 1M and 5M distinct keys and 1 s
 # checkpoints: rec/s, bytes and stall per epoch, peak RSS, a run with the state memory budget
 # at a quarter of the state, recovery after SIGKILL; output checked against an expectation.
 bench-large-state *ARGS:
@@ -80,7 +80,7 @@ bench-peers *ARGS:
     .venv/bin/python -c "import pyflink.version as v; assert v.__version__ == '1.20.1'" 2>/dev/null || .venv/bin/pip install apache-flink==1.20.1
     cargo run --release -q -p nop-stream-bench -- flink --python .venv/bin/python --script bench/peers/flink_job.py {{ARGS}}
 
-# Nexmark q0-q5, q7-q9, q11 (issue 38): nop-stream vs the native floor vs Flink SQL over the
+# Nexmark q0-q5, q7-q9, q11: nop-stream vs the native floor vs Flink SQL over the
 # same generated files; Flink is apache-flink 1.20.1 from PyPI in .venv (Java 17). Extra args
 # go to `nopstream-bench nexmark`, e.g. `--events 1000000,10000000` for Flink's marginal rate.
 bench-nexmark *ARGS:

@@ -45,7 +45,7 @@ const RESTORE_BY: Duration = Duration::from_millis(3_200);
 /// Partitions at most, until one shows node-3's late frames refused. Of 33 first rounds
 /// with the link restored after ≈ 2.3–2.7 s, 6 delivered nothing of node-3's. Besides the
 /// probe schedule, quinn 0.11 does not send an ACK-only packet while the congestion
-/// window is full and stream data waits (the gate of quinn issue 2785): a node that
+/// window is full and stream data waits (the gate of quinn-rs/quinn#2785): a node that
 /// receives its peer's probe answers only with its own next probe, so both sides' backed-off
 /// probes must line up before the 5 s idle timeout.
 const ROUNDS: u32 = 5;
