@@ -83,6 +83,11 @@ impl DueTimers {
     pub fn groups(&self) -> usize {
         self.0.len()
     }
+
+    /// Number of timers (one per key of each group).
+    pub fn timers(&self) -> usize {
+        self.0.iter().map(|g| g.key_ends.len()).sum()
+    }
 }
 
 /// What `describe()` returned, in host types.

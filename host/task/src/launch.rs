@@ -16,7 +16,7 @@ use crate::partition::OutputEdge;
 use crate::progress::JobProgress;
 use crate::scheduling::TaskScheduling;
 use crate::task::{self, InputChannel, StageSpec, TaskSpec, WatermarkAlignment};
-use crate::transport::Transport;
+use crate::transport::{TimedSender, Transport};
 use crossbeam_channel::{Receiver, Sender};
 use nop_stream_api::{AttemptId, FencingToken, PluginKind, Split, TaskId, TaskInfo};
 use nop_stream_capability::{CapabilityGrants, ConnectionGrant};
@@ -397,9 +397,13 @@ impl<'a> TaskHost<'a> {
                 .filter(|c| c.upstream == st.index)
                 .collect();
             chans.sort_by_key(|c| c.downstream);
+            let timed = self.progress.metrics().task(v.id.as_str(), sub);
             let senders = chans
                 .iter()
-                .map(|c| transport.open_sender(c, d.token))
+                .map(|c| {
+                    let s = transport.open_sender(c, d.token)?;
+                    Ok(TimedSender::wrap(s, Arc::clone(&timed)))
+                })
                 .collect::<Result<Vec<_>>>()?;
             outputs.push(
                 OutputEdge::new(

@@ -149,6 +149,37 @@ pub trait ChannelSender: Send {
     fn send(&mut self, msg: Message) -> Result<()>;
 }
 
+/// A sender that adds the time its `send` takes to its subtask's backpressured time
+/// (`nopstream_backpressured_time_seconds`, design §15): one clock read on each side of a
+/// message (a batch, never a record); a send that does not block costs only those.
+pub struct TimedSender {
+    inner: Box<dyn ChannelSender>,
+    metrics: Arc<nop_stream_metrics::TaskMetrics>,
+}
+
+impl TimedSender {
+    /// Wraps `inner`, counting into `metrics`.
+    pub fn wrap(
+        inner: Box<dyn ChannelSender>,
+        metrics: Arc<nop_stream_metrics::TaskMetrics>,
+    ) -> Box<dyn ChannelSender> {
+        Box::new(TimedSender { inner, metrics })
+    }
+}
+
+impl ChannelSender for TimedSender {
+    fn channel(&self) -> &ChannelId {
+        self.inner.channel()
+    }
+
+    fn send(&mut self, msg: Message) -> Result<()> {
+        let started = std::time::Instant::now();
+        let r = self.inner.send(msg);
+        self.metrics.backpressured(started.elapsed());
+        r
+    }
+}
+
 /// A transport backend.
 pub trait Transport: Send + Sync {
     /// Backend name as it appears in the DeploymentPlan (e.g. `local-queue`).

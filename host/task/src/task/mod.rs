@@ -266,6 +266,9 @@ pub(crate) fn run(spec: TaskSpec) {
         .task(task_id.vertex.as_str(), task_id.subtask.0);
     metrics.started();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(spec)));
+    if let Ok(Err(RuntimeError::Trap { .. } | RuntimeError::LimitExceeded { .. })) = &outcome {
+        metrics.trapped();
+    }
     metrics.ended();
     let event = match outcome {
         Ok(Ok(report)) => TaskEvent::Finished { attempt, report },
@@ -659,7 +662,7 @@ impl Task {
                     .saturating_add(i64::try_from(drift).unwrap_or(i64::MAX))
         {
             self.flush_outputs()?;
-            std::thread::sleep(Duration::from_millis(1));
+            self.pause(Duration::from_millis(1));
             return Ok(());
         }
         let Some(Stage::Source(src)) = self.stages.first_mut() else {
@@ -700,12 +703,19 @@ impl Task {
             let unfinished = self.splits.iter().filter(|s| !s.finished).count();
             if self.empty_reads >= unfinished {
                 self.empty_reads = 0;
-                std::thread::sleep(Duration::from_millis(1));
+                self.pause(Duration::from_millis(1));
             }
         } else {
             self.empty_reads = 0;
         }
         Ok(())
+    }
+
+    /// A source's pause (caught up, or ahead of the watermark alignment): idle time.
+    fn pause(&self, d: Duration) {
+        let started = Instant::now();
+        std::thread::sleep(d);
+        self.metrics.idle(started.elapsed());
     }
 
     /// Per-split bounded-out-of-orderness watermarks (design §8.5, [`WatermarkSpec`]): the
@@ -780,6 +790,7 @@ impl Task {
                 if due.is_empty() {
                     continue;
                 }
+                self.metrics.timers_fired(due.timers() as u64);
                 let out = op.on_timers(&due)?;
                 self.push(i + 1, 0, out)?;
                 self.route_side_outputs(i)?;
@@ -795,11 +806,15 @@ impl Task {
             .collect();
         let nothing_ready = self.commands.is_empty()
             && active.iter().all(|&i| self.inputs[i].rx.queue().is_empty());
+        // Idle time: from here until a message or command is taken (design §15); the
+        // flush of buffered output counts as backpressure instead (its sender times it).
+        let mut waited = std::time::Instant::now();
         if nothing_ready {
             if self.outputs.iter().any(OutputEdge::has_buffered) {
                 // About to wait: records buffered on HASH edges go out first, so that a
                 // quiet input never holds back output already produced.
                 self.flush_outputs()?;
+                waited = std::time::Instant::now();
             }
             if !active.is_empty() {
                 std::thread::sleep(LINGER);
@@ -812,8 +827,12 @@ impl Task {
         }
         let op = match sel.select_timeout(POLL) {
             Ok(op) => op,
-            Err(_) => return Ok(false),
+            Err(_) => {
+                self.metrics.idle(waited.elapsed());
+                return Ok(false);
+            }
         };
+        self.metrics.idle(waited.elapsed());
         if op.index() == cmd_index {
             return match op.recv(&self.commands) {
                 Ok(cmd) => self.on_command(cmd),
@@ -939,6 +958,7 @@ impl Task {
             failpoint::hit("mid-commit");
         }
         sink_state.pending.retain(|p| p.epoch > epoch);
+        self.metrics.sink_pending(sink_state.pending.len());
         Ok(())
     }
 
@@ -1008,12 +1028,16 @@ impl Task {
 
     fn advance_watermark(&mut self, wm: i64) -> Result<()> {
         self.watermark = wm;
+        if !self.is_source() {
+            self.metrics.input_watermark(wm);
+        }
         for i in 0..self.stages.len() {
             if let Stage::Operator(op) = &mut self.stages[i] {
                 let due = op.take_due_event_timers(wm)?;
                 let fired = if due.is_empty() {
                     None
                 } else {
+                    self.metrics.timers_fired(due.timers() as u64);
                     Some(op.on_timers(&due)?)
                 };
                 let out = op.on_watermark(wm)?;
@@ -1027,6 +1051,7 @@ impl Task {
         for out in &mut self.outputs {
             out.broadcast(&Message::Watermark(wm))?;
         }
+        self.metrics.output_watermark(wm);
         Ok(())
     }
 }

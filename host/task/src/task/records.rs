@@ -80,6 +80,10 @@ impl Task {
     /// Sends `batch` from stage `i` to the edges reading its side output `tag`, or
     /// counts it as `side_output_dropped.<tag>` ([`Self::route_side_outputs`]).
     fn emit_side(&mut self, i: usize, tag: &str, batch: Batch) -> Result<()> {
+        if tag == "late" {
+            // The window and join families' records behind the watermark (design §9.1).
+            self.metrics.late(batch.ends.len() as u64);
+        }
         let read =
             i + 1 == self.stages.len() && self.outputs.iter().any(|o| o.output() == Some(tag));
         if read {
