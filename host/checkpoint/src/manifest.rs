@@ -152,10 +152,18 @@ pub struct TaskSnapshot {
     /// exactly the records of its transactions up to that epoch. Absent when `0`.
     #[serde(default)]
     pub records_out_total: u64,
+    /// Wall-clock time the task saw the epoch's first barrier, ms since the Unix epoch:
+    /// for a source the moment it injected the barrier, for any other task the arrival of
+    /// the first input's barrier (the start of its alignment). Against the epoch's
+    /// creation time in the epoch log it gives the checkpoint start delay (design §15).
+    /// Clocks of different machines are compared, as Flink's start delay does. `0`:
+    /// unknown; absent from manifests when `0`.
+    #[serde(default)]
+    pub barrier_unix_ms: u64,
 }
 
 /// JSON (manifests) leaves out an empty `operator_state` and zero `async_ms`,
-/// `compacted_bytes` and record totals, so manifests of jobs without them (and written
+/// `compacted_bytes`, record totals and `barrier_unix_ms`, so manifests of jobs without them (and written
 /// before they existed) keep their checksums; compact binary encodings (the control plane's postcard) always carry every
 /// field, since they cannot skip one.
 impl Serialize for TaskSnapshot {
@@ -167,7 +175,9 @@ impl Serialize for TaskSnapshot {
         let skip_compacted = readable && self.compacted_bytes == 0;
         let skip_in = readable && self.records_in_total == 0;
         let skip_out = readable && self.records_out_total == 0;
-        let fields = 17
+        let skip_barrier = readable && self.barrier_unix_ms == 0;
+        let fields = 18
+            - usize::from(skip_barrier)
             - usize::from(skip)
             - usize::from(skip_async)
             - usize::from(skip_compacted)
@@ -210,6 +220,11 @@ impl Serialize for TaskSnapshot {
             st.skip_field("records_out_total")?;
         } else {
             st.serialize_field("records_out_total", &self.records_out_total)?;
+        }
+        if skip_barrier {
+            st.skip_field("barrier_unix_ms")?;
+        } else {
+            st.serialize_field("barrier_unix_ms", &self.barrier_unix_ms)?;
         }
         st.end()
     }

@@ -383,6 +383,22 @@ fn a_running_job_over_http_metrics_api_status_and_a_restart() {
         );
     }
     assert!(m.sum("nopstream_checkpoint_alignment_seconds", &[("job", JOB)]) >= 1.0);
+    // Every task stamps when it saw the epoch's first barrier: after the epoch's creation
+    // and before it became durable (one machine, one clock); the start-delay histogram
+    // observes the durable epochs.
+    let (created, durable_at) = (
+        detail["epoch"]["created_ms"].as_u64().unwrap(),
+        detail["epoch"]["durable_ms"].as_u64().unwrap(),
+    );
+    for t in manifest["tasks"].as_array().unwrap() {
+        let seen = t["barrier_unix_ms"].as_u64().unwrap();
+        assert!(
+            (created..=durable_at).contains(&seen),
+            "{}: first barrier at {seen}, epoch {e} created {created}, durable {durable_at}",
+            t["task"]
+        );
+    }
+    assert!(m.sum("nopstream_checkpoint_start_delay_seconds", &[("job", JOB)]) >= 1.0);
     let exceptions = json(&addr, &format!("/api/v1/jobs/{JOB}/exceptions"));
     assert_eq!(exceptions, Value::Array(vec![]), "a healthy run");
     for missing in [
@@ -406,6 +422,9 @@ fn a_running_job_over_http_metrics_api_status_and_a_restart() {
             "manifest": if detail["manifest"].is_null() { Value::Null } else { Value::String("the epoch manifest (docs/design.md §5.6)".into()) },
         })),
         "GET /api/v1/jobs/{job}/exceptions": Value::Array(vec![]),
+        // The flights job carries no event time: no watermarks (the event-time test
+        // checks their values).
+        "GET /api/v1/jobs/{job}/watermarks": shape(&json(&addr, &format!("/api/v1/jobs/{JOB}/watermarks"))),
     });
     let snapshot = repo().join("host/cli/tests/fixtures/api-v1-shapes.json");
     if std::env::var_os("NOPSTREAM_BLESS").is_some() {
@@ -610,6 +629,9 @@ fn the_job_page_renders_in_headless_chromium() {
     wait_for("three durable epochs", || {
         (durable(&epoch_log(&work)).len() >= 3).then_some(())
     });
+    // A view now and the page over a second later: the throughput chart has a point.
+    json(&addr, &format!("/api/v1/jobs/{JOB}"));
+    std::thread::sleep(Duration::from_millis(1200));
     let profile = tmp.path().join("chromium-profile");
     let o = Command::new(&browser)
         .args([
@@ -642,6 +664,16 @@ fn the_job_page_renders_in_headless_chromium() {
         dom.contains("<b id=\"semantic\">strict-exactly-once</b>"),
         "{dom}"
     );
+    // Every vertex box says how busy and backpressured it is; the charts are drawn: a
+    // throughput line, and a bar per durable epoch in the history.
+    assert_eq!(dom.matches("data-busy=\"").count(), 2, "{dom}");
+    assert!(dom.contains("id=\"throughput-chart\""), "{dom}");
+    let throughput = dom.split("id=\"throughput-chart\"").nth(1).unwrap();
+    let throughput = throughput.split("</svg>").next().unwrap();
+    assert!(throughput.contains("class=\"line\""), "{throughput}");
+    let bars = dom.split("id=\"checkpoint-chart\"").nth(1).unwrap();
+    let bars = bars.split("</svg>").next().unwrap();
+    assert!(bars.matches("class=\"point\"").count() >= 3, "{bars}");
     let rows: BTreeSet<u64> = dom
         .split("data-epoch=\"")
         .skip(1)
@@ -653,4 +685,131 @@ fn the_job_page_renders_in_headless_chromium() {
         rows.iter().take(3).all(|e| logged.contains(e)),
         "epoch rows {rows:?}, log {logged:?}"
     );
+}
+
+/// The hourly-delay job (event-time windows over the time-sorted flights), rate-limited so
+/// that it runs while the test looks at it.
+fn event_time_job() -> JobFile {
+    let dir = repo().join("examples/flights");
+    let text = std::fs::read_to_string(dir.join("hourly-delay.toml")).unwrap();
+    let text = text
+        .replace(
+            "config = { path = \"/input/",
+            "config = { max_records_per_second = 2000, path = \"/input/",
+        )
+        .replace("[job]\n", "[job]\ncheckpoint_interval_ms = 200\n");
+    assert!(
+        text.contains("max_records_per_second"),
+        "the example changed"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let path = common::kit::job_in(tmp.path(), "hourly-delay.toml", "examples/flights", &text);
+    JobFile(path, tmp)
+}
+
+#[test]
+fn watermarks_per_subtask_and_the_vertex_low_watermark_follow_event_time() {
+    const HOURLY: &str = "flights-hourly-delay";
+    let j = event_time_job();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, work) = (tmp.path().join("out"), tmp.path().join("work"));
+    let (_running, addr) = start(&j.0, &out, &work);
+    // 2013 in event time, ms since the Unix epoch: every watermark lies within it.
+    let year = 1_356_998_400_000_i64..1_388_534_400_000;
+    let path = format!("/api/v1/jobs/{HOURLY}/watermarks");
+    let marks = wait_for("input watermarks at both window subtasks", || {
+        let w = json(&addr, &path);
+        let window: Vec<&Value> = w
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["vertex"] == "operators/hourly" && m["input_ms"].is_i64())
+            .collect();
+        (window.len() == 2).then(|| w.clone())
+    });
+    let marks = marks.as_array().unwrap();
+    for m in marks {
+        for side in ["input_ms", "output_ms"] {
+            if let Some(ms) = m[side].as_i64() {
+                assert!(year.contains(&ms), "{side} of {m}: not in 2013");
+            }
+        }
+    }
+    let subtasks: BTreeSet<(String, u64)> = marks
+        .iter()
+        .map(|m| {
+            (
+                m["vertex"].as_str().unwrap().to_owned(),
+                m["subtask"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        subtasks.len(),
+        marks.len(),
+        "one entry per subtask: {marks:?}"
+    );
+    assert!(
+        subtasks.iter().all(|(_, i)| *i < 2),
+        "parallelism 2: {subtasks:?}"
+    );
+    // The sources emit watermarks; the window's input watermark never runs ahead of what
+    // the sources emitted (read after, so they can only have moved on).
+    let view = json(&addr, &format!("/api/v1/jobs/{HOURLY}"));
+    let later = json(&addr, &path);
+    let emitted = |w: &Value, v: &str| -> Vec<i64> {
+        w.as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["vertex"] == v)
+            .filter_map(|m| m["output_ms"].as_i64())
+            .collect()
+    };
+    let sources = emitted(&later, "sources/flights");
+    assert_eq!(sources.len(), 2, "{later}");
+    for m in marks.iter().filter(|m| m["vertex"] == "operators/hourly") {
+        let input = m["input_ms"].as_i64().unwrap();
+        assert!(
+            input <= *sources.iter().max().unwrap(),
+            "window input {input} ahead of every source's output {sources:?}"
+        );
+    }
+    // The vertex's low watermark is the smallest of its subtasks' at that view.
+    let hourly = view["vertices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["id"] == "operators/hourly")
+        .unwrap();
+    let low = hourly["low_watermark_ms"]
+        .as_i64()
+        .expect("a low watermark");
+    assert!(year.contains(&low), "{hourly}");
+    // Watermarks only advance: the view's minimum lies between the minima read before
+    // and after it.
+    let inputs = |w: &Value| -> i64 {
+        w.as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["vertex"] == "operators/hourly")
+            .filter_map(|m| m["input_ms"].as_i64())
+            .min()
+            .unwrap()
+    };
+    let before = inputs(&Value::Array(marks.clone()));
+    let after = inputs(&later);
+    assert!(
+        (before..=after).contains(&low),
+        "low watermark {low}, the subtasks' minimum went {before} -> {after}"
+    );
+    let m = scrape(&addr);
+    let scraped = m.sum(
+        "nopstream_input_watermark_seconds",
+        &[("job", HOURLY), ("vertex", "operators/hourly")],
+    );
+    assert!(scraped > 0.0, "input watermarks in /metrics");
+    for r in ["busy_ratio", "backpressured_ratio"] {
+        let x = hourly[r].as_f64().expect(r);
+        assert!((0.0..=1.0).contains(&x), "{r} {x}");
+    }
 }

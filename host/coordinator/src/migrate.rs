@@ -536,6 +536,7 @@ mod tests {
                 alignment_ms: 0,
                 duration_ms: 0,
                 async_ms: 0,
+                barrier_unix_ms: 0,
                 compacted_bytes: 0,
                 records_in_total: 0,
                 records_out_total: 0,

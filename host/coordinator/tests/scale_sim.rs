@@ -251,6 +251,7 @@ impl Sim {
             alignment_ms: 0,
             duration_ms: 1,
             async_ms: 0,
+            barrier_unix_ms: 0,
             compacted_bytes: 0,
             records_in_total: epoch.0 * 1000,
             records_out_total: epoch.0 * 1000,

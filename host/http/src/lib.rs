@@ -9,6 +9,7 @@
 //!   epoch log;
 //! - `GET /api/v1/jobs/{job}/checkpoints/{epoch}`: one epoch's trace (its manifest);
 //! - `GET /api/v1/jobs/{job}/exceptions`: failures and what recoveries recovered from.
+//! - `GET /api/v1/jobs/{job}/watermarks`: each subtask's input and output watermark.
 //! - `GET /api/v1/nodes`: a coordinator's nodes, their leases and liveness (404 on an
 //!   embedded run).
 //!
@@ -137,6 +138,7 @@ pub fn router_with<P: Platform>(manager: Arc<JobManager<P>>, extras: Extras) -> 
         .route("/api/v1/jobs/{job}/checkpoints", get(checkpoints::<P>))
         .route("/api/v1/jobs/{job}/checkpoints/{epoch}", get(epoch::<P>))
         .route("/api/v1/jobs/{job}/exceptions", get(exceptions::<P>))
+        .route("/api/v1/jobs/{job}/watermarks", get(watermarks::<P>))
         .with_state(manager)
 }
 
@@ -362,6 +364,13 @@ async fn job<P: Platform>(
     Path(job): Path<String>,
 ) -> Response {
     call(m, move |m| m.view(&job)).await
+}
+
+async fn watermarks<P: Platform>(
+    State(m): State<Arc<JobManager<P>>>,
+    Path(job): Path<String>,
+) -> Response {
+    call(m, move |m| m.watermarks(&job)).await
 }
 
 async fn checkpoints<P: Platform>(

@@ -169,6 +169,7 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
         alignment_ms: 0,
         duration_ms: 0,
         async_ms: 0,
+        barrier_unix_ms: 0,
         compacted_bytes: 0,
         records_in_total: 0,
         records_out_total: 0,
@@ -187,6 +188,7 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
     // manifest written before the field re-serialises to the same bytes (checksum).
     let timed = TaskSnapshot {
         async_ms: 1_234,
+        barrier_unix_ms: 1_765_000_000_123,
         compacted_bytes: 5_678,
         records_in_total: 0,
         records_out_total: 0,
@@ -203,14 +205,20 @@ fn an_ack_with_split_states_round_trips_and_the_manifest_json_keeps_its_shape() 
     };
     assert_eq!(got.async_ms, 1_234);
     assert_eq!(got.compacted_bytes, 5_678);
+    assert_eq!(got.barrier_unix_ms, 1_765_000_000_123);
     let old_json = serde_json::to_string(&snapshot).unwrap();
     assert!(!old_json.contains("async_ms"), "{old_json}");
     assert!(!old_json.contains("compacted_bytes"), "{old_json}");
+    assert!(!old_json.contains("barrier_unix_ms"), "{old_json}");
     let reread: TaskSnapshot = serde_json::from_str(&old_json).unwrap();
     assert_eq!(serde_json::to_string(&reread).unwrap(), old_json);
     let new_json = serde_json::to_string(&timed).unwrap();
     assert!(new_json.contains("\"async_ms\":1234"), "{new_json}");
     assert!(new_json.contains("\"compacted_bytes\":5678"), "{new_json}");
+    assert!(
+        new_json.contains("\"barrier_unix_ms\":1765000000123"),
+        "{new_json}"
+    );
     assert_eq!(
         serde_json::from_str::<TaskSnapshot>(&new_json).unwrap(),
         timed

@@ -26,7 +26,8 @@ mod restore;
 pub use error::ManagerError;
 pub use observe::{
     API_VERSION, CheckpointsView, EdgeView, EpochDetail, EpochView, ExceptionView, JobView,
-    METRICS_CONTENT_TYPE, MinAvgMax, StatusView, VertexView,
+    METRICS_CONTENT_TYPE, MinAvgMax, RatePoint, StatusView, THROUGHPUT_POINTS, VertexView,
+    WatermarkView,
 };
 pub use platform::{Compiled, Component, DeployHook, JobRun, LiveCounts, LiveJob, Platform};
 

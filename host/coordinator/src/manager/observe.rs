@@ -30,8 +30,11 @@ pub const API_VERSION: u32 = 1;
 #[derive(Debug, Default)]
 pub struct Observed {
     plans: Mutex<HashMap<String, Arc<PartitionedPlan>>>,
-    /// Per job: when its vertices' counts were last seen, and those counts (in, out).
+    /// Per job: when its vertices' counts were last seen, and those counts.
     last: Mutex<HashMap<String, (Instant, VertexCounts)>>,
+    /// Per job: the source vertices' read rate at each view at least 1 s after the
+    /// previous one, oldest first, at most [`THROUGHPUT_POINTS`].
+    throughput: Mutex<HashMap<String, std::collections::VecDeque<RatePoint>>>,
     /// Per job (namespace): what its durable manifests hold, folded once each.
     manifests: Mutex<HashMap<String, Arc<Mutex<Folded>>>>,
 }
@@ -48,6 +51,9 @@ struct Folded {
     compaction: BTreeMap<String, u64>,
     /// The longest task alignment of each epoch, seconds.
     alignment: Histogram,
+    /// The longest start delay of each epoch whose creation time the log records:
+    /// from its creation to the latest first barrier of any task, seconds.
+    start_delay: Histogram,
 }
 
 impl Default for Folded {
@@ -57,12 +63,15 @@ impl Default for Folded {
             snapshot: BTreeMap::new(),
             compaction: BTreeMap::new(),
             alignment: Histogram::seconds(),
+            start_delay: Histogram::seconds(),
         }
     }
 }
 
 impl Folded {
-    fn fold(&mut self, m: &nop_stream_checkpoint::EpochManifest) {
+    /// Folds one durable manifest; `created_ms` is the epoch's creation time from the
+    /// epoch log (ms since the Unix epoch), if known.
+    fn fold(&mut self, m: &nop_stream_checkpoint::EpochManifest, created_ms: Option<u64>) {
         for t in &m.tasks {
             let v = t.task.vertex.as_str();
             *self.snapshot.entry(v.to_owned()).or_default() += t.snapshot_bytes;
@@ -70,16 +79,29 @@ impl Folded {
         }
         let longest = m.tasks.iter().map(|t| t.alignment_ms).max().unwrap_or(0);
         self.alignment.observe(longest as f64 / 1000.0);
+        let latest_barrier = m.tasks.iter().map(|t| t.barrier_unix_ms).max();
+        if let (Some(created), Some(seen)) = (created_ms, latest_barrier.filter(|b| *b > 0)) {
+            // Clocks of two machines: a barrier "before" the trigger counts as no delay.
+            self.start_delay
+                .observe(seen.saturating_sub(created) as f64 / 1000.0);
+        }
         self.upto = self.upto.max(m.epoch.0);
     }
 
     fn samples(&self, job: &str) -> Vec<Sample> {
         let l = |v: &str| vec![job.to_owned(), v.to_owned()];
-        let mut out = vec![Sample::new(
-            &inv::CHECKPOINT_ALIGNMENT,
-            vec![job.to_owned()],
-            Value::Histogram(self.alignment.value()),
-        )];
+        let mut out = vec![
+            Sample::new(
+                &inv::CHECKPOINT_ALIGNMENT,
+                vec![job.to_owned()],
+                Value::Histogram(self.alignment.value()),
+            ),
+            Sample::new(
+                &inv::CHECKPOINT_START_DELAY,
+                vec![job.to_owned()],
+                Value::Histogram(self.start_delay.value()),
+            ),
+        ];
         out.extend(
             self.snapshot
                 .iter()
@@ -94,8 +116,85 @@ impl Folded {
     }
 }
 
-/// Records (in, out) by vertex.
-type VertexCounts = BTreeMap<String, (u64, u64)>;
+/// What a view saw of one vertex, cumulative over its subtasks.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    records_in: u64,
+    records_out: u64,
+    /// Busy, backpressured and idle time, seconds.
+    busy: f64,
+    backpressured: f64,
+    idle: f64,
+}
+
+/// [`Counts`] by vertex.
+type VertexCounts = BTreeMap<String, Counts>;
+
+/// How many throughput points a job keeps for its chart.
+pub const THROUGHPUT_POINTS: usize = 120;
+
+/// One point of a job's throughput chart.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RatePoint {
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Records its source vertices read per second since the previous view.
+    pub records_per_second: f64,
+}
+
+/// One subtask's watermarks (`GET /api/v1/jobs/{job}/watermarks`), from the samples of
+/// the process or nodes that run it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatermarkView {
+    /// Vertex id.
+    pub vertex: String,
+    /// Subtask index.
+    pub subtask: u32,
+    /// The smallest watermark over its active input channels, event time in ms since the
+    /// Unix epoch; `None` before the first (and for sources, which have no input).
+    pub input_ms: Option<i64>,
+    /// The watermark it last emitted, ms; `None` before the first.
+    pub output_ms: Option<i64>,
+}
+
+/// The subtasks' watermarks in `samples`, by vertex and subtask.
+fn watermarks(samples: &[Sample]) -> Vec<WatermarkView> {
+    let mut by: BTreeMap<(String, u32), WatermarkView> = BTreeMap::new();
+    for s in samples {
+        let input = s.family == inv::INPUT_WATERMARK.name;
+        if !input && s.family != inv::OUTPUT_WATERMARK.name {
+            continue;
+        }
+        let (Some(v), Some(Ok(i))) = (s.label("vertex"), s.label("subtask").map(str::parse::<u32>))
+        else {
+            continue;
+        };
+        let w = by
+            .entry((v.to_owned(), i))
+            .or_insert_with(|| WatermarkView {
+                vertex: v.to_owned(),
+                subtask: i,
+                input_ms: None,
+                output_ms: None,
+            });
+        let ms = Some((s.number() * 1000.0).round() as i64);
+        if input {
+            w.input_ms = ms;
+        } else {
+            w.output_ms = ms;
+        }
+    }
+    by.into_values().collect()
+}
+
+/// `part / (busy + backpressured + idle)` of the time between two views (or since the
+/// start, on the first), `None` when no time was measured.
+fn time_ratio(now: &Counts, before: Option<&Counts>, part: fn(&Counts) -> f64) -> Option<f64> {
+    let zero = Counts::default();
+    let b = before.unwrap_or(&zero);
+    let total = (now.busy - b.busy) + (now.backpressured - b.backpressured) + (now.idle - b.idle);
+    (total > 0.0).then(|| ((part(now) - part(b)) / total).clamp(0.0, 1.0))
+}
 
 impl Observed {
     /// `job` starts a run of `plan`.
@@ -128,6 +227,16 @@ pub struct VertexView {
     pub records_in_per_second: Option<f64>,
     /// Records out per second, likewise.
     pub records_out_per_second: Option<f64>,
+    /// Share of its subtasks' time spent working since the previous view (on the first,
+    /// since they started), 0–1 (Flink's `busyTimeMsPerSecond` ÷ 1000); `None` before
+    /// any time is measured.
+    pub busy_ratio: Option<f64>,
+    /// Share of its subtasks' time blocked on full output channels, likewise.
+    pub backpressured_ratio: Option<f64>,
+    /// Its low watermark: the smallest over its subtasks of the input watermark (for a
+    /// source, the emitted one), event time in ms since the Unix epoch; `None` before
+    /// any subtask has one.
+    pub low_watermark_ms: Option<i64>,
 }
 
 /// One edge of a job's plan.
@@ -154,6 +263,9 @@ pub struct JobView {
     pub vertices: Vec<VertexView>,
     /// Edges of that plan.
     pub edges: Vec<EdgeView>,
+    /// Its source vertices' read rate at the recent views, oldest first (the page's
+    /// chart; filled only while someone looks).
+    pub throughput: Vec<RatePoint>,
 }
 
 /// One epoch, as the epoch log tells it.
@@ -315,9 +427,7 @@ impl<P: Platform> JobManager<P> {
         let status = self.status(job)?;
         let plan = self.observed.plan(job);
         let samples = self.platform.samples(job);
-        let count = |f: &inv::Family, v: &str| {
-            nop_stream_metrics::sum(&samples, f, &[("vertex", v)]) as u64
-        };
+        let marks = watermarks(&samples);
         let now = Instant::now();
         let mut counts = BTreeMap::new();
         let mut vertices = Vec::new();
@@ -325,36 +435,35 @@ impl<P: Platform> JobManager<P> {
         let before = last
             .get(job)
             .filter(|(t, _)| t.elapsed().as_secs_f64() >= 1.0);
+        let dt = before.map(|(t, _)| now.duration_since(*t).as_secs_f64());
         for v in plan.iter().flat_map(|p| &p.vertices) {
             let id = v.id.to_string();
-            let (i, o) = (count(&inv::RECORDS_IN, &id), count(&inv::RECORDS_OUT, &id));
-            let rate = |now_n: u64, pick: fn(&(u64, u64)) -> u64| {
-                before.and_then(|(t, c)| {
-                    let dt = now.duration_since(*t).as_secs_f64();
-                    c.get(&id)
-                        .map(|c| now_n.saturating_sub(pick(c)) as f64 / dt)
-                })
+            let c = vertex_counts(&samples, &id);
+            let prev = before.and_then(|(_, c)| c.get(&id));
+            let rate = |now_n: u64, pick: fn(&Counts) -> u64| {
+                Some(now_n.saturating_sub(pick(prev?)) as f64 / dt?)
             };
+            let low = marks
+                .iter()
+                .filter(|w| w.vertex == id)
+                .filter_map(|w| w.input_ms.or(w.output_ms))
+                .min();
             vertices.push(VertexView {
                 operators: v.operators.iter().map(|o| o.name.clone()).collect(),
                 parallelism: v.parallelism,
                 keyed: v.keyed,
-                records_in: i,
-                records_out: o,
-                records_in_per_second: rate(i, |c| c.0),
-                records_out_per_second: rate(o, |c| c.1),
+                records_in: c.records_in,
+                records_out: c.records_out,
+                records_in_per_second: rate(c.records_in, |c| c.records_in),
+                records_out_per_second: rate(c.records_out, |c| c.records_out),
+                busy_ratio: time_ratio(&c, prev, |c| c.busy),
+                backpressured_ratio: time_ratio(&c, prev, |c| c.backpressured),
+                low_watermark_ms: low,
                 id: id.clone(),
             });
-            counts.insert(id, (i, o));
+            counts.insert(id, c);
         }
-        if last
-            .get(job)
-            .is_none_or(|(t, _)| t.elapsed().as_secs_f64() >= 1.0)
-        {
-            last.insert(job.to_owned(), (now, counts));
-        }
-        drop(last);
-        let edges = plan
+        let edges: Vec<EdgeView> = plan
             .iter()
             .flat_map(|p| &p.edges)
             .map(|e| EdgeView {
@@ -364,12 +473,51 @@ impl<P: Platform> JobManager<P> {
                 output: e.output.clone(),
             })
             .collect();
+        let mut ring = lock(&self.observed.throughput);
+        let points = ring.entry(job.to_owned()).or_default();
+        if let Some(dt) = dt {
+            // The source vertices' reads: those no edge enters.
+            let read = |c: &VertexCounts| -> u64 {
+                c.iter()
+                    .filter(|(v, _)| !edges.iter().any(|e| &e.to == *v))
+                    .map(|(_, c)| c.records_in)
+                    .sum()
+            };
+            let (was, is) = (before.map_or(0, |(_, c)| read(c)), read(&counts));
+            points.push_back(RatePoint {
+                at_ms: unix_ms(),
+                records_per_second: is.saturating_sub(was) as f64 / dt,
+            });
+            while points.len() > THROUGHPUT_POINTS {
+                points.pop_front();
+            }
+        }
+        let throughput = points.iter().copied().collect();
+        drop(ring);
+        if last
+            .get(job)
+            .is_none_or(|(t, _)| t.elapsed().as_secs_f64() >= 1.0)
+        {
+            last.insert(job.to_owned(), (now, counts));
+        }
+        drop(last);
         Ok(JobView {
             status,
             fingerprint: plan.map(|p| p.fingerprint.clone()),
             vertices,
             edges,
+            throughput,
         })
+    }
+
+    /// `job`'s subtasks' watermarks, by vertex and subtask (empty while it does not run
+    /// in this process or on this coordinator's nodes).
+    ///
+    /// # Errors
+    /// No such job.
+    pub fn watermarks(&self, job: &str) -> Result<Vec<WatermarkView>, ManagerError> {
+        self.record(job)?;
+        Ok(watermarks(&self.platform.samples(job)))
     }
 
     /// `job`'s view and checkpoints, for `nopstream status`.
@@ -536,11 +684,19 @@ impl<P: Platform> JobManager<P> {
                 Sample::counter(&inv::FENCED_STREAMS, l(), s.refused.streams as f64),
                 Sample::counter(&inv::FENCED_COMMANDS, l(), s.refused.commands as f64),
             ]);
+            let mut created = BTreeMap::new();
             match self.checkpoints(&job) {
-                Ok(c) => out.extend(epoch_samples(&c, l)),
+                Ok(c) => {
+                    created.extend(
+                        c.history
+                            .iter()
+                            .filter_map(|v| Some((v.epoch, v.created_ms?))),
+                    );
+                    out.extend(epoch_samples(&c, l));
+                }
                 Err(e) => tracing::warn!(%job, "metrics: cannot read the epoch log: {e}"),
             }
-            match self.manifest_samples(&job) {
+            match self.manifest_samples(&job, &created) {
                 Ok(s) => out.extend(s),
                 Err(e) => tracing::warn!(%job, "metrics: cannot read the manifests: {e}"),
             }
@@ -549,10 +705,15 @@ impl<P: Platform> JobManager<P> {
         Ok(out)
     }
 
-    /// The per-vertex snapshot and compaction bytes and the alignment histogram of `job`,
-    /// folding the durable manifests not folded yet (those of the current namespace; a
-    /// manifest no longer retained when first seen is not counted).
-    fn manifest_samples(&self, job: &str) -> Result<Vec<Sample>, ManagerError> {
+    /// The per-vertex snapshot and compaction bytes and the alignment and start-delay
+    /// histograms of `job`, folding the durable manifests not folded yet (those of the
+    /// current namespace; a manifest no longer retained when first seen is not counted).
+    /// `created` maps epochs to their creation time in the epoch log.
+    fn manifest_samples(
+        &self,
+        job: &str,
+        created: &BTreeMap<u64, u64>,
+    ) -> Result<Vec<Sample>, ManagerError> {
         let ns = self.namespace_of_job(job)?;
         let key = format!("{job}\u{0}{}", ns.describe());
         let folded = Arc::clone(lock(&self.observed.manifests).entry(key).or_default());
@@ -561,7 +722,7 @@ impl<P: Platform> JobManager<P> {
         for e in ns.manifest_epochs()? {
             if e.0 > f.upto {
                 match ns.read_manifest(e) {
-                    Ok(m) => f.fold(&m),
+                    Ok(m) => f.fold(&m, created.get(&e.0).copied()),
                     // Retention may delete it meanwhile: the next one still counts.
                     Err(err) => tracing::debug!(%job, epoch = e.0, "metrics: manifest gone: {err}"),
                 }
@@ -578,6 +739,25 @@ impl<P: Platform> JobManager<P> {
         nop_stream_metrics::encode(self.samples()?)
             .map_err(|e| ManagerError::Platform(format!("metrics: {e}")))
     }
+}
+
+/// `v`'s cumulative counts over its subtasks' samples.
+fn vertex_counts(samples: &[Sample], v: &str) -> Counts {
+    let sum = |f: &inv::Family| nop_stream_metrics::sum(samples, f, &[("vertex", v)]);
+    Counts {
+        records_in: sum(&inv::RECORDS_IN) as u64,
+        records_out: sum(&inv::RECORDS_OUT) as u64,
+        busy: sum(&inv::BUSY_TIME),
+        backpressured: sum(&inv::BACKPRESSURED_TIME),
+        idle: sum(&inv::IDLE_TIME),
+    }
+}
+
+/// Now, ms since the Unix epoch.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The epoch families of a job from its checkpoints view.

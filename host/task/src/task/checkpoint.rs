@@ -296,6 +296,7 @@ impl Task {
             txn: sink_state.txn.clone(),
             committable: hex::encode(committable),
         });
+        self.metrics.sink_pending(sink_state.pending.len());
         sink_state.txn = format!("{}{}", sink_state.prefix, epoch.0 + 1);
         sink.begin(&sink_state.txn)?;
         Ok(self.operator_ids.last().cloned())
@@ -417,6 +418,11 @@ impl Task {
             alignment_ms,
             duration_ms: 0,
             async_ms: 0,
+            // The first barrier arrived `alignment_ms` ago (a source: now, at injection).
+            barrier_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+                .saturating_sub(alignment_ms),
             compacted_bytes: std::mem::take(&mut self.compacted_bytes),
             records_in_total: self.restored_totals.0 + self.report.records_in,
             records_out_total: self.restored_totals.1 + self.report.records_out,
