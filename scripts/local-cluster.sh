@@ -7,9 +7,9 @@
 #   scripts/local-cluster.sh [DIR]      # state in DIR (default nopstream-out/local-cluster)
 #   just cluster-demo
 set -euo pipefail
+dir=$(realpath -m "${1:-$(dirname "$0")/../nopstream-out/local-cluster}")
 cd "$(dirname "$0")/.."
 
-dir=${1:-nopstream-out/local-cluster}
 port=${NOPSTREAM_DEMO_PORT:-7400}
 addr=127.0.0.1:$port
 
@@ -44,4 +44,4 @@ done
 
 "$bin" plugin upload "$plugins/file_source.wasm" "$plugins/flights_mapper.wasm" \
   "$plugins/keyed_aggregate.wasm" "$plugins/jsonl_sink.wasm"
-"$bin" job submit examples/flights/flights.toml -p 3 --fresh --output "$PWD/$dir/output" --wait
+"$bin" job submit examples/flights/flights.toml -p 3 --fresh --output "$dir/output" --wait
