@@ -415,6 +415,17 @@ enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Describe a plugin on the plugin path: its kind, description, file, sha256, keyed
+    /// and operator states, side outputs, capabilities and the JSON Schema its `config`
+    /// must follow (what `nopstream validate` checks). `--json` prints its describe()
+    /// answer as JSON.
+    Describe {
+        /// The plugin, as `name@version` (e.g. `flights-mapper@0.1.0`).
+        plugin: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a ready-to-build plugin crate: Cargo.toml with the SDK dependency, src/lib.rs
     /// with the plugin and its native tests, and job.toml, a job that runs it.
     New {
@@ -1140,6 +1151,7 @@ fn plugin_command(command: PluginCommand, search: Vec<PathBuf>) -> Result<std::p
             }
             None => list_local_plugins(&search),
         },
+        PluginCommand::Describe { plugin, json } => describe_plugin(&search, &plugin, json),
         PluginCommand::New {
             name,
             kind,
@@ -1218,6 +1230,81 @@ fn cluster_command(command: ClusterCommand) -> Result<std::process::ExitCode> {
 }
 
 /// `nopstream plugin list` (and `nopstream plugins`): the plugin path, with sha256 and size.
+/// `nopstream plugin describe NAME@VERSION`: the first component on the plugin path whose
+/// describe() reports that reference.
+///
+/// # Errors
+/// No such plugin on the path (naming the directories searched); a component host failure.
+fn describe_plugin(
+    search: &[PathBuf],
+    reference: &str,
+    json: bool,
+) -> Result<std::process::ExitCode> {
+    let host = plugin_host(cache_dir())?;
+    for dir in search {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+            .collect();
+        files.sort();
+        for f in files {
+            let label = f.display().to_string();
+            let Some(p) = [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
+                .into_iter()
+                .find_map(|k| host.load(&label, &f, k).ok())
+            else {
+                continue;
+            };
+            if p.info.reference() != reference {
+                continue;
+            }
+            let i = &p.info;
+            if json {
+                println!("{}", serde_json::to_string_pretty(i)?);
+                return Ok(std::process::ExitCode::SUCCESS);
+            }
+            println!("{} ({}): {}", i.reference(), i.kind, i.description);
+            println!("  file          {}", f.display());
+            println!("  sha256        {}", p.sha256);
+            if let Some(c) = i.source_capability {
+                println!("  capability    {c:?}");
+            }
+            if let Some(c) = i.sink_capability {
+                println!("  capability    {c:?}");
+            }
+            for st in &i.states {
+                println!(
+                    "  keyed state   {} ({:?}, schema version {})",
+                    st.name, st.kind, st.schema_version
+                );
+            }
+            for st in &i.operator_states {
+                println!("  operator state {}", st.name);
+            }
+            if !i.side_outputs.is_empty() {
+                println!("  side outputs  {}", i.side_outputs.join(", "));
+            }
+            let schema = serde_json::from_str::<serde_json::Value>(&i.config_schema).map_or_else(
+                |_| i.config_schema.clone(),
+                |v| serde_json::to_string_pretty(&v).unwrap_or_default(),
+            );
+            println!("  config schema (JSON Schema; `nopstream validate` checks it):");
+            for line in schema.lines() {
+                println!("    {line}");
+            }
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+    }
+    let searched: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
+    anyhow::bail!(
+        "plugin `{reference}` is not on the plugin path [{}] (`nopstream plugins` lists what is)",
+        searched.join(", ")
+    )
+}
+
 fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
     let host = plugin_host(cache_dir())?;
     let mut seen = 0;

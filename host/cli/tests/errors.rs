@@ -290,6 +290,41 @@ fn plugins_lists_the_bundled_plugins_with_their_kind() {
     );
 }
 
+#[test]
+fn plugin_describe_prints_a_bundled_plugins_config_schema_and_refuses_an_unknown_one() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let o = nopstream(
+        dir,
+        &["plugin", "describe", "flights-mapper@0.1.0", "--json"],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let info: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(info["name"], "flights-mapper");
+    let schema: serde_json::Value =
+        serde_json::from_str(info["config_schema"].as_str().unwrap()).unwrap();
+    let columns = schema
+        .pointer("/properties/fields/items/enum")
+        .and_then(|v| v.as_array())
+        .unwrap_or_else(|| panic!("no column enum: {schema}"));
+    assert!(columns.iter().any(|c| c == "dep_delay"), "{schema}");
+    let o = nopstream(dir, &["plugin", "describe", "window-aggregate@0.1.0"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.starts_with("window-aggregate@0.1.0 (operator)"),
+        "{out}"
+    );
+    assert!(out.contains("config schema"), "{out}");
+    let o = nopstream(dir, &["plugin", "describe", "no-such-plugin@1.0.0"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        err.contains("`no-such-plugin@1.0.0` is not on the plugin path"),
+        "{err}"
+    );
+}
+
 /// `nopstream validate job.toml` in `dir`: (exit success, stderr).
 fn validate(dir: &Path) -> (bool, String) {
     let o = nopstream(dir, &["validate", "job.toml"]);
