@@ -439,6 +439,8 @@ pub(super) fn read_prepare(
     })
 }
 
+/// Reads one `[[source]]`, `[[operator]]` or `[[sink]]` table into its spec and the spans
+/// of its fields.
 pub(super) fn read_node(
     cx: &mut Cx<'_>,
     t: &DeTable<'_>,
@@ -513,6 +515,42 @@ pub(super) fn read_node(
         get_u32(cx, v, &f("parallelism"))
     });
 
+    let inputs = read_inputs(cx, t, prefix, &mut ns);
+    let grants = read_grants(cx, t, prefix, &mut ns);
+    let connections = read_connection_grants(cx, t, prefix, &mut ns);
+    let config = read_config(cx, t, prefix);
+    let watermarks = read_watermarks(cx, t, kind, prefix);
+    let start_new_chain = read_start_new_chain(cx, t, kind, prefix);
+    let on_error = read_on_error(cx, t, kind, prefix);
+    let state_ttl_ms = read_state_ttls(cx, t, kind, prefix);
+
+    let node = NodeSpec {
+        path: model_path(kind, &name),
+        name,
+        kind,
+        uid,
+        plugin,
+        parallelism,
+        inputs,
+        config,
+        grants,
+        connections,
+        watermarks,
+        start_new_chain,
+        on_error,
+        state_ttl_ms,
+    };
+    (node, ns)
+}
+
+/// Reads `inputs`: node names, or tables `{ from, partition, output }`, with their spans.
+fn read_inputs(
+    cx: &mut Cx<'_>,
+    t: &DeTable<'_>,
+    prefix: &str,
+    ns: &mut NodeSpans,
+) -> Vec<InputSpec> {
+    let f = |key: &str| join(prefix, key);
     let mut inputs = Vec::new();
     if let Some(v) = find(t, "inputs") {
         ns.inputs = Some(v.span());
@@ -530,56 +568,9 @@ pub(super) fn read_node(
                             });
                         }
                         DeValue::Table(it) => {
-                            check_keys(cx, it, &ip, &["from", "partition", "output"]);
-                            let mut spans = (None, None);
-                            let from = match find(it, "from") {
-                                Some(fv) => {
-                                    spans.0 = Some(fv.span());
-                                    get_str(cx, fv, &format!("{ip}.from")).unwrap_or_default()
-                                }
-                                None => {
-                                    cx.err(
-                                        Some(item.span()),
-                                        format!("{ip}.from"),
-                                        "missing required key `from`",
-                                    );
-                                    String::new()
-                                }
-                            };
-                            let partition = find(it, "partition").and_then(|pv| {
-                                spans.1 = Some(pv.span());
-                                let s = get_str(cx, pv, &format!("{ip}.partition"))?;
-                                let p = parse_partition(&s);
-                                if p.is_none() {
-                                    cx.err(
-                                        Some(pv.span()),
-                                        format!("{ip}.partition"),
-                                        format!(
-                                            "unknown partition `{s}`; expected one of: forward, \
-                                             hash, rebalance, broadcast, union, singleton"
-                                        ),
-                                    );
-                                }
-                                p
-                            });
-                            let output = find(it, "output").and_then(|ov| {
-                                let s = get_str(cx, ov, &format!("{ip}.output"))?;
-                                if s.is_empty() {
-                                    cx.err(
-                                        Some(ov.span()),
-                                        format!("{ip}.output"),
-                                        "must not be empty",
-                                    );
-                                    return None;
-                                }
-                                Some(s)
-                            });
+                            let (input, spans) = read_input_table(cx, it, item.span(), &ip);
                             ns.input_items.push(spans);
-                            inputs.push(InputSpec {
-                                from,
-                                partition,
-                                output,
-                            });
+                            inputs.push(input);
                         }
                         other => {
                             cx.err(
@@ -608,7 +599,70 @@ pub(super) fn read_node(
             ),
         }
     }
+    inputs
+}
 
+/// Reads one input written as a table `{ from, partition, output }`, with the spans of
+/// its `from` and `partition`.
+fn read_input_table(
+    cx: &mut Cx<'_>,
+    it: &DeTable<'_>,
+    item_span: Span,
+    ip: &str,
+) -> (InputSpec, (Option<Span>, Option<Span>)) {
+    check_keys(cx, it, ip, &["from", "partition", "output"]);
+    let mut spans = (None, None);
+    let from = match find(it, "from") {
+        Some(fv) => {
+            spans.0 = Some(fv.span());
+            get_str(cx, fv, &format!("{ip}.from")).unwrap_or_default()
+        }
+        None => {
+            cx.err(
+                Some(item_span),
+                format!("{ip}.from"),
+                "missing required key `from`",
+            );
+            String::new()
+        }
+    };
+    let partition = find(it, "partition").and_then(|pv| {
+        spans.1 = Some(pv.span());
+        let s = get_str(cx, pv, &format!("{ip}.partition"))?;
+        let p = parse_partition(&s);
+        if p.is_none() {
+            cx.err(
+                Some(pv.span()),
+                format!("{ip}.partition"),
+                format!(
+                    "unknown partition `{s}`; expected one of: forward, \
+                     hash, rebalance, broadcast, union, singleton"
+                ),
+            );
+        }
+        p
+    });
+    let output = find(it, "output").and_then(|ov| {
+        let s = get_str(cx, ov, &format!("{ip}.output"))?;
+        if s.is_empty() {
+            cx.err(Some(ov.span()), format!("{ip}.output"), "must not be empty");
+            return None;
+        }
+        Some(s)
+    });
+    (
+        InputSpec {
+            from,
+            partition,
+            output,
+        },
+        spans,
+    )
+}
+
+/// Reads `grants`: tables `{ guest, host, writable }`, with the span of each `guest`.
+fn read_grants(cx: &mut Cx<'_>, t: &DeTable<'_>, prefix: &str, ns: &mut NodeSpans) -> Vec<Grant> {
+    let f = |key: &str| join(prefix, key);
     let mut grants = Vec::new();
     if let Some(v) = find(t, "grants") {
         match v.get_ref() {
@@ -667,7 +721,17 @@ pub(super) fn read_node(
             ),
         }
     }
+    grants
+}
 
+/// Reads `connections`: the names of the connections granted to the node, with their spans.
+fn read_connection_grants(
+    cx: &mut Cx<'_>,
+    t: &DeTable<'_>,
+    prefix: &str,
+    ns: &mut NodeSpans,
+) -> Vec<String> {
+    let f = |key: &str| join(prefix, key);
     let mut connections = Vec::new();
     if let Some(v) = find(t, "connections") {
         match v.get_ref() {
@@ -689,8 +753,13 @@ pub(super) fn read_node(
             ),
         }
     }
+    connections
+}
 
-    let config = match find(t, "config") {
+/// Reads `config`: any table, as JSON; `{}` when absent.
+fn read_config(cx: &mut Cx<'_>, t: &DeTable<'_>, prefix: &str) -> serde_json::Value {
+    let f = |key: &str| join(prefix, key);
+    match find(t, "config") {
         Some(v) => match v.get_ref() {
             DeValue::Table(_) => to_json(cx, v, &f("config")),
             other => {
@@ -703,9 +772,18 @@ pub(super) fn read_node(
             }
         },
         None => serde_json::Value::Object(Default::default()),
-    };
+    }
+}
 
-    let watermarks = find(t, "watermarks").and_then(|v| {
+/// Reads `watermarks`: the watermark bounds of a source.
+fn read_watermarks(
+    cx: &mut Cx<'_>,
+    t: &DeTable<'_>,
+    kind: PluginKind,
+    prefix: &str,
+) -> Option<crate::model::WatermarkSpec> {
+    let f = |key: &str| join(prefix, key);
+    find(t, "watermarks").and_then(|v| {
         let field = f("watermarks");
         let DeValue::Table(wt) = v.get_ref() else {
             cx.err(
@@ -749,9 +827,13 @@ pub(super) fn read_node(
             idle_timeout_ms: idle,
             max_drift_ms: drift,
         })
-    });
+    })
+}
 
-    let start_new_chain = find(t, "start_new_chain")
+/// Reads `start_new_chain`, which a source may not set; `false` when absent.
+fn read_start_new_chain(cx: &mut Cx<'_>, t: &DeTable<'_>, kind: PluginKind, prefix: &str) -> bool {
+    let f = |key: &str| join(prefix, key);
+    find(t, "start_new_chain")
         .and_then(|v| {
             let field = f("start_new_chain");
             let b = get_bool(cx, v, &field)?;
@@ -764,9 +846,13 @@ pub(super) fn read_node(
             }
             Some(b)
         })
-        .unwrap_or(false);
+        .unwrap_or(false)
+}
 
-    let on_error = find(t, "on_error")
+/// Reads `on_error` and checks it against the node's kind; `fail` when absent.
+fn read_on_error(cx: &mut Cx<'_>, t: &DeTable<'_>, kind: PluginKind, prefix: &str) -> ErrorPolicy {
+    let f = |key: &str| join(prefix, key);
+    find(t, "on_error")
         .and_then(|v| {
             let field = f("on_error");
             let s = get_str(cx, v, &field)?;
@@ -805,8 +891,17 @@ pub(super) fn read_node(
                 PluginKind::Sink => Some(policy),
             }
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
 
+/// Reads `state_ttl_ms`, which only operators may set: milliseconds per keyed state.
+fn read_state_ttls(
+    cx: &mut Cx<'_>,
+    t: &DeTable<'_>,
+    kind: PluginKind,
+    prefix: &str,
+) -> std::collections::BTreeMap<String, u64> {
+    let f = |key: &str| join(prefix, key);
     let mut state_ttl_ms = std::collections::BTreeMap::new();
     if let Some(v) = find(t, "state_ttl_ms") {
         let field = f("state_ttl_ms");
@@ -843,24 +938,7 @@ pub(super) fn read_node(
             ),
         }
     }
-
-    let node = NodeSpec {
-        path: model_path(kind, &name),
-        name,
-        kind,
-        uid,
-        plugin,
-        parallelism,
-        inputs,
-        config,
-        grants,
-        connections,
-        watermarks,
-        start_new_chain,
-        on_error,
-        state_ttl_ms,
-    };
-    (node, ns)
+    state_ttl_ms
 }
 
 /// TOML value → JSON; non-finite floats are reported and become `null`.
