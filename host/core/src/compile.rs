@@ -8,7 +8,7 @@
 use crate::diag::{Diagnostic, Diagnostics};
 use crate::jobfile::validate_model;
 use crate::model::{
-    DEAD_LETTER_OUTPUT, ErrorPolicy, NodeSpec, PluginRef, StreamModel, operator_id,
+    DEAD_LETTER_OUTPUT, ErrorPolicy, JobSpec, NodeSpec, PluginRef, StreamModel, operator_id,
 };
 use crate::plan::{
     JobEdge, JobGraph, JobMeta, JobVertex, PartitionedEdge, PartitionedPlan, PartitionedVertex,
@@ -66,11 +66,31 @@ pub fn stream_graph(
 ) -> Result<StreamGraph, Diagnostics> {
     validate_model(model)?;
     let mut diags = Vec::new();
-    let job = &model.job;
     let prefixes: Vec<String> = (0..model.nodes.len())
         .map(|i| model.node_field(i))
         .collect();
+    let infos = describe_plugins(model, catalog, &prefixes, &mut diags);
+    let nodes = planned_operators(model, &infos);
+    let edges = stream_edges(model, &nodes, &infos, &prefixes, &mut diags);
+    check_error_policies(model, &infos, &prefixes, &mut diags);
+    check_state_ttls(model, &infos, &prefixes, &mut diags);
+    check_semantic(model, &infos, &prefixes, &mut diags);
+    Diagnostics(diags).into_result()?;
+    Ok(StreamGraph {
+        job: job_meta(&model.job),
+        nodes,
+        edges,
+    })
+}
 
+/// Describes each node's plugin through `catalog` and checks it against its node; a
+/// node's entry is `None` when its plugin cannot be described or fails a check.
+fn describe_plugins(
+    model: &StreamModel,
+    catalog: &dyn PluginCatalog,
+    prefixes: &[String],
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<Option<PluginInfo>> {
     let mut infos: Vec<Option<PluginInfo>> = Vec::with_capacity(model.nodes.len());
     for (i, node) in model.nodes.iter().enumerate() {
         let field = format!("{}.plugin", prefixes[i]);
@@ -84,8 +104,8 @@ pub fn stream_graph(
             }
             Ok(info) => {
                 let before = diags.len();
-                check_plugin(node, &info, &field, &mut diags);
-                check_config(node, &info, &prefixes[i], &mut diags);
+                check_plugin(node, &info, &field, diags);
+                check_config(node, &info, &prefixes[i], diags);
                 let mut info = info;
                 if let Some((cap, _)) = configured_sink_capability(&info, &node.config) {
                     info.sink_capability = Some(cap);
@@ -94,11 +114,16 @@ pub fn stream_graph(
             }
         }
     }
+    infos
+}
 
-    let nodes: Vec<PlannedOperator> = model
+/// The planned operator of each node, in model order; a node whose plugin was not
+/// described gets a placeholder description.
+fn planned_operators(model: &StreamModel, infos: &[Option<PluginInfo>]) -> Vec<PlannedOperator> {
+    model
         .nodes
         .iter()
-        .zip(&infos)
+        .zip(infos)
         .map(|(n, info)| PlannedOperator {
             operator_id: operator_id(n),
             name: n.name.clone(),
@@ -119,8 +144,19 @@ pub fn stream_graph(
             on_error: n.on_error,
             state_ttl_ms: n.state_ttl_ms.clone(),
         })
-        .collect();
+        .collect()
+}
 
+/// The edges of the logical DAG, one per input in model order, with their partition
+/// policy (explicit, else FORWARD at equal parallelism and REBALANCE otherwise), each
+/// checked against keyed state, parallelism and the upstream's side outputs.
+fn stream_edges(
+    model: &StreamModel,
+    nodes: &[PlannedOperator],
+    infos: &[Option<PluginInfo>],
+    prefixes: &[String],
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<StreamEdge> {
     let index: HashMap<&str, usize> = model
         .nodes
         .iter()
@@ -137,87 +173,18 @@ pub fn stream_graph(
             };
             let up = &nodes[u];
             let field = format!("{}.inputs[{j}].partition", prefixes[i]);
-            let (pu, pd) = (up.parallelism, down.parallelism);
             let partition = match input.partition {
                 Some(p) => p,
-                None if pu == pd => PartitionPolicy::Forward,
+                None if up.parallelism == down.parallelism => PartitionPolicy::Forward,
                 None => PartitionPolicy::Rebalance,
             };
-            if pd > 1
-                && partition != PartitionPolicy::Hash
-                && let Some(info) = &infos[i]
-                && !info.states.is_empty()
-            {
-                let states: Vec<String> = info
-                    .states
-                    .iter()
-                    .map(|s| format!("`{}`", s.name))
-                    .collect();
-                diags.push(Diagnostic::new(
-                    field.clone(),
-                    format!(
-                        "`{}` ({}) declares keyed state ({}) and runs at parallelism {pd}, \
-                         but its input from `{}` is {partition}, so records would reach a \
-                         subtask that does not own their key's state shard; set \
-                         `partition = \"hash\"` on this input (records keyed by the \
-                         upstream), or run `{}` at parallelism 1",
-                        down.name,
-                        n.plugin,
-                        states.join(", "),
-                        up.name,
-                        down.name
-                    ),
-                ));
-            }
-            match partition {
-                PartitionPolicy::Forward if pu != pd => diags.push(Diagnostic::new(
-                    field,
-                    format!(
-                        "FORWARD needs equal parallelism, but `{}` has {pu} and `{}` has {pd}; \
-                         use rebalance or hash",
-                        up.name, down.name
-                    ),
-                )),
-                PartitionPolicy::Singleton if pd != 1 => diags.push(Diagnostic::new(
-                    field,
-                    format!(
-                        "SINGLETON sends everything to subtask 0, so `{}` must have \
-                         parallelism 1, found {pd}",
-                        down.name
-                    ),
-                )),
-                PartitionPolicy::Hash if job.state_shards < pd => diags.push(Diagnostic::new(
-                    field,
-                    format!(
-                        "HASH into `{}` at parallelism {pd} needs state_shards >= {pd}, found {}",
-                        down.name, job.state_shards
-                    ),
-                )),
-                _ => {}
-            }
+            check_keyed_input(n, up, down, partition, infos[i].as_ref(), &field, diags);
+            check_partition(up, down, partition, model.job.state_shards, field, diags);
             if let Some(tag) = &input.output
                 && infos[u].is_some()
-                && !up.plugin_info.side_outputs.iter().any(|t| t == tag)
-                && !(up.on_error == ErrorPolicy::DeadLetter && tag == DEAD_LETTER_OUTPUT)
             {
-                let mut declared = if up.plugin_info.side_outputs.is_empty() {
-                    "it declares none".to_string()
-                } else {
-                    format!("it declares: {}", up.plugin_info.side_outputs.join(", "))
-                };
-                if tag == DEAD_LETTER_OUTPUT {
-                    declared.push_str(&format!(
-                        "; set on_error = \"dead-letter\" on `{}` to send its failed records there",
-                        up.name
-                    ));
-                }
-                diags.push(Diagnostic::new(
-                    format!("{}.inputs[{j}].output", prefixes[i]),
-                    format!(
-                        "`{}` (plugin {}) has no side output `{tag}`; {declared}",
-                        up.name, up.plugin
-                    ),
-                ));
+                let field = format!("{}.inputs[{j}].output", prefixes[i]);
+                check_side_output(up, tag, field, diags);
             }
             edges.push(StreamEdge {
                 from: up.operator_id.clone(),
@@ -228,29 +195,132 @@ pub fn stream_graph(
             });
         }
     }
+    edges
+}
 
-    check_error_policies(model, &infos, &prefixes, &mut diags);
-    check_state_ttls(model, &infos, &prefixes, &mut diags);
-    check_semantic(model, &infos, &prefixes, &mut diags);
-    Diagnostics(diags).into_result()?;
-    Ok(StreamGraph {
-        job: JobMeta {
-            job_id: JobId::new(job.id.clone()),
-            pipeline_id: PipelineId::new(job.pipeline.clone()),
-            name: job.name.clone(),
-            semantic: job.semantic,
-            checkpoint_interval_ms: job.checkpoint_interval_ms,
-            checkpoint_every_records: job.checkpoint_every_records,
-            checkpoint_timeout_ms: job.checkpoint_timeout_ms,
-            state_memory_bytes: job.state_memory_bytes,
-            async_snapshots: job.async_snapshots,
-            incremental_snapshots: job.incremental_snapshots,
-            state_shard_count: job.state_shards,
-            batch_records: job.batch_records,
-        },
-        nodes,
-        edges,
-    })
+/// A node with keyed state at parallelism above 1 reads every input by HASH, so each
+/// record reaches the subtask owning its key's state shard.
+fn check_keyed_input(
+    n: &NodeSpec,
+    up: &PlannedOperator,
+    down: &PlannedOperator,
+    partition: PartitionPolicy,
+    info: Option<&PluginInfo>,
+    field: &str,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let pd = down.parallelism;
+    if pd > 1
+        && partition != PartitionPolicy::Hash
+        && let Some(info) = info
+        && !info.states.is_empty()
+    {
+        let states: Vec<String> = info
+            .states
+            .iter()
+            .map(|s| format!("`{}`", s.name))
+            .collect();
+        diags.push(Diagnostic::new(
+            field.to_owned(),
+            format!(
+                "`{}` ({}) declares keyed state ({}) and runs at parallelism {pd}, \
+                 but its input from `{}` is {partition}, so records would reach a \
+                 subtask that does not own their key's state shard; set \
+                 `partition = \"hash\"` on this input (records keyed by the \
+                 upstream), or run `{}` at parallelism 1",
+                down.name,
+                n.plugin,
+                states.join(", "),
+                up.name,
+                down.name
+            ),
+        ));
+    }
+}
+
+/// FORWARD needs equal parallelism, SINGLETON a downstream parallelism of 1, HASH
+/// `state_shards >=` the downstream parallelism.
+fn check_partition(
+    up: &PlannedOperator,
+    down: &PlannedOperator,
+    partition: PartitionPolicy,
+    state_shards: u32,
+    field: String,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let (pu, pd) = (up.parallelism, down.parallelism);
+    match partition {
+        PartitionPolicy::Forward if pu != pd => diags.push(Diagnostic::new(
+            field,
+            format!(
+                "FORWARD needs equal parallelism, but `{}` has {pu} and `{}` has {pd}; \
+                 use rebalance or hash",
+                up.name, down.name
+            ),
+        )),
+        PartitionPolicy::Singleton if pd != 1 => diags.push(Diagnostic::new(
+            field,
+            format!(
+                "SINGLETON sends everything to subtask 0, so `{}` must have \
+                 parallelism 1, found {pd}",
+                down.name
+            ),
+        )),
+        PartitionPolicy::Hash if state_shards < pd => diags.push(Diagnostic::new(
+            field,
+            format!(
+                "HASH into `{}` at parallelism {pd} needs state_shards >= {pd}, found {}",
+                down.name, state_shards
+            ),
+        )),
+        _ => {}
+    }
+}
+
+/// An input reading side output `tag` of `up` names one its plugin declares, or the
+/// dead-letter output of an upstream with `on_error = "dead-letter"`.
+fn check_side_output(up: &PlannedOperator, tag: &str, field: String, diags: &mut Vec<Diagnostic>) {
+    let declared_here = up.plugin_info.side_outputs.iter().any(|t| t == tag);
+    let dead_letter = up.on_error == ErrorPolicy::DeadLetter && tag == DEAD_LETTER_OUTPUT;
+    if declared_here || dead_letter {
+        return;
+    }
+    let mut declared = if up.plugin_info.side_outputs.is_empty() {
+        "it declares none".to_string()
+    } else {
+        format!("it declares: {}", up.plugin_info.side_outputs.join(", "))
+    };
+    if tag == DEAD_LETTER_OUTPUT {
+        declared.push_str(&format!(
+            "; set on_error = \"dead-letter\" on `{}` to send its failed records there",
+            up.name
+        ));
+    }
+    diags.push(Diagnostic::new(
+        field,
+        format!(
+            "`{}` (plugin {}) has no side output `{tag}`; {declared}",
+            up.name, up.plugin
+        ),
+    ));
+}
+
+/// The job-level part of the plan, copied from `[job]`.
+fn job_meta(job: &JobSpec) -> JobMeta {
+    JobMeta {
+        job_id: JobId::new(job.id.clone()),
+        pipeline_id: PipelineId::new(job.pipeline.clone()),
+        name: job.name.clone(),
+        semantic: job.semantic,
+        checkpoint_interval_ms: job.checkpoint_interval_ms,
+        checkpoint_every_records: job.checkpoint_every_records,
+        checkpoint_timeout_ms: job.checkpoint_timeout_ms,
+        state_memory_bytes: job.state_memory_bytes,
+        async_snapshots: job.async_snapshots,
+        incremental_snapshots: job.incremental_snapshots,
+        state_shard_count: job.state_shards,
+        batch_records: job.batch_records,
+    }
 }
 
 /// `state_ttl_ms` names declared keyed states of the operator's plugin only.

@@ -89,7 +89,7 @@ fn job_field_class(key: &str) -> Option<ChangeClass> {
         "name" | "id" | "pipeline" => ChangeClass::Forbidden,
         "parallelism" => ChangeClass::Rescale,
         "state_shards" => ChangeClass::StateAffecting,
-        // Decided by the modes' order (see `apply_delta`).
+        // Decided by the modes' order (see `Patch::patch_job`).
         "semantic" => ChangeClass::Replan,
         "checkpoint_interval_ms"
         | "checkpoint_every_records"
@@ -156,14 +156,14 @@ pub fn apply_delta(
     delta_file: &str,
     delta_text: &str,
 ) -> Result<(StreamModel, Vec<Change>), Diagnostics> {
-    let err = |field: String, message: String| {
-        let mut d = Diagnostic::new(field, message);
-        d.file = delta_file.to_owned();
-        d
+    let mut p = Patch {
+        delta_file,
+        changes: Vec::new(),
+        errors: Vec::new(),
     };
     let delta: Table = delta_text
         .parse()
-        .map_err(|e: toml::de::Error| Diagnostics(vec![err(String::new(), e.to_string())]))?;
+        .map_err(|e: toml::de::Error| Diagnostics(vec![p.err(String::new(), e.to_string())]))?;
     // The job file is parsed (and so checked) once before the patch, for its own errors.
     parse_job_file(job_file, job_text)?;
     let mut doc: Table = job_text.parse().map_err(|e: toml::de::Error| {
@@ -171,182 +171,232 @@ pub fn apply_delta(
         d.file = job_file.to_owned();
         Diagnostics(vec![d])
     })?;
-    let mut changes = Vec::new();
-    let mut errors = Vec::new();
-    let mut note = |field: String, class: ChangeClass, from: Option<&Value>, to: &Value| {
+    for (section, value) in &delta {
+        let Value::Table(entries) = value else {
+            p.fail(section.clone(), "must be a table".into());
+            continue;
+        };
+        match section.as_str() {
+            "job" => p.patch_job(&mut doc, entries),
+            "node" => p.patch_nodes(&mut doc, entries),
+            "connections" => p.patch_connections(&mut doc, entries),
+            other => p.fail(
+                other.to_owned(),
+                "a Delta has only [job], [node.NAME] and [connections.NAME] tables".into(),
+            ),
+        }
+    }
+    p.refuse_forbidden();
+    if !p.errors.is_empty() {
+        return Err(Diagnostics(p.errors));
+    }
+    let text = toml::to_string(&doc)
+        .map_err(|e| Diagnostics(vec![p.err(String::new(), e.to_string())]))?;
+    let model = parse_job_file(&format!("{job_file} with delta {delta_file}"), &text)?;
+    let beyond = p.beyond_shards(&model);
+    if !beyond.is_empty() {
+        return Err(Diagnostics(beyond));
+    }
+    let mut changes = p.changes;
+    changes.sort_by(|a, b| a.field.cmp(&b.field));
+    Ok((model, changes))
+}
+
+/// The changes and errors of one Delta being applied; errors name the Delta file.
+struct Patch<'f> {
+    delta_file: &'f str,
+    changes: Vec<Change>,
+    errors: Vec<Diagnostic>,
+}
+
+impl Patch<'_> {
+    /// A diagnostic at `field` of the Delta file.
+    fn err(&self, field: String, message: String) -> Diagnostic {
+        let mut d = Diagnostic::new(field, message);
+        d.file = self.delta_file.to_owned();
+        d
+    }
+
+    /// Records an error at `field` of the Delta file.
+    fn fail(&mut self, field: String, message: String) {
+        let d = self.err(field, message);
+        self.errors.push(d);
+    }
+
+    /// Records a change of `field` when the value differs.
+    fn note(&mut self, field: String, class: ChangeClass, from: Option<&Value>, to: &Value) {
         if from != Some(to) {
             // A URL is shown redacted, whatever the job-file check later says of it.
-            changes.push(Change {
+            self.changes.push(Change {
                 field,
                 class,
                 from: crate::url::redact_url(&shown(from)),
                 to: crate::url::redact_url(&to.to_string()),
             });
         }
-    };
-    for (section, value) in &delta {
-        let Value::Table(entries) = value else {
-            errors.push(err(section.clone(), "must be a table".into()));
-            continue;
+    }
+
+    /// Applies `[job]`: each field replaces the job's; a weaker semantic mode is
+    /// state-affecting.
+    fn patch_job(&mut self, doc: &mut Table, entries: &Table) {
+        let job = doc
+            .entry("job")
+            .or_insert_with(|| Value::Table(Table::new()));
+        let Value::Table(job) = job else {
+            self.fail("job".into(), "the job file's `job` is not a table".into());
+            return;
         };
-        match section.as_str() {
-            "job" => {
-                let job = doc
-                    .entry("job")
-                    .or_insert_with(|| Value::Table(Table::new()));
-                let Value::Table(job) = job else {
-                    errors.push(err(
-                        "job".into(),
-                        "the job file's `job` is not a table".into(),
-                    ));
+        for (k, v) in entries {
+            let field = format!("job.{k}");
+            let Some(mut class) = job_field_class(k) else {
+                self.fail(field, "not a field a Delta can change".into());
+                continue;
+            };
+            if k == "semantic" {
+                let old = job
+                    .get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or("strict-exactly-once");
+                if strength(v.as_str().unwrap_or_default()) < strength(old) {
+                    class = ChangeClass::StateAffecting;
+                }
+            }
+            self.note(field, class, job.get(k), v);
+            job.insert(k.clone(), v.clone());
+        }
+    }
+
+    /// Applies `[node.NAME]` tables to the source, operator or sink of that name; a
+    /// `config` table merges key by key.
+    fn patch_nodes(&mut self, doc: &mut Table, entries: &Table) {
+        for (name, patch) in entries {
+            let Value::Table(patch) = patch else {
+                self.fail(format!("node.{name}"), "must be a table".into());
+                continue;
+            };
+            let mut at = None;
+            for kind in ["source", "operator", "sink"] {
+                if let Some(Value::Array(nodes)) = doc.get(kind)
+                    && let Some(i) = nodes
+                        .iter()
+                        .position(|n| n.get("name").and_then(Value::as_str) == Some(name.as_str()))
+                {
+                    at = Some((kind, i));
+                    break;
+                }
+            }
+            let found = at.and_then(|(kind, i)| match doc.get_mut(kind) {
+                Some(Value::Array(nodes)) => match nodes.get_mut(i) {
+                    Some(Value::Table(t)) => Some((kind, t)),
+                    _ => None,
+                },
+                _ => None,
+            });
+            let Some((kind, node)) = found else {
+                self.fail(
+                    format!("node.{name}"),
+                    "the job has no source, operator or sink of this name (a Delta \
+                         changes nodes; add or remove them in the job file)"
+                        .into(),
+                );
+                continue;
+            };
+            for (k, v) in patch {
+                let field = format!("{kind}.{name}.{k}");
+                let Some(class) = node_field_class(k) else {
+                    self.fail(field, "not a field a Delta can change".into());
                     continue;
                 };
-                for (k, v) in entries {
-                    let field = format!("job.{k}");
-                    let Some(mut class) = job_field_class(k) else {
-                        errors.push(err(field, "not a field a Delta can change".into()));
-                        continue;
-                    };
-                    if k == "semantic" {
-                        let old = job
-                            .get(k)
-                            .and_then(Value::as_str)
-                            .unwrap_or("strict-exactly-once");
-                        if strength(v.as_str().unwrap_or_default()) < strength(old) {
-                            class = ChangeClass::StateAffecting;
-                        }
+                let new = match (k.as_str(), node.get(k), v) {
+                    ("config", Some(Value::Table(old)), Value::Table(add)) => {
+                        let mut merged = old.clone();
+                        merged.extend(add.iter().map(|(a, b)| (a.clone(), b.clone())));
+                        Value::Table(merged)
                     }
-                    note(field, class, job.get(k), v);
-                    job.insert(k.clone(), v.clone());
-                }
+                    _ => v.clone(),
+                };
+                self.note(field, class, node.get(k), &new);
+                node.insert(k.clone(), new);
             }
-            "node" => {
-                for (name, patch) in entries {
-                    let Value::Table(patch) = patch else {
-                        errors.push(err(format!("node.{name}"), "must be a table".into()));
-                        continue;
-                    };
-                    let mut at = None;
-                    for kind in ["source", "operator", "sink"] {
-                        if let Some(Value::Array(nodes)) = doc.get(kind)
-                            && let Some(i) = nodes.iter().position(|n| {
-                                n.get("name").and_then(Value::as_str) == Some(name.as_str())
-                            })
-                        {
-                            at = Some((kind, i));
-                            break;
-                        }
-                    }
-                    let found = at.and_then(|(kind, i)| match doc.get_mut(kind) {
-                        Some(Value::Array(nodes)) => match nodes.get_mut(i) {
-                            Some(Value::Table(t)) => Some((kind, t)),
-                            _ => None,
-                        },
-                        _ => None,
-                    });
-                    let Some((kind, node)) = found else {
-                        errors.push(err(
-                            format!("node.{name}"),
-                            "the job has no source, operator or sink of this name (a Delta \
-                             changes nodes; add or remove them in the job file)"
-                                .into(),
-                        ));
-                        continue;
-                    };
-                    for (k, v) in patch {
-                        let field = format!("{kind}.{name}.{k}");
-                        let Some(class) = node_field_class(k) else {
-                            errors.push(err(field, "not a field a Delta can change".into()));
-                            continue;
-                        };
-                        let new = match (k.as_str(), node.get(k), v) {
-                            ("config", Some(Value::Table(old)), Value::Table(add)) => {
-                                let mut merged = old.clone();
-                                merged.extend(add.iter().map(|(a, b)| (a.clone(), b.clone())));
-                                Value::Table(merged)
-                            }
-                            _ => v.clone(),
-                        };
-                        note(field, class, node.get(k), &new);
-                        node.insert(k.clone(), new);
-                    }
-                }
-            }
-            "connections" => {
-                for (name, patch) in entries {
-                    let Value::Table(patch) = patch else {
-                        errors.push(err(format!("connections.{name}"), "must be a table".into()));
-                        continue;
-                    };
-                    let Some(Value::Table(conn)) = doc
-                        .get_mut("connections")
-                        .and_then(|c| c.as_table_mut())
-                        .and_then(|c| c.get_mut(name))
-                    else {
-                        errors.push(err(
-                            format!("connections.{name}"),
-                            "the job has no connection of this name".into(),
-                        ));
-                        continue;
-                    };
-                    for (k, v) in patch {
-                        let field = format!("connections.{name}.{k}");
-                        let Some(class) = connection_field_class(k) else {
-                            errors.push(err(field, "not a field a Delta can change".into()));
-                            continue;
-                        };
-                        note(field, class, conn.get(k), v);
-                        conn.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-            other => errors.push(err(
-                other.to_owned(),
-                "a Delta has only [job], [node.NAME] and [connections.NAME] tables".into(),
-            )),
         }
     }
-    for c in changes.iter().filter(|c| c.class == ChangeClass::Forbidden) {
-        errors.push(err(
-            c.field.clone(),
-            format!(
-                "forbidden in a Delta ({} -> {}): identities and the topology change only \
-                 in a new job file (with rename-operator or fork)",
-                c.from, c.to
-            ),
-        ));
+
+    /// Applies `[connections.NAME]` tables to the declared connection of that name.
+    fn patch_connections(&mut self, doc: &mut Table, entries: &Table) {
+        for (name, patch) in entries {
+            let Value::Table(patch) = patch else {
+                self.fail(format!("connections.{name}"), "must be a table".into());
+                continue;
+            };
+            let Some(Value::Table(conn)) = doc
+                .get_mut("connections")
+                .and_then(|c| c.as_table_mut())
+                .and_then(|c| c.get_mut(name))
+            else {
+                self.fail(
+                    format!("connections.{name}"),
+                    "the job has no connection of this name".into(),
+                );
+                continue;
+            };
+            for (k, v) in patch {
+                let field = format!("connections.{name}.{k}");
+                let Some(class) = connection_field_class(k) else {
+                    self.fail(field, "not a field a Delta can change".into());
+                    continue;
+                };
+                self.note(field, class, conn.get(k), v);
+                conn.insert(k.clone(), v.clone());
+            }
+        }
     }
-    if !errors.is_empty() {
-        return Err(Diagnostics(errors));
+
+    /// Refuses every [`ChangeClass::Forbidden`] change noted so far.
+    fn refuse_forbidden(&mut self) {
+        let forbidden: Vec<(String, String)> = self
+            .changes
+            .iter()
+            .filter(|c| c.class == ChangeClass::Forbidden)
+            .map(|c| {
+                (
+                    c.field.clone(),
+                    format!(
+                        "forbidden in a Delta ({} -> {}): identities and the topology change only \
+                         in a new job file (with rename-operator or fork)",
+                        c.from, c.to
+                    ),
+                )
+            })
+            .collect();
+        for (field, message) in forbidden {
+            self.fail(field, message);
+        }
     }
-    let text =
-        toml::to_string(&doc).map_err(|e| Diagnostics(vec![err(String::new(), e.to_string())]))?;
-    let model = parse_job_file(&format!("{job_file} with delta {delta_file}"), &text)?;
-    let shards = model.job.state_shards;
-    let mut beyond = Vec::new();
-    if model.job.parallelism > shards {
-        beyond.push(err(
-            "job.parallelism".into(),
-            format!(
-                "parallelism {} is beyond the shard count {shards}: a subtask needs at least \
-                 one state shard (raise job.state_shards, a state-affecting change)",
-                model.job.parallelism
-            ),
-        ));
-    }
-    for n in &model.nodes {
-        if let Some(p) = n.parallelism.filter(|p| *p > shards) {
-            beyond.push(err(
-                format!("node.{}.parallelism", n.name),
-                format!("parallelism {p} is beyond the shard count {shards}"),
+
+    /// A diagnostic for the job's and each node's parallelism beyond `state_shards`.
+    fn beyond_shards(&self, model: &StreamModel) -> Vec<Diagnostic> {
+        let shards = model.job.state_shards;
+        let mut beyond = Vec::new();
+        if model.job.parallelism > shards {
+            beyond.push(self.err(
+                "job.parallelism".into(),
+                format!(
+                    "parallelism {} is beyond the shard count {shards}: a subtask needs at least \
+                     one state shard (raise job.state_shards, a state-affecting change)",
+                    model.job.parallelism
+                ),
             ));
         }
+        for n in &model.nodes {
+            if let Some(p) = n.parallelism.filter(|p| *p > shards) {
+                beyond.push(self.err(
+                    format!("node.{}.parallelism", n.name),
+                    format!("parallelism {p} is beyond the shard count {shards}"),
+                ));
+            }
+        }
+        beyond
     }
-    if !beyond.is_empty() {
-        return Err(Diagnostics(beyond));
-    }
-    changes.sort_by(|a, b| a.field.cmp(&b.field));
-    Ok((model, changes))
 }
 
 #[cfg(test)]
