@@ -14,8 +14,8 @@
 //!   [`CapabilityContexts`] table and never names a capability: a build registers its
 //!   capabilities in one list (`nop_stream_task::capabilities`).
 //!
-//! So adding a connector touches its own crate, the job-file schema and one registration
-//! line.
+//! So adding a connector touches its own crate, the job-file schema and its registration
+//! (`docs/capabilities.md`: three lines in three files), never the plugin host.
 
 mod grant;
 

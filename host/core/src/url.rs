@@ -71,7 +71,7 @@ fn query(tail: &str) -> Option<&str> {
     tail.split_once('?').map(|(_, q)| q)
 }
 
-/// Checks a connection URL of `kind` (`postgres`, `nats`, `redis`; other kinds pass) for
+/// Checks a connection URL of `kind` (one of [`crate::model::CONNECTION_KINDS`]) for
 /// the scheme of its kind and refuses one that carries a password or could carry one
 /// under some driver's reading (see the module docs).
 ///
@@ -89,7 +89,13 @@ pub fn check_url(kind: &str, url: &str) -> Result<(), String> {
             &["redis://", "rediss://"],
             "`redis://[user@]host:port[/db]`",
         ),
-        _ => return Ok(()),
+        // A kind without rules here is a new capability whose URL rules were not added
+        // (docs/capabilities.md §3): refused, never passed unchecked.
+        _ => {
+            return Err(format!(
+                "connection kind `{kind}` has no URL rules in this host (host/core/src/url.rs)"
+            ));
+        }
     };
     if !schemes.iter().any(|s| url.starts_with(s)) {
         return Err(format!("expected a URL {shape}"));
@@ -223,6 +229,16 @@ pub fn redact_urls_in_json(value: &mut serde_json::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_connection_kind_has_url_rules_and_an_unknown_kind_is_refused() {
+        for kind in crate::model::CONNECTION_KINDS {
+            let e = check_url(kind, "bogus").expect_err(kind);
+            assert!(e.starts_with("expected a URL"), "{kind}: {e}");
+        }
+        let e = check_url("toy", "toy://host").expect_err("an unknown kind");
+        assert!(e.contains("no URL rules"), "{e}");
+    }
     use proptest::prelude::*;
 
     /// Pins the check that let `pass%77ord=` (a percent-encoded parameter name) and

@@ -430,8 +430,9 @@ mod tests {
     #[test]
     #[ignore = "needs /tmp/flights.csv: unzip -p examples/flights/data/flights.csv.zip > /tmp/flights.csv"]
     fn maps_the_real_file() {
-        let text = std::fs::read_to_string("/tmp/flights.csv")
-            .expect("/tmp/flights.csv: unzip -p examples/flights/data/flights.csv.zip > /tmp/flights.csv");
+        let text = std::fs::read_to_string("/tmp/flights.csv").expect(
+            "/tmp/flights.csv: unzip -p examples/flights/data/flights.csv.zip > /tmp/flights.csv",
+        );
         let mut m = Mapper::new(Config::parse("{}").unwrap());
         let (mut k, mut j) = (Vec::new(), Vec::new());
         let mut rows = 0;

@@ -214,8 +214,9 @@ mod tests {
     #[test]
     #[ignore = "needs /tmp/flights.csv: unzip -p examples/flights/data/flights.csv.zip > /tmp/flights.csv"]
     fn aggregates_the_real_file() {
-        let text = std::fs::read_to_string("/tmp/flights.csv")
-            .expect("/tmp/flights.csv: unzip -p examples/flights/data/flights.csv.zip > /tmp/flights.csv");
+        let text = std::fs::read_to_string("/tmp/flights.csv").expect(
+            "/tmp/flights.csv: unzip -p examples/flights/data/flights.csv.zip > /tmp/flights.csv",
+        );
         let records: Vec<(String, Option<i64>)> = text
             .lines()
             .skip(1)
