@@ -168,3 +168,32 @@ fn the_coordinator_links_neither_wasmtime_nor_quinn_and_the_cluster_no_wasmtime(
     let task = linked("nop-stream-task");
     assert!(task.contains("wasmtime"), "{task:?}");
 }
+
+#[test]
+fn the_readme_crate_map_names_every_host_crate_directory() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let map = &readme[readme.find("## Crate map").expect("README has a crate map")..];
+    let map = &map[..map[3..].find("\n## ").map_or(map.len(), |i| i + 3)];
+    let meta = metadata(true);
+    let mut missing = Vec::new();
+    for p in meta["packages"].as_array().unwrap() {
+        let manifest = Path::new(p["manifest_path"].as_str().unwrap());
+        let dir = manifest.parent().unwrap().strip_prefix(repo()).unwrap();
+        let dir = dir.to_string_lossy().into_owned();
+        // Capability crates are listed by their directory's glob.
+        let listed = if dir.starts_with("host/capabilities/") {
+            map.contains("`host/capabilities/*`")
+        } else if dir.starts_with("host/") {
+            map.contains(&format!("`{dir}`"))
+        } else {
+            continue;
+        };
+        if !listed {
+            missing.push(dir);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README.md's crate map leaves out {missing:?}"
+    );
+}
