@@ -1,5 +1,6 @@
 //! `observe-overhead`: what watching a job costs (design §15). The keyed count with
-//! exactly-once checkpoints (`count-ckpt`), embedded, in interleaved pairs: one run plain,
+//! exactly-once checkpoints (`count-ckpt`), embedded, in interleaved pairs (the order
+//! alternating from pair to pair): one run plain,
 //! one with `--http 127.0.0.1:0` and a scraper reading `/metrics` every interval for the
 //! whole run. The metrics registry counts in both (it is always on); the difference is the
 //! HTTP server, the encoding and the epoch-log and manifest reads a scrape does. Prints
@@ -109,8 +110,16 @@ pub fn run(
     one(true, "warm-observed")?;
     let mut out_pairs = Vec::new();
     for i in 1..=pairs {
-        let (pc, _, r, ps) = one(false, &format!("plain-{i}"))?;
-        let (oc, n, _, os) = one(true, &format!("observed-{i}"))?;
+        // The order alternates (plain first in odd pairs, observed first in even ones):
+        // whichever runs second in a pair tends to cost less (warm page cache), which a
+        // fixed order would book to one side.
+        let ((pc, _, r, ps), (oc, n, _, os)) = if i % 2 == 1 {
+            let p = one(false, &format!("plain-{i}"))?;
+            (p, one(true, &format!("observed-{i}"))?)
+        } else {
+            let o = one(true, &format!("observed-{i}"))?;
+            (one(false, &format!("plain-{i}"))?, o)
+        };
         ensure!(
             (ps.records, ps.checksum) == (os.records, os.checksum),
             "pair {i}: the observed run committed other output ({} records, checksum {:x}) \
