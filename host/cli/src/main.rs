@@ -1230,6 +1230,47 @@ fn cluster_command(command: ClusterCommand) -> Result<std::process::ExitCode> {
 }
 
 /// `nopstream plugin list` (and `nopstream plugins`): the plugin path, with sha256 and size.
+/// The `.wasm` files of the plugin path: directory by directory in search order, each
+/// directory's files sorted; a directory that cannot be read is skipped.
+fn wasm_files(search: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in search {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+            .collect();
+        files.sort();
+        out.extend(files);
+    }
+    out
+}
+
+/// Loads `f` as whichever plugin kind it is. `Err(Some((built_for, served)))`: built for a
+/// WIT version this host does not serve; `Err(None)`: not a plugin this host loads.
+fn load_any_kind(
+    host: &nop_stream_plugin_host::PluginHost,
+    f: &Path,
+) -> std::result::Result<nop_stream_plugin_host::LoadedPlugin, Option<(String, &'static str)>> {
+    let label = f.display().to_string();
+    let mut unserved = None;
+    [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
+        .into_iter()
+        .find_map(|k| match host.load(&label, f, k) {
+            Ok(p) => Some(p),
+            Err(nop_stream_plugin_host::RuntimeError::UnservedWit {
+                built_for, served, ..
+            }) => {
+                unserved = Some((built_for, served));
+                None
+            }
+            Err(_) => None,
+        })
+        .ok_or(unserved)
+}
+
 /// `nopstream plugin describe NAME@VERSION`: the first component on the plugin path whose
 /// describe() reports that reference.
 ///
@@ -1241,62 +1282,48 @@ fn describe_plugin(
     json: bool,
 ) -> Result<std::process::ExitCode> {
     let host = plugin_host(cache_dir())?;
-    for dir in search {
-        let Ok(entries) = std::fs::read_dir(dir) else {
+    for f in wasm_files(search) {
+        let Ok(p) = load_any_kind(&host, &f) else {
             continue;
         };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
-            .collect();
-        files.sort();
-        for f in files {
-            let label = f.display().to_string();
-            let Some(p) = [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
-                .into_iter()
-                .find_map(|k| host.load(&label, &f, k).ok())
-            else {
-                continue;
-            };
-            if p.info.reference() != reference {
-                continue;
-            }
-            let i = &p.info;
-            if json {
-                println!("{}", serde_json::to_string_pretty(i)?);
-                return Ok(std::process::ExitCode::SUCCESS);
-            }
-            println!("{} ({}): {}", i.reference(), i.kind, i.description);
-            println!("  file          {}", f.display());
-            println!("  sha256        {}", p.sha256);
-            if let Some(c) = i.source_capability {
-                println!("  capability    {c:?}");
-            }
-            if let Some(c) = i.sink_capability {
-                println!("  capability    {c:?}");
-            }
-            for st in &i.states {
-                println!(
-                    "  keyed state   {} ({:?}, schema version {})",
-                    st.name, st.kind, st.schema_version
-                );
-            }
-            for st in &i.operator_states {
-                println!("  operator state {}", st.name);
-            }
-            if !i.side_outputs.is_empty() {
-                println!("  side outputs  {}", i.side_outputs.join(", "));
-            }
-            let schema = serde_json::from_str::<serde_json::Value>(&i.config_schema).map_or_else(
-                |_| i.config_schema.clone(),
-                |v| serde_json::to_string_pretty(&v).unwrap_or_default(),
-            );
-            println!("  config schema (JSON Schema; `nopstream validate` checks it):");
-            for line in schema.lines() {
-                println!("    {line}");
-            }
+        if p.info.reference() != reference {
+            continue;
+        }
+        let i = &p.info;
+        if json {
+            println!("{}", serde_json::to_string_pretty(i)?);
             return Ok(std::process::ExitCode::SUCCESS);
         }
+        println!("{} ({}): {}", i.reference(), i.kind, i.description);
+        println!("  file          {}", f.display());
+        println!("  sha256        {}", p.sha256);
+        if let Some(c) = i.source_capability {
+            println!("  capability    {c:?}");
+        }
+        if let Some(c) = i.sink_capability {
+            println!("  capability    {c:?}");
+        }
+        for st in &i.states {
+            println!(
+                "  keyed state   {} ({:?}, schema version {})",
+                st.name, st.kind, st.schema_version
+            );
+        }
+        for st in &i.operator_states {
+            println!("  operator state {}", st.name);
+        }
+        if !i.side_outputs.is_empty() {
+            println!("  side outputs  {}", i.side_outputs.join(", "));
+        }
+        let schema = serde_json::from_str::<serde_json::Value>(&i.config_schema).map_or_else(
+            |_| i.config_schema.clone(),
+            |v| serde_json::to_string_pretty(&v).unwrap_or_default(),
+        );
+        println!("  config schema (JSON Schema; `nopstream validate` checks it):");
+        for line in schema.lines() {
+            println!("    {line}");
+        }
+        return Ok(std::process::ExitCode::SUCCESS);
     }
     let searched: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
     anyhow::bail!(
@@ -1308,60 +1335,34 @@ fn describe_plugin(
 fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
     let host = plugin_host(cache_dir())?;
     let mut seen = 0;
-    for dir in search {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            continue;
-        };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
-            .collect();
-        files.sort();
-        for f in files {
-            let label = f.display().to_string();
-            let mut unserved = None;
-            let found = [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
-                .into_iter()
-                .find_map(|k| match host.load(&label, &f, k) {
-                    Ok(p) => Some(p),
-                    Err(nop_stream_plugin_host::RuntimeError::UnservedWit {
-                        built_for,
-                        served,
-                        ..
-                    }) => {
-                        unserved = Some((built_for, served));
-                        None
-                    }
-                    Err(_) => None,
-                });
-            match found {
-                Some(p) => println!(
-                    "{:<28} {:<9} {}  {:>12} B  {}  ({})",
-                    p.info.reference(),
-                    p.info.kind.to_string(),
-                    p.sha256,
-                    output::thousands(std::fs::metadata(&f).map_or(0, |m| m.len())),
-                    p.info.description,
+    for f in wasm_files(search) {
+        match load_any_kind(&host, &f) {
+            Ok(p) => println!(
+                "{:<28} {:<9} {}  {:>12} B  {}  ({})",
+                p.info.reference(),
+                p.info.kind.to_string(),
+                p.sha256,
+                output::thousands(std::fs::metadata(&f).map_or(0, |m| m.len())),
+                p.info.description,
+                f.display()
+            ),
+            Err(unserved) => match &unserved {
+                Some((built_for, served)) => println!(
+                    "{:<28} {:<9} built for {built_for}, which this host does not serve \
+                         (it serves {served}); rebuild it with this host's nop-stream-sdk  ({})",
+                    "?",
+                    "-",
                     f.display()
                 ),
-                None => match &unserved {
-                    Some((built_for, served)) => println!(
-                        "{:<28} {:<9} built for {built_for}, which this host does not serve \
-                         (it serves {served}); rebuild it with this host's nop-stream-sdk  ({})",
-                        "?",
-                        "-",
-                        f.display()
-                    ),
-                    None => println!(
-                        "{:<28} {:<9} not a nop:stream component  ({})",
-                        "?",
-                        "-",
-                        f.display()
-                    ),
-                },
-            }
-            seen += 1;
+                None => println!(
+                    "{:<28} {:<9} not a nop:stream component  ({})",
+                    "?",
+                    "-",
+                    f.display()
+                ),
+            },
         }
+        seen += 1;
     }
     if seen == 0 {
         bail!("no plugins found on the plugin path");

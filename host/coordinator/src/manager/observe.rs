@@ -485,7 +485,7 @@ impl<P: Platform> JobManager<P> {
             };
             let (was, is) = (before.map_or(0, |(_, c)| read(c)), read(&counts));
             points.push_back(RatePoint {
-                at_ms: unix_ms(),
+                at_ms: super::now_ms(),
                 records_per_second: is.saturating_sub(was) as f64 / dt,
             });
             while points.len() > THROUGHPUT_POINTS {
@@ -751,13 +751,6 @@ fn vertex_counts(samples: &[Sample], v: &str) -> Counts {
         backpressured: sum(&inv::BACKPRESSURED_TIME),
         idle: sum(&inv::IDLE_TIME),
     }
-}
-
-/// Now, ms since the Unix epoch.
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The epoch families of a job from its checkpoints view.
