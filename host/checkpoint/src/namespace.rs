@@ -166,6 +166,11 @@ pub struct Namespace {
     /// written once under a name of its own epoch and attempt and never changed, so
     /// [`Self::retain`] reads each kept manifest once per handle, not once per epoch.
     referenced: Mutex<BTreeMap<String, BTreeSet<u64>>>,
+    /// The epoch log records this handle has read, by object name. A record is created
+    /// once and never changed (retention may delete it), so [`Self::read_log`] gets only
+    /// the names it has not seen: a handle kept by a reader that polls (the metrics
+    /// scrape, the status API) lists the log and reads only what is new.
+    log_cache: Mutex<BTreeMap<String, EpochLogRecord>>,
 }
 
 /// What a namespace listing found: the durable epochs and their manifests' names.
@@ -184,6 +189,7 @@ impl Namespace {
             store,
             unresolved: Mutex::default(),
             referenced: Mutex::default(),
+            log_cache: Mutex::default(),
         }
     }
 
@@ -586,8 +592,12 @@ impl Namespace {
     /// Every epoch log record, by epoch, then attempt, then state (the older layout's
     /// `epochs.log` merged in; a torn last line of it is ignored).
     ///
+    /// Lists the log and reads only the records this handle has not read before (records
+    /// are immutable; names no longer listed are forgotten), so polling one handle costs a
+    /// listing plus the new records, not the whole history.
+    ///
     /// # Errors
-    /// Storage failures.
+    /// Storage failures; a record that does not parse (naming it).
     pub fn read_log(&self) -> Result<Vec<EpochLogRecord>> {
         let mut out: Vec<EpochLogRecord> = match self.store.get(names::LEGACY_LOG) {
             Ok(text) => String::from_utf8_lossy(&text)
@@ -597,13 +607,23 @@ impl Namespace {
             Err(e) if e.is_not_found() => Vec::new(),
             Err(e) => return Err(e.into()),
         };
-        for m in self.retry(|| self.store.list(names::LOG))? {
-            let bytes = self.retry(|| self.store.get(&m.name))?;
-            match serde_json::from_slice(&bytes) {
-                Ok(r) => out.push(r),
-                Err(e) => return Err(StorageError::corrupt(self, &m.name, e.to_string())),
-            }
+        let listed = self.retry(|| self.store.list(names::LOG))?;
+        let mut cache = self.log_cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = BTreeMap::new();
+        for m in listed {
+            let record = match cache.remove(&m.name) {
+                Some(r) => r,
+                None => {
+                    let bytes = self.retry(|| self.store.get(&m.name))?;
+                    serde_json::from_slice(&bytes)
+                        .map_err(|e| StorageError::corrupt(self, &m.name, e.to_string()))?
+                }
+            };
+            out.push(record.clone());
+            seen.insert(m.name, record);
         }
+        *cache = seen;
+        drop(cache);
         out.sort_by_key(|r| (r.epoch, r.attempt, log_rank(r.state).0));
         out.dedup();
         Ok(out)

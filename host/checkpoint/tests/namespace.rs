@@ -509,3 +509,46 @@ fn retention_does_not_read_back_the_manifests_its_handle_published() {
     let other = Namespace::new(Scoped::new(Arc::clone(&faulty) as Arc<dyn ObjectStore>, ""));
     assert!(other.retain(2).is_err());
 }
+
+/// A metrics scrape or status poll read every epoch log record (up to three per epoch of
+/// the retained history) on every call. A handle now reads each record once: with every
+/// read of the old records failing, a polled handle still lists the log, reads the new
+/// record, and forgets what retention deleted; a fresh handle fails.
+#[test]
+fn a_polled_handle_reads_only_the_log_records_it_has_not_read() {
+    let faulty = Arc::new(Faulty::new(Arc::new(MemStore::new())));
+    let ns = Namespace::new(Scoped::new(Arc::clone(&faulty) as Arc<dyn ObjectStore>, ""));
+    for e in 1..=9u64 {
+        log(&ns, e, EpochState::Created, 1);
+        log(&ns, e, EpochState::Durable, 1);
+        log(&ns, e, EpochState::Committed, 1);
+    }
+    let first = ns.read_log().unwrap();
+    assert_eq!(first.len(), 27);
+    // The records of epochs 1..=9: "log/" then 19 zeros and the digit.
+    faulty.inject(
+        Op::Get,
+        &format!("{}{}", names::LOG, "0".repeat(19)),
+        u32::MAX,
+        Fault::Unavailable,
+    );
+    log(&ns, 10, EpochState::Created, 1);
+    let second = ns.read_log().unwrap();
+    assert_eq!(second.len(), 28);
+    assert_eq!(&second[..27], &first[..]);
+    assert_eq!(second[27].epoch, EpochId(10));
+    assert_eq!(faulty.injected(), 0, "no old record was read again");
+    // A record deleted (as retention does) is gone from the next read.
+    let gone = names::log_record(1, 0, "created", 1);
+    ns.store().delete(&gone).unwrap();
+    let third = ns.read_log().unwrap();
+    assert_eq!(third.len(), 27);
+    assert!(
+        !third
+            .iter()
+            .any(|r| r.epoch == EpochId(1) && r.state == EpochState::Created)
+    );
+    // A handle that has read nothing reads them all, and fails while it cannot.
+    let other = Namespace::new(Scoped::new(Arc::clone(&faulty) as Arc<dyn ObjectStore>, ""));
+    assert!(other.read_log().is_err());
+}

@@ -37,6 +37,14 @@ pub struct Observed {
     throughput: Mutex<HashMap<String, std::collections::VecDeque<RatePoint>>>,
     /// Per job (namespace): what its durable manifests hold, folded once each.
     manifests: Mutex<HashMap<String, Arc<Mutex<Folded>>>>,
+    /// Per job: the checkpoint namespace handle of its current run (keyed by the run's
+    /// submission time), kept so that polling reads only what is new in the epoch log
+    /// ([`Namespace::read_log`]) and the job file is not compiled again per scrape.
+    namespaces: Mutex<HashMap<String, (u64, Arc<Namespace>)>>,
+    /// Per job (namespace): the snapshot bytes of each retained durable manifest
+    /// (manifests never change once published), so the checkpoint summary does not read
+    /// every retained manifest again.
+    sizes: Mutex<HashMap<String, BTreeMap<u64, u64>>>,
 }
 
 /// The figures of a job's durable manifests, each manifest folded once (at the first
@@ -414,9 +422,18 @@ fn min_avg_max(v: &[u64]) -> Option<MinAvgMax> {
 }
 
 impl<P: Platform> JobManager<P> {
-    fn namespace_of_job(&self, job: &str) -> Result<Namespace, ManagerError> {
+    /// The checkpoint namespace of `job`'s current run, one handle per run (see
+    /// [`Observed`]'s `namespaces`).
+    fn namespace_of_job(&self, job: &str) -> Result<Arc<Namespace>, ManagerError> {
         let r = self.record(job)?;
-        Ok(Namespace::open(&self.namespace_of(&r)?)?)
+        if let Some((at, ns)) = lock(&self.observed.namespaces).get(job)
+            && *at == r.submitted_ms
+        {
+            return Ok(Arc::clone(ns));
+        }
+        let ns = Arc::new(Namespace::open(&self.namespace_of(&r)?)?);
+        lock(&self.observed.namespaces).insert(job.to_owned(), (r.submitted_ms, Arc::clone(&ns)));
+        Ok(ns)
     }
 
     /// `job`'s status and graph.
@@ -545,13 +562,20 @@ impl<P: Platform> JobManager<P> {
         let ns = self.namespace_of_job(job)?;
         let all = epochs(&ns.read_log()?);
         let retained: Vec<u64> = ns.manifest_epochs()?.into_iter().map(|e| e.0).collect();
-        let mut sizes = Vec::new();
+        let key = format!("{job}\u{0}{}", ns.describe());
+        let known = lock(&self.observed.sizes).remove(&key).unwrap_or_default();
+        let mut by_epoch = BTreeMap::new();
         for e in &retained {
-            sizes.push(
-                ns.read_manifest(nop_stream_api::EpochId(*e))?
+            let bytes = match known.get(e) {
+                Some(b) => *b,
+                None => ns
+                    .read_manifest(nop_stream_api::EpochId(*e))?
                     .snapshot_bytes(),
-            );
+            };
+            by_epoch.insert(*e, bytes);
         }
+        let sizes: Vec<u64> = by_epoch.values().copied().collect();
+        lock(&self.observed.sizes).insert(key, by_epoch);
         let is = |v: &EpochView, s: &str| v.state == s;
         let durations: Vec<u64> = all.iter().filter_map(|v| v.duration_ms).collect();
         Ok(CheckpointsView {
