@@ -596,6 +596,53 @@ fn a_cluster_coordinator_serves_its_nodes_samples_and_the_epoch_log() {
     assert_eq!(m.sum("nopstream_node_leases", &[]), 3.0);
     assert!(m.sum("nopstream_node_lease_renewals_total", &[]) > 0.0);
     assert_eq!(m.sum("nopstream_coordinator_leading", &[]), 1.0);
+
+    // The coordinator SIGKILLed and started again on the same storage: its API still
+    // shows the checkpoint history from before (read from the epoch log, not from memory)
+    // and its recovery count, in the status and in /metrics alike.
+    let mut c = c;
+    let before = api_durable(&json(&addr, &format!("/api/v1/jobs/{JOB}/checkpoints")));
+    let recoveries_before = json(&addr, &format!("/api/v1/jobs/{JOB}"))["status"]["recoveries"]
+        .as_u64()
+        .unwrap();
+    const SAYS: &str = "http: /metrics and /api/v1/ on http://";
+    let served = |c: &common::cluster::Cluster| c.log("coordinator.log").matches(SAYS).count();
+    let served_before = served(&c);
+    c.restart_coordinator(false);
+    wait_for("the restarted coordinator's HTTP server", || {
+        (served(&c) > served_before).then_some(())
+    });
+    let addr = c.http_addr();
+    let last_before = *before.last().unwrap();
+    let path = format!("/api/v1/jobs/{JOB}/checkpoints");
+    let after = wait_for("an epoch durable after the restart", || {
+        let r = get(&addr, &path);
+        let after = api_durable(
+            &serde_json::from_str(&r.body)
+                .ok()
+                .filter(|_| r.status == 200)?,
+        );
+        (after.last() > Some(&last_before)).then_some(after)
+    });
+    let kept: BTreeSet<u64> = before
+        .range(last_before.saturating_sub(200)..)
+        .copied()
+        .collect();
+    assert!(
+        kept.is_subset(&after),
+        "the history from before the restart {kept:?} is in the API after it: {after:?}"
+    );
+    let status = json(&addr, &format!("/api/v1/jobs/{JOB}"))["status"].clone();
+    let recoveries = status["recoveries"].as_u64().unwrap();
+    assert!(
+        recoveries > recoveries_before,
+        "the restart's redeployment counts as a recovery: {recoveries_before} -> {status}"
+    );
+    let m = scrape(&addr);
+    assert_eq!(
+        m.sum("nopstream_job_recoveries_total", &job),
+        recoveries as f64
+    );
 }
 
 /// Debian's Chromium, if installed; with `CI=true` its absence fails the test.
