@@ -370,6 +370,10 @@ enum Cmd {
         /// Parallelism.
         #[arg(short, long, default_value_t = 1)]
         parallelism: u32,
+        /// Checkpoint interval, ms [default: the workload's, 1000]. A short one builds in
+        /// seconds the epoch-log history a job that ran for hours has.
+        #[arg(long)]
+        checkpoint_ms: Option<u64>,
         /// The `nopstream` binary [default: next to this one].
         #[arg(long)]
         nopstream: Option<PathBuf>,
@@ -678,6 +682,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             records,
             interval_ms,
             parallelism,
+            checkpoint_ms,
             nopstream,
             out,
         } => {
@@ -690,6 +695,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 pairs.max(1),
                 std::time::Duration::from_millis(interval_ms.max(10)),
                 parallelism.max(1),
+                checkpoint_ms,
             )?;
             Ok(())
         }

@@ -10,8 +10,10 @@
 //! spawn. A bench that holds a folded state of 100 MiB then reported every later child as
 //! at least that large. `ru_maxrss` is the fallback where `/proc` is not readable.
 //!
-//! The same poll reads each thread's CPU time (`/proc/<pid>/task/*/stat`, user + system)
-//! and keeps the last value seen, so [`ChildRun::threads`] tells which thread limits a
+//! The same poll reads each thread's CPU time and keeps the last value seen: the
+//! scheduler's on-CPU nanoseconds (`/proc/<pid>/task/*/schedstat`, first field) where the
+//! kernel keeps them, else user + system clock ticks (`stat`, 10 ms each, too coarse for a
+//! thread that runs a millisecond now and then), so [`ChildRun::threads`] tells which thread limits a
 //! pipelined run. A thread's last 10 ms before it exits can be missed. `perf` is no
 //! substitute on a virtual machine that samples `cpu-clock`: it overcharges kernel entries.
 
@@ -73,36 +75,38 @@ pub fn parse_stat(stat: &str) -> Option<(String, u64)> {
     Some((name, utime + stime))
 }
 
-/// Records the latest CPU ticks of every thread of `pid` into `seen` (by thread id).
+/// Records the latest CPU time (ns) of every thread of `pid` into `seen` (by thread id).
 fn poll_threads(pid: u32, seen: &mut std::collections::HashMap<String, (String, u64)>) {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return;
     };
+    let ns_per_tick = 1e9 / clock_ticks();
     for entry in dir.flatten() {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        if let Some((name, ticks)) = parse_stat(&stat) {
-            seen.insert(
-                entry.file_name().to_string_lossy().into_owned(),
-                (name, ticks),
-            );
-        }
+        let Some((name, ticks)) = parse_stat(&stat) else {
+            continue;
+        };
+        let ns = std::fs::read_to_string(entry.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_ascii_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or((ticks as f64 * ns_per_tick) as u64);
+        seen.insert(entry.file_name().to_string_lossy().into_owned(), (name, ns));
     }
 }
 
 /// Sums the threads seen by name, busiest first.
 fn threads_by_name(seen: &std::collections::HashMap<String, (String, u64)>) -> Vec<ThreadCpu> {
-    let hz = clock_ticks();
     let mut by_name: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-    for (name, ticks) in seen.values() {
-        *by_name.entry(name).or_default() += ticks;
+    for (name, ns) in seen.values() {
+        *by_name.entry(name).or_default() += ns;
     }
     let mut v: Vec<ThreadCpu> = by_name
         .into_iter()
-        .map(|(name, ticks)| ThreadCpu {
+        .map(|(name, ns)| ThreadCpu {
             name: name.to_owned(),
-            cpu_s: ticks as f64 / hz,
+            cpu_s: ns as f64 / 1e9,
         })
         .collect();
     v.sort_by(|a, b| {
