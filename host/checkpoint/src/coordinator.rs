@@ -161,6 +161,10 @@ pub struct EpochCoordinator {
     interval_ms: Option<u64>,
     timeout_ms: u64,
     last_epoch_ms: Option<u64>,
+    /// See [`Self::with_first_interval_ms`].
+    first_interval_ms: Option<u64>,
+    /// When the first periodic epoch is due (from the first tick), until it starts.
+    first_due_ms: Option<u64>,
     in_flight: Option<InFlight>,
     end_of_data: BTreeSet<TaskId>,
     final_epoch: Option<EpochId>,
@@ -190,6 +194,8 @@ impl EpochCoordinator {
             interval_ms,
             timeout_ms,
             last_epoch_ms: None,
+            first_interval_ms: None,
+            first_due_ms: None,
             in_flight: None,
             end_of_data: BTreeSet::new(),
             final_epoch: None,
@@ -198,6 +204,18 @@ impl EpochCoordinator {
             finished: false,
             stats: CoordinatorStats::default(),
         }
+    }
+
+    /// The first periodic epoch starts `ms` after the first tick (at most one interval)
+    /// instead of a whole interval after it; later ones keep the interval. A recovered
+    /// attempt uses it so that what its sinks write after the restore is committed soon
+    /// after the tasks run again, not up to an interval later (design §11: recovery ends
+    /// at the first epoch the new attempt commits). Without a periodic interval it has
+    /// no effect.
+    #[must_use]
+    pub fn with_first_interval_ms(mut self, ms: u64) -> Self {
+        self.first_interval_ms = Some(ms);
+        self
     }
 
     /// The epoch in flight and its state.
@@ -234,6 +252,7 @@ impl EpochCoordinator {
         let epoch = self.next_epoch;
         self.next_epoch = EpochId(epoch.0 + 1);
         self.last_epoch_ms = Some(now_ms);
+        self.first_due_ms = None;
         if final_epoch {
             self.final_epoch = Some(epoch);
         }
@@ -347,11 +366,15 @@ impl EpochCoordinator {
             return out;
         }
         let due = match (self.interval_ms, self.last_epoch_ms) {
+            (Some(_), Some(_)) if self.first_due_ms.is_some_and(|d| now_ms >= d) => true,
             (Some(i), Some(last)) => now_ms.saturating_sub(last) >= i,
-            (Some(_), None) => {
+            (Some(i), None) => {
                 // The first interval counts from the first tick.
                 self.last_epoch_ms = Some(now_ms);
-                false
+                self.first_due_ms = self
+                    .first_interval_ms
+                    .map(|f| now_ms.saturating_add(f.min(i)));
+                self.first_interval_ms == Some(0)
             }
             (None, _) => false,
         };

@@ -308,6 +308,14 @@ impl RestartBudget {
     }
 }
 
+/// How long after its tasks are deployed an attempt that restored from a durable epoch
+/// starts its first periodic epoch (at most one checkpoint interval): 100 ms. The tasks
+/// have started when the deployment returns (a cluster's nodes confirmed it), so the
+/// barrier waits at most for their restore; what the sinks wrote since the restore is
+/// then committed about one checkpoint duration later rather than a whole interval later
+/// ([`EpochCoordinator::with_first_interval_ms`]).
+pub const FIRST_EPOCH_AFTER_RESTORE_MS: u64 = 100;
+
 /// The pause before recovery `n` of a run (0 for the first): `first × 2^n`, capped at
 /// `max` (exponential backoff; with the defaults 100 ms, 200 ms, 400 ms, … 5 s).
 pub fn restart_backoff(first: Duration, max: Duration, n: u32) -> Duration {
@@ -640,6 +648,19 @@ fn drive_attempt<W: Workers>(
         sinks,
     } = prepared;
     let total = deployment.tasks.len();
+    let mut coord = EpochCoordinator::new(
+        plan.ack_set.iter().cloned(),
+        deployment.attempt,
+        deployment.first_epoch,
+        plan.job.checkpoint_interval_ms,
+        plan.job
+            .checkpoint_timeout_ms
+            .unwrap_or(opts.checkpoint_timeout_ms),
+        restore_epoch,
+    );
+    if restore_epoch.is_some() {
+        coord = coord.with_first_interval_ms(FIRST_EPOCH_AFTER_RESTORE_MS);
+    }
     let mut d = Driver::<W::Error> {
         plan,
         meta: crate::compat::snapshot_meta(plan, &opts.components),
@@ -652,16 +673,7 @@ fn drive_attempt<W: Workers>(
         sources,
         sinks,
         tasks: deployment.tasks.iter().map(|t| t.task.clone()).collect(),
-        coord: EpochCoordinator::new(
-            plan.ack_set.iter().cloned(),
-            deployment.attempt,
-            deployment.first_epoch,
-            plan.job.checkpoint_interval_ms,
-            plan.job
-                .checkpoint_timeout_ms
-                .unwrap_or(opts.checkpoint_timeout_ms),
-            restore_epoch,
-        ),
+        coord,
         queue: VecDeque::new(),
         failure: None,
         created_ms: BTreeMap::new(),
