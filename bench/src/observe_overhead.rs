@@ -178,26 +178,14 @@ pub fn run(
             records: r,
         });
     }
-    let mut ratios: Vec<f64> = out_pairs
-        .iter()
-        .map(|p| p.observed_cpu_s / p.plain_cpu_s)
-        .collect();
-    ratios.sort_by(f64::total_cmp);
-    let median = ratios[ratios.len() / 2];
-    let mut shares: Vec<f64> = out_pairs
-        .iter()
-        .map(|p| p.http_cpu_s / p.observed_cpu_s)
-        .collect();
-    shares.sort_by(f64::total_cmp);
-    let share = shares[shares.len() / 2];
-    let per_scrape_ms = {
-        let mut v: Vec<f64> = out_pairs
-            .iter()
-            .map(|p| p.http_cpu_s * 1000.0 / p.scrapes as f64)
-            .collect();
+    let median_of = |f: fn(&Pair) -> f64| {
+        let mut v: Vec<f64> = out_pairs.iter().map(f).collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let median = median_of(|p| p.observed_cpu_s / p.plain_cpu_s);
+    let share = median_of(|p| p.http_cpu_s / p.observed_cpu_s);
+    let per_scrape_ms = median_of(|p| p.http_cpu_s * 1000.0 / p.scrapes as f64);
     println!(
         "observe-overhead: {records} bids, p={p}, checkpoints every {} ms, a scrape every {} \
          ms: median CPU observed ÷ plain {median:.4} ({:+.2} %) over {pairs} pairs; the \
