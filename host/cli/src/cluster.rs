@@ -883,6 +883,7 @@ pub fn run_node(a: NodeArgs) -> Result<()> {
         Some(c) => crate::location(c).context("--checkpoints")?,
         None => storage.join(nop_stream_checkpoint::names::CHECKPOINTS),
     };
+    let terms = Arc::new(nop_stream_cluster::session::TermWatch::default());
     let host = nop_stream_server::NodeHost::start(
         nop_stream_server::NodeOptions {
             id: nop_stream_cluster::NodeId(a.id),
@@ -891,13 +892,14 @@ pub fn run_node(a: NodeArgs) -> Result<()> {
             checkpoints,
             channel_capacity: 0,
             task_scheduling: a.task_scheduling,
+            terms: Arc::clone(&terms),
         },
         rt.handle().clone(),
     )
     .map_err(|e| anyhow::anyhow!("node data {}: {e}", data.display()))?;
     let cfg = nop_stream_cluster::session::NodeConfig {
         join: a.join.0,
-        terms: Arc::default(),
+        terms,
         id: nop_stream_cluster::NodeId(a.id),
         certs: a.certs,
         listen: a.listen,

@@ -3,19 +3,22 @@
 //! electing on it, three nodes given all three addresses, and the cluster's storage on the
 //! S3 test server when `NOP_TEST_S3_URL` is set (`.ci/run` sets it), else in a directory.
 //!
-//! - The leader SIGKILLed at random moments during the per-record job: a standby takes
-//!   over, and every record is committed exactly once; the failover time is printed, split
-//!   into detection + election and reload + redeploy + first commit.
+//! - The leader SIGKILLed at 5 random moments while three jobs run: a standby takes over
+//!   each time; the per-record job commits every record exactly once, the aggregate job's
+//!   output equals the embedded run's, and the per-record job into Postgres (the test
+//!   server of `NOP_TEST_PG_URL`, two-phase commit) writes every row once and leaves
+//!   nothing prepared; the failover time is printed, split into detection + election and
+//!   reload + redeploy + first commit.
 //! - The leader SIGSTOPped past its lease, then SIGCONTed: a standby takes over meanwhile;
-//!   the old leader exits (status 75) without acting, and the output is exact.
+//!   the old leader exits (status 75) without acting, and the output is exact. Then a
+//!   coordinator of a lower term (term 0: no election) on its address: every node refuses
+//!   its welcome, and the next leader's `/metrics` shows the refusals the nodes counted.
 //! - The leader's election lease revoked in etcd, the process restarted within one TTL:
 //!   discovery (`cluster status`, every coordinator's `/metrics` and HTTP redirects) ends
 //!   on the real leader, and the output is exact.
 //! - A bounded chaos run (`NOPSTREAM_CHAOS_SECS`, default 60): random node kills, leader
 //!   kills, a leader stopped past its lease and etcd restarts while the per-record job
 //!   runs, a supervisor restarting what exits; every record committed exactly once.
-//! - A node that saw a higher term refuses a coordinator of a lower one (the session layer's
-//!   `TermWatch`, exercised through a real etcd-elected cluster: the nodes' logs).
 //!
 //! Built only with the `etcd` feature (`cargo test -p nop-stream-cli --features etcd
 //! --test ha -- --ignored`); ignored by a plain run. The tests run one at a time.
@@ -23,8 +26,8 @@
 mod common;
 
 use common::cluster::{
-    BIN, Rng, Timed, check_per_record, committed, free_udp_port, job_copy, log_file, serial,
-    signal, strip_ansi, wait_for,
+    BIN, Rng, Timed, check_per_record, committed, embedded, free_udp_port, job_copy, log_file,
+    serial, signal, strip_ansi, wait_for,
 };
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -490,35 +493,115 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// The per-record flights job into table `departures` at `url` (no key on the table, so a
+/// row written twice stays visible), parallelism 3, 200 ms epochs, each source subtask
+/// throttled to `rate` records per second.
+fn postgres_job_text(url: &str, rate: u64) -> String {
+    format!(
+        r#"[job]
+name = "ha-postgres-per-record"
+parallelism = 3
+semantic = "strict-exactly-once"
+checkpoint_interval_ms = 200
+
+[connections.pg]
+kind = "postgres"
+url = "{url}"
+password_env = "PGPASSWORD"
+
+[[prepare]]
+unzip = "data/flights.csv.zip"
+member = "flights.csv"
+into = "data"
+
+[[source]]
+name = "flights"
+plugin = "file-source@0.1.0"
+grants = [{{ guest = "/input", host = "data" }}]
+config = {{ path = "/input/flights.csv", format = "csv", header = true, max_records_per_second = {rate} }}
+
+[[operator]]
+name = "parse"
+plugin = "flights-mapper@0.1.0"
+inputs = ["flights"]
+config = {{ key = "carrier", fields = ["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time", "dep_delay"] }}
+
+[[sink]]
+name = "departures"
+plugin = "postgres-sink@0.1.0"
+inputs = ["parse"]
+connections = ["pg"]
+config = {{ connection = "pg", table = "departures", columns = [
+    {{ name = "year" }}, {{ name = "month" }}, {{ name = "day" }}, {{ name = "carrier" }},
+    {{ name = "flight" }}, {{ name = "origin" }}, {{ name = "sched_dep_time" }},
+    {{ name = "dep_delay" }},
+] }}
+"#
+    )
+}
+
 #[test]
-#[ignore = "needs etcd (.ci/run installs etcd-server)"]
+#[ignore = "needs etcd and PostgreSQL (.ci/run installs etcd-server and starts the Postgres test server)"]
 fn the_leader_killed_at_random_moments_leaves_exact_output() {
+    // Three jobs run at once while the leader is SIGKILLed 5 times: the per-record job
+    // (every departure committed exactly once), the aggregate job (its output equals the
+    // embedded run's) and the per-record job into Postgres through two-phase commit
+    // (every row exactly once, no transaction of its database left prepared).
     let _g = serial();
     let _t = Timed("ha: leader kills", Instant::now());
+    const KILLS: usize = 5;
     let mut rng = Rng::new("ha leader kills");
+    let mut db = common::pg::Db::new("ha_kills");
+    db.client
+        .batch_execute(
+            "CREATE TABLE departures (year INT, month INT, day INT, carrier TEXT, \
+             flight INT, origin TEXT, sched_dep_time INT, dep_delay INT)",
+        )
+        .unwrap();
     let mut ha = Ha::start();
+    let sink = PathBuf::from(nop_stream_artifacts::PLUGIN_DIR).join("postgres_sink.wasm");
+    let (ok, out, err) = ha.cli(&["plugin", "upload"], &[sink]);
+    assert!(ok, "upload: {out}{err}");
     let (leader, term) = ha.wait_leader(None, Duration::from_secs(30));
     eprintln!("[ha suite] leader {leader} term {term}");
-    // About 8 s of input at parallelism 3, epochs every 200 ms.
-    let job = job_copy("flights-per-record.toml", 200, 15_000);
+    // About 20 s of input each at parallelism 3 (more under the kills), epochs every
+    // 200 ms: the three jobs outlast five failovers.
     let tmp = tempfile::tempdir().unwrap();
+    let per_record = job_copy("flights-per-record.toml", 200, 5_500);
     let out = tmp.path().join("out");
-    let id = ha.submit(&job.0, &out, &["-p", "3", "--fresh"]);
+    let id = ha.submit(&per_record.0, &out, &["-p", "3", "--fresh"]);
+    let aggregate = job_copy("flights.toml", 200, 5_500);
+    let agg_out = tmp.path().join("aggregate-out");
+    let agg_id = ha.submit(&aggregate.0, &agg_out, &["-p", "3", "--fresh"]);
+    // The independent expectation: the embedded run of the same job file (throttled too,
+    // so it runs beside the cluster at little cost).
+    let embedded_run = {
+        let (file, dir) = (aggregate.0.clone(), tmp.path().join("embedded"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::thread::spawn(move || embedded(&file, &dir))
+    };
+    let pg_file = common::kit::job_in(
+        tmp.path(),
+        "ha-postgres.toml",
+        "examples/flights",
+        &postgres_job_text(&db.url, 5_500),
+    );
+    let pg_id = ha.submit(&pg_file, &tmp.path().join("pg-out"), &["--fresh"]);
     let mut kills = 0;
+    // Kills that landed while the aggregate job, and the Postgres job, ran.
+    let (mut agg_kills, mut pg_kills) = (0, 0);
     let mut term = term;
     let mut failovers = Vec::new();
-    for _ in 0..3 {
+    while kills < KILLS {
         std::thread::sleep(Duration::from_millis(300 + rng.below(1500)));
-        let state = ha.status(&id).map(|s| s["state"].clone());
-        if state
-            .as_ref()
-            .is_some_and(|s| s != "Running" && s != "Submitted")
-        {
+        if ha.ended(&id) {
             break;
         }
         let (leader, t) = ha.wait_leader(None, Duration::from_secs(30));
         assert!(t >= term, "terms only grow: {t} after {term}");
         let before = ha.durable_epoch(&id);
+        let agg_running = !ha.ended(&agg_id);
+        let pg_running = !ha.ended(&pg_id);
         let i = ha.index_of(&leader);
         let killed_at = now_secs();
         let killed = Instant::now();
@@ -526,7 +609,9 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
         c.kill().unwrap();
         c.wait().unwrap();
         kills += 1;
-        let (next, t2) = ha.wait_leader(Some(t), Duration::from_secs(30));
+        agg_kills += usize::from(agg_running);
+        pg_kills += usize::from(pg_running);
+        let (next, t2) = ha.wait_leader(Some(t), Duration::from_secs(60));
         let elected = killed.elapsed();
         assert!(
             t2 > t,
@@ -536,7 +621,7 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
         // The first epoch committed under the new leader.
         wait_for(
             "a commit under the new leader",
-            Duration::from_secs(60),
+            Duration::from_secs(120),
             || ha.durable_epoch(&id) > before || ha.ended(&id),
         );
         let first_commit = killed.elapsed();
@@ -572,18 +657,61 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
         }
         ha.start_coordinator(i);
     }
+    assert_eq!(
+        kills, KILLS,
+        "the per-record job ended before {KILLS} leader kills landed"
+    );
+    assert!(
+        agg_kills >= 2 && pg_kills >= 2,
+        "at least two kills landed while the aggregate job ({agg_kills}) and the Postgres \
+         job ({pg_kills}) ran"
+    );
     let status = ha.wait_finished(&id, Duration::from_secs(300));
     let lines = committed(&out);
     check_per_record(&lines);
-    assert!(kills >= 1, "at least one leader was killed mid-run");
     assert_eq!(
         status["records_written"].as_u64(),
         Some(lines.len() as u64),
         "{status:#}"
     );
+    ha.wait_finished(&agg_id, Duration::from_secs(300));
+    ha.wait_finished(&pg_id, Duration::from_secs(300));
     eprintln!(
-        "[ha suite] {kills} leader kills; failovers (leader elected, first commit): {failovers:?}"
+        "[ha suite] {kills} leader kills ({agg_kills} during the aggregate job, {pg_kills} \
+         during the Postgres job); failovers (leader elected, first commit): {failovers:?}"
     );
+    // The independent expectations: the embedded run of the same aggregate job file, and
+    // each departure once in Postgres with nothing left prepared.
+    let expected = embedded_run.join().expect("the embedded run");
+    assert!(!expected.is_empty(), "the embedded run wrote nothing");
+    assert_eq!(
+        committed(&agg_out),
+        expected,
+        "the aggregate job under leader kills equals the embedded run"
+    );
+    let row = db
+        .client
+        .query_one(
+            "SELECT count(*), count(DISTINCT (year, month, day, carrier, flight, origin, \
+             sched_dep_time)) FROM departures",
+            &[],
+        )
+        .unwrap();
+    let (rows, distinct): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(
+        (rows, distinct),
+        (336_776, 336_776),
+        "every departure exactly once in Postgres"
+    );
+    let prepared: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(prepared, 0, "nothing stays prepared: {:?}", db.prepared());
     // What an idle standby costs: the CPU of a coordinator that does not lead.
     let (leader, _) = ha.wait_leader(None, Duration::from_secs(30));
     let standby = ha.addrs.iter().position(|a| *a != leader).unwrap();
@@ -644,11 +772,109 @@ fn a_leader_stopped_past_its_lease_is_deposed_and_exits_without_acting() {
         (next.as_str(), t2),
         "the leader stays the new one"
     );
+    let j = ha.index_of(&next);
+    let (_, _, m) = http_get(&ha.http[j], "/metrics");
+    let after_stop = refusals(&m);
     eprintln!(
         "[ha suite] leader {leader} (term {term}) stopped; {next} took over (term {t2}); \
-         the old one exited 75; recoveries {}",
+         the old one exited 75; recoveries {}; stale-term refusals the nodes counted \
+         (welcome, command): {after_stop:?}",
         status["recoveries"]
     );
+
+    // The nodes' own fencing, counted and reported to the leader. A coordinator of a
+    // lower term (one started without `--election` on the deposed leader's address leads
+    // under term 0) is the only one the nodes can reach: every node, having seen the etcd
+    // terms, refuses its welcome. Then the electing coordinators return, a new leader
+    // shows the refusals in its `/metrics`.
+    for c in ha.coordinators.iter_mut() {
+        if let Some(mut c) = c.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+    let mut stale = Command::new(BIN)
+        .args(["coordinator", "--listen", &ha.addrs[i]])
+        .args(["--lease-ttl-ms", TTL_MS, "--heartbeat-ms", HEARTBEAT_MS])
+        .arg("--data")
+        .arg(ha.dir.path().join("coord-stale"))
+        .arg("--storage")
+        .arg(ha.dir.path().join("stale-storage"))
+        .arg("--certs")
+        .arg(ha.certs())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log_file(&ha.dir.path().join("coordinator-stale.log")))
+        .spawn()
+        .unwrap();
+    let refused_in_logs = |ha: &Ha| {
+        (1..=3)
+            .map(|n| {
+                // One line per refusal (the registration failure that follows repeats
+                // the reason).
+                ha.log(&format!("node-{n}.log"))
+                    .lines()
+                    .filter(|l| {
+                        l.contains("refusing a deposed leader") && !l.contains("cannot register")
+                    })
+                    .count()
+            })
+            .sum::<usize>()
+    };
+    wait_for(
+        "a node to refuse the term-0 coordinator",
+        Duration::from_secs(120),
+        || refused_in_logs(&ha) > 0,
+    );
+    let _ = stale.kill();
+    let _ = stale.wait();
+    let logged = refused_in_logs(&ha);
+    for k in 0..3 {
+        ha.start_coordinator(k);
+    }
+    let (l4, t4) = ha.wait_leader(None, Duration::from_secs(60));
+    assert!(t4 > t2, "a new term {t4} after {t2}");
+    let k = ha.index_of(&l4);
+    let mut counted = (0.0, 0.0);
+    wait_for(
+        "the new leader to show the nodes' refusals",
+        Duration::from_secs(120),
+        || {
+            let (code, _, m) = http_get(&ha.http[k], "/metrics");
+            counted = refusals(&m);
+            code == 200 && counted.0 >= logged as f64
+        },
+    );
+    assert!(
+        counted.0 > 0.0,
+        "the nodes refused the lower term's welcomes"
+    );
+    eprintln!(
+        "[ha suite] a term-0 coordinator: the nodes refused {} welcomes ({logged} logged when \
+         it stopped), {} commands; {l4} leads (term {t4})",
+        counted.0, counted.1
+    );
+}
+
+/// The nodes' stale-term refusals in a leader's `/metrics` answer, summed over the nodes:
+/// (welcomes, commands).
+fn refusals(metrics: &str) -> (f64, f64) {
+    let mut out = (0.0, 0.0);
+    for l in metrics.lines() {
+        let Some(rest) = l.strip_prefix("nopstream_node_stale_term_refusals_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let v: f64 = value.trim().parse().unwrap_or(0.0);
+        if labels.contains("what=\"welcome\"") {
+            out.0 += v;
+        } else if labels.contains("what=\"command\"") {
+            out.1 += v;
+        }
+    }
+    out
 }
 
 #[test]

@@ -254,6 +254,9 @@ families! {
     /// Lease expirations.
     NODE_LEASE_EXPIRATIONS = "node_lease_expirations", Counter, None, &[],
         "Node leases that ended without the node leaving (expired, or its session lost).";
+    /// Stale-term refusals at the nodes.
+    NODE_STALE_TERM_REFUSALS = "node_stale_term_refusals", Counter, None, &["node", "what"],
+        "What a node refused from a coordinator whose term was lower than the highest the node had seen (a deposed leader, design §14.5), by what: `welcome` (its answer to the node's hello), `command` (a frame of its session); cumulative since the node process started, as the node last reported it to the leader.";
 }
 
 /// The family named `name` (without prefix, unit or suffix).

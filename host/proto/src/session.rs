@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 /// Version of the node protocol this build speaks. A hello carrying another version is
 /// refused with both versions named.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// A node's first frame on its session stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +155,10 @@ pub enum NodeFrame {
     /// process started, at most `nop_stream_metrics::MAX_FRAME_SAMPLES`: one frame for
     /// every metric, so a new one is a line where it is counted.
     Metrics(nop_stream_metrics::MetricsFrame),
+    /// The node's own samples, of no job (design §15): labelled with the node, cumulative
+    /// since the node process started, at most `nop_stream_metrics::MAX_FRAME_SAMPLES`;
+    /// each replaces the node's previous ones at the coordinator.
+    NodeMetrics(Vec<nop_stream_metrics::Sample>),
 }
 
 /// An event of a task, tagged with its job and generation.

@@ -143,7 +143,8 @@ impl HaCoordinator {
     }
 
     /// This process's coordinator families: whether it leads, the leader's term, the
-    /// writes its election store refused and, while it leads, the node leases.
+    /// writes its election store refused and, while it leads, the node leases and the
+    /// nodes' own samples (their stale-term refusals).
     pub fn samples(&self) -> Vec<nop_stream_metrics::Sample> {
         use nop_stream_metrics::{Sample, inventory as inv};
         let (leading, term) = match self.leading.get() {
@@ -170,6 +171,9 @@ impl HaCoordinator {
                     nodes.iter().map(|n| u64::from(n.lost)).sum::<u64>() as f64,
                 ),
             ]);
+            if let Some((c, _)) = self.leading.get() {
+                out.extend(c.hub().node_samples());
+            }
         }
         out.extend([
             Sample::gauge(&inv::COORDINATOR_LEADING, Vec::new(), leading),

@@ -79,6 +79,9 @@ struct Inner {
     counts: HashMap<JobId, Counts>,
     /// The latest metrics samples of each job from each node.
     samples: HashMap<JobId, BTreeMap<NodeId, Vec<nop_stream_metrics::Sample>>>,
+    /// The latest samples of each node of no job (labelled with the node); kept after the
+    /// node leaves, until it reports again.
+    node_samples: BTreeMap<NodeId, Vec<nop_stream_metrics::Sample>>,
     /// Events for jobs with no coordinator thread (a job ended or was never known here).
     orphan_events: u64,
 }
@@ -236,6 +239,32 @@ impl NodeHub {
             .insert(node, frame.samples);
     }
 
+    /// A node's latest samples of no job (cumulative in its process: they replace the
+    /// node's previous ones; a restarted node's counters start from 0 again). A `node`
+    /// label is set to the node's certified identity, whatever the node wrote there.
+    pub fn node_metrics(&self, node: NodeId, mut samples: Vec<nop_stream_metrics::Sample>) {
+        samples.truncate(nop_stream_metrics::MAX_FRAME_SAMPLES);
+        let me = Identity::Node(node).label();
+        for s in &mut samples {
+            let at = nop_stream_metrics::inventory::family(&s.family)
+                .and_then(|f| f.labels.iter().position(|l| *l == "node"));
+            if let Some(v) = at.and_then(|i| s.labels.get_mut(i)) {
+                v.clone_from(&me);
+            }
+        }
+        self.lock().node_samples.insert(node, samples);
+    }
+
+    /// Every node's latest samples of no job, in node order.
+    pub fn node_samples(&self) -> Vec<nop_stream_metrics::Sample> {
+        self.lock()
+            .node_samples
+            .values()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
     /// A job's samples, merged over the nodes that sent any (counters summed).
     pub fn job_samples(&self, job: &JobId) -> Vec<nop_stream_metrics::Sample> {
         let mut out = Vec::new();
@@ -377,5 +406,30 @@ impl NodeHub {
             }));
         }
         rx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nop_stream_metrics::{Sample, inventory::NODE_STALE_TERM_REFUSALS, sum};
+
+    #[test]
+    fn a_node_reports_under_its_certified_identity_and_its_latest_samples_replace_the_last() {
+        let hub = NodeHub::default();
+        let refusals = |node: &str, n: f64| {
+            vec![Sample::counter(
+                &NODE_STALE_TERM_REFUSALS,
+                vec![node.to_owned(), "welcome".to_owned()],
+                n,
+            )]
+        };
+        // node-2 claims to be node-1: its samples count under node-2.
+        hub.node_metrics(NodeId(2), refusals("node-1", 3.0));
+        hub.node_metrics(NodeId(1), refusals("node-1", 1.0));
+        hub.node_metrics(NodeId(1), refusals("node-1", 2.0));
+        let all = hub.node_samples();
+        let of = |node: &str| sum(&all, &NODE_STALE_TERM_REFUSALS, &[("node", node)]);
+        assert_eq!((of("node-1"), of("node-2"), all.len()), (2.0, 3.0, 2));
     }
 }

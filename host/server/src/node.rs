@@ -19,7 +19,7 @@ use nop_stream_api::{JobId, OperatorId, PluginKind};
 use nop_stream_checkpoint::namespace::cluster_identity;
 use nop_stream_checkpoint::{Location, Namespace};
 use nop_stream_cluster::endpoint::PeerConnection;
-use nop_stream_cluster::session::{CoordinatorLink, NodeService, SessionOutcome};
+use nop_stream_cluster::session::{CoordinatorLink, NodeService, SessionOutcome, TermWatch};
 use nop_stream_cluster::{ClusterEndpoint, DataPlane, DataPlaneConfig, Identity, NodeId, Protocol};
 use nop_stream_core::PartitionedPlan;
 use nop_stream_plugin_host::{Limits, LoadedPlugin, PluginHost, PluginSet, RuntimeError};
@@ -57,6 +57,10 @@ pub struct NodeOptions {
     pub channel_capacity: usize,
     /// How the kernel schedules this node's task threads.
     pub task_scheduling: nop_stream_task::TaskScheduling,
+    /// The coordinator terms this node has seen and what it refused for being older,
+    /// shared with its session ([`nop_stream_cluster::session::NodeConfig::terms`]); the
+    /// node reports the refusals as `node_stale_term_refusals`.
+    pub terms: Arc<TermWatch>,
 }
 
 enum Control {
@@ -186,6 +190,10 @@ impl NodeHost {
         let Some(link) = self.link() else {
             return;
         };
+        link.send(NodeFrame::NodeMetrics(node_samples(
+            &self.me,
+            &self.opts.terms,
+        )));
         let jobs = lock(&self.jobs);
         for (job, j) in jobs.iter() {
             link.send(NodeFrame::Counters(NodeCounters {
@@ -760,6 +768,24 @@ impl NodeService for NodeHost {
     }
 }
 
+/// The node's own samples (of no job): its stale-term refusals, labelled `node` = `me`.
+fn node_samples(me: &str, terms: &TermWatch) -> Vec<nop_stream_metrics::Sample> {
+    use nop_stream_metrics::{Sample, inventory::NODE_STALE_TERM_REFUSALS};
+    [
+        ("welcome", terms.refused_welcomes()),
+        ("command", terms.refused_frames()),
+    ]
+    .into_iter()
+    .map(|(what, n)| {
+        Sample::counter(
+            &NODE_STALE_TERM_REFUSALS,
+            vec![me.to_owned(), what.to_owned()],
+            n as f64,
+        )
+    })
+    .collect()
+}
+
 /// The node's samples of `job` in one frame, cut at
 /// [`nop_stream_metrics::MAX_FRAME_SAMPLES`].
 fn metrics_frame(
@@ -782,5 +808,36 @@ fn metrics_frame(
     nop_stream_metrics::MetricsFrame {
         job: job.to_owned(),
         samples,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nop_stream_metrics::inventory::NODE_STALE_TERM_REFUSALS;
+
+    #[test]
+    fn a_node_reports_its_stale_term_refusals_by_what() {
+        let terms = TermWatch::default();
+        assert!(terms.accept(9, true));
+        assert!(!terms.accept(4, true), "a deposed leader's welcome");
+        assert!(!terms.accept(4, false), "its frames");
+        assert!(!terms.accept(8, false));
+        let samples = node_samples("node-2", &terms);
+        let count = |what: &str| {
+            nop_stream_metrics::sum(
+                &samples,
+                &NODE_STALE_TERM_REFUSALS,
+                &[("node", "node-2"), ("what", what)],
+            )
+        };
+        assert_eq!((count("welcome"), count("command")), (1.0, 2.0));
+        let text = nop_stream_metrics::encode(samples).unwrap();
+        assert!(
+            text.contains(
+                "nopstream_node_stale_term_refusals_total{node=\"node-2\",what=\"command\"} 2"
+            ),
+            "{text}"
+        );
     }
 }
