@@ -231,6 +231,7 @@ impl CoordinatorService for ClusterCoordinator {
             NodeFrame::Reply(r) => self.hub.reply(r),
             NodeFrame::Counters(c) => self.hub.counters(node, c),
             NodeFrame::Metrics(m) => self.hub.metrics(node, m),
+            NodeFrame::Watermarks(w) => self.hub.watermarks(node, w),
             NodeFrame::Heartbeat(_) => {}
         }
     }
