@@ -3,15 +3,17 @@
 //! of a real cluster over QUIC, where the nodes exchange their subtasks' watermarks
 //! through the coordinator.
 //!
-//! The input is one CSV file read by two byte-range splits at parallelism 2. The first
-//! half of the file (the *slow* split) has event times from 1e12 ms on, one second apart;
-//! the second half (the *fast* split) starts 1e12 ms later, far more than `max_drift_ms`
-//! ahead. With alignment the fast subtask reads one batch (its watermark starts unknown),
-//! then pauses until the slow subtask has read everything (a finished subtask holds nobody
-//! back). The sink, at parallelism 1, writes records in the order they reach it, so the
-//! committed output shows the pause: hardly any fast record comes before the last slow
-//! one. Without alignment the two subtasks read side by side and about half of the fast
-//! records do. The committed output must also be exact: every input line once.
+//! The input is one CSV file read by two byte-range splits at parallelism 2, each subtask
+//! throttled to the same record rate. The first half of the file (the *slow* split) holds
+//! [`SLOW_LINES`] short lines with event times from 1e12 ms on, one second apart; the
+//! second half (the *fast* split) a quarter as many lines, four times as long, starting
+//! 1e12 ms later, far more than `max_drift_ms` ahead. With alignment the fast subtask reads
+//! at most one batch (its watermark starts unknown), then pauses until the slow subtask has read
+//! everything (a finished subtask holds nobody back). The sink, at parallelism 1, writes
+//! records in the order they reach it, so the committed output shows the pause: hardly any
+//! fast record comes before the last slow one. Without alignment the fast subtask is done
+//! in a quarter of the slow one's time, so all of its records do. The committed output
+//! must also be exact: every input line once.
 
 mod common;
 
@@ -22,8 +24,14 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Data lines per split.
-const LINES: usize = 20_000;
+/// Data lines of the slow split, 24 bytes each.
+const SLOW_LINES: usize = 40_000;
+
+/// Data lines of the fast split, 96 bytes each: the same bytes as the slow split.
+const FAST_LINES: usize = SLOW_LINES / 4;
+
+/// Records per second each source subtask reads at most: the slow split takes 2 s.
+const RATE: usize = 20_000;
 
 /// `job.batch_records` of the test jobs.
 const BATCH: usize = 100;
@@ -32,25 +40,38 @@ const BATCH: usize = 100;
 const DRIFT_MS: u64 = 60_000;
 
 /// The most fast records allowed before the last slow one with alignment. The fast
-/// subtask reads one batch before its first pause; once the slow one finished, the batches
+/// subtask reads at most one batch before its first pause; once the slow one finished, the batches
 /// the slow subtask had queued towards the sink (one channel, at most 16 batches, plus one
 /// being flushed) still reach the sink while the fast one's first batches arrive beside
 /// them, about as many as the sink takes from the slow channel meanwhile. Twice the queued
-/// batches bounds that with a margin; without alignment about `LINES / 2` (10,000) fast
-/// records come first.
+/// batches bounds that with a margin; without alignment all [`FAST_LINES`] (10,000) come
+/// first.
 const MOST_FAST_FIRST: usize = BATCH * (1 + 2 * 17);
 
-/// Writes the input file `dir/events.csv`: header `ts,side,seq`, then [`LINES`] slow lines
-/// and [`LINES`] fast lines, all of one length so that the two byte-range splits divide
-/// it between the halves. Returns every data line, slow first.
+/// Writes the input file `dir/events.csv`: header `ts,side,seq,pad`, then [`SLOW_LINES`]
+/// slow lines of 24 bytes and [`FAST_LINES`] fast lines of 96 bytes (padded), so that the
+/// two byte-range splits divide the file between the two kinds. Returns every data line,
+/// slow first.
 fn write_input(dir: &Path) -> Vec<String> {
-    let mut lines = Vec::with_capacity(2 * LINES);
-    for (side, base) in [("s", 1_000_000_000_000i64), ("f", 2_000_000_000_000)] {
-        for i in 0..LINES {
-            lines.push(format!("{},{side},{i:06}", base + i as i64 * 1000));
-        }
+    let mut lines = Vec::with_capacity(SLOW_LINES + FAST_LINES);
+    for i in 0..SLOW_LINES {
+        lines.push(format!(
+            "{},s,{i:06},",
+            1_000_000_000_000i64 + i as i64 * 1000
+        ));
     }
-    let mut file = String::from("ts,side,seq\n");
+    let pad = "x".repeat(72);
+    for i in 0..FAST_LINES {
+        lines.push(format!(
+            "{},f,{i:06},{pad}",
+            2_000_000_000_000i64 + i as i64 * 1000
+        ));
+    }
+    assert!(
+        lines[0].len() == 23 && lines[SLOW_LINES].len() == 95,
+        "line lengths"
+    );
+    let mut file = String::from("ts,side,seq,pad\n");
     for l in &lines {
         file.push_str(l);
         file.push('\n');
@@ -80,7 +101,7 @@ checkpoint_interval_ms = 300
 name = "events"
 plugin = "file-source@0.1.0"
 grants = [{{ guest = "/input", host = "{input}" }}]
-config = {{ path = "/input/events.csv", format = "csv", header = true, event_time = {{ column = "ts", format = "epoch-ms" }} }}
+config = {{ path = "/input/events.csv", format = "csv", header = true, max_records_per_second = {RATE}, event_time = {{ column = "ts", format = "epoch-ms" }} }}
 watermarks = {{ max_out_of_orderness_ms = 0{drift} }}
 
 [[sink]]
