@@ -20,6 +20,7 @@ pub mod migrate;
 mod report;
 pub mod restore;
 mod run;
+pub mod watermark_relay;
 mod workers;
 
 pub use error::CoordinatorError;

@@ -157,7 +157,10 @@ pub struct WatermarkSpec {
     /// Watermark alignment (Flink's `withWatermarkAlignment`): a source subtask whose
     /// watermark is more than this many ms ahead of the slowest subtask of the same
     /// source pauses reading until the others catch up, so downstream operators do not
-    /// buffer the fast readers' future events. Default none (no alignment).
+    /// buffer the fast readers' future events. In a cluster the subtasks on other nodes
+    /// count too: nodes exchange their watermarks through the coordinator, and a subtask
+    /// waits for one elsewhere that has not reported yet (design §8.5). Default none (no
+    /// alignment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_drift_ms: Option<u64>,
 }

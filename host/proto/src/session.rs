@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of the node protocol this build speaks. A hello carrying another version is
-/// refused with both versions named.
+/// refused with both versions named. Version 3 added [`NodeFrame::Watermarks`],
+/// [`CoordinatorFrame::Watermarks`] and [`NodeFrame::NodeMetrics`].
 pub const PROTOCOL_VERSION: u32 = 3;
 
 /// A node's first frame on its session stream.
@@ -138,6 +139,11 @@ pub enum CoordinatorFrame {
         /// The generation in force from now on.
         generation: u64,
     },
+    /// Watermark alignment across nodes (design §8.5): the latest watermarks of the
+    /// subtasks of one aligned source that run on *other* nodes than the receiver. The node
+    /// writes them into its alignment table of that source; a node that does not hold
+    /// `generation` of the job ignores the frame and counts it.
+    Watermarks(SourceWatermarks),
 }
 
 /// What a node sends on its session stream after the hello.
@@ -155,10 +161,31 @@ pub enum NodeFrame {
     /// process started, at most `nop_stream_metrics::MAX_FRAME_SAMPLES`: one frame for
     /// every metric, so a new one is a line where it is counted.
     Metrics(nop_stream_metrics::MetricsFrame),
+    /// Watermark alignment across nodes (design §8.5): the current watermarks of the node's
+    /// own subtasks of one source with `max_drift_ms`. Sent when one changed, at most every
+    /// 100 ms, and repeated unchanged every second; never per record.
+    Watermarks(SourceWatermarks),
     /// The node's own samples, of no job (design §15): labelled with the node, cumulative
     /// since the node process started, at most `nop_stream_metrics::MAX_FRAME_SAMPLES`;
     /// each replaces the node's previous ones at the coordinator.
     NodeMetrics(Vec<nop_stream_metrics::Sample>),
+}
+
+/// The watermarks of some subtasks of one source with watermark alignment
+/// (`max_drift_ms`, design §8.5), qualified by job, generation and vertex. One entry per
+/// subtask named, so a frame holds at most the source's parallelism entries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceWatermarks {
+    /// The job.
+    pub job: JobId,
+    /// The generation of the tasks whose watermarks these are.
+    pub generation: u64,
+    /// Index of the source's vertex in the generation's plan.
+    pub vertex: u32,
+    /// `(subtask index, watermark)`, ascending by subtask. A watermark is in ms of event
+    /// time; `i64::MIN`: the subtask has not read a timestamped record yet; `i64::MAX`: it
+    /// finished or is idle, and holds nobody back.
+    pub watermarks: Vec<(u32, i64)>,
 }
 
 /// An event of a task, tagged with its job and generation.

@@ -142,6 +142,42 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn watermark_frames_round_trip(
+        generation in any::<u64>(),
+        vertex in any::<u32>(),
+        watermarks in proptest::collection::vec((any::<u32>(), any::<i64>()), 0..64),
+        term in any::<u64>(),
+    ) {
+        use nop_stream_proto::session::{CoordinatorFrame, NodeFrame, SourceWatermarks, Stamped};
+        let w = SourceWatermarks { job: "job".into(), generation, vertex, watermarks };
+        let up = NodeFrame::Watermarks(w.clone());
+        let back: NodeFrame = decode(&encode(&up, MAX_CONTROL_FRAME).unwrap(), MAX_CONTROL_FRAME).unwrap();
+        let NodeFrame::Watermarks(got) = back else { panic!("not a watermarks frame") };
+        prop_assert_eq!(&got, &w);
+        let down = Stamped { term, frame: CoordinatorFrame::Watermarks(w) };
+        let back: Stamped = decode(&encode(&down, MAX_CONTROL_FRAME).unwrap(), MAX_CONTROL_FRAME).unwrap();
+        prop_assert_eq!(back, down);
+    }
+}
+
+/// A watermark frame stays small: one entry per subtask, so a source at parallelism 1024
+/// fits in 16 KiB (the control frame cap is 16 MiB).
+#[test]
+fn a_watermark_frame_of_a_wide_source_fits_a_control_frame() {
+    use nop_stream_proto::session::{NodeFrame, SourceWatermarks};
+    let w = SourceWatermarks {
+        job: "a-job-with-a-long-name".into(),
+        generation: u64::MAX,
+        vertex: u32::MAX,
+        watermarks: (0..1024).map(|s| (s, i64::MIN)).collect(),
+    };
+    let bytes = encode(&NodeFrame::Watermarks(w), MAX_CONTROL_FRAME).unwrap();
+    assert!(bytes.len() < 16 * 1024, "{} bytes", bytes.len());
+}
+
 /// Regression: a snapshot whose split has no largest timestamp could not cross the control
 /// plane (postcard cannot skip a field the way the manifest's JSON does).
 #[test]

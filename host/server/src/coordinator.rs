@@ -232,6 +232,7 @@ impl CoordinatorService for ClusterCoordinator {
             NodeFrame::Counters(c) => self.hub.counters(node, c),
             NodeFrame::Metrics(m) => self.hub.metrics(node, m),
             NodeFrame::NodeMetrics(m) => self.hub.node_metrics(node, m),
+            NodeFrame::Watermarks(w) => self.hub.watermarks(node, w),
             NodeFrame::Heartbeat(_) => {}
         }
     }

@@ -7,9 +7,11 @@ use crossbeam_channel::{Receiver, Sender};
 use nop_stream_api::JobId;
 use nop_stream_cluster::session::SessionPush;
 use nop_stream_cluster::{Identity, LeaseId, NodeId};
+use nop_stream_coordinator::watermark_relay::WatermarkRelay;
 use nop_stream_core::NodeSlots;
 use nop_stream_proto::session::{
     CoordinatorFrame, Hello, JobEvent, NodeCounters, NodeRequest, Reply, ReplyBody,
+    SourceWatermarks,
 };
 use nop_stream_proto::{FailureClass, TaskEvent, TaskFailure};
 use std::collections::{BTreeMap, HashMap};
@@ -84,6 +86,8 @@ struct Inner {
     node_samples: BTreeMap<NodeId, Vec<nop_stream_metrics::Sample>>,
     /// Events for jobs with no coordinator thread (a job ended or was never known here).
     orphan_events: u64,
+    /// Watermark alignment across nodes: the aligned sources' watermark tables.
+    relay: WatermarkRelay<NodeId>,
 }
 
 /// The hub. One per coordinator process.
@@ -265,6 +269,38 @@ impl NodeHub {
             .collect()
     }
 
+    /// A node's report of the watermarks of its subtasks of an aligned source (design
+    /// §8.5): recorded, and relayed to every other node running subtasks of that source.
+    /// A report of a fenced or superseded generation is dropped and counted
+    /// ([`Self::refused_watermarks`]).
+    pub fn watermarks(&self, node: NodeId, w: SourceWatermarks) {
+        let mut g = self.lock();
+        let refused = g.relay.refused();
+        let out = g.relay.report(node, &w);
+        if g.relay.refused() > refused {
+            tracing::debug!(
+                node = %Identity::Node(node).label(), job = %w.job, generation = w.generation,
+                refused = g.relay.refused(), "watermarks of a stale generation dropped"
+            );
+        }
+        for (to, frame) in out {
+            if let Some(n) = g.nodes.get(&to) {
+                n.push.send(CoordinatorFrame::Watermarks(frame));
+            }
+        }
+    }
+
+    /// Every generation of `job` up to `generation` is over: its watermark tables go and
+    /// its reports are refused from now on.
+    pub fn fence_watermarks(&self, job: &JobId, generation: u64) {
+        self.lock().relay.fence(job, generation);
+    }
+
+    /// Watermark reports dropped because their generation was fenced or superseded.
+    pub fn refused_watermarks(&self) -> u64 {
+        self.lock().relay.refused()
+    }
+
     /// A job's samples, merged over the nodes that sent any (counters summed).
     pub fn job_samples(&self, job: &JobId) -> Vec<nop_stream_metrics::Sample> {
         let mut out = Vec::new();
@@ -313,9 +349,11 @@ impl NodeHub {
         rx
     }
 
-    /// Stops routing `job`'s events.
+    /// Stops routing `job`'s events, and forgets its watermark tables.
     pub fn unroute(&self, job: &JobId) {
-        self.lock().jobs.remove(job);
+        let mut g = self.lock();
+        g.jobs.remove(job);
+        g.relay.forget(job);
     }
 
     /// The nodes with a live session, by id.

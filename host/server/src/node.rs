@@ -5,7 +5,10 @@
 //! (commands, fences); requests (prepare, start, split discovery, settling sinks) run one at
 //! a time on the node's control thread, since they load components and may wait for other
 //! nodes' connections. One forwarder thread per running generation sends its tasks' events
-//! to the coordinator; a ticker sends the node's counters every 500 ms.
+//! to the coordinator; a ticker sends the node's counters every 500 ms, another the
+//! watermarks of its subtasks of aligned sources (`max_drift_ms`, design §8.5) when they
+//! changed, at most every [`WATERMARK_TICK`] (and unchanged every [`WATERMARK_REPEAT`]),
+//! and the coordinator relays the other nodes' ones back ([`CoordinatorFrame::Watermarks`]).
 //!
 //! Components are fetched from the coordinator by sha256, verified against it, kept under
 //! `<data>/components/<sha256>.wasm`, and compiled once (`<data>/cache`). Task state lives
@@ -25,11 +28,12 @@ use nop_stream_core::PartitionedPlan;
 use nop_stream_plugin_host::{Limits, LoadedPlugin, PluginHost, PluginSet, RuntimeError};
 use nop_stream_proto::session::{
     CoordinatorFrame, JobEvent, JobSpec, NodeCounters, NodeDeployment, NodeFrame, NodeRequest,
-    Reply, ReplyBody,
+    Reply, ReplyBody, SourceWatermarks,
 };
 use nop_stream_proto::{FailureClass, TaskError, TaskEvent, TaskFailure};
 use nop_stream_task::{
-    JobProgress, LiveTasks, LocalTaskEvent, PreparedTasks, RunOptions, TaskHost, plugin_host,
+    AlignmentTables, JobProgress, LiveTasks, LocalTaskEvent, PreparedTasks, RunOptions, TaskHost,
+    plugin_host,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -40,6 +44,15 @@ use std::time::{Duration, Instant};
 
 /// How long a node waits for another node's data connection while preparing.
 const PEER_WAIT: Duration = Duration::from_secs(15);
+
+/// How often a node looks for changed watermarks of its aligned source subtasks to report
+/// (design §8.5): a subtask held back waits at most about this long, plus the relay's
+/// round trip, after the slowest subtask elsewhere caught up.
+pub const WATERMARK_TICK: Duration = Duration::from_millis(100);
+
+/// A node repeats an unchanged watermark report this often, so that a peer that missed a
+/// relay (its tasks were not prepared yet) learns the value without waiting for a change.
+pub const WATERMARK_REPEAT: Duration = Duration::from_secs(1);
 
 /// Settings of a node's task host.
 #[derive(Debug, Clone)]
@@ -63,6 +76,12 @@ pub struct NodeOptions {
     pub terms: Arc<TermWatch>,
 }
 
+/// One aligned source of one generation of a job: (job, generation, vertex index).
+type AlignedSource = (JobId, u64, u32);
+
+/// A watermark report sent, `(subtask, watermark)` ascending, and when.
+type SentWatermarks = (Vec<(u32, i64)>, Instant);
+
 enum Control {
     Request(u64, Box<NodeRequest>),
     Reap(LiveTasks),
@@ -75,6 +94,11 @@ struct NodeJob {
     live: Option<LiveTasks>,
     progress: Arc<JobProgress>,
     refused_commands: u64,
+    /// The watermark alignment tables of the tasks held (prepared or live), `None` once
+    /// they are fenced.
+    alignment: Option<AlignmentTables>,
+    /// Relayed watermark frames of another generation than the one held, ignored.
+    refused_watermarks: u64,
 }
 
 /// The node's task host: a [`NodeService`] for [`nop_stream_cluster::session::serve_node`].
@@ -91,6 +115,8 @@ pub struct NodeHost {
     peers_changed: Condvar,
     /// The identity of this node's storage's cluster, once read.
     cluster: OnceLock<String>,
+    /// The last watermark report sent per (job, generation, vertex), and when.
+    watermarks_sent: Mutex<HashMap<AlignedSource, SentWatermarks>>,
 }
 
 impl std::fmt::Debug for NodeHost {
@@ -162,6 +188,7 @@ impl NodeHost {
             peers: Mutex::new(HashMap::new()),
             peers_changed: Condvar::new(),
             cluster: OnceLock::new(),
+            watermarks_sent: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&host);
         std::thread::Builder::new()
@@ -176,6 +203,17 @@ impl NodeHost {
                     h.send_counters();
                     drop(h);
                     std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        let weak = Arc::downgrade(&host);
+        std::thread::Builder::new()
+            .name("node-watermarks".into())
+            .spawn(move || {
+                while let Some(h) = weak.upgrade() {
+                    h.send_watermarks();
+                    drop(h);
+                    std::thread::sleep(WATERMARK_TICK);
                 }
             })
             .map_err(|e| e.to_string())?;
@@ -207,6 +245,70 @@ impl NodeHost {
         }
     }
 
+    /// Reports the watermarks of this node's running subtasks of aligned sources: per (job,
+    /// generation, vertex), when they changed since the last report or that one is
+    /// [`WATERMARK_REPEAT`] old.
+    fn send_watermarks(&self) {
+        let Some(link) = self.link() else {
+            return;
+        };
+        let reports: Vec<SourceWatermarks> = lock(&self.jobs)
+            .iter()
+            .filter(|(_, j)| j.live.as_ref().is_some_and(|l| !l.is_fenced()))
+            .filter_map(|(job, j)| Some((job, j.generation, j.alignment.as_ref()?)))
+            .flat_map(|(job, generation, tables)| {
+                tables
+                    .local()
+                    .into_iter()
+                    .map(move |(vertex, watermarks)| SourceWatermarks {
+                        job: job.clone(),
+                        generation,
+                        vertex,
+                        watermarks,
+                    })
+            })
+            .collect();
+        let mut sent = lock(&self.watermarks_sent);
+        let now = Instant::now();
+        let mut kept = HashMap::with_capacity(reports.len());
+        for r in reports {
+            let key = (r.job.clone(), r.generation, r.vertex);
+            let due = sent.get(&key).is_none_or(|(last, at)| {
+                *last != r.watermarks || now.duration_since(*at) >= WATERMARK_REPEAT
+            });
+            if due {
+                kept.insert(key, (r.watermarks.clone(), now));
+                link.send(NodeFrame::Watermarks(r));
+            } else if let Some(v) = sent.remove(&key) {
+                kept.insert(key, v);
+            }
+        }
+        *sent = kept;
+    }
+
+    /// Writes relayed watermarks of subtasks on other nodes into the alignment table of
+    /// the generation held; a frame of another generation is ignored and counted.
+    fn on_watermarks(&self, w: &SourceWatermarks) {
+        let mut jobs = lock(&self.jobs);
+        let Some(j) = jobs.get_mut(&w.job) else {
+            tracing::debug!(node = %self.me, job = %w.job, generation = w.generation, "watermarks of a job with no tasks here ignored");
+            return;
+        };
+        match &j.alignment {
+            Some(tables) if j.generation == w.generation => {
+                tables.set_remote(w.vertex, &w.watermarks);
+            }
+            _ => {
+                j.refused_watermarks += 1;
+                tracing::info!(
+                    node = %self.me, job = %w.job, generation = w.generation,
+                    held = j.generation, refused = j.refused_watermarks,
+                    "watermarks of a generation not held here ignored"
+                );
+            }
+        }
+    }
+
     /// Fences every generation of `job` below `generation`: the data plane refuses their
     /// streams, their tasks are cancelled and joined on the control thread.
     fn fence(&self, job: &JobId, generation: u64) {
@@ -218,6 +320,7 @@ impl NodeHost {
             && j.generation < generation
         {
             j.prepared = None;
+            j.alignment = None;
             if let Some(mut live) = j.live.take() {
                 live.fence();
                 let _ = self.control.send(Control::Reap(live));
@@ -511,6 +614,8 @@ impl NodeHost {
             live: None,
             progress: Arc::new(JobProgress::default()),
             refused_commands: 0,
+            alignment: None,
+            refused_watermarks: 0,
         });
         Arc::clone(&j.progress)
     }
@@ -529,6 +634,7 @@ impl NodeHost {
             let mut jobs = lock(&self.jobs);
             jobs.get_mut(&job).and_then(|j| {
                 j.prepared = None;
+                j.alignment = None;
                 j.live.take()
             })
         };
@@ -576,6 +682,7 @@ impl NodeHost {
         let mut jobs = lock(&self.jobs);
         let j = jobs.get_mut(&job).expect("created by progress()");
         j.generation = generation;
+        j.alignment = Some(prepared.alignment()).filter(|a| !a.is_empty());
         j.prepared = Some(prepared);
         Ok(ReplyBody::Done)
     }
@@ -733,6 +840,7 @@ impl NodeService for NodeHost {
 
     fn session_up(&self, link: CoordinatorLink) {
         // Tasks of an earlier registration were stopped when it ended.
+        lock(&self.watermarks_sent).clear();
         *lock(&self.link) = Some(link);
     }
 
@@ -748,6 +856,7 @@ impl NodeService for NodeHost {
                 command,
             } => self.on_command(&job, generation, &task, command),
             CoordinatorFrame::Fence { job, generation } => self.fence(&job, generation),
+            CoordinatorFrame::Watermarks(w) => self.on_watermarks(&w),
             CoordinatorFrame::Ack(_) | CoordinatorFrame::End(_) => {}
         }
     }

@@ -567,6 +567,7 @@ impl Workers for ClusterWorkers {
     }
 
     fn fence(&mut self, generation: u64) {
+        self.hub.fence_watermarks(&self.job, generation);
         // Every live node: a node that holds no task of this generation ignores it.
         for n in self.hub.live() {
             self.hub.push(

@@ -240,8 +240,16 @@ impl<'a> TaskHost<'a> {
     /// attempt's databases. `cancel` is the tasks' cancel flag (set on fence and when a
     /// task fails); pass the one the transport's senders watch, if any.
     ///
-    /// Watermark alignment (`max_drift_ms`) spans the subtasks of a source that run on this
-    /// process; subtasks elsewhere do not hold these back.
+    /// Watermark alignment (`max_drift_ms`, design §8.5) spans every subtask of the source:
+    /// the subtasks here share one table per source ([`PreparedTasks::alignment`]); the
+    /// slots of subtasks that run on other nodes start at `i64::MIN` ("not reported") and
+    /// hold these back until the caller writes their watermarks in
+    /// ([`AlignmentTables::set_remote`]). A cluster node reports
+    /// [`AlignmentTables::local`] to the coordinator and writes what the coordinator relays;
+    /// between two relays a slot keeps the last value written. This cannot deadlock while
+    /// the relay runs: on current values the slowest subtask is never held back, and a
+    /// finished or idle subtask publishes `i64::MAX`. Without a coordinator (its session
+    /// lost) the node stops its tasks anyway.
     ///
     /// # Errors
     /// A task could not be set up: its vertex or subtask is not in the plan, a grant
@@ -263,7 +271,7 @@ impl<'a> TaskHost<'a> {
         }
         let (events_tx, events_rx) = crossbeam_channel::unbounded::<LocalTaskEvent>();
         // Watermark alignment tables, one per source with `max_drift_ms` that has a subtask
-        // here; only the local subtasks take part.
+        // here; the slots of its subtasks elsewhere are written by the caller.
         let mut local: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
         for a in &tasks {
             local
@@ -305,8 +313,15 @@ impl<'a> TaskHost<'a> {
                 &cancel,
             )?);
         }
+        let alignment = AlignmentTables {
+            by_vertex: alignments
+                .iter()
+                .map(|(vi, a)| (*vi as u32, Arc::clone(a)))
+                .collect(),
+        };
         Ok(PreparedTasks {
             generation: d.generation,
+            alignment,
             cancel,
             transport,
             commands,
@@ -441,9 +456,45 @@ impl<'a> TaskHost<'a> {
     }
 }
 
+/// The watermark alignment tables of one generation's tasks in this process, one per
+/// source with `max_drift_ms` that has a subtask here (design §8.5). Cheap to clone: the
+/// clones share the tables the task threads read.
+#[derive(Debug, Clone, Default)]
+pub struct AlignmentTables {
+    /// By the source's vertex index in the plan.
+    by_vertex: BTreeMap<u32, Arc<WatermarkAlignment>>,
+}
+
+impl AlignmentTables {
+    /// Whether no source here aligns its watermarks.
+    pub fn is_empty(&self) -> bool {
+        self.by_vertex.is_empty()
+    }
+
+    /// Per aligned source (vertex index), the watermarks of its subtasks that run here:
+    /// `(subtask, watermark ms)`, ascending by subtask; `i64::MIN` before a subtask read a
+    /// timestamped record, `i64::MAX` once it finished or while it is idle.
+    pub fn local(&self) -> Vec<(u32, Vec<(u32, i64)>)> {
+        self.by_vertex
+            .iter()
+            .map(|(v, a)| (*v, a.local_watermarks()))
+            .collect()
+    }
+
+    /// Writes the watermarks of subtasks of source `vertex` that run elsewhere (as the
+    /// coordinator relays them). Returns how many entries were written: 0 when `vertex`
+    /// aligns nothing here; entries naming a local subtask or no subtask are ignored.
+    pub fn set_remote(&self, vertex: u32, entries: &[(u32, i64)]) -> usize {
+        self.by_vertex
+            .get(&vertex)
+            .map_or(0, |a| a.set_remote(entries))
+    }
+}
+
 /// Tasks built and wired but not running: see [`TaskHost::prepare`].
 pub struct PreparedTasks {
     generation: u64,
+    alignment: AlignmentTables,
     cancel: Arc<AtomicBool>,
     transport: Arc<dyn Transport>,
     commands: BTreeMap<TaskId, Sender<TaskCommand>>,
@@ -465,6 +516,11 @@ impl PreparedTasks {
     /// The tasks, in deployment order.
     pub fn tasks(&self) -> Vec<TaskId> {
         self.specs.iter().map(|s| s.task.clone()).collect()
+    }
+
+    /// The watermark alignment tables these tasks share (they stay valid once started).
+    pub fn alignment(&self) -> AlignmentTables {
+        self.alignment.clone()
     }
 
     /// Spawns one thread per task. The handle is returned even when a spawn failed (with
@@ -630,5 +686,44 @@ mod tests {
         assert_eq!(task_thread_name(&task("operators/count", 1)), "count#1");
         assert_eq!(task_thread_name(&task("sources/bids", 0)), "bids#0");
         assert_eq!(task_thread_name(&task("custom-uid", 12)), "custom-uid#12");
+    }
+
+    #[test]
+    fn alignment_tables_write_only_the_remote_slots() {
+        // Subtasks 0 and 2 of a source of 4 run here.
+        let local: BTreeSet<usize> = [0, 2].into_iter().collect();
+        let table = Arc::new(WatermarkAlignment::new(4, &local));
+        let tables = AlignmentTables {
+            by_vertex: [(3u32, Arc::clone(&table))].into_iter().collect(),
+        };
+        assert_eq!(
+            tables.local(),
+            vec![(3, vec![(0, i64::MIN), (2, i64::MIN)])]
+        );
+        // Entries naming a local subtask, or no subtask, are not written.
+        assert_eq!(
+            tables.set_remote(3, &[(0, 9), (1, 10), (3, 30), (7, 70)]),
+            2
+        );
+        assert_eq!(
+            tables.set_remote(4, &[(1, 10)]),
+            0,
+            "no such aligned source"
+        );
+        assert_eq!(
+            tables.local(),
+            vec![(3, vec![(0, i64::MIN), (2, i64::MIN)])]
+        );
+        // The local subtasks publish their own slots; the remote ones count for them.
+        table.publish(2, 20);
+        assert_eq!(table.slowest_other(0), 10);
+        assert_eq!(
+            table.slowest_other(2),
+            i64::MIN,
+            "subtask 0 has not read yet"
+        );
+        table.publish(0, 5);
+        assert_eq!(table.slowest_other(2), 5);
+        assert_eq!(tables.local(), vec![(3, vec![(0, 5), (2, 20)])]);
     }
 }

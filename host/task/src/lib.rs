@@ -20,7 +20,7 @@ mod snapshot_policy;
 mod task;
 pub mod transport;
 
-pub use launch::{LiveTasks, LocalTaskEvent, PreparedTasks, TaskHost};
+pub use launch::{AlignmentTables, LiveTasks, LocalTaskEvent, PreparedTasks, TaskHost};
 pub use options::{RunOptions, claim_output_dir, resolve_grant_path};
 pub use progress::JobProgress;
 pub use scheduling::TaskScheduling;

@@ -60,7 +60,8 @@
 //! config = { path = "/input/flights.csv", header = true }  # any table; default {}
 //! watermarks = { max_out_of_orderness_ms = 60000, idle_timeout_ms = 5000, max_drift_ms = 600000 }
 //!                                   # sources only; optional (see WatermarkSpec); bound
-//!                                   # default 0, no idleness, no alignment
+//!                                   # default 0, no idleness, no alignment; alignment
+//!                                   # spans the source's subtasks on every cluster node
 //!
 //! [[operator]]
 //! name = "parse"

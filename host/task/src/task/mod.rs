@@ -134,46 +134,71 @@ enum Stage {
 }
 
 /// Watermarks of every subtask of one source, for watermark alignment
-/// ([`WatermarkSpec::max_drift_ms`]). Finished or idle subtasks publish `i64::MAX`.
+/// ([`WatermarkSpec::max_drift_ms`], design §8.5). Finished or idle subtasks publish
+/// `i64::MAX`. The subtasks that run in this process publish their own slots; the slots of
+/// subtasks elsewhere are written from the coordinator's relay ([`Self::set_remote`]).
 #[derive(Debug)]
 pub(crate) struct WatermarkAlignment {
     watermarks: std::sync::Mutex<Vec<i64>>,
+    /// Per slot, whether its subtask runs in this process.
+    local: Vec<bool>,
 }
 
 impl WatermarkAlignment {
-    /// A table for a source of `subtasks` subtasks of which `local` run here: their slots
-    /// start at `i64::MIN` (not read yet); the slots of subtasks elsewhere hold
-    /// `i64::MAX` and never hold the local ones back.
+    /// A table for a source of `subtasks` subtasks of which `local` run here. Every slot
+    /// starts at `i64::MIN`: a local subtask has not read yet, a remote one has not been
+    /// reported yet; either holds the others back until it is (see
+    /// [`crate::launch::TaskHost::prepare`]).
     pub(crate) fn new(subtasks: usize, local: &std::collections::BTreeSet<usize>) -> Self {
         WatermarkAlignment {
-            watermarks: std::sync::Mutex::new(
-                (0..subtasks)
-                    .map(|i| {
-                        if local.contains(&i) {
-                            i64::MIN
-                        } else {
-                            i64::MAX
-                        }
-                    })
-                    .collect(),
-            ),
+            watermarks: std::sync::Mutex::new(vec![i64::MIN; subtasks]),
+            local: (0..subtasks).map(|i| local.contains(&i)).collect(),
         }
     }
 
-    fn publish(&self, slot: usize, watermark: i64) {
-        let mut w = self.watermarks.lock().unwrap_or_else(|p| p.into_inner());
-        w[slot] = watermark;
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<i64>> {
+        self.watermarks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn publish(&self, slot: usize, watermark: i64) {
+        self.lock()[slot] = watermark;
     }
 
     /// The slowest watermark among the other subtasks.
-    fn slowest_other(&self, slot: usize) -> i64 {
-        let w = self.watermarks.lock().unwrap_or_else(|p| p.into_inner());
-        w.iter()
+    pub(crate) fn slowest_other(&self, slot: usize) -> i64 {
+        self.lock()
+            .iter()
             .enumerate()
             .filter(|(i, _)| *i != slot)
             .map(|(_, w)| *w)
             .min()
             .unwrap_or(i64::MAX)
+    }
+
+    /// The watermarks of the subtasks that run here: `(subtask, watermark)`, ascending.
+    pub(crate) fn local_watermarks(&self) -> Vec<(u32, i64)> {
+        let w = self.lock();
+        self.local
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l)
+            .map(|(i, _)| (i as u32, w[i]))
+            .collect()
+    }
+
+    /// Writes the watermarks of subtasks that run elsewhere; entries naming a local
+    /// subtask or no subtask of the source are ignored. Returns how many were written.
+    pub(crate) fn set_remote(&self, entries: &[(u32, i64)]) -> usize {
+        let mut w = self.lock();
+        let mut written = 0;
+        for &(sub, wm) in entries {
+            let i = sub as usize;
+            if self.local.get(i).is_some_and(|l| !*l) {
+                w[i] = wm;
+                written += 1;
+            }
+        }
+        written
     }
 }
 
