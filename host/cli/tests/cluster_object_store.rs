@@ -46,7 +46,7 @@ into = "data"
 name = "flights"
 plugin = "file-source@0.1.0"
 grants = [{{ guest = "/input", host = "data" }}]
-config = {{ path = "/input/flights.csv", format = "csv", header = true, max_records_per_second = 8000 }}
+config = {{ path = "/input/flights.csv", format = "csv", header = true, max_records_per_second = 4000 }}
 
 [[operator]]
 name = "parse"
