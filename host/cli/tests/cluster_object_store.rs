@@ -19,55 +19,6 @@ use common::netns::Netns;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-const FIELDS: &str =
-    r#"["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time", "dep_delay"]"#;
-
-/// The per-record flights job into `departures` at `url`, parallelism 3, 200 ms epochs,
-/// each source instance throttled so that kills land mid-run.
-fn job_text(url: &str) -> String {
-    format!(
-        r#"[job]
-name = "s3-cluster-per-record"
-parallelism = 3
-semantic = "strict-exactly-once"
-checkpoint_interval_ms = 200
-
-[connections.pg]
-kind = "postgres"
-url = "{url}"
-password_env = "PGPASSWORD"
-
-[[prepare]]
-unzip = "data/flights.csv.zip"
-member = "flights.csv"
-into = "data"
-
-[[source]]
-name = "flights"
-plugin = "file-source@0.1.0"
-grants = [{{ guest = "/input", host = "data" }}]
-config = {{ path = "/input/flights.csv", format = "csv", header = true, max_records_per_second = 4000 }}
-
-[[operator]]
-name = "parse"
-plugin = "flights-mapper@0.1.0"
-inputs = ["flights"]
-config = {{ key = "carrier", fields = {FIELDS} }}
-
-[[sink]]
-name = "departures"
-plugin = "postgres-sink@0.1.0"
-inputs = ["parse"]
-connections = ["pg"]
-config = {{ connection = "pg", table = "departures", columns = [
-    {{ name = "year" }}, {{ name = "month" }}, {{ name = "day" }}, {{ name = "carrier" }},
-    {{ name = "flight" }}, {{ name = "origin" }}, {{ name = "sched_dep_time" }},
-    {{ name = "dep_delay" }},
-] }}
-"#
-    )
-}
-
 /// The committed rows as JSON lines (sorted), for the natural-key check.
 fn rows(db: &mut common::pg::Db) -> Vec<String> {
     let mut out: Vec<String> = db
@@ -96,10 +47,7 @@ fn a_cluster_without_a_shared_file_system_survives_node_and_coordinator_kills() 
     );
     let mut db = common::pg::Db::new("s3cluster");
     db.client
-        .batch_execute(
-            "CREATE TABLE departures (year INT, month INT, day INT, carrier TEXT, \
-             flight INT, origin TEXT, sched_dep_time INT, dep_delay INT)",
-        )
+        .batch_execute(common::pg::DEPARTURES_WITHOUT_KEY)
         .unwrap();
     let net = Netns::with_coordinator(3).unwrap_or_else(|e| panic!("network namespaces: {e}"));
     // What every namespace reaches: the object store and the database, forwarded from the
@@ -131,7 +79,11 @@ fn a_cluster_without_a_shared_file_system_survives_node_and_coordinator_kills() 
     assert!(ok, "{out}");
 
     let job_url = format!("postgres://{}@{}/{}", pg_url.user, pg_fwd.addr, db.name);
-    let job = common::job::Job::new("s3-cluster", "per-record", &job_text(&job_url));
+    let job = common::job::Job::new(
+        "s3-cluster",
+        "per-record",
+        &common::pg::per_record_departures_job("s3-cluster-per-record", &job_url, 4000),
+    );
     let id = cluster.submit(&job.file, &job.out, &["--fresh"]);
     let mut rng = Rng::new("s3 cluster");
     let mut kills = 0;

@@ -493,53 +493,6 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
-/// The per-record flights job into table `departures` at `url` (no key on the table, so a
-/// row written twice stays visible), parallelism 3, 200 ms epochs, each source subtask
-/// throttled to `rate` records per second.
-fn postgres_job_text(url: &str, rate: u64) -> String {
-    format!(
-        r#"[job]
-name = "ha-postgres-per-record"
-parallelism = 3
-semantic = "strict-exactly-once"
-checkpoint_interval_ms = 200
-
-[connections.pg]
-kind = "postgres"
-url = "{url}"
-password_env = "PGPASSWORD"
-
-[[prepare]]
-unzip = "data/flights.csv.zip"
-member = "flights.csv"
-into = "data"
-
-[[source]]
-name = "flights"
-plugin = "file-source@0.1.0"
-grants = [{{ guest = "/input", host = "data" }}]
-config = {{ path = "/input/flights.csv", format = "csv", header = true, max_records_per_second = {rate} }}
-
-[[operator]]
-name = "parse"
-plugin = "flights-mapper@0.1.0"
-inputs = ["flights"]
-config = {{ key = "carrier", fields = ["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time", "dep_delay"] }}
-
-[[sink]]
-name = "departures"
-plugin = "postgres-sink@0.1.0"
-inputs = ["parse"]
-connections = ["pg"]
-config = {{ connection = "pg", table = "departures", columns = [
-    {{ name = "year" }}, {{ name = "month" }}, {{ name = "day" }}, {{ name = "carrier" }},
-    {{ name = "flight" }}, {{ name = "origin" }}, {{ name = "sched_dep_time" }},
-    {{ name = "dep_delay" }},
-] }}
-"#
-    )
-}
-
 #[test]
 #[ignore = "needs etcd and PostgreSQL (.ci/run installs etcd-server and starts the Postgres test server)"]
 fn the_leader_killed_at_random_moments_leaves_exact_output() {
@@ -553,10 +506,7 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
     let mut rng = Rng::new("ha leader kills");
     let mut db = common::pg::Db::new("ha_kills");
     db.client
-        .batch_execute(
-            "CREATE TABLE departures (year INT, month INT, day INT, carrier TEXT, \
-             flight INT, origin TEXT, sched_dep_time INT, dep_delay INT)",
-        )
+        .batch_execute(common::pg::DEPARTURES_WITHOUT_KEY)
         .unwrap();
     let mut ha = Ha::start();
     let sink = PathBuf::from(nop_stream_artifacts::PLUGIN_DIR).join("postgres_sink.wasm");
@@ -584,7 +534,7 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
         tmp.path(),
         "ha-postgres.toml",
         "examples/flights",
-        &postgres_job_text(&db.url, 5_500),
+        &common::pg::per_record_departures_job("ha-postgres-per-record", &db.url, 5_500),
     );
     let pg_id = ha.submit(&pg_file, &tmp.path().join("pg-out"), &["--fresh"]);
     let mut kills = 0;
@@ -703,15 +653,11 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
         (336_776, 336_776),
         "every departure exactly once in Postgres"
     );
-    let prepared: i64 = db
-        .client
-        .query_one(
-            "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(prepared, 0, "nothing stays prepared: {:?}", db.prepared());
+    assert_eq!(
+        db.prepared(),
+        Vec::<String>::new(),
+        "nothing stays prepared"
+    );
     // What an idle standby costs: the CPU of a coordinator that does not lead.
     let (leader, _) = ha.wait_leader(None, Duration::from_secs(30));
     let standby = ha.addrs.iter().position(|a| *a != leader).unwrap();

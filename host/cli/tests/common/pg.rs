@@ -107,3 +107,56 @@ impl Drop for Db {
         }
     }
 }
+
+/// The table of [`per_record_departures_job`]: no key, so a row written twice stays
+/// visible to a natural-key check.
+pub const DEPARTURES_WITHOUT_KEY: &str = "CREATE TABLE departures (year INT, month INT, \
+     day INT, carrier TEXT, flight INT, origin TEXT, sched_dep_time INT, dep_delay INT)";
+
+/// The per-record flights job `name` into table `departures` at `url`
+/// ([`DEPARTURES_WITHOUT_KEY`]), parallelism 3, 200 ms epochs, each source subtask
+/// throttled to `rate` records per second so that kills land mid-run (the cluster suites
+/// on the object store and under coordinator failover).
+pub fn per_record_departures_job(name: &str, url: &str, rate: u64) -> String {
+    format!(
+        r#"[job]
+name = "{name}"
+parallelism = 3
+semantic = "strict-exactly-once"
+checkpoint_interval_ms = 200
+
+[connections.pg]
+kind = "postgres"
+url = "{url}"
+password_env = "PGPASSWORD"
+
+[[prepare]]
+unzip = "data/flights.csv.zip"
+member = "flights.csv"
+into = "data"
+
+[[source]]
+name = "flights"
+plugin = "file-source@0.1.0"
+grants = [{{ guest = "/input", host = "data" }}]
+config = {{ path = "/input/flights.csv", format = "csv", header = true, max_records_per_second = {rate} }}
+
+[[operator]]
+name = "parse"
+plugin = "flights-mapper@0.1.0"
+inputs = ["flights"]
+config = {{ key = "carrier", fields = ["year", "month", "day", "carrier", "flight", "origin", "sched_dep_time", "dep_delay"] }}
+
+[[sink]]
+name = "departures"
+plugin = "postgres-sink@0.1.0"
+inputs = ["parse"]
+connections = ["pg"]
+config = {{ connection = "pg", table = "departures", columns = [
+    {{ name = "year" }}, {{ name = "month" }}, {{ name = "day" }}, {{ name = "carrier" }},
+    {{ name = "flight" }}, {{ name = "origin" }}, {{ name = "sched_dep_time" }},
+    {{ name = "dep_delay" }},
+] }}
+"#
+    )
+}
