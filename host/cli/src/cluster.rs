@@ -101,6 +101,15 @@ pub fn request(args: &ClusterArgs, req: CliRequest) -> Result<CliResponse> {
     let rt = tokio_runtime()?;
     let mut last: Option<anyhow::Error> = None;
     let mut queue: std::collections::VecDeque<String> = args.cluster.0.iter().cloned().collect();
+    if queue.len() > 1 {
+        // Asked in turn, each address that does not answer (a coordinator down) would
+        // cost the whole timeout before the next: find the leader by asking all at once,
+        // then send the request to it alone.
+        let leader = rt
+            .block_on(find_leader(&args.cluster.0, &args.certs, &admin))
+            .map_err(|answers| anyhow::anyhow!("no coordinator leads: {answers}"))?;
+        queue = std::iter::once(leader).collect();
+    }
     let mut asked = std::collections::BTreeSet::new();
     while let Some(target) = queue.pop_front() {
         if !asked.insert(target.clone()) {
@@ -148,6 +157,76 @@ pub fn request(args: &ClusterArgs, req: CliRequest) -> Result<CliResponse> {
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("no coordinator address given")))
 }
+
+/// Asks every address in `cluster` at once who leads ([`CliRequest::Leadership`], each
+/// within [`PROBE_TIMEOUT`]) and returns the first that answers it leads.
+///
+/// # Errors
+/// None leads: each address's answer (a standby and the leader it names, a refusal, or
+/// no answer in time), e.g. while a new leader is elected after the old one died.
+async fn find_leader(
+    cluster: &[String],
+    certs: &std::path::Path,
+    admin: &Identity,
+) -> Result<String, String> {
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, target) in cluster.iter().enumerate() {
+        let (target, certs, admin) = (target.clone(), certs.to_owned(), admin.clone());
+        asks.spawn(async move {
+            let Some(addr) = std::net::ToSocketAddrs::to_socket_addrs(&target)
+                .ok()
+                .and_then(|mut a| a.next())
+            else {
+                return (i, target, Err("cannot resolve the address".to_owned()));
+            };
+            let answer = tokio::time::timeout(
+                PROBE_TIMEOUT,
+                nop_stream_cluster::session::cli_request(
+                    addr,
+                    &certs,
+                    &admin,
+                    &CliRequest::Leadership,
+                ),
+            )
+            .await;
+            let answer = match answer {
+                Ok(Ok(r)) => Ok(r),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer in {} s", PROBE_TIMEOUT.as_secs())),
+            };
+            (i, target, answer)
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(done) = asks.join_next().await {
+        let Ok((i, target, answer)) = done else {
+            continue;
+        };
+        let said = match answer {
+            Ok(CliResponse::Leadership(_)) => {
+                asks.abort_all();
+                return Ok(target);
+            }
+            Ok(CliResponse::NotLeader { leader, term }) => format!(
+                "stands by (leader {}, term {term})",
+                leader.as_deref().unwrap_or("none yet")
+            ),
+            Ok(CliResponse::Error(e)) => format!("refused: {e}"),
+            Ok(other) => format!("{}", unexpected(&other)),
+            Err(e) => e,
+        };
+        answers.push((i, format!("{target} {said}")));
+    }
+    answers.sort();
+    Err(answers
+        .into_iter()
+        .map(|(_, a)| a)
+        .collect::<Vec<_>>()
+        .join("; "))
+}
+
+/// How long [`find_leader`] waits for each coordinator's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn unexpected(r: &CliResponse) -> anyhow::Error {
     anyhow::anyhow!("unexpected answer from the coordinator: {r:?}")

@@ -135,6 +135,26 @@ impl Drop for Ha {
             self.dir.disable_cleanup(true);
             eprintln!("[ha suite] logs kept in {}", self.dir.path().display());
         }
+        if std::thread::panicking() {
+            // What CI shows of a failure: each process's warnings and errors, the last 30.
+            for name in (0..3)
+                .map(|i| format!("coordinator-{i}.log"))
+                .chain((1..=3).map(|i| format!("node-{i}.log")))
+            {
+                let log = self.log(&name);
+                let lines: Vec<&str> = log
+                    .lines()
+                    .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                    .collect();
+                eprintln!(
+                    "[ha suite] {name}: {} warnings and errors, the last 30:",
+                    lines.len()
+                );
+                for l in &lines[lines.len().saturating_sub(30)..] {
+                    eprintln!("  {l}");
+                }
+            }
+        }
         for c in self
             .coordinators
             .iter_mut()
@@ -514,10 +534,12 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
     assert!(ok, "upload: {out}{err}");
     let (leader, term) = ha.wait_leader(None, Duration::from_secs(30));
     eprintln!("[ha suite] leader {leader} term {term}");
-    // About 20 s of input each at parallelism 3 (more under the kills), epochs every
-    // 200 ms: the three jobs outlast five failovers.
+    // Epochs every 200 ms. The per-record job has about 37 s of input at parallelism 3
+    // (more under the kills), so that it outlasts five failovers (each kill waits for the
+    // next leader's first commit, and the job stands still meanwhile); the other two have
+    // about 20 s, so at least two kills land while they run.
     let tmp = tempfile::tempdir().unwrap();
-    let per_record = job_copy("flights-per-record.toml", 200, 5_500);
+    let per_record = job_copy("flights-per-record.toml", 200, 3_000);
     let out = tmp.path().join("out");
     let id = ha.submit(&per_record.0, &out, &["-p", "3", "--fresh"]);
     let aggregate = job_copy("flights.toml", 200, 5_500);

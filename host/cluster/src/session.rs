@@ -1046,8 +1046,18 @@ pub async fn serve_node<S: NodeService>(
     let mut refusals = Refusals::default();
     let mut joins = JoinOrder::new(cfg.join.clone());
     loop {
-        let target = joins.target();
-        let pause = match node_session_once(&ep, &cfg, &target, &me, data_addr, &service).await {
+        let session = match connect_first(&ep, &joins.targets()).await {
+            Ok((target, pc)) => {
+                joins.connected(&target);
+                (
+                    target.clone(),
+                    node_session_once(pc, &cfg, &target, &me, data_addr, &service).await,
+                )
+            }
+            Err((target, e)) => (target, Err(e)),
+        };
+        let (target, result) = session;
+        let pause = match result {
             Err(SessionError::NotLeader { hint, .. }) => {
                 tracing::info!(node = %me.label(), coordinator = %target, leader = ?hint.leader, "a standby answered: following the leader");
                 joins.redirected(hint.leader)
@@ -1055,6 +1065,7 @@ pub async fn serve_node<S: NodeService>(
             Ok(outcome) => {
                 tracing::warn!(node = %me.label(), ?outcome, "registration over: stopping this node's tasks");
                 service.session_down(&outcome);
+                joins.session_ended();
                 refusals = Refusals::default();
                 REGISTER_RETRY
             }
@@ -1078,8 +1089,68 @@ pub async fn serve_node<S: NodeService>(
     }
 }
 
-/// Which coordinator a node tries next: a standby's redirect first, else the join list in
-/// turn, moving on after a failure. Pure.
+/// Dials every address of `targets` at once (each within [`JOIN_CONNECT_TIMEOUT`]) and
+/// keeps the first connection whose handshake completes; the others are closed. A
+/// coordinator that is down (its UDP port silent) so costs nothing while another answers.
+///
+/// # Errors
+/// No handshake completed: the address and error of a refusal of this node's certificate
+/// if there was one (so [`Refusals`] can back off or give up), else of the first target.
+async fn connect_first(
+    ep: &ClusterEndpoint,
+    targets: &[String],
+) -> Result<(String, PeerConnection), (String, SessionError)> {
+    let mut dials = tokio::task::JoinSet::new();
+    for (i, target) in targets.iter().enumerate() {
+        let (ep, target) = (ep.clone(), target.clone());
+        dials.spawn(async move {
+            let dialled = async {
+                let addr = tokio::net::lookup_host(&target)
+                    .await
+                    .ok()
+                    .and_then(|mut a| a.next())
+                    .ok_or_else(|| {
+                        protocol_err(&target, "cannot resolve the coordinator's address")
+                    })?;
+                tokio::time::timeout(JOIN_CONNECT_TIMEOUT, ep.connect_control(addr))
+                    .await
+                    .map_err(|_| protocol_err(&target, "no handshake in time"))?
+                    .map_err(SessionError::from)
+            }
+            .await;
+            (i, target, dialled)
+        });
+    }
+    let mut failures: Vec<(usize, String, SessionError)> = Vec::new();
+    while let Some(done) = dials.join_next().await {
+        let Ok((i, target, dialled)) = done else {
+            continue;
+        };
+        match dialled {
+            Ok(pc) => {
+                dials.abort_all();
+                // Handshakes that completed meanwhile end with their tasks' connections
+                // (dropped, so closed); the coordinators see a client that went away.
+                return Ok((target, pc));
+            }
+            Err(e) => failures.push((i, target, e)),
+        }
+    }
+    failures.sort_by_key(|(i, _, e)| (!matches!(e, SessionError::Refused { .. }), *i));
+    Err(failures
+        .into_iter()
+        .next()
+        .map(|(_, t, e)| (t, e))
+        .unwrap_or_else(|| {
+            (
+                String::new(),
+                protocol_err("coordinator", "no coordinator address to join"),
+            )
+        }))
+}
+
+/// Which coordinators a node dials next: a standby's redirect alone, else every address
+/// of the join list at once ([`connect_first`]), the next in turn first. Pure.
 #[derive(Debug, Clone)]
 pub struct JoinOrder {
     join: Vec<String>,
@@ -1103,6 +1174,34 @@ impl JoinOrder {
             .clone()
             .or_else(|| self.join.get(self.next).cloned())
             .unwrap_or_default()
+    }
+
+    /// The addresses to dial now: the redirect alone, else the whole join list starting at
+    /// the next in turn.
+    pub fn targets(&self) -> Vec<String> {
+        if let Some(r) = &self.redirect {
+            return vec![r.clone()];
+        }
+        let n = self.join.len();
+        (0..n)
+            .map(|k| self.join[(self.next + k) % n].clone())
+            .collect()
+    }
+
+    /// A handshake with `target` completed: it is the address in turn (unless it is the
+    /// redirect), so that a failure after it moves on to the next.
+    pub fn connected(&mut self, target: &str) {
+        if self.redirect.as_deref() != Some(target)
+            && let Some(i) = self.join.iter().position(|a| a == target)
+        {
+            self.next = i;
+        }
+    }
+
+    /// A registration ended: the leader followed may be gone (its loss ended the lease),
+    /// so the next dial is to the whole list again, not to it alone.
+    pub fn session_ended(&mut self) {
+        self.redirect = None;
     }
 
     /// The target failed: the next address of the list.
@@ -1198,7 +1297,7 @@ fn ended(lease: &mut NodeLease, reason: String, now: Duration) -> SessionOutcome
 }
 
 async fn node_session_once<S: NodeService>(
-    ep: &ClusterEndpoint,
+    pc: PeerConnection,
     cfg: &NodeConfig,
     target: &str,
     me: &Identity,
@@ -1210,14 +1309,6 @@ async fn node_session_once<S: NodeService>(
     // No idle timeout of the node's own on this connection: the coordinator's, derived
     // from the lease TTL, applies, so a silent node is lost by its lease, never first by
     // the transport (design §2.5).
-    let addr = tokio::net::lookup_host(target)
-        .await
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| protocol_err(target, "cannot resolve the coordinator's address"))?;
-    let pc = tokio::time::timeout(JOIN_CONNECT_TIMEOUT, ep.connect_control(addr))
-        .await
-        .map_err(|_| protocol_err(target, "no handshake in time"))??;
     let (mut send, mut recv) = pc
         .connection
         .open_bi()
@@ -1420,6 +1511,24 @@ mod tests {
         assert_eq!(j.target(), "b:1");
         j.failed();
         assert_eq!(j.target(), "c:1");
+    }
+
+    #[test]
+    fn a_node_dials_the_whole_list_unless_a_standby_named_the_leader() {
+        let mut j = JoinOrder::new(vec!["a:1".into(), "b:1".into(), "c:1".into()]);
+        assert_eq!(j.targets(), ["a:1", "b:1", "c:1"]);
+        // b answered first and named c: c alone.
+        j.connected("b:1");
+        assert!(j.redirected(Some("c:1".into())) < REGISTER_RETRY);
+        assert_eq!(j.targets(), ["c:1"]);
+        j.connected("c:1");
+        // The session with c ended (c may be dead): the whole list again, b (the last in
+        // turn) first, and c with the others rather than alone.
+        j.session_ended();
+        assert_eq!(j.targets(), ["b:1", "c:1", "a:1"]);
+        // A failure moves on from the address in turn.
+        j.failed();
+        assert_eq!(j.targets(), ["c:1", "a:1", "b:1"]);
     }
 
     #[test]
