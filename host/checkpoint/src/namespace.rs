@@ -32,7 +32,19 @@ use nop_stream_storage::{Created, ErrorKind, ObjectStore, ObjectWriter, Scoped, 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// Epoch claims of this process that found the epoch's record created by another attempt
+/// ([`StorageError::EpochTaken`]): a zombie or deposed attempt stopped by the store's
+/// conditional create (design §6). Counted per process, over every namespace.
+static REFUSED_EPOCH_CLAIMS: AtomicU64 = AtomicU64::new(0);
+
+/// How many epoch claims of this process the store refused because another attempt held
+/// the epoch (the `nopstream_epoch_claims_refused_total` counter). Monotonic.
+pub fn refused_epoch_claims() -> u64 {
+    REFUSED_EPOCH_CLAIMS.load(Ordering::Relaxed)
+}
 
 /// Storage failures of a namespace.
 #[derive(Debug, thiserror::Error)]
@@ -397,7 +409,10 @@ impl Namespace {
             Ok(c) if c.holds(&rbytes) => Ok(()),
             Ok(Created::Exists(other)) => Err(StorageError::EpochTaken {
                 location: self.describe(),
-                epoch,
+                epoch: {
+                    REFUSED_EPOCH_CLAIMS.fetch_add(1, Ordering::Relaxed);
+                    epoch
+                },
                 attempt,
                 taken: serde_json::from_slice::<EpochRecord>(&other)
                     .map(|r| r.describe())

@@ -264,7 +264,11 @@ fn a_zombie_attempt_loses_its_epoch_and_a_fenced_one_never_lands(at: Scoped) {
     // A zombie of attempt 1 and the live attempt 2 both reach epoch 6; the first create
     // wins, the other loses and retires.
     epoch(&ns, 6, 2, &[6]);
+    let refused = nop_stream_checkpoint::namespace::refused_epoch_claims();
     let e = ns.publish_manifest(&manifest(6, 1, &[6])).unwrap_err();
+    // Counted (`nopstream_epoch_claims_refused_total`); other tests of this binary may
+    // count theirs meanwhile, so at least this one.
+    assert!(nop_stream_checkpoint::namespace::refused_epoch_claims() > refused);
     assert!(
         matches!(
             e,

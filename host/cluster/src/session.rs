@@ -1065,7 +1065,7 @@ pub async fn serve_node<S: NodeService>(
             Ok(outcome) => {
                 tracing::warn!(node = %me.label(), ?outcome, "registration over: stopping this node's tasks");
                 service.session_down(&outcome);
-                joins.session_ended();
+                joins.session_ended(&target);
                 refusals = Refusals::default();
                 REGISTER_RETRY
             }
@@ -1156,7 +1156,17 @@ pub struct JoinOrder {
     join: Vec<String>,
     next: usize,
     redirect: Option<String>,
+    /// The coordinator whose session ended last, and how many standby answers naming it
+    /// as the leader were set aside since.
+    lost: Option<(String, u32)>,
 }
+
+/// Standby answers naming the coordinator a node just lost as the leader that the node
+/// sets aside (dialling the whole list again instead, [`REGISTER_RETRY`] apart) before it
+/// follows them: while the election lease of a leader that died runs out, the standbys
+/// still name it, and dialling it alone would cost [`JOIN_CONNECT_TIMEOUT`]. Bounded, so
+/// that a node whose session ended with a leader that still leads returns to it.
+pub const LOST_LEADER_HINTS_SET_ASIDE: u32 = 10;
 
 impl JoinOrder {
     /// Tries `join` in order (at least one address).
@@ -1165,6 +1175,7 @@ impl JoinOrder {
             join,
             next: 0,
             redirect: None,
+            lost: None,
         }
     }
 
@@ -1198,10 +1209,12 @@ impl JoinOrder {
         }
     }
 
-    /// A registration ended: the leader followed may be gone (its loss ended the lease),
-    /// so the next dial is to the whole list again, not to it alone.
-    pub fn session_ended(&mut self) {
+    /// The registration with `target` ended: that coordinator may be gone (its loss ended
+    /// the lease), so the next dial is to the whole list again, not to it alone, and
+    /// standbys naming it are set aside for a while ([`LOST_LEADER_HINTS_SET_ASIDE`]).
+    pub fn session_ended(&mut self, target: &str) {
         self.redirect = None;
+        self.lost = Some((target.to_owned(), 0));
     }
 
     /// The target failed: the next address of the list.
@@ -1213,6 +1226,14 @@ impl JoinOrder {
 
     /// A standby named the leader (or none yet): returns the pause before the next try.
     pub fn redirected(&mut self, leader: Option<String>) -> Duration {
+        if let (Some(l), Some((lost, set_aside))) = (&leader, &mut self.lost)
+            && l == lost
+            && *set_aside < LOST_LEADER_HINTS_SET_ASIDE
+        {
+            *set_aside += 1;
+            self.failed();
+            return REGISTER_RETRY;
+        }
         match leader {
             Some(l) if Some(&l) != self.redirect.as_ref() => {
                 self.redirect = Some(l);
@@ -1524,11 +1545,24 @@ mod tests {
         j.connected("c:1");
         // The session with c ended (c may be dead): the whole list again, b (the last in
         // turn) first, and c with the others rather than alone.
-        j.session_ended();
+        j.session_ended("c:1");
         assert_eq!(j.targets(), ["b:1", "c:1", "a:1"]);
         // A failure moves on from the address in turn.
         j.failed();
         assert_eq!(j.targets(), ["c:1", "a:1", "b:1"]);
+        // Standbys still naming c (its election lease not yet run out) are set aside: the
+        // whole list again after a pause, a bounded number of times.
+        for _ in 0..LOST_LEADER_HINTS_SET_ASIDE {
+            assert_eq!(j.redirected(Some("c:1".into())), REGISTER_RETRY);
+            assert_eq!(j.targets().len(), 3);
+        }
+        // Then c is followed (it may lead still: the session ended for another reason).
+        assert!(j.redirected(Some("c:1".into())) < REGISTER_RETRY);
+        assert_eq!(j.targets(), ["c:1"]);
+        // Another leader named is followed at once.
+        j.session_ended("c:1");
+        assert!(j.redirected(Some("a:1".into())) < REGISTER_RETRY);
+        assert_eq!(j.targets(), ["a:1"]);
     }
 
     #[test]

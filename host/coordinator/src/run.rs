@@ -196,7 +196,17 @@ pub fn run_job<W: Workers>(
     );
     let mut tally = RunTally::default();
     loop {
-        let prepared = prepare_attempt(plan, workers, storage.as_ref(), opts, &mut tally)?;
+        // A recoverable failure before the deployment (split discovery or settling sinks
+        // on a node that does not answer, storage that is briefly unreachable) is a
+        // recovery like a failed attempt's, within the same budget.
+        let prepared = match prepare_attempt(plan, workers, storage.as_ref(), opts, &mut tally) {
+            Ok(p) => p,
+            Err(e) if e.class() != FailureClass::Fatal => {
+                recover_or_end(&mut budget, &mut tally, opts, "preparing an attempt", e)?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let prepared = match prepared {
             Prepared::AlreadyFinished { attempt, epoch } => {
                 if let Ok(Some(m)) = storage.latest_manifest() {
@@ -235,31 +245,50 @@ pub fn run_job<W: Workers>(
                 return Ok(r);
             }
             Err(e) if e.class() != FailureClass::Fatal => {
-                let Some(in_window) = budget.admit(Instant::now()) else {
-                    tracing::warn!(
-                        "attempt {attempt} failed with {} recoveries within the last {} s \
-                         (--max-restarts): the run ends",
-                        budget.max,
-                        budget.window.as_secs_f64()
-                    );
-                    return Err(e);
-                };
-                tally.recoveries += 1;
-                tracing::warn!(
-                    "attempt {attempt} failed, recovering from the latest durable epoch \
-                     (recovery {in_window} of {} allowed within {} s): {e}",
-                    budget.max,
-                    budget.window.as_secs_f64()
-                );
-                std::thread::sleep(restart_backoff(
-                    opts.restart_delay,
-                    opts.restart_delay_max,
-                    in_window - 1,
-                ));
+                recover_or_end(
+                    &mut budget,
+                    &mut tally,
+                    opts,
+                    &format!("attempt {attempt}"),
+                    e,
+                )?;
             }
             Err(e) => return Err(e),
         }
     }
+}
+
+/// After a recoverable failure of `what`: `Ok` (counted, after the backoff) if the restart
+/// budget admits one more recovery, else `Err(e)`, which ends the run.
+fn recover_or_end<E: std::fmt::Display>(
+    budget: &mut RestartBudget,
+    tally: &mut RunTally,
+    opts: &CoordinatorOptions,
+    what: &str,
+    e: E,
+) -> Result<(), E> {
+    let Some(in_window) = budget.admit(Instant::now()) else {
+        tracing::warn!(
+            "{what} failed with {} recoveries within the last {} s (--max-restarts): the run \
+             ends",
+            budget.max,
+            budget.window.as_secs_f64()
+        );
+        return Err(e);
+    };
+    tally.recoveries += 1;
+    tracing::warn!(
+        "{what} failed, recovering from the latest durable epoch (recovery {in_window} of {} \
+         allowed within {} s): {e}",
+        budget.max,
+        budget.window.as_secs_f64()
+    );
+    std::thread::sleep(restart_backoff(
+        opts.restart_delay,
+        opts.restart_delay_max,
+        in_window - 1,
+    ));
+    Ok(())
 }
 
 /// Recoveries allowed after task failures when a job checkpoints periodically and sets no

@@ -39,6 +39,8 @@ struct Scripted {
     attempt: AttemptId,
     /// Fail this many deployments with a task failure of this class.
     fail_deploys: u32,
+    /// Fail this many split discoveries with a failure of `fail_class`.
+    fail_discoveries: u32,
     fail_class: FailureClass,
     /// Emit an Ack of an older attempt right after deploying.
     stale_ack: bool,
@@ -59,6 +61,7 @@ impl Scripted {
             events: VecDeque::new(),
             attempt: AttemptId(0),
             fail_deploys: 0,
+            fail_discoveries: 0,
             fail_class: FailureClass::Recoverable,
             stale_ack: false,
             live: false,
@@ -124,6 +127,13 @@ impl Workers for Scripted {
         _attempt: AttemptId,
     ) -> Result<Vec<Split>, FakeError> {
         self.log.push(Did::Discover);
+        if self.fail_discoveries > 0 {
+            self.fail_discoveries -= 1;
+            return Err(FakeError::Task(
+                self.fail_class,
+                "node-1: split discovery: no answer within 120s".into(),
+            ));
+        }
         Ok(vec![Split {
             id: "only".into(),
             descriptor: Vec::new(),
@@ -410,6 +420,30 @@ fn an_outage_of_a_few_failed_attempts_does_not_end_a_run_by_default() {
         ..opts()
     };
     assert_eq!(run_job(&plan, &mut w, storage, &o).unwrap().recoveries, 4);
+}
+
+/// Pins a job failed at once by a node that did not answer its split discovery (a
+/// recoverable failure before any deployment, seen after a coordinator restart): it is a
+/// recovery within the budget, and a fatal one still ends the run.
+#[test]
+fn a_recoverable_failure_before_the_deployment_is_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = common::plan(1, 4);
+    let mut w = Scripted::new(plan.clone());
+    w.fail_discoveries = 2;
+    let report = run_job(&plan, &mut w, local(dir.path()), &opts()).unwrap();
+    assert_eq!(report.recoveries, 2);
+    assert!(report.final_epoch.is_some());
+    let discoveries = w.log.iter().filter(|d| matches!(d, Did::Discover)).count();
+    let deploys = w.log.iter().filter(|d| matches!(d, Did::Deploy(_))).count();
+    assert_eq!((discoveries, deploys), (3, 1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Scripted::new(plan.clone());
+    w.fail_discoveries = 1;
+    w.fail_class = FailureClass::Fatal;
+    let e = run_job(&plan, &mut w, local(dir.path()), &opts()).unwrap_err();
+    assert!(e.to_string().contains("split discovery"), "{e}");
+    assert!(!w.log.iter().any(|d| matches!(d, Did::Deploy(_))));
 }
 
 #[test]

@@ -128,6 +128,9 @@ families! {
     /// Refused election-guarded writes.
     ELECTION_FENCED_WRITES = "election_fenced_writes", Counter, None, &[],
         "Job-record writes of this process the election store refused because its leadership no longer held (design §14.5).";
+    /// Refused epoch claims.
+    EPOCH_CLAIMS_REFUSED = "epoch_claims_refused", Counter, None, &[],
+        "Epoch claims of this process the checkpoint store refused because another attempt had created the epoch's record (a zombie or deposed attempt retiring, design §6).";
     /// One job.
     JOB_INFO = "job", Info, None, &["job", "name", "semantic", "fingerprint"],
         "A job: its name, semantic mode (design §13) and plan fingerprint.";

@@ -44,6 +44,9 @@ use std::time::{Duration, Instant};
 
 /// How long a node waits for another node's data connection while preparing.
 const PEER_WAIT: Duration = Duration::from_secs(15);
+/// How long the tasks of a fenced generation may take to stop before the node says which
+/// still run (they are joined on the control thread, ahead of every later request).
+const REAP_WARN_AFTER: Duration = Duration::from_secs(5);
 
 /// How often a node looks for changed watermarks of its aligned source subtasks to report
 /// (design §8.5): a subtask held back waits at most about this long, plus the relay's
@@ -794,7 +797,16 @@ fn control_loop(host: std::sync::Weak<NodeHost>, rx: Receiver<Control>, plugins:
     let mut loaded = HashMap::new();
     while let Ok(c) = rx.recv() {
         match c {
-            Control::Reap(live) => live.join(),
+            Control::Reap(live) => {
+                let me = host.upgrade().map(|h| h.me.clone()).unwrap_or_default();
+                live.join_reporting(REAP_WARN_AFTER, |running| {
+                    tracing::warn!(
+                        node = %me, ?running,
+                        "tasks of a fenced generation still run {REAP_WARN_AFTER:?} after their fence; \
+                         this node's requests wait until they stop"
+                    );
+                });
+            }
             Control::Request(id, request) => {
                 let Some(h) = host.upgrade() else {
                     return;

@@ -628,6 +628,35 @@ impl LiveTasks {
         self.join_threads();
     }
 
+    /// As [`Self::join`], but if some task thread still runs after `warn_after`, calls
+    /// `slow` once with the names of those threads (then keeps waiting): a node reaps a
+    /// fenced generation on its control thread, and a task that does not stop holds up
+    /// every request after it, so this says which.
+    pub fn join_reporting(
+        mut self,
+        warn_after: std::time::Duration,
+        slow: impl FnOnce(Vec<String>),
+    ) {
+        self.commands.clear();
+        let started = std::time::Instant::now();
+        let mut slow = Some(slow);
+        while self.threads.iter().any(|h| !h.is_finished()) {
+            if started.elapsed() >= warn_after
+                && let Some(report) = slow.take()
+            {
+                report(
+                    self.threads
+                        .iter()
+                        .filter(|h| !h.is_finished())
+                        .map(|h| h.thread().name().unwrap_or("unnamed").to_owned())
+                        .collect(),
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        self.join_threads();
+    }
+
     fn join_threads(&mut self) {
         // Dropping the command senders lets a task waiting only for commands see the end.
         self.commands.clear();

@@ -478,8 +478,14 @@ impl Cluster {
         assert_eq!(
             last["state"],
             "Finished",
-            "{last:#}\n--- coordinator log tail:\n{}",
-            self.log_tail("coordinator.log")
+            "{last:#}\n--- coordinator log tail:\n{}{}",
+            self.log_tail("coordinator.log"),
+            (1..=self.nodes.len())
+                .map(|id| format!(
+                    "\n--- node-{id}.log tail:\n{}",
+                    self.log_tail(&format!("node-{id}.log"))
+                ))
+                .collect::<String>()
         );
         last
     }

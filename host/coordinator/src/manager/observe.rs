@@ -674,6 +674,11 @@ impl<P: Platform> JobManager<P> {
             ],
             Value::Info,
         )];
+        out.push(Sample::counter(
+            &inv::EPOCH_CLAIMS_REFUSED,
+            Vec::new(),
+            nop_stream_checkpoint::namespace::refused_epoch_claims() as f64,
+        ));
         for s in self.list()? {
             let job = s.job.clone();
             let l = || vec![job.clone()];
