@@ -103,6 +103,45 @@ impl Etcd {
         });
     }
 
+    /// The candidacies of the election under `prefix` (its keys `<prefix>/leader/...`),
+    /// oldest first: (create revision, lease id). The first is the leader's; its create
+    /// revision is the term.
+    fn candidacies(&self, prefix: &str) -> Vec<(u64, String)> {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let range = etcd_post(
+            &self.endpoint(),
+            "/v3/kv/range",
+            &serde_json::json!({
+                "key": b64(&format!("{prefix}/leader/")),
+                "range_end": b64(&format!("{prefix}/leader0")),
+            }),
+        );
+        let mut out: Vec<(u64, String)> = range["kvs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|kv| {
+                (
+                    kv["create_revision"].as_str().unwrap().parse().unwrap(),
+                    kv["lease"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Revokes lease `lease`, as etcd does when it expires: its keys go.
+    fn revoke(&self, lease: &str) {
+        etcd_post(
+            &self.endpoint(),
+            "/v3/lease/revoke",
+            &serde_json::json!({ "ID": lease }),
+        );
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -961,8 +1000,6 @@ fn a_revoked_leadership_leaves_discovery_and_http_on_the_real_leader() {
     // record. Here the leader's election lease is revoked in etcd mid-job and the deposed
     // process restarted at once (within one TTL); discovery (`cluster status`, the nodes'
     // hints, every coordinator's HTTP answers) must end on the process that really leads.
-    use base64::Engine as _;
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let _g = serial();
     let _t = Timed("ha: lease revoked", Instant::now());
     let mut ha = Ha::start();
@@ -984,38 +1021,17 @@ fn a_revoked_leadership_leaves_discovery_and_http_on_the_real_leader() {
         ha.durable_epoch(&id) > 0
     });
     // The leader's candidacy: the key under `<prefix>/leader/` created first.
-    let prefix = "/ha-test/leader/";
-    let range = etcd_post(
-        &ha.etcd.endpoint(),
-        "/v3/kv/range",
-        &serde_json::json!({ "key": b64(prefix), "range_end": b64("/ha-test/leader0") }),
-    );
-    let kvs = range["kvs"].as_array().cloned().unwrap_or_default();
-    let first = kvs
-        .iter()
-        .min_by_key(|kv| {
-            kv["create_revision"]
-                .as_str()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-        })
+    let (created, lease) = ha
+        .etcd
+        .candidacies("/ha-test")
+        .into_iter()
+        .next()
         .expect("the leader's candidacy key");
     assert_eq!(
-        first["create_revision"]
-            .as_str()
-            .unwrap()
-            .parse::<u64>()
-            .unwrap(),
-        term,
+        created, term,
         "the term is the leader key's create revision"
     );
-    let lease = first["lease"].as_str().unwrap().to_owned();
-    etcd_post(
-        &ha.etcd.endpoint(),
-        "/v3/lease/revoke",
-        &serde_json::json!({ "ID": lease }),
-    );
+    ha.etcd.revoke(&lease);
     let revoked = Instant::now();
     let code = ha.wait_exit(i, "the revoked leader to exit");
     assert_eq!(code, Some(75), "a revoked leader exits at once");
@@ -1179,12 +1195,10 @@ fn a_deposed_leaders_job_record_write_is_refused_by_etcd_and_counted() {
     // job-record write reaches etcd; the transaction's compare on the leader key's create
     // revision refuses it, and `nopstream_election_fenced_writes_total` counts it. In the
     // whole-cluster tests the deposed leader's own lease check stops it before it writes.
-    use base64::Engine as _;
     use nop_stream_coordinator::election::Election as _;
     use nop_stream_coordinator::jobs::{JobRecord, JobStore as _, JobStoreError};
-    use nop_stream_proto::cli::{JobState, JobSubmission, RefusedCounts};
+    use nop_stream_proto::cli::{JobState, JobSubmission};
     use nop_stream_server::etcd::{EtcdConfig, EtcdElection};
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let _g = serial();
     let _t = Timed("ha: fenced etcd write", Instant::now());
     let dir = tempfile::tempdir().unwrap();
@@ -1193,45 +1207,23 @@ fn a_deposed_leaders_job_record_write_is_refused_by_etcd_and_counted() {
     let connect =
         || EtcdElection::connect(EtcdConfig::parse(&url, Duration::from_secs(2)).unwrap()).unwrap();
     let record = |state: JobState, generation: u64| JobRecord {
-        job: "fenced".into(),
-        name: "fenced".into(),
-        submission: JobSubmission::new("job.toml".into(), String::new(), ".".into(), "out".into()),
-        state,
-        semantic: "strict-exactly-once".into(),
-        submitted_ms: 1,
         generation,
-        recoveries: 0,
-        deployments: 0,
-        error: None,
-        deployment_json: None,
-        report_json: None,
-        refused: RefusedCounts::default(),
-        last_nodes: Vec::new(),
-        rescale_from: None,
-        run: 1,
-        history: Vec::new(),
+        ..JobRecord::first_run(
+            "fenced",
+            JobSubmission::new("job.toml".into(), String::new(), ".".into(), "out".into()),
+            state,
+            "strict-exactly-once",
+        )
     };
     let a = connect();
     let la = a.campaign("127.0.0.1:1").unwrap();
     let store_a = a.job_store();
     assert_eq!(store_a.save(&record(JobState::Running, 1), 0).unwrap(), 1);
     // A's candidacy key and its lease: revoked, as etcd does when the lease expires.
-    let range = etcd_post(
-        &etcd.endpoint(),
-        "/v3/kv/range",
-        &serde_json::json!({
-            "key": b64("/fence-test/leader/"),
-            "range_end": b64("/fence-test/leader0"),
-        }),
-    );
-    let kvs = range["kvs"].as_array().cloned().unwrap_or_default();
-    assert_eq!(kvs.len(), 1, "one candidacy: {range}");
-    let lease = kvs[0]["lease"].as_str().unwrap().to_owned();
-    etcd_post(
-        &etcd.endpoint(),
-        "/v3/lease/revoke",
-        &serde_json::json!({ "ID": lease }),
-    );
+    let candidacies = etcd.candidacies("/fence-test");
+    assert_eq!(candidacies.len(), 1, "one candidacy: {candidacies:?}");
+    assert_eq!(candidacies[0].0, la.term);
+    etcd.revoke(&candidacies[0].1);
     let b = connect();
     let lb = b.campaign("127.0.0.1:2").unwrap();
     assert!(

@@ -84,6 +84,39 @@ pub struct JobRecord {
     pub history: Vec<PastRun>,
 }
 
+impl JobRecord {
+    /// The record of run 1 of job `job` (also its name) submitted as `submission`, in
+    /// `state`, under `semantic`: generation 0, no deployment, error, report, refusals or
+    /// history yet; submitted at 1 ms past the Unix epoch (set `submitted_ms` for a real
+    /// time).
+    pub fn first_run(
+        job: &str,
+        submission: JobSubmission,
+        state: JobState,
+        semantic: &str,
+    ) -> Self {
+        JobRecord {
+            job: job.to_owned(),
+            name: job.to_owned(),
+            submission,
+            state,
+            semantic: semantic.to_owned(),
+            submitted_ms: 1,
+            generation: 0,
+            recoveries: 0,
+            deployments: 0,
+            error: None,
+            deployment_json: None,
+            report_json: None,
+            refused: RefusedCounts::default(),
+            last_nodes: Vec::new(),
+            rescale_from: None,
+            run: 1,
+            history: Vec::new(),
+        }
+    }
+}
+
 /// A value and the revision it was read at (or written as).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Versioned<T> {

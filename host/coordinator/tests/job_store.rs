@@ -4,31 +4,18 @@
 //! are pruned.
 
 use nop_stream_coordinator::jobs::{JobRecord, JobStore, JobStoreError, ObjectJobStore};
-use nop_stream_proto::cli::{JobState, JobSubmission, RefusedCounts};
+use nop_stream_proto::cli::{JobState, JobSubmission};
 use nop_stream_storage::memory::MemStore;
 use nop_stream_storage::{ObjectStore, Scoped};
 use std::sync::Arc;
 
 fn record(job: &str, state: JobState) -> JobRecord {
-    JobRecord {
-        job: job.into(),
-        name: job.into(),
-        submission: JobSubmission::new("job.toml".into(), String::new(), ".".into(), "out".into()),
+    JobRecord::first_run(
+        job,
+        JobSubmission::new("job.toml".into(), String::new(), ".".into(), "out".into()),
         state,
-        semantic: "strict-exactly-once".into(),
-        submitted_ms: 1,
-        generation: 0,
-        recoveries: 0,
-        deployments: 0,
-        error: None,
-        deployment_json: None,
-        report_json: None,
-        refused: RefusedCounts::default(),
-        last_nodes: Vec::new(),
-        rescale_from: None,
-        run: 1,
-        history: Vec::new(),
-    }
+        "strict-exactly-once",
+    )
 }
 
 #[test]
