@@ -407,17 +407,17 @@ impl Namespace {
             .map_err(|e| StorageError::corrupt(self, &rname, e.to_string()))?;
         match self.create(&rname, &rbytes) {
             Ok(c) if c.holds(&rbytes) => Ok(()),
-            Ok(Created::Exists(other)) => Err(StorageError::EpochTaken {
-                location: self.describe(),
-                epoch: {
-                    REFUSED_EPOCH_CLAIMS.fetch_add(1, Ordering::Relaxed);
-                    epoch
-                },
-                attempt,
-                taken: serde_json::from_slice::<EpochRecord>(&other)
-                    .map(|r| r.describe())
-                    .unwrap_or_else(|_| "held by an unreadable record".into()),
-            }),
+            Ok(Created::Exists(other)) => {
+                REFUSED_EPOCH_CLAIMS.fetch_add(1, Ordering::Relaxed);
+                Err(StorageError::EpochTaken {
+                    location: self.describe(),
+                    epoch,
+                    attempt,
+                    taken: serde_json::from_slice::<EpochRecord>(&other)
+                        .map(|r| r.describe())
+                        .unwrap_or_else(|_| "held by an unreadable record".into()),
+                })
+            }
             Ok(Created::Created) => unreachable!("holds() covers a create"),
             Err(e) if e.kind == ErrorKind::OutcomeUnknown => {
                 self.unresolved

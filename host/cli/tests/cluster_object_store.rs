@@ -82,7 +82,13 @@ fn a_cluster_without_a_shared_file_system_survives_node_and_coordinator_kills() 
     let job = common::job::Job::new(
         "s3-cluster",
         "per-record",
-        &common::pg::per_record_departures_job("s3-cluster-per-record", &job_url, 4000),
+        &common::pg::per_record_departures_job(
+            "s3-cluster-per-record",
+            &job_url,
+            3,
+            200,
+            Some(4000),
+        ),
     );
     let id = cluster.submit(&job.file, &job.out, &["--fresh"]);
     let mut rng = Rng::new("s3 cluster");

@@ -595,7 +595,13 @@ fn the_leader_killed_at_random_moments_leaves_exact_output() {
         tmp.path(),
         "ha-postgres.toml",
         "examples/flights",
-        &common::pg::per_record_departures_job("ha-postgres-per-record", &db.url, 5_500),
+        &common::pg::per_record_departures_job(
+            "ha-postgres-per-record",
+            &db.url,
+            3,
+            200,
+            Some(5_500),
+        ),
     );
     let pg_id = ha.submit(&pg_file, &tmp.path().join("pg-out"), &["--fresh"]);
     let mut kills = 0;
@@ -1252,5 +1258,5 @@ fn a_deposed_leaders_job_record_write_is_refused_by_etcd_and_counted() {
     assert_eq!(b.fenced_writes(), 0);
     // An election lives as long as its process: its keep-alive task, on the election's
     // own runtime, holds it, and dropping it there would drop that runtime from within.
-    std::mem::forget((a, b, la, lb));
+    std::mem::forget((a, b));
 }

@@ -56,48 +56,7 @@ const FIELDS: &str =
 
 /// The flights per-record job writing into `departures` through connection `pg`.
 fn per_record_job(url: &str, parallelism: u32, interval_ms: u64) -> String {
-    format!(
-        r#"
-[job]
-name = "pg-per-record"
-parallelism = {parallelism}
-semantic = "strict-exactly-once"
-checkpoint_interval_ms = {interval_ms}
-
-[connections.pg]
-kind = "postgres"
-url = "{url}"
-password_env = "PGPASSWORD"
-
-[[prepare]]
-unzip = "data/flights.csv.zip"
-member = "flights.csv"
-into = "data"
-
-[[source]]
-name = "flights"
-plugin = "file-source@0.1.0"
-grants = [{{ guest = "/input", host = "data" }}]
-config = {{ path = "/input/flights.csv", format = "csv", header = true }}
-
-[[operator]]
-name = "parse"
-plugin = "flights-mapper@0.1.0"
-inputs = ["flights"]
-config = {{ key = "carrier", fields = {FIELDS} }}
-
-[[sink]]
-name = "departures"
-plugin = "postgres-sink@0.1.0"
-inputs = ["parse"]
-connections = ["pg"]
-config = {{ connection = "pg", table = "departures", columns = [
-    {{ name = "year" }}, {{ name = "month" }}, {{ name = "day" }}, {{ name = "carrier" }},
-    {{ name = "flight" }}, {{ name = "origin" }}, {{ name = "sched_dep_time" }},
-    {{ name = "dep_delay" }},
-] }}
-"#
-    )
+    common::pg::per_record_departures_job("pg-per-record", url, parallelism, interval_ms, None)
 }
 
 /// A job file next to the flights example (relative grants resolve against it), removed

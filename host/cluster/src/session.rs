@@ -1046,17 +1046,14 @@ pub async fn serve_node<S: NodeService>(
     let mut refusals = Refusals::default();
     let mut joins = JoinOrder::new(cfg.join.clone());
     loop {
-        let session = match connect_first(&ep, &joins.targets()).await {
+        let (target, result) = match connect_first(&ep, &joins.targets()).await {
             Ok((target, pc)) => {
                 joins.connected(&target);
-                (
-                    target.clone(),
-                    node_session_once(pc, &cfg, &target, &me, data_addr, &service).await,
-                )
+                let result = node_session_once(pc, &cfg, &target, &me, data_addr, &service).await;
+                (target, result)
             }
             Err((target, e)) => (target, Err(e)),
         };
-        let (target, result) = session;
         let pause = match result {
             Err(SessionError::NotLeader { hint, .. }) => {
                 tracing::info!(node = %me.label(), coordinator = %target, leader = ?hint.leader, "a standby answered: following the leader");
@@ -1177,14 +1174,6 @@ impl JoinOrder {
             redirect: None,
             lost: None,
         }
-    }
-
-    /// The address to try now.
-    pub fn target(&self) -> String {
-        self.redirect
-            .clone()
-            .or_else(|| self.join.get(self.next).cloned())
-            .unwrap_or_default()
     }
 
     /// The addresses to dial now: the redirect alone, else the whole join list starting at
@@ -1516,22 +1505,22 @@ mod tests {
     #[test]
     fn a_node_follows_a_standby_to_the_leader_and_moves_on_after_failures() {
         let mut j = JoinOrder::new(vec!["a:1".into(), "b:1".into(), "c:1".into()]);
-        assert_eq!(j.target(), "a:1");
+        assert_eq!(j.targets()[0], "a:1");
         // a is a standby naming c.
         assert!(j.redirected(Some("c:1".into())) < REGISTER_RETRY);
-        assert_eq!(j.target(), "c:1");
+        assert_eq!(j.targets()[0], "c:1");
         // c died: back to the list where it was.
         j.failed();
-        assert_eq!(j.target(), "a:1");
+        assert_eq!(j.targets()[0], "a:1");
         // a knows no leader yet (an election in progress): the next address, after a pause.
         assert_eq!(j.redirected(None), REGISTER_RETRY);
-        assert_eq!(j.target(), "b:1");
+        assert_eq!(j.targets()[0], "b:1");
         // b names itself while it starts leading: b again, after a pause.
         assert!(j.redirected(Some("b:1".into())) < REGISTER_RETRY);
         assert_eq!(j.redirected(Some("b:1".into())), REGISTER_RETRY);
-        assert_eq!(j.target(), "b:1");
+        assert_eq!(j.targets()[0], "b:1");
         j.failed();
-        assert_eq!(j.target(), "c:1");
+        assert_eq!(j.targets()[0], "c:1");
     }
 
     #[test]

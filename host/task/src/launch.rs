@@ -638,21 +638,19 @@ impl LiveTasks {
         slow: impl FnOnce(Vec<String>),
     ) {
         self.commands.clear();
-        let started = std::time::Instant::now();
-        let mut slow = Some(slow);
-        while self.threads.iter().any(|h| !h.is_finished()) {
-            if started.elapsed() >= warn_after
-                && let Some(report) = slow.take()
-            {
-                report(
-                    self.threads
-                        .iter()
-                        .filter(|h| !h.is_finished())
-                        .map(|h| h.thread().name().unwrap_or("unnamed").to_owned())
-                        .collect(),
-                );
-            }
+        let deadline = std::time::Instant::now() + warn_after;
+        while std::time::Instant::now() < deadline && self.threads.iter().any(|h| !h.is_finished())
+        {
             std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let running: Vec<String> = self
+            .threads
+            .iter()
+            .filter(|h| !h.is_finished())
+            .map(|h| h.thread().name().unwrap_or("unnamed").to_owned())
+            .collect();
+        if !running.is_empty() {
+            slow(running);
         }
         self.join_threads();
     }

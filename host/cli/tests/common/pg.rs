@@ -113,17 +113,24 @@ impl Drop for Db {
 pub const DEPARTURES_WITHOUT_KEY: &str = "CREATE TABLE departures (year INT, month INT, \
      day INT, carrier TEXT, flight INT, origin TEXT, sched_dep_time INT, dep_delay INT)";
 
-/// The per-record flights job `name` into table `departures` at `url`
-/// ([`DEPARTURES_WITHOUT_KEY`]), parallelism 3, 200 ms epochs, each source subtask
-/// throttled to `rate` records per second so that kills land mid-run (the cluster suites
-/// on the object store and under coordinator failover).
-pub fn per_record_departures_job(name: &str, url: &str, rate: u64) -> String {
+/// The per-record flights job `name` into table `departures` at `url` (through
+/// connection `pg`, two-phase commit; e.g. [`DEPARTURES_WITHOUT_KEY`]) at `parallelism`
+/// with epochs every `interval_ms`; with `rate`, each source subtask is throttled to that
+/// many records per second so that kills land mid-run.
+pub fn per_record_departures_job(
+    name: &str,
+    url: &str,
+    parallelism: u32,
+    interval_ms: u64,
+    rate: Option<u64>,
+) -> String {
+    let throttle = rate.map_or(String::new(), |r| format!(", max_records_per_second = {r}"));
     format!(
         r#"[job]
 name = "{name}"
-parallelism = 3
+parallelism = {parallelism}
 semantic = "strict-exactly-once"
-checkpoint_interval_ms = 200
+checkpoint_interval_ms = {interval_ms}
 
 [connections.pg]
 kind = "postgres"
@@ -139,7 +146,7 @@ into = "data"
 name = "flights"
 plugin = "file-source@0.1.0"
 grants = [{{ guest = "/input", host = "data" }}]
-config = {{ path = "/input/flights.csv", format = "csv", header = true, max_records_per_second = {rate} }}
+config = {{ path = "/input/flights.csv", format = "csv", header = true{throttle} }}
 
 [[operator]]
 name = "parse"
