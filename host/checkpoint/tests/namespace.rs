@@ -143,8 +143,18 @@ fn manifests_publish_once_and_verify(at: Scoped) {
     let ns = Namespace::new(at.clone());
     assert!(ns.latest_manifest().unwrap().is_none());
     epoch(&ns, 3, 1, &[3]);
-    epoch(&ns, 7, 1, &[7]);
+    // Epoch 7 as the epoch loop publishes it: sealed and encoded once.
+    ns.write_segment(&names::segment_file(7, "op", 0, 1), b"x")
+        .unwrap();
+    let mut m7 = manifest(7, 1, &[7]);
+    m7.checksum = "stale".into();
+    let encoded = m7.seal_encoded();
+    assert_eq!(m7.checksum, manifest(7, 1, &[7]).checksum, "as seal()");
+    assert_eq!(encoded, serde_json::to_vec(&m7).unwrap());
+    assert!(m7.verify());
+    ns.publish_encoded(&m7, &encoded).unwrap();
     assert_eq!(ns.manifest_epochs().unwrap(), [EpochId(3), EpochId(7)]);
+    assert_eq!(ns.read_manifest(EpochId(7)).unwrap(), m7);
     assert_eq!(ns.latest_manifest().unwrap().unwrap().epoch, EpochId(7));
     // Publishing the identical manifest again (a retry) succeeds and changes nothing.
     ns.publish_manifest(&manifest(7, 1, &[7])).unwrap();
@@ -152,7 +162,8 @@ fn manifests_publish_once_and_verify(at: Scoped) {
     let name = names::manifest_candidate(7, 1);
     let text = String::from_utf8(at.get(&name).unwrap())
         .unwrap()
-        .replace("\"plan_fingerprint\": \"f\"", "\"plan_fingerprint\": \"g\"");
+        .replace("\"plan_fingerprint\":\"f\"", "\"plan_fingerprint\":\"g\"");
+    assert!(text.contains("\"g\""), "the manifest is compact JSON");
     at.put(&name, text.as_bytes()).unwrap();
     let e = ns.read_manifest(EpochId(7)).unwrap_err();
     assert!(matches!(e, StorageError::Corrupt { .. }), "{e}");

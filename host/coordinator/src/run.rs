@@ -643,6 +643,9 @@ struct Driver<'p, E> {
     stop_at: Option<(EpochId, Vec<StopReply>)>,
     /// The stop's epoch committed and the tasks were cancelled.
     stopped: bool,
+    /// The last manifest's encoding, kept for its capacity (one buffer per attempt, not a
+    /// fresh one per epoch).
+    manifest_buf: Vec<u8>,
 }
 
 /// A stop's answer, sent once the job has stopped: where it goes, and the savepoint.
@@ -715,6 +718,7 @@ fn drive_attempt<W: Workers>(
         records_mark: None,
         stop_at: None,
         stopped: false,
+        manifest_buf: Vec::new(),
     };
     let mut live = Attempt {
         generation: deployment.generation,
@@ -1066,10 +1070,10 @@ impl<E: TaskError> Driver<'_, E> {
             meta: Some(self.meta.clone()),
             checksum: String::new(),
         };
-        manifest.seal();
+        manifest.seal_encoded_into(&mut self.manifest_buf);
         let what = format!("manifest of epoch {epoch}");
         self.storage
-            .publish_manifest(&manifest)
+            .publish_encoded(&manifest, &self.manifest_buf)
             .map_err(storage_err(&what))?;
         self.log(epoch, EpochState::Durable, None)?;
         failpoint::hit("after-manifest-publish");

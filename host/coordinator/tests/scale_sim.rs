@@ -584,7 +584,7 @@ fn simulate(pipelines: u32, p: u32, nodes: usize, epochs: u64, lose_after: u64) 
     let (first_mark, last_mark) = (marks[1], marks[marks.len() - 1]);
     let n = marks.len() - 2;
     let cpu = (last_mark.0 - first_mark.0) - (last_mark.1 - first_mark.1);
-    let manifest_bytes = serde_json::to_vec_pretty(&m).unwrap().len() as u64;
+    let manifest_bytes = serde_json::to_vec(&m).unwrap().len() as u64;
     let (log_bytes, _) = bytes_under(dir.path(), names::LOG);
     let logged_epochs = log
         .iter()

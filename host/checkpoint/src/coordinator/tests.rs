@@ -1,6 +1,7 @@
 use super::*;
 use nop_stream_api::{JobId, PipelineId, SubtaskIndex, VertexId};
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 
 fn task(i: u32) -> TaskId {
     TaskId {
