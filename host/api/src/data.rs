@@ -13,22 +13,26 @@ use serde::{Deserialize, Serialize};
 /// non-decreasing and its last value is `data.len()`; `key_ends` is empty or has one entry
 /// per record, likewise `timestamps`.
 ///
-/// `data` and `keys` serialize as serde bytes: in postcard that is the same encoding as a
-/// sequence of `u8` (a varint length, then the bytes), written and read with one copy
-/// instead of one serde call per byte (the data plane's wire frames, design §4.3).
+/// `data` and `keys` serialize as serde bytes (in postcard a varint length, then the
+/// bytes), written and read with one copy instead of one serde call per byte; `ends`,
+/// `key_ends` and `timestamps` serialize as one byte string each, of varint differences
+/// ([`crate::delta`]), about a byte per record (the data plane's wire frames, design §4.3).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     /// Concatenated record payloads, no separators.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
     /// Exclusive end offset in `data` of each record; its length is the record count.
+    #[serde(with = "crate::delta::u32s")]
     pub ends: Vec<u32>,
     /// Concatenated record keys (the bytes a HASH edge routes on); empty if unkeyed.
     #[serde(with = "serde_bytes")]
     pub keys: Vec<u8>,
     /// Exclusive end offset in `keys` of each record's key; empty if unkeyed.
+    #[serde(with = "crate::delta::u32s")]
     pub key_ends: Vec<u32>,
     /// Event time of each record in milliseconds since the Unix epoch; empty if none.
+    #[serde(with = "crate::delta::i64s")]
     pub timestamps: Vec<i64>,
 }
 

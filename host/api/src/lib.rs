@@ -6,6 +6,7 @@
 //! (design §11.2: `runtime, checkpoint, state, cli -> core -> api`).
 
 mod data;
+pub mod delta;
 mod ids;
 mod plugin;
 mod semantics;

@@ -45,7 +45,7 @@ pub struct StreamHeader {
 ///
 /// The postcard layout of a records payload: the variant index `0` (one byte), the length
 /// of `data` as a varint, the `data` bytes, then `ends`, `keys`, `key_ends` and
-/// `timestamps`.
+/// `timestamps` (each a varint length and a byte string, [`nop_stream_api::delta`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayloadHead {
     /// More bytes are needed to tell.
@@ -106,10 +106,13 @@ pub fn records_head(head: &[u8]) -> PayloadHead {
 /// The fields of a records payload after `data`, in [`Batch`]'s field order.
 #[derive(Deserialize)]
 struct RecordsTail {
+    #[serde(with = "nop_stream_api::delta::u32s")]
     ends: Vec<u32>,
     #[serde(with = "serde_bytes")]
     keys: Vec<u8>,
+    #[serde(with = "nop_stream_api::delta::u32s")]
     key_ends: Vec<u32>,
+    #[serde(with = "nop_stream_api::delta::i64s")]
     timestamps: Vec<i64>,
 }
 

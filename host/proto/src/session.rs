@@ -15,8 +15,11 @@ use std::collections::BTreeMap;
 
 /// Version of the node protocol this build speaks. A hello carrying another version is
 /// refused with both versions named. Version 3 added [`NodeFrame::Watermarks`],
-/// [`CoordinatorFrame::Watermarks`] and [`NodeFrame::NodeMetrics`].
-pub const PROTOCOL_VERSION: u32 = 3;
+/// [`CoordinatorFrame::Watermarks`] and [`NodeFrame::NodeMetrics`]. Version 4 changed the
+/// data plane's records frames: a batch's per-record columns travel as varint
+/// differences ([`nop_stream_api::delta`]); a cluster's nodes all speak one version, since
+/// the coordinator admits only its own.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// A node's first frame on its session stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -112,13 +112,23 @@ proptest! {
     }
 
     #[test]
-    fn batch_bytes_encode_as_a_sequence_of_u8(b in batch()) {
-        // The wire format of `Batch` stays that of plain `u8` sequences (serde bytes is the
-        // same postcard encoding, written with one copy).
+    fn batch_columns_encode_as_byte_strings_of_varint_differences(b in batch()) {
+        // The wire layout of `Batch` (protocol version 4): `data` and `keys` as byte
+        // strings, `ends`, `key_ends` and `timestamps` as byte strings of varint
+        // differences. Pinned here so that a change to it is deliberate.
+        use nop_stream_api::delta::{encode_i64s, encode_u32s};
         #[derive(serde::Serialize)]
-        struct Plain<'a> { data: &'a Vec<u8>, ends: &'a Vec<u32>, keys: &'a Vec<u8>, key_ends: &'a Vec<u32>, timestamps: &'a Vec<i64> }
-        let plain = Plain { data: &b.data, ends: &b.ends, keys: &b.keys, key_ends: &b.key_ends, timestamps: &b.timestamps };
+        struct Plain<'a> {
+            #[serde(with = "serde_bytes")] data: &'a [u8],
+            #[serde(with = "serde_bytes")] ends: &'a [u8],
+            #[serde(with = "serde_bytes")] keys: &'a [u8],
+            #[serde(with = "serde_bytes")] key_ends: &'a [u8],
+            #[serde(with = "serde_bytes")] timestamps: &'a [u8],
+        }
+        let (ends, key_ends, timestamps) = (encode_u32s(&b.ends), encode_u32s(&b.key_ends), encode_i64s(&b.timestamps));
+        let plain = Plain { data: &b.data, ends: &ends, keys: &b.keys, key_ends: &key_ends, timestamps: &timestamps };
         prop_assert_eq!(encode(&b, MAX_DATA_FRAME).unwrap(), encode(&plain, MAX_DATA_FRAME).unwrap());
+        prop_assert_eq!(decode::<Batch>(&encode(&b, MAX_DATA_FRAME).unwrap(), MAX_DATA_FRAME).unwrap(), b);
     }
 
     #[test]
