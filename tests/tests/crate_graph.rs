@@ -36,12 +36,32 @@ fn documented() -> BTreeMap<String, BTreeSet<String>> {
         .collect()
 }
 
+/// The host's target triple (`rustc -vV`).
+fn host_triple() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = Command::new(&rustc)
+        .arg("-vV")
+        .output()
+        .unwrap_or_else(|e| panic!("`{rustc} -vV` runs: {e}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap_or_else(|| panic!("`{rustc} -vV` names no host"))
+        .trim()
+        .to_owned()
+}
+
 fn metadata(no_deps: bool) -> serde_json::Value {
     let mut cmd = Command::new(env!("CARGO"));
     cmd.args(["metadata", "--format-version", "1", "--offline"])
         .current_dir(repo());
     if no_deps {
         cmd.arg("--no-deps");
+    } else {
+        // The graph this host builds. Without the filter, `cargo metadata` resolves every
+        // platform and, offline, fails on a machine whose cargo cache holds only what
+        // this host's builds downloaded (`android_system_properties` for one).
+        cmd.args(["--filter-platform", &host_triple()]);
     }
     let out = cmd.output().expect("cargo metadata runs");
     assert!(
