@@ -290,37 +290,20 @@ impl EpochManifest {
         format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
     }
 
-    /// Sets the checksum (as [`Self::compute_checksum`], without copying the manifest or
-    /// buffering its encoding: the JSON is hashed as it is written).
+    /// Sets the checksum (as [`Self::compute_checksum`], without copying the manifest).
     pub fn seal(&mut self) {
-        self.checksum.clear();
-        // serde_json writes token by token: buffer them into chunks for the hasher.
-        let mut w = std::io::BufWriter::with_capacity(
-            64 * 1024,
-            HashWriter(xxhash_rust::xxh3::Xxh3::new()),
-        );
-        // Writing into a hasher cannot fail, and nothing in a manifest fails to encode.
-        let _ = serde_json::to_writer(&mut w, &*self);
-        let h = w.into_inner().map(|h| h.0.digest()).unwrap_or_default();
-        self.checksum = format!("{h:016x}");
+        self.seal_encoded_into(&mut Vec::new());
     }
 
-    /// Seals the manifest (as [`Self::seal`]) and returns the JSON a checkpoint store
-    /// keeps of it, compact, from a single encoding: the checksum is taken over the
-    /// encoding with `checksum` empty, and then spliced into those bytes, since it is the
-    /// last field. The result equals `serde_json::to_vec` of the sealed manifest.
+    /// Seals the manifest (as [`Self::seal`]) and leaves in `out` (cleared first) the JSON a
+    /// checkpoint store keeps of it, compact, from a single encoding: the checksum is taken
+    /// over the encoding with `checksum` empty, then spliced into those bytes, since it is
+    /// the last field. `out` ends up equal to `serde_json::to_vec` of the sealed manifest.
     ///
-    /// This is the epoch loop's per-epoch cost at scale: a 10,000-subtask manifest is
-    /// about 9 MB of JSON (bench/RESULTS.md, "The coordinator at scale").
-    pub fn seal_encoded(&mut self) -> Vec<u8> {
-        let mut bytes = Vec::new();
-        self.seal_encoded_into(&mut bytes);
-        bytes
-    }
-
-    /// [`Self::seal_encoded`] into `out` (cleared first), so that a caller encoding a
-    /// manifest per epoch reuses one buffer: a fresh 9 MB vector per epoch is mapped,
-    /// page-faulted in and unmapped again each time.
+    /// This is the epoch loop's per-epoch cost at scale (a 10,000-subtask manifest is about
+    /// 6 MB of JSON; bench/RESULTS.md, "The coordinator at 10,000 subtasks"), so a caller
+    /// that seals one manifest per epoch keeps `out` for its capacity: a fresh vector of
+    /// that size per epoch is mapped, page-faulted in and unmapped again each time.
     pub fn seal_encoded_into(&mut self, out: &mut Vec<u8>) {
         self.checksum.clear();
         out.clear();
@@ -367,19 +350,6 @@ impl EpochManifest {
             .iter()
             .filter(move |t| t.task.vertex.as_str() == source)
             .flat_map(|t| &t.splits)
-    }
-}
-
-/// An [`std::io::Write`] that feeds an xxh3 hasher.
-struct HashWriter(xxhash_rust::xxh3::Xxh3);
-
-impl std::io::Write for HashWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

@@ -1070,10 +1070,9 @@ impl<E: TaskError> Driver<'_, E> {
             meta: Some(self.meta.clone()),
             checksum: String::new(),
         };
-        manifest.seal_encoded_into(&mut self.manifest_buf);
         let what = format!("manifest of epoch {epoch}");
         self.storage
-            .publish_encoded(&manifest, &self.manifest_buf)
+            .seal_and_publish(&mut manifest, &mut self.manifest_buf)
             .map_err(storage_err(&what))?;
         self.log(epoch, EpochState::Durable, None)?;
         failpoint::hit("after-manifest-publish");
