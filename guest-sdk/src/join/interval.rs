@@ -4,6 +4,9 @@
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::{JOIN_STATE_SCHEMA, JoinOutput, JoinType, Row, Side, emit_late, group_by_key, max_ts};
+use smallvec::SmallVec;
+
+use crate::hash::FxHashMap;
 use crate::{
     Batch, Context, PluginError, Result, StateDescriptor, TimeDomain, TimerGroup, ValueState,
 };
@@ -186,6 +189,20 @@ pub struct IntervalJoinSpec {
 /// key and second replaces one per key and millisecond.
 pub const CLEANUP_GRANULARITY_MS: i64 = 1000;
 
+/// Default bound of an [`IntervalJoin::cached`] row cache, in bytes of guest memory
+/// (payloads, keys and a fixed per-row and per-key overhead, estimated): past it, after a
+/// batch or a timer firing, the cache is written back to state and emptied. 64 MiB, a
+/// quarter of an instance's default linear-memory limit (256 MiB).
+pub const MAX_CACHED_ROW_BYTES: usize = 64 << 20;
+
+/// Estimated guest bytes of a cached row besides its payload (the row struct, the
+/// payload's allocation header, the vector slot).
+const ROW_OVERHEAD: usize = 64;
+/// Estimated guest bytes of a cached key besides its bytes (the map slot, two vectors).
+const KEY_OVERHEAD: usize = 96;
+/// Key bytes a cache entry holds inline (an `i64` or a UUID key fits).
+const INLINE_KEY: usize = 16;
+
 impl IntervalJoinSpec {
     /// An inner interval join within `[l + lower_ms, l + upper_ms]`.
     pub const fn between(lower_ms: i64, upper_ms: i64) -> Self {
@@ -266,11 +283,176 @@ impl IntervalJoinSpec {
 /// namespace ([`Side::namespace`]); a firing removes the key's rows of that side that
 /// expired. So state holds the rows of roughly `upper - lower` plus the watermark's lag
 /// of event time.
+///
+/// # Row cache
+///
+/// Without it (the default) every batch reads the rows of each key it touches, decodes
+/// them, and encodes and writes back the whole list of each key it changed, and so does
+/// every expiry timer: a key with many live rows costs that many rows per touch (Nexmark
+/// q7 keeps 10 s of bids per price). With [`Self::cached`] the instance keeps the rows of
+/// the keys it has read decoded in memory between checkpoints, works on that copy, and
+/// writes each changed key back once, in [`Self::flush`], which the plugin must call from
+/// `prepare_checkpoint` and `finish` (so host state is exact at every barrier; the
+/// runtime restores only from checkpoints and drops the instance when a task fails, so a
+/// copy half-changed by a failing batch is never written). Timers stay host timers,
+/// registered as without the cache; a key whose rows are all gone leaves the cache at the
+/// next flush. The cache is bounded by
+/// [`MAX_CACHED_ROW_BYTES`] (or [`Self::cached_with_limit`]): past it, it is written back
+/// and emptied between checkpoints too. The state layout is the same with and without
+/// it, so savepoints restore across the switch. As with the CEP operator's cache, a
+/// job-level state TTL (`state_ttl_ms`) on these states expires a key only after the
+/// instance has dropped it from its cache; the watermark frees rows either way.
 pub struct IntervalJoin<F: IntervalJoinFunction> {
     spec: IntervalJoinSpec,
     function: F,
     left: ValueState<Vec<IntervalLeftRow<F::Acc>>>,
     right: ValueState<Vec<IntervalRightRow>>,
+    cache: Option<RowCache<F::Acc>>,
+}
+
+/// One key's rows of both sides, decoded, and whether each side changed since it was
+/// last written to state.
+struct CachedRows<A> {
+    left: Vec<IntervalLeftRow<A>>,
+    right: Vec<IntervalRightRow>,
+    left_dirty: bool,
+    right_dirty: bool,
+}
+
+/// The row cache of an [`IntervalJoin::cached`] join.
+struct RowCache<A> {
+    /// Keys of up to [`INLINE_KEY`] bytes are stored inline: a lookup compares them
+    /// without following a pointer.
+    rows: FxHashMap<SmallVec<[u8; INLINE_KEY]>, CachedRows<A>>,
+    /// Estimated guest bytes held ([`ROW_OVERHEAD`], [`KEY_OVERHEAD`]).
+    bytes: usize,
+    max_bytes: usize,
+}
+
+fn left_bytes<A>(rows: &[IntervalLeftRow<A>]) -> usize {
+    rows.iter().map(|r| r.data.len() + ROW_OVERHEAD).sum()
+}
+
+fn right_bytes(rows: &[IntervalRightRow]) -> usize {
+    rows.iter().map(|r| r.data.len() + ROW_OVERHEAD).sum()
+}
+
+impl<A> RowCache<A> {
+    /// Runs `f` on the rows of each key of `keys`, in place for the cached ones (one map
+    /// lookup each); the others are read from state (one batched read per side), run,
+    /// and cached. `f` gets the key's index in `keys` and returns the estimated bytes it
+    /// added and freed.
+    fn for_each<'k>(
+        &mut self,
+        ctx: &mut dyn Context,
+        left: &ValueState<Vec<IntervalLeftRow<A>>>,
+        right: &ValueState<Vec<IntervalRightRow>>,
+        keys: &[&'k [u8]],
+        mut f: impl FnMut(usize, &'k [u8], &mut CachedRows<A>) -> Result<(usize, usize)>,
+    ) -> Result<()>
+    where
+        A: Serialize + DeserializeOwned,
+    {
+        let mut misses: Vec<usize> = Vec::new();
+        for (n, key) in keys.iter().enumerate() {
+            match self.rows.get_mut(*key) {
+                Some(e) => {
+                    let (added, freed) = f(n, key, e)?;
+                    self.bytes = (self.bytes + added).saturating_sub(freed);
+                }
+                None => misses.push(n),
+            }
+        }
+        if misses.is_empty() {
+            return Ok(());
+        }
+        let missing: Vec<&[u8]> = misses.iter().map(|&n| keys[n]).collect();
+        let lefts = left.get_many(ctx, &missing);
+        let rights = right.get_many(ctx, &missing);
+        for ((n, l), r) in misses.into_iter().zip(lefts).zip(rights) {
+            let key = keys[n];
+            let mut e = CachedRows {
+                left: l.unwrap_or_default(),
+                right: r.unwrap_or_default(),
+                left_dirty: false,
+                right_dirty: false,
+            };
+            self.bytes += key.len() + KEY_OVERHEAD + left_bytes(&e.left) + right_bytes(&e.right);
+            let (added, freed) = f(n, key, &mut e)?;
+            self.bytes = (self.bytes + added).saturating_sub(freed);
+            self.rows.insert(SmallVec::from_slice(key), e);
+        }
+        Ok(())
+    }
+
+    /// Writes every changed key back: non-empty lists are stored, emptied ones deleted.
+    fn write_back(
+        &mut self,
+        ctx: &mut dyn Context,
+        left: &ValueState<Vec<IntervalLeftRow<A>>>,
+        right: &ValueState<Vec<IntervalRightRow>>,
+    ) where
+        A: Serialize + DeserializeOwned,
+    {
+        let mut gone = (Vec::new(), Vec::new());
+        left.in_namespace(&[]).put_many_refs(
+            ctx,
+            self.rows
+                .iter()
+                .filter(|(_, e)| e.left_dirty && !e.left.is_empty())
+                .map(|(k, e)| (k.as_slice(), &e.left)),
+        );
+        for (k, _) in self
+            .rows
+            .iter()
+            .filter(|(_, e)| e.left_dirty && e.left.is_empty())
+        {
+            gone.0.extend_from_slice(k);
+            gone.1.push(gone.0.len() as u32);
+        }
+        left.in_namespace(&[])
+            .delete_many_flat(ctx, &gone.0, &gone.1);
+        gone.0.clear();
+        gone.1.clear();
+        right.in_namespace(&[]).put_many_refs(
+            ctx,
+            self.rows
+                .iter()
+                .filter(|(_, e)| e.right_dirty && !e.right.is_empty())
+                .map(|(k, e)| (k.as_slice(), &e.right)),
+        );
+        for (k, _) in self
+            .rows
+            .iter()
+            .filter(|(_, e)| e.right_dirty && e.right.is_empty())
+        {
+            gone.0.extend_from_slice(k);
+            gone.1.push(gone.0.len() as u32);
+        }
+        right
+            .in_namespace(&[])
+            .delete_many_flat(ctx, &gone.0, &gone.1);
+        for e in self.rows.values_mut() {
+            e.left_dirty = false;
+            e.right_dirty = false;
+        }
+    }
+
+    /// Past the bound: writes back and empties the cache.
+    fn bound(
+        &mut self,
+        ctx: &mut dyn Context,
+        left: &ValueState<Vec<IntervalLeftRow<A>>>,
+        right: &ValueState<Vec<IntervalRightRow>>,
+    ) where
+        A: Serialize + DeserializeOwned,
+    {
+        if self.bytes > self.max_bytes {
+            self.write_back(ctx, left, right);
+            self.rows.clear();
+            self.bytes = 0;
+        }
+    }
 }
 
 impl<F: IntervalJoinFunction> std::fmt::Debug for IntervalJoin<F> {
@@ -295,7 +477,53 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
             function,
             left: ValueState::open(ctx, INTERVAL_LEFT_STATE)?,
             right: ValueState::open(ctx, INTERVAL_RIGHT_STATE)?,
+            cache: None,
         })
+    }
+
+    /// Turns on the row cache (see "Row cache" above), bounded by
+    /// [`MAX_CACHED_ROW_BYTES`]. The plugin must then call [`Self::flush`] from
+    /// `prepare_checkpoint` and `finish`, as [`crate::join_operator_hooks!`] does:
+    /// without the flush a checkpoint would miss the cached changes.
+    #[must_use]
+    pub fn cached(self) -> Self {
+        self.cached_with_limit(MAX_CACHED_ROW_BYTES)
+    }
+
+    /// [`Self::cached`] with another bound, in estimated guest bytes (0 writes the
+    /// cache back after every batch and timer firing, which only tests want).
+    #[must_use]
+    pub fn cached_with_limit(mut self, max_bytes: usize) -> Self {
+        self.cache = Some(RowCache {
+            rows: FxHashMap::default(),
+            bytes: 0,
+            max_bytes,
+        });
+        self
+    }
+
+    /// Writes the row cache's changes to state, so that state is exact: call it from
+    /// `prepare_checkpoint` and `finish`. Emits nothing into `out` (the shape of the
+    /// window and CEP operators' `flush`). Without the cache, nothing.
+    ///
+    /// # Errors
+    /// None today; the `Result` keeps the hooks of the operator families alike.
+    pub fn flush(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
+        let _ = out;
+        if let Some(cache) = &mut self.cache {
+            cache.write_back(ctx, &self.left, &self.right);
+            // Keys left with no rows are dropped here, not kept for a next touch that may
+            // never come.
+            cache.rows.retain(|k, e| {
+                let keep = !(e.left.is_empty() && e.right.is_empty());
+                if !keep {
+                    cache.bytes -= k.len() + KEY_OVERHEAD;
+                }
+                keep
+            });
+            cache.bound(ctx, &self.left, &self.right);
+        }
+        Ok(())
     }
 
     /// The spec.
@@ -314,7 +542,9 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
     ///
     /// # Errors
     /// [`crate::ErrorCode::InvalidRecord`] for another input or a record without
-    /// timestamp; errors of the join function (then no state was written).
+    /// timestamp; errors of the join function (then no state was written; with the row
+    /// cache, the cached copy may be half-changed, and the instance must be dropped, as
+    /// the runtime does when a task fails).
     pub fn process(
         &mut self,
         ctx: &mut dyn Context,
@@ -334,131 +564,49 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
         }
         let watermark = ctx.current_watermark();
         let (keys, recs) = group_by_key(batch);
-        let lefts = self.left.get_many(ctx, &keys);
-        let rights = self.right.get_many(ctx, &keys);
-        let mut late: Vec<u32> = Vec::new();
-        let mut put_left: Vec<KeyRows<'_, IntervalLeftRow<F::Acc>>> = Vec::new();
-        let mut put_right: Vec<KeyRows<'_, IntervalRightRow>> = Vec::new();
-        // (key, expiry time) of the rows stored: one timer registration per time.
-        let mut timers: Vec<(i64, &[u8])> = Vec::new();
-        let lower = self.spec.lower_ms;
-        let track_right = self.spec.join_type.keeps_right();
-        let exact_left = self.spec.join_type.keeps_left() || F::EMITS_ON_LEFT_EXPIRY;
-        let exact_right = track_right;
-        for ((key, idx), (lrows, rrows)) in
-            keys.iter().zip(&recs).zip(lefts.into_iter().zip(rights))
-        {
-            let mut lrows = lrows.unwrap_or_default();
-            let mut rrows = rrows.unwrap_or_default();
-            let (mut lchanged, mut rchanged) = (false, false);
-            for &i in idx {
-                let i = i as usize;
-                let ts = batch.timestamps[i];
-                if ts <= watermark {
-                    late.push(i as u32);
-                    continue;
+        let mut step = Step {
+            spec: &self.spec,
+            side,
+            batch,
+            watermark,
+            out,
+            late: Vec::new(),
+            timers: Vec::new(),
+        };
+        if let Some(cache) = &mut self.cache {
+            let function = &mut self.function;
+            cache.for_each(ctx, &self.left, &self.right, &keys, |n, key, e| {
+                let (lchanged, rchanged, added) =
+                    step.join_key(function, key, &recs[n], &mut e.left, &mut e.right)?;
+                e.left_dirty |= lchanged;
+                e.right_dirty |= rchanged;
+                Ok((added, 0))
+            })?;
+        } else {
+            let lefts = self.left.get_many(ctx, &keys);
+            let rights = self.right.get_many(ctx, &keys);
+            let mut put_left: Vec<KeyRows<'_, IntervalLeftRow<F::Acc>>> = Vec::new();
+            let mut put_right: Vec<KeyRows<'_, IntervalRightRow>> = Vec::new();
+            for ((key, idx), (lrows, rrows)) in
+                keys.iter().zip(&recs).zip(lefts.into_iter().zip(rights))
+            {
+                let mut lrows = lrows.unwrap_or_default();
+                let mut rrows = rrows.unwrap_or_default();
+                let (lchanged, rchanged, _) =
+                    step.join_key(&mut self.function, key, idx, &mut lrows, &mut rrows)?;
+                if lchanged {
+                    put_left.push((key, lrows));
                 }
-                let data = batch.record(i);
-                let row = Row {
-                    data,
-                    timestamp: Some(ts),
-                };
-                match side {
-                    Side::Left => {
-                        let default = ts.saturating_add(self.spec.upper_ms);
-                        let upper = self.function.upper_bound(key, row, default);
-                        let lo = ts.saturating_add(lower);
-                        let mut acc = F::Acc::default();
-                        let mut matched = false;
-                        for r in &mut rrows {
-                            if r.timestamp < lo || r.timestamp > upper {
-                                continue;
-                            }
-                            let rr = Row {
-                                data: &r.data,
-                                timestamp: Some(r.timestamp),
-                            };
-                            if !self.function.matches(key, row, rr) {
-                                continue;
-                            }
-                            let mut o = JoinOutput::new(out, key, Some(ts.max(r.timestamp)));
-                            self.function.join(key, row, &mut acc, rr, &mut o)?;
-                            matched = true;
-                            if track_right && !r.matched {
-                                r.matched = true;
-                                rchanged = true;
-                            }
-                        }
-                        if upper <= watermark {
-                            let mut o = JoinOutput::new(out, key, Some(upper));
-                            self.function.left_expired(
-                                key,
-                                row,
-                                acc,
-                                matched,
-                                self.spec.join_type,
-                                &mut o,
-                            )?;
-                        } else {
-                            lrows.push(IntervalLeftRow {
-                                timestamp: ts,
-                                upper,
-                                matched,
-                                acc,
-                                data: data.to_vec(),
-                            });
-                            lchanged = true;
-                            timers.push((timer_at(upper, exact_left), key));
-                        }
-                    }
-                    Side::Right => {
-                        let mut matched = false;
-                        for l in &mut lrows {
-                            if ts < l.timestamp.saturating_add(lower) || ts > l.upper {
-                                continue;
-                            }
-                            let lr = Row {
-                                data: &l.data,
-                                timestamp: Some(l.timestamp),
-                            };
-                            if !self.function.matches(key, lr, row) {
-                                continue;
-                            }
-                            let mut o = JoinOutput::new(out, key, max_ts(Some(ts), lr.timestamp));
-                            self.function.join(key, lr, &mut l.acc, row, &mut o)?;
-                            matched = true;
-                            l.matched = true;
-                            lchanged = true;
-                        }
-                        let expiry = ts.saturating_sub(lower);
-                        if self.spec.left_unique && !track_right && !lrows.is_empty() {
-                            // The key's one left row is here: no other can come.
-                        } else if expiry <= watermark {
-                            if track_right && !matched {
-                                let mut o = JoinOutput::new(out, key, Some(expiry));
-                                self.function.right_only(key, row, &mut o)?;
-                            }
-                        } else {
-                            rrows.push(IntervalRightRow {
-                                timestamp: ts,
-                                matched,
-                                data: data.to_vec(),
-                            });
-                            rchanged = true;
-                            timers.push((timer_at(expiry, exact_right), key));
-                        }
-                    }
+                if rchanged {
+                    put_right.push((key, rrows));
                 }
             }
-            if lchanged {
-                put_left.push((key, lrows));
-            }
-            if rchanged {
-                put_right.push((key, rrows));
-            }
+            self.left.put_many(ctx, &put_left);
+            self.right.put_many(ctx, &put_right);
         }
-        self.left.put_many(ctx, &put_left);
-        self.right.put_many(ctx, &put_right);
+        let Step {
+            mut timers, late, ..
+        } = step;
         timers.sort_unstable();
         timers.dedup();
         let ns = side.namespace();
@@ -473,6 +621,9 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
             ctx.register_timers_for_keys(TimeDomain::EventTime, ns, t, &group);
         }
         emit_late(ctx, batch, &late);
+        if let Some(cache) = &mut self.cache {
+            cache.bound(ctx, &self.left, &self.right);
+        }
         Ok(())
     }
 
@@ -496,84 +647,285 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
                 continue;
             }
             let t = g.timestamp;
-            match g.namespace.as_slice() {
-                b"L" => {
-                    let rows = self
-                        .left
-                        .in_namespace(&[])
-                        .get_many_flat(ctx, &g.keys, &g.key_ends);
-                    let mut puts = Vec::new();
-                    for (i, rows) in rows.into_iter().enumerate() {
-                        let key = g.key(i);
-                        let Some(rows) = rows else { continue };
-                        let (gone, kept): (Vec<_>, Vec<_>) =
-                            rows.into_iter().partition(|r| r.upper <= t);
-                        if gone.is_empty() {
-                            continue;
-                        }
-                        for r in gone {
-                            let row = Row {
-                                data: &r.data,
-                                timestamp: Some(r.timestamp),
-                            };
-                            let mut o = JoinOutput::new(out, key, Some(r.upper));
-                            self.function
-                                .left_expired(key, row, r.acc, r.matched, join_type, &mut o)?;
-                        }
-                        if kept.is_empty() {
-                            self.left.delete(ctx, key);
-                        } else {
-                            puts.push((key, kept));
-                        }
-                    }
-                    self.left.put_many(ctx, &puts);
-                }
-                b"R" => {
-                    let rows =
-                        self.right
-                            .in_namespace(&[])
-                            .get_many_flat(ctx, &g.keys, &g.key_ends);
-                    let mut puts = Vec::new();
-                    for (i, rows) in rows.into_iter().enumerate() {
-                        let key = g.key(i);
-                        let Some(rows) = rows else { continue };
-                        let (gone, kept): (Vec<_>, Vec<_>) = rows
-                            .into_iter()
-                            .partition(|r| r.timestamp.saturating_sub(lower) <= t);
-                        if gone.is_empty() {
-                            continue;
-                        }
-                        if join_type.keeps_right() {
-                            for r in gone.iter().filter(|r| !r.matched) {
-                                let row = Row {
-                                    data: &r.data,
-                                    timestamp: Some(r.timestamp),
-                                };
-                                let expiry = r.timestamp.saturating_sub(lower);
-                                let mut o = JoinOutput::new(out, key, Some(expiry));
-                                self.function.right_only(key, row, &mut o)?;
+            let left_side = match g.namespace.as_slice() {
+                b"L" => true,
+                b"R" => false,
+                _ => continue,
+            };
+            let n = g.key_ends.len();
+            if let Some(cache) = &mut self.cache {
+                let keys: Vec<&[u8]> = (0..n).map(|i| g.key(i)).collect();
+                let function = &mut self.function;
+                cache.for_each(ctx, &self.left, &self.right, &keys, |_, key, e| {
+                    let freed = if left_side {
+                        expire_left(function, key, &mut e.left, t, join_type, out)?
+                    } else {
+                        expire_right(function, key, &mut e.right, t, lower, join_type, out)?
+                    };
+                    match freed {
+                        Some(freed) => {
+                            if left_side {
+                                e.left_dirty = true;
+                            } else {
+                                e.right_dirty = true;
                             }
+                            Ok((0, freed))
                         }
-                        if kept.is_empty() {
-                            self.right.delete(ctx, key);
-                        } else {
-                            puts.push((key, kept));
-                        }
+                        None => Ok((0, 0)),
                     }
-                    self.right.put_many(ctx, &puts);
+                })?;
+                cache.bound(ctx, &self.left, &self.right);
+            } else if left_side {
+                let rows = self
+                    .left
+                    .in_namespace(&[])
+                    .get_many_flat(ctx, &g.keys, &g.key_ends);
+                let mut puts = Vec::new();
+                for (i, rows) in rows.into_iter().enumerate() {
+                    let key = g.key(i);
+                    let Some(mut rows) = rows else { continue };
+                    if expire_left(&mut self.function, key, &mut rows, t, join_type, out)?.is_none()
+                    {
+                        continue;
+                    }
+                    if rows.is_empty() {
+                        self.left.delete(ctx, key);
+                    } else {
+                        puts.push((key, rows));
+                    }
                 }
-                _ => {}
+                self.left.put_many(ctx, &puts);
+            } else {
+                let rows = self
+                    .right
+                    .in_namespace(&[])
+                    .get_many_flat(ctx, &g.keys, &g.key_ends);
+                let mut puts = Vec::new();
+                for (i, rows) in rows.into_iter().enumerate() {
+                    let key = g.key(i);
+                    let Some(mut rows) = rows else { continue };
+                    if expire_right(&mut self.function, key, &mut rows, t, lower, join_type, out)?
+                        .is_none()
+                    {
+                        continue;
+                    }
+                    if rows.is_empty() {
+                        self.right.delete(ctx, key);
+                    } else {
+                        puts.push((key, rows));
+                    }
+                }
+                self.right.put_many(ctx, &puts);
             }
         }
         Ok(())
     }
 
-    /// End of input: nothing to do (the host's final watermark expired every row).
+    /// End of input: the host's final watermark expired every row; with the row cache,
+    /// writes it back ([`Self::flush`]).
     ///
     /// # Errors
     /// None; the `Result` keeps the hooks of the join operators alike.
     pub fn finish(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
-        let _ = (ctx, out);
-        Ok(())
+        self.flush(ctx, out)
+    }
+}
+
+/// Removes the left rows of one key whose expiry (`upper`) is at or before `t`, calling
+/// [`IntervalJoinFunction::left_expired`] for each in stored order. `None` if none
+/// expired (nothing changed), else the estimated bytes freed.
+fn expire_left<F: IntervalJoinFunction>(
+    function: &mut F,
+    key: &[u8],
+    rows: &mut Vec<IntervalLeftRow<F::Acc>>,
+    t: i64,
+    join_type: JoinType,
+    out: &mut Batch,
+) -> Result<Option<usize>> {
+    if !rows.iter().any(|r| r.upper <= t) {
+        return Ok(None);
+    }
+    let mut freed = 0;
+    for r in rows.extract_if(.., |r| r.upper <= t) {
+        freed += r.data.len() + ROW_OVERHEAD;
+        let row = Row {
+            data: &r.data,
+            timestamp: Some(r.timestamp),
+        };
+        let mut o = JoinOutput::new(out, key, Some(r.upper));
+        function.left_expired(key, row, r.acc, r.matched, join_type, &mut o)?;
+    }
+    Ok(Some(freed))
+}
+
+/// Removes the right rows of one key whose expiry (`r - lower`) is at or before `t`,
+/// emitting the unmatched ones padded in a right or full join. `None` if none expired,
+/// else the estimated bytes freed.
+fn expire_right<F: IntervalJoinFunction>(
+    function: &mut F,
+    key: &[u8],
+    rows: &mut Vec<IntervalRightRow>,
+    t: i64,
+    lower: i64,
+    join_type: JoinType,
+    out: &mut Batch,
+) -> Result<Option<usize>> {
+    let expired = |r: &IntervalRightRow| r.timestamp.saturating_sub(lower) <= t;
+    if !rows.iter().any(expired) {
+        return Ok(None);
+    }
+    let mut freed = 0;
+    if !join_type.keeps_right() {
+        rows.retain(|r| {
+            let gone = expired(r);
+            if gone {
+                freed += r.data.len() + ROW_OVERHEAD;
+            }
+            !gone
+        });
+        return Ok(Some(freed));
+    }
+    for r in rows.extract_if(.., |r| expired(r)) {
+        freed += r.data.len() + ROW_OVERHEAD;
+        if !r.matched {
+            let row = Row {
+                data: &r.data,
+                timestamp: Some(r.timestamp),
+            };
+            let expiry = r.timestamp.saturating_sub(lower);
+            let mut o = JoinOutput::new(out, key, Some(expiry));
+            function.right_only(key, row, &mut o)?;
+        }
+    }
+    Ok(Some(freed))
+}
+
+/// One batch's inputs and collected side effects, shared by the keys of the batch.
+struct Step<'a, 'b> {
+    spec: &'a IntervalJoinSpec,
+    side: Side,
+    batch: &'b Batch,
+    watermark: i64,
+    out: &'a mut Batch,
+    /// Indices of late records.
+    late: Vec<u32>,
+    /// (expiry time, key) of the rows stored: one timer registration per time.
+    timers: Vec<(i64, &'b [u8])>,
+}
+
+impl<'b> Step<'_, 'b> {
+    /// Joins the records `idx` of one key against its rows and stores those that stay.
+    /// Returns whether the left and the right rows changed, and the estimated bytes
+    /// added.
+    fn join_key<F: IntervalJoinFunction>(
+        &mut self,
+        function: &mut F,
+        key: &'b [u8],
+        idx: &[u32],
+        lrows: &mut Vec<IntervalLeftRow<F::Acc>>,
+        rrows: &mut Vec<IntervalRightRow>,
+    ) -> Result<(bool, bool, usize)> {
+        let spec = self.spec;
+        let (batch, watermark) = (self.batch, self.watermark);
+        let lower = spec.lower_ms;
+        let track_right = spec.join_type.keeps_right();
+        let exact_left = spec.join_type.keeps_left() || F::EMITS_ON_LEFT_EXPIRY;
+        let exact_right = track_right;
+        let (mut lchanged, mut rchanged, mut added) = (false, false, 0);
+        for &i in idx {
+            let i = i as usize;
+            let ts = batch.timestamps[i];
+            if ts <= watermark {
+                self.late.push(i as u32);
+                continue;
+            }
+            let data = batch.record(i);
+            let row = Row {
+                data,
+                timestamp: Some(ts),
+            };
+            match self.side {
+                Side::Left => {
+                    let default = ts.saturating_add(spec.upper_ms);
+                    let upper = function.upper_bound(key, row, default);
+                    let lo = ts.saturating_add(lower);
+                    let mut acc = F::Acc::default();
+                    let mut matched = false;
+                    for r in rrows.iter_mut() {
+                        if r.timestamp < lo || r.timestamp > upper {
+                            continue;
+                        }
+                        let rr = Row {
+                            data: &r.data,
+                            timestamp: Some(r.timestamp),
+                        };
+                        if !function.matches(key, row, rr) {
+                            continue;
+                        }
+                        let mut o = JoinOutput::new(self.out, key, Some(ts.max(r.timestamp)));
+                        function.join(key, row, &mut acc, rr, &mut o)?;
+                        matched = true;
+                        if track_right && !r.matched {
+                            r.matched = true;
+                            rchanged = true;
+                        }
+                    }
+                    if upper <= watermark {
+                        let mut o = JoinOutput::new(self.out, key, Some(upper));
+                        function.left_expired(key, row, acc, matched, spec.join_type, &mut o)?;
+                    } else {
+                        lrows.push(IntervalLeftRow {
+                            timestamp: ts,
+                            upper,
+                            matched,
+                            acc,
+                            data: data.to_vec(),
+                        });
+                        added += data.len() + ROW_OVERHEAD;
+                        lchanged = true;
+                        self.timers.push((timer_at(upper, exact_left), key));
+                    }
+                }
+                Side::Right => {
+                    let mut matched = false;
+                    for l in lrows.iter_mut() {
+                        if ts < l.timestamp.saturating_add(lower) || ts > l.upper {
+                            continue;
+                        }
+                        let lr = Row {
+                            data: &l.data,
+                            timestamp: Some(l.timestamp),
+                        };
+                        if !function.matches(key, lr, row) {
+                            continue;
+                        }
+                        let mut o = JoinOutput::new(self.out, key, max_ts(Some(ts), lr.timestamp));
+                        function.join(key, lr, &mut l.acc, row, &mut o)?;
+                        matched = true;
+                        l.matched = true;
+                        lchanged = true;
+                    }
+                    let expiry = ts.saturating_sub(lower);
+                    if spec.left_unique && !track_right && !lrows.is_empty() {
+                        // The key's one left row is here: no other can come.
+                    } else if expiry <= watermark {
+                        if track_right && !matched {
+                            let mut o = JoinOutput::new(self.out, key, Some(expiry));
+                            function.right_only(key, row, &mut o)?;
+                        }
+                    } else {
+                        rrows.push(IntervalRightRow {
+                            timestamp: ts,
+                            matched,
+                            data: data.to_vec(),
+                        });
+                        added += data.len() + ROW_OVERHEAD;
+                        rchanged = true;
+                        self.timers.push((timer_at(expiry, exact_right), key));
+                    }
+                }
+            }
+        }
+        Ok((lchanged, rchanged, added))
     }
 }

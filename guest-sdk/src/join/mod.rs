@@ -273,8 +273,8 @@ pub(crate) fn emit_late(ctx: &mut dyn crate::Context, batch: &Batch, late: &[u32
     ctx.side_output(LATE_OUTPUT, &side);
 }
 
-/// Inside `impl Operator for T { … }`: forwards `process`, `on_timers` and `finish` to the
-/// join operator ([`RegularJoin`], [`IntervalJoin`] or [`WindowJoin`]) in field `$field`:
+/// Inside `impl Operator for T { … }`: forwards `process`, `on_timers`,
+/// `prepare_checkpoint` (to the operator's `flush`) and `finish` to the join operator ([`RegularJoin`], [`IntervalJoin`] or [`WindowJoin`]) in field `$field`:
 /// all a join plugin needs besides `describe` and `open`.
 ///
 /// ```ignore
@@ -304,6 +304,15 @@ macro_rules! join_operator_hooks {
             out: &mut $crate::Batch,
         ) -> $crate::Result<()> {
             self.$field.on_timers(ctx, timers, out)
+        }
+
+        fn prepare_checkpoint(
+            &mut self,
+            ctx: &mut dyn $crate::Context,
+            _epoch: u64,
+            out: &mut $crate::Batch,
+        ) -> $crate::Result<()> {
+            self.$field.flush(ctx, out)
         }
 
         fn finish(

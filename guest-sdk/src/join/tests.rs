@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::window::{Assigner, Window};
-use crate::{Batch, Context, MockContext, PluginInfo, TimerGroup};
+use crate::{Batch, Context, MockContext, PluginInfo, TimerGroup, ValueState};
 
 /// Renders every callback as text: `key|left|right|window_start|timestamp`, `-` for an
 /// absent side or window.
@@ -129,7 +129,8 @@ impl WindowJoinFunction for Txt {
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     Regular(RegularJoinSpec),
-    Interval(IntervalJoinSpec),
+    /// With the row cache's byte bound when cached (0: written back after every call).
+    Interval(IntervalJoinSpec, Option<usize>),
     Window(WindowJoinSpec),
 }
 
@@ -143,7 +144,7 @@ fn info(kind: Kind) -> PluginInfo {
     let mut info = PluginInfo::operator("join-test", "0.1.0").side_output(LATE_OUTPUT);
     let states = match kind {
         Kind::Regular(_) => RegularJoinSpec::state_descriptors(),
-        Kind::Interval(_) => IntervalJoinSpec::state_descriptors::<()>(1),
+        Kind::Interval(..) => IntervalJoinSpec::state_descriptors::<()>(1),
         Kind::Window(_) => WindowJoinSpec::state_descriptors(),
     };
     for d in states {
@@ -156,7 +157,13 @@ impl Op {
     fn open(ctx: &mut MockContext, kind: Kind) -> Op {
         match kind {
             Kind::Regular(s) => Op::Regular(RegularJoin::open(ctx, s, Txt).unwrap()),
-            Kind::Interval(s) => Op::Interval(IntervalJoin::open(ctx, s, Txt).unwrap()),
+            Kind::Interval(s, cache) => {
+                let j = IntervalJoin::open(ctx, s, Txt).unwrap();
+                Op::Interval(match cache {
+                    Some(limit) => j.cached_with_limit(limit),
+                    None => j,
+                })
+            }
             Kind::Window(s) => Op::Window(WindowJoin::open(ctx, s, Txt).unwrap()),
         }
     }
@@ -173,6 +180,15 @@ impl Op {
             Op::Regular(j) => j.on_timers(ctx, t, out),
             Op::Interval(j) => j.on_timers(ctx, t, out),
             Op::Window(j) => j.on_timers(ctx, t, out),
+        }
+        .unwrap();
+    }
+    /// What `prepare_checkpoint` does: the join's `flush`.
+    fn flush(&mut self, ctx: &mut MockContext, out: &mut Batch) {
+        match self {
+            Op::Regular(j) => j.flush(ctx, out),
+            Op::Interval(j) => j.flush(ctx, out),
+            Op::Window(j) => j.flush(ctx, out),
         }
         .unwrap();
     }
@@ -300,6 +316,10 @@ impl Run {
     }
 
     fn checkpoint(&mut self, position: usize) {
+        // The runtime calls `prepare_checkpoint` before it snapshots state.
+        for s in &mut self.subtasks {
+            s.op.flush(&mut s.ctx, &mut s.out);
+        }
         let snap = self
             .subtasks
             .iter()
@@ -423,7 +443,7 @@ fn reference(kind: Kind, input: &[Rec]) -> Vec<String> {
                 }
             }
         }
-        Kind::Interval(spec) => {
+        Kind::Interval(spec, _) => {
             let ok = |l: &Rec, r: &Rec| {
                 l.key == r.key && l.ts + spec.lower_ms <= r.ts && r.ts <= l.ts + spec.upper_ms
             };
@@ -560,17 +580,31 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
         Just(JoinType::Right),
         Just(JoinType::Full)
     ];
-    (jt, 0u8..7, -6i64..6, 0i64..8, 1i64..8).prop_map(|(t, k, lower, width, size)| match k {
-        0 => Kind::Regular(RegularJoinSpec::of(t)),
-        1 | 2 => Kind::Interval(IntervalJoinSpec::between(lower, lower + width).with_type(t)),
-        6 => Kind::Interval(
-            IntervalJoinSpec::between(lower, lower + width)
-                .with_type(t)
-                .with_unique_left(),
-        ),
-        3 => Kind::Window(WindowJoinSpec::tumbling(size).with_type(t)),
-        4 => Kind::Window(WindowJoinSpec::sliding(size * 2, size).with_type(t)),
-        _ => Kind::Window(WindowJoinSpec::session(size).with_type(t)),
+    // The interval join without and with its row cache (a bound of 0 writes it back after
+    // every call; 1 KiB after some).
+    let cache = prop_oneof![
+        Just(None),
+        Just(Some(0)),
+        Just(Some(1024)),
+        Just(Some(1 << 20))
+    ];
+    (jt, 0u8..7, -6i64..6, 0i64..8, 1i64..8, cache).prop_map(|(t, k, lower, width, size, cache)| {
+        match k {
+            0 => Kind::Regular(RegularJoinSpec::of(t)),
+            1 | 2 => Kind::Interval(
+                IntervalJoinSpec::between(lower, lower + width).with_type(t),
+                cache,
+            ),
+            6 => Kind::Interval(
+                IntervalJoinSpec::between(lower, lower + width)
+                    .with_type(t)
+                    .with_unique_left(),
+                cache,
+            ),
+            3 => Kind::Window(WindowJoinSpec::tumbling(size).with_type(t)),
+            4 => Kind::Window(WindowJoinSpec::sliding(size * 2, size).with_type(t)),
+            _ => Kind::Window(WindowJoinSpec::session(size).with_type(t)),
+        }
     })
 }
 
@@ -607,7 +641,7 @@ proptest! {
             lag(&left).max(lag(&right))
         };
         // A left side promised unique per key gets its first row per key only.
-        let left = if let Kind::Interval(IntervalJoinSpec { left_unique: true, .. }) = kind {
+        let left = if let Kind::Interval(IntervalJoinSpec { left_unique: true, .. }, _) = kind {
             let mut seen = Vec::new();
             left.into_iter().filter(|r| { let new = !seen.contains(&r.key); seen.push(r.key); new }).collect()
         } else {
@@ -636,7 +670,7 @@ fn rec(side: u32, key: u8, ts: i64, data: &str) -> Rec {
 
 #[test]
 fn interval_bounds_are_inclusive_on_both_ends() {
-    let kind = Kind::Interval(IntervalJoinSpec::between(-2, 3));
+    let kind = Kind::Interval(IntervalJoinSpec::between(-2, 3), None);
     let input = vec![
         rec(0, b'a', 10, "l"),
         rec(1, b'a', 7, "r7"),
@@ -651,7 +685,7 @@ fn interval_bounds_are_inclusive_on_both_ends() {
 #[test]
 fn late_records_go_to_the_side_output_and_join_nothing() {
     let spec = IntervalJoinSpec::between(0, 5).with_type(JoinType::Full);
-    let mut ctx = MockContext::new(&info(Kind::Interval(spec)));
+    let mut ctx = MockContext::new(&info(Kind::Interval(spec, None)));
     let mut j = IntervalJoin::open(&mut ctx, spec, Txt).unwrap();
     let mut out = Batch::new();
     let mut b = Batch::new();
@@ -864,4 +898,102 @@ fn models_name_the_operator_and_its_parameters() {
             .is_err()
     );
     let _ = Context::current_watermark(&MockContext::with_states([]));
+}
+
+/// Every (key, encoded rows) of both interval-join states.
+fn interval_state(
+    ctx: &mut MockContext,
+) -> Vec<(&'static str, Vec<u8>, Vec<IntervalRightRow>, usize)> {
+    let left: ValueState<Vec<IntervalLeftRow<()>>> =
+        ValueState::open(ctx, INTERVAL_LEFT_STATE).unwrap();
+    let right: ValueState<Vec<IntervalRightRow>> =
+        ValueState::open(ctx, INTERVAL_RIGHT_STATE).unwrap();
+    let mut all = Vec::new();
+    for k in left.keys(ctx) {
+        let rows = left.get(ctx, &k).unwrap();
+        // Left rows as right-row shapes (acc is `()`), with their upper bounds summed.
+        let upper: i64 = rows.iter().map(|r| r.upper).sum();
+        let as_right = rows
+            .into_iter()
+            .map(|r| IntervalRightRow {
+                timestamp: r.timestamp,
+                matched: r.matched,
+                data: r.data,
+            })
+            .collect();
+        all.push(("L", k, as_right, upper as usize));
+    }
+    for k in right.keys(ctx) {
+        all.push(("R", k.clone(), right.get(ctx, &k).unwrap(), 0));
+    }
+    all
+}
+
+/// With the row cache, state after `flush` is exactly the state without it, batch by
+/// batch and timer by timer, and the output is the same; between flushes the cached
+/// instance writes nothing.
+#[test]
+fn the_interval_row_cache_leaves_state_exact_at_every_flush() {
+    let spec = IntervalJoinSpec::between(-3, 2).with_type(JoinType::Full);
+    let kind = Kind::Interval(spec, None);
+    let mut plain_ctx = MockContext::new(&info(kind));
+    let mut cached_ctx = MockContext::new(&info(kind));
+    let mut plain = IntervalJoin::open(&mut plain_ctx, spec, Txt).unwrap();
+    let mut cached = IntervalJoin::open(&mut cached_ctx, spec, Txt)
+        .unwrap()
+        .cached();
+    let (mut plain_out, mut cached_out) = (Batch::new(), Batch::new());
+    let mut wm = i64::MIN;
+    for step in 0..60i64 {
+        let side = (step % 3 == 0) as u32;
+        let mut b = Batch::new();
+        for j in 0..4 {
+            let key = [b'a' + ((step * 7 + j) % 5) as u8];
+            b.push_record(
+                Some(&key),
+                Some(step * 2 + j),
+                format!("{side}-{step}-{j}").as_bytes(),
+            );
+        }
+        plain
+            .process(&mut plain_ctx, side, &b, &mut plain_out)
+            .unwrap();
+        let before = interval_state(&mut cached_ctx);
+        cached
+            .process(&mut cached_ctx, side, &b, &mut cached_out)
+            .unwrap();
+        assert_eq!(
+            interval_state(&mut cached_ctx),
+            before,
+            "no write between flushes"
+        );
+        if step % 4 == 3 {
+            wm = step * 2 - 4;
+            for (ctx, j, out) in [
+                (&mut plain_ctx, &mut plain, &mut plain_out),
+                (&mut cached_ctx, &mut cached, &mut cached_out),
+            ] {
+                ctx.set_watermark(wm);
+                let due = ctx.fire_due_event_timers(wm);
+                j.on_timers(ctx, &due, out).unwrap();
+            }
+        }
+        if step % 5 == 4 {
+            cached.flush(&mut cached_ctx, &mut cached_out).unwrap();
+            assert_eq!(
+                interval_state(&mut cached_ctx),
+                interval_state(&mut plain_ctx),
+                "state after the flush at step {step} (watermark {wm})"
+            );
+        }
+    }
+    assert!(
+        !interval_state(&mut plain_ctx).is_empty(),
+        "the run keeps rows to compare"
+    );
+    let (mut p, mut c) = (lines(&plain_out), lines(&cached_out));
+    p.sort();
+    c.sort();
+    assert!(!p.is_empty());
+    assert_eq!(c, p);
 }

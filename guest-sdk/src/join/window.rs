@@ -597,6 +597,17 @@ impl<F: WindowJoinFunction> WindowJoin<F> {
         Ok(())
     }
 
+    /// Called from `prepare_checkpoint` ([`crate::join_operator_hooks!`]): nothing to
+    /// write, this operator keeps no copy of its state between calls. Exists so the hooks
+    /// of the join operators are alike ([`super::IntervalJoin::flush`]).
+    ///
+    /// # Errors
+    /// None.
+    pub fn flush(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
+        let _ = (ctx, out);
+        Ok(())
+    }
+
     /// End of input: nothing to do (the host's final watermark fired every window).
     ///
     /// # Errors

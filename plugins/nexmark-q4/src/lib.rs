@@ -235,11 +235,14 @@ impl Operator for Q4 {
         let c: Config = serde_json::from_str(config)
             .map_err(|e| PluginError::invalid_config(format!("nexmark-q4 config: {e}")))?;
         match c.stage.as_str() {
-            "close" => Ok(Q4::Close(IntervalJoin::open(
-                ctx,
-                IntervalJoinSpec::between(0, 0).with_unique_left(),
-                Close,
-            )?)),
+            "close" => Ok(Q4::Close(
+                IntervalJoin::open(
+                    ctx,
+                    IntervalJoinSpec::between(0, 0).with_unique_left(),
+                    Close,
+                )?
+                .cached(),
+            )),
             "average" => Ok(Q4::Average(Average {
                 totals: ValueState::open(ctx, TOTALS_STATE)?,
                 pending: ValueState::open(ctx, PENDING_STATE)?,
@@ -272,6 +275,25 @@ impl Operator for Q4 {
         match self {
             Q4::Close(j) => j.on_timers(ctx, timers, out),
             Q4::Average(a) => a.on_timers(ctx, timers, out),
+        }
+    }
+
+    fn prepare_checkpoint(
+        &mut self,
+        ctx: &mut dyn Context,
+        _epoch: u64,
+        out: &mut Batch,
+    ) -> Result<()> {
+        match self {
+            Q4::Close(j) => j.flush(ctx, out),
+            Q4::Average(_) => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
+        match self {
+            Q4::Close(j) => j.finish(ctx, out),
+            Q4::Average(_) => Ok(()),
         }
     }
 }

@@ -12,12 +12,15 @@
 //! ```
 //!
 //! - `max`: the highest price of every 10 s tumbling event-time window over all bids
-//!   (input: bids, payload `price`; run it at parallelism 1 behind a SINGLETON edge): the
+//!   (input: bids whose comma-separated payload field `price_field`, default 0, is the
+//!   price; the example job feeds it the join's own bid rows, `price_field = 1`, so the
+//!   bids are parsed once; run it at parallelism 1 behind a SINGLETON edge): the
 //!   SDK window operator with the accumulator cache, every record under one key. Emits
 //!   the price as text, keyed by it (8 bytes, `i64` LE) and stamped `window_end - 1`.
 //! - `join`: an SDK interval join ([`nop_stream_sdk::join::IntervalJoin`]) of those
 //!   maxima (input 0, keyed by price) with the bids (input 1: payload
-//!   `auction,price,bidder,date_time,extra`, keyed by `price`): a bid joins a maximum at
+//!   `auction,price,bidder,date_time,extra`, keyed by `price`), with its row cache
+//!   (each price's 10 s of bids stay decoded between checkpoints): a bid joins a maximum at
 //!   `m = window_end - 1` when `m - 9999 <= bid <= m + 1`, i.e. `window_end - 10 s <=
 //!   date_time <= window_end`, both ends inclusive as `BETWEEN`. Emits the bid's payload.
 
@@ -34,7 +37,7 @@ use nop_stream_sdk::{
 use serde::Deserialize;
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["stage"],"properties":{"stage":{"enum":["max","join"]}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["stage"],"properties":{"stage":{"enum":["max","join"]},"price_field":{"type":"integer","minimum":0}}}"#;
 /// The tumbling window (ms).
 pub const WINDOW_MS: i64 = 10_000;
 /// Schema version of the max stage's accumulator (`Option<i64>`).
@@ -46,19 +49,31 @@ pub const KEY: &[u8] = b"q7";
 #[serde(deny_unknown_fields)]
 struct Config {
     stage: String,
+    /// The max stage: the comma-separated field of the payload that holds the price
+    /// (default 0: a payload of the price alone).
+    #[serde(default)]
+    price_field: usize,
 }
 
-fn price(data: &[u8]) -> Result<i64> {
-    std::str::from_utf8(data)
-        .ok()
-        .and_then(|s| s.split(',').next())
+/// The integer in comma-separated field `field` of `data`.
+fn price_at(data: &[u8], field: usize) -> Result<i64> {
+    data.split(|&b| b == b',')
+        .nth(field)
+        .and_then(|s| std::str::from_utf8(s).ok())
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| PluginError::invalid_record("expected a price in the first column"))
+        .ok_or_else(|| {
+            PluginError::invalid_record(format!("expected a price in field {field} (from 0)"))
+        })
 }
 
-/// The highest price.
+/// The price in the first field.
+fn price(data: &[u8]) -> Result<i64> {
+    price_at(data, 0)
+}
+
+/// The highest price, read from comma-separated field `.0` of each payload.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Max;
+pub struct Max(pub usize);
 
 impl AggregateFunction for Max {
     type In = i64;
@@ -66,7 +81,7 @@ impl AggregateFunction for Max {
     type Out = Option<i64>;
 
     fn decode(&self, record: RecordRef<'_>) -> Result<i64> {
-        price(record.data)
+        price_at(record.data, self.0)
     }
     fn create_accumulator(&self) -> Option<i64> {
         None
@@ -175,17 +190,20 @@ impl Operator for Q7 {
                 op: WindowOperator::open(
                     ctx,
                     WindowSpec::tumbling(WINDOW_MS),
-                    Aggregating::with_process(Max, EmitMax),
+                    Aggregating::with_process(Max(c.price_field), EmitMax),
                 )?
                 .cached(),
                 rekeyed: Batch::new(),
                 fired: Batch::new(),
             }))),
-            "join" => Ok(Q7::Join(Box::new(IntervalJoin::open(
-                ctx,
-                IntervalJoinSpec::between(-(WINDOW_MS - 1), 1),
-                HighestBids,
-            )?))),
+            "join" => Ok(Q7::Join(Box::new(
+                IntervalJoin::open(
+                    ctx,
+                    IntervalJoinSpec::between(-(WINDOW_MS - 1), 1),
+                    HighestBids,
+                )?
+                .cached(),
+            ))),
             s => Err(PluginError::invalid_config(format!(
                 "nexmark-q7 config: `stage` must be max or join, got {s:?}"
             ))),
@@ -250,7 +268,7 @@ impl Operator for Q7 {
     ) -> Result<()> {
         match self {
             Q7::Max(m) => m.op.flush(ctx, out),
-            Q7::Join(_) => Ok(()),
+            Q7::Join(j) => j.flush(ctx, out),
         }
     }
 

@@ -165,7 +165,8 @@ impl Operator for Q9 {
                 ctx,
                 IntervalJoinSpec::between(0, 0).with_unique_left(),
                 WinningBids,
-            )?,
+            )?
+            .cached(),
         })
     }
 
