@@ -337,6 +337,23 @@ fn right_bytes(rows: &[IntervalRightRow]) -> usize {
     rows.iter().map(|r| r.data.len() + ROW_OVERHEAD).sum()
 }
 
+/// Writes one side's changed keys: non-empty row lists are stored, emptied ones
+/// deleted (one host call each).
+fn write_back_side<'a, T: Serialize + DeserializeOwned + 'a>(
+    ctx: &mut dyn Context,
+    state: &ValueState<Vec<T>>,
+    changed: impl Iterator<Item = (&'a [u8], &'a Vec<T>)> + Clone,
+) {
+    let state = state.in_namespace(&[]);
+    state.put_many_refs(ctx, changed.clone().filter(|(_, rows)| !rows.is_empty()));
+    let (mut keys, mut ends) = (Vec::new(), Vec::new());
+    for (k, _) in changed.filter(|(_, rows)| rows.is_empty()) {
+        keys.extend_from_slice(k);
+        ends.push(keys.len() as u32);
+    }
+    state.delete_many_flat(ctx, &keys, &ends);
+}
+
 impl<A> RowCache<A> {
     /// Runs `f` on the rows of each key of `keys`, in place for the cached ones (one map
     /// lookup each); the others are read from state (one batched read per side), run,
@@ -394,44 +411,22 @@ impl<A> RowCache<A> {
     ) where
         A: Serialize + DeserializeOwned,
     {
-        let mut gone = (Vec::new(), Vec::new());
-        left.in_namespace(&[]).put_many_refs(
+        write_back_side(
             ctx,
+            left,
             self.rows
                 .iter()
-                .filter(|(_, e)| e.left_dirty && !e.left.is_empty())
+                .filter(|(_, e)| e.left_dirty)
                 .map(|(k, e)| (k.as_slice(), &e.left)),
         );
-        for (k, _) in self
-            .rows
-            .iter()
-            .filter(|(_, e)| e.left_dirty && e.left.is_empty())
-        {
-            gone.0.extend_from_slice(k);
-            gone.1.push(gone.0.len() as u32);
-        }
-        left.in_namespace(&[])
-            .delete_many_flat(ctx, &gone.0, &gone.1);
-        gone.0.clear();
-        gone.1.clear();
-        right.in_namespace(&[]).put_many_refs(
+        write_back_side(
             ctx,
+            right,
             self.rows
                 .iter()
-                .filter(|(_, e)| e.right_dirty && !e.right.is_empty())
+                .filter(|(_, e)| e.right_dirty)
                 .map(|(k, e)| (k.as_slice(), &e.right)),
         );
-        for (k, _) in self
-            .rows
-            .iter()
-            .filter(|(_, e)| e.right_dirty && e.right.is_empty())
-        {
-            gone.0.extend_from_slice(k);
-            gone.1.push(gone.0.len() as u32);
-        }
-        right
-            .in_namespace(&[])
-            .delete_many_flat(ctx, &gone.0, &gone.1);
         for e in self.rows.values_mut() {
             e.left_dirty = false;
             e.right_dirty = false;
@@ -676,46 +671,15 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
                 })?;
                 cache.bound(ctx, &self.left, &self.right);
             } else if left_side {
-                let rows = self
-                    .left
-                    .in_namespace(&[])
-                    .get_many_flat(ctx, &g.keys, &g.key_ends);
-                let mut puts = Vec::new();
-                for (i, rows) in rows.into_iter().enumerate() {
-                    let key = g.key(i);
-                    let Some(mut rows) = rows else { continue };
-                    if expire_left(&mut self.function, key, &mut rows, t, join_type, out)?.is_none()
-                    {
-                        continue;
-                    }
-                    if rows.is_empty() {
-                        self.left.delete(ctx, key);
-                    } else {
-                        puts.push((key, rows));
-                    }
-                }
-                self.left.put_many(ctx, &puts);
+                let function = &mut self.function;
+                expire_uncached(ctx, &self.left, g, |key, rows| {
+                    expire_left(function, key, rows, t, join_type, out)
+                })?;
             } else {
-                let rows = self
-                    .right
-                    .in_namespace(&[])
-                    .get_many_flat(ctx, &g.keys, &g.key_ends);
-                let mut puts = Vec::new();
-                for (i, rows) in rows.into_iter().enumerate() {
-                    let key = g.key(i);
-                    let Some(mut rows) = rows else { continue };
-                    if expire_right(&mut self.function, key, &mut rows, t, lower, join_type, out)?
-                        .is_none()
-                    {
-                        continue;
-                    }
-                    if rows.is_empty() {
-                        self.right.delete(ctx, key);
-                    } else {
-                        puts.push((key, rows));
-                    }
-                }
-                self.right.put_many(ctx, &puts);
+                let function = &mut self.function;
+                expire_uncached(ctx, &self.right, g, |key, rows| {
+                    expire_right(function, key, rows, t, lower, join_type, out)
+                })?;
             }
         }
         Ok(())
@@ -729,6 +693,29 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
     pub fn finish(&mut self, ctx: &mut dyn Context, out: &mut Batch) -> Result<()> {
         self.flush(ctx, out)
     }
+}
+
+/// Without the row cache: reads the rows of the timer group's keys from `state`, runs
+/// `expire` on each key's rows, and writes back the keys it changed.
+fn expire_uncached<T: Serialize + DeserializeOwned>(
+    ctx: &mut dyn Context,
+    state: &ValueState<Vec<T>>,
+    g: &TimerGroup,
+    mut expire: impl FnMut(&[u8], &mut Vec<T>) -> Result<Option<usize>>,
+) -> Result<()> {
+    let rows = state
+        .in_namespace(&[])
+        .get_many_flat(ctx, &g.keys, &g.key_ends);
+    let mut changed = Vec::new();
+    for (i, rows) in rows.into_iter().enumerate() {
+        let key = g.key(i);
+        let Some(mut rows) = rows else { continue };
+        if expire(key, &mut rows)?.is_some() {
+            changed.push((key, rows));
+        }
+    }
+    write_back_side(ctx, state, changed.iter().map(|(k, rows)| (*k, rows)));
+    Ok(())
 }
 
 /// Removes the left rows of one key whose expiry (`upper`) is at or before `t`, calling
