@@ -1,7 +1,7 @@
 //! Numbers as they appear in JSON records, and an exactly rounded float sum: the
 //! arithmetic of aggregate functions whose results must equal an independent computation
 //! whatever the batch boundaries and record order (used by `keyed-aggregate` and
-//! `window-aggregate`).
+//! `window-aggregate`); and [`parse_i64`], integers of text columns parsed from bytes.
 
 use std::cmp::Ordering;
 
@@ -286,6 +286,40 @@ impl<'de> Visitor<'de> for FieldsSeed<'_> {
     }
 }
 
+/// `str::parse::<i64>` on bytes: an optional `+` or `-`, then one or more ASCII digits;
+/// `None` for anything else or a value outside `i64`. No UTF-8 check first, and no 128-bit
+/// multiply (a libcall on wasm32) for up to 19 digits: for parsers of text columns.
+pub fn parse_i64(b: &[u8]) -> Option<i64> {
+    let (negative, digits) = match b {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, b),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    if digits.len() > 19 {
+        // More digits than a u64 holds without overflow checks (leading zeros, or out
+        // of range): the rare case, left to the standard parser.
+        return std::str::from_utf8(b).ok()?.parse().ok();
+    }
+    // Up to 19 digits fit a u64 (10^19 - 1 < 2^64), so no step can overflow; a checked
+    // i64 multiply would be a 128-bit libcall on wasm32.
+    let mut v: u64 = 0;
+    for &c in digits {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        v = v * 10 + u64::from(d);
+    }
+    if negative {
+        0i64.checked_sub_unsigned(v)
+    } else {
+        i64::try_from(v).ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +403,57 @@ mod tests {
             ]
         );
         assert!(vals[1].is_null() && !vals[0].is_null() && vals[2].is_non_numeric());
+    }
+
+    #[test]
+    fn parse_i64_agrees_with_str_parse() {
+        let mut cases: Vec<String> = [
+            "0",
+            "7",
+            "-7",
+            "+7",
+            "",
+            "-",
+            "+",
+            "12a",
+            "a12",
+            " 1",
+            "1 ",
+            "--1",
+            "+-1",
+            "9223372036854775807",
+            "9223372036854775808",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "00012",
+            "1.5",
+            "١",
+            "99999999999999999999",
+            "0000000000000000000012",
+            "-0000000000000000000012",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-9999999999999999999",
+            "9999999999999999999",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 22) as usize;
+            let alphabet = b"0123456789-+a ";
+            let s: String = (0..len)
+                .map(|k| alphabet[((x >> (k % 8 * 8)) as usize + k) % alphabet.len()] as char)
+                .collect();
+            cases.push(s);
+            cases.push((x as i64).to_string());
+        }
+        for c in &cases {
+            assert_eq!(parse_i64(c.as_bytes()), c.parse::<i64>().ok(), "{c:?}");
+        }
     }
 }

@@ -187,11 +187,19 @@ pub fn parse(kind: Kind, line: &str) -> Result<Event, String> {
 
 /// Formats `price` (cents) × 0.908 with three decimals, exactly (Nexmark q1's
 /// `0.908 * price` as `DECIMAL(23, 3)`).
-pub fn write_euro(price: i64, out: &mut String) {
-    let milli = i128::from(price) * 908;
-    let sign = if milli < 0 { "-" } else { "" };
-    let m = milli.unsigned_abs();
-    let _ = write!(out, "{sign}{}.{:03}", m / 1000, m % 1000);
+pub fn write_euro(price: i64, out: &mut impl std::fmt::Write) {
+    // Every price up to i64::MAX / 908 in magnitude (all real ones) in 64-bit arithmetic:
+    // 128-bit multiplies and divisions are libcalls on wasm32, the plugins' target.
+    const IN_U64: u64 = (i64::MAX / 908) as u64;
+    let sign = if price < 0 { "-" } else { "" };
+    let abs = price.unsigned_abs();
+    let _ = if abs <= IN_U64 {
+        let m = abs * 908;
+        write!(out, "{sign}{}.{:03}", m / 1000, m % 1000)
+    } else {
+        let m = u128::from(abs) * 908;
+        write!(out, "{sign}{}.{:03}", m / 1000, m % 1000)
+    };
 }
 
 #[cfg(test)]
@@ -219,5 +227,28 @@ mod tests {
         s.clear();
         write_euro(1, &mut s);
         assert_eq!(s, "0.908");
+        // Both paths against the 128-bit formula, around the switch and at the ends.
+        let limit = i64::MAX / 908;
+        for p in [
+            0,
+            -1,
+            999,
+            -1000,
+            limit - 1,
+            limit,
+            limit + 1,
+            -limit,
+            -limit - 1,
+            i64::MAX,
+            i64::MIN,
+            i64::MIN + 1,
+        ] {
+            let milli = i128::from(p) * 908;
+            let sign = if milli < 0 { "-" } else { "" };
+            let m = milli.unsigned_abs();
+            s.clear();
+            write_euro(p, &mut s);
+            assert_eq!(s, format!("{sign}{}.{:03}", m / 1000, m % 1000), "{p}");
+        }
     }
 }

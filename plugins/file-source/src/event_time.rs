@@ -225,10 +225,7 @@ pub fn split(line: &[u8], limit: usize, out: &mut Vec<(usize, usize)>) -> Result
                 }
             }
         } else {
-            let end = line[i..]
-                .iter()
-                .position(|b| *b == b',')
-                .map_or(line.len(), |p| i + p);
+            let end = memchr::memchr(b',', &line[i..]).map_or(line.len(), |p| i + p);
             out.push((i, end));
             if end == line.len() {
                 return Ok(());
@@ -337,7 +334,7 @@ fn offset_ms(s: &[u8]) -> Option<i64> {
 
 /// An optionally signed decimal integer, nothing else.
 fn integer(s: &[u8]) -> Option<i64> {
-    std::str::from_utf8(s).ok()?.parse().ok()
+    nop_stream_sdk::num::parse_i64(s)
 }
 
 /// `[-+]digits[.digits]` seconds as ms (fraction beyond ms truncated toward zero).
