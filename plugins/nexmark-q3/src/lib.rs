@@ -116,10 +116,9 @@ mod tests {
         for i in (0..n).filter(|&i| g.kind_of(i) == kind) {
             nexmark_parse::parse_line(
                 &c,
-                &csv::line(&event(&g, i)),
-                &mut Vec::new(),
+                csv::line(&event(&g, i)).as_bytes(),
                 &mut out,
-                &mut String::new(),
+                &mut Vec::new(),
             )
             .unwrap();
         }
