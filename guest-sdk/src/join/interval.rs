@@ -329,12 +329,9 @@ struct RowCache<A> {
     max_bytes: usize,
 }
 
-fn left_bytes<A>(rows: &[IntervalLeftRow<A>]) -> usize {
-    rows.iter().map(|r| r.data.len() + ROW_OVERHEAD).sum()
-}
-
-fn right_bytes(rows: &[IntervalRightRow]) -> usize {
-    rows.iter().map(|r| r.data.len() + ROW_OVERHEAD).sum()
+/// Estimated guest bytes of a cached row with payload `data`.
+fn row_bytes(data: &[u8]) -> usize {
+    data.len() + ROW_OVERHEAD
 }
 
 /// Writes one side's changed keys: non-empty row lists are stored, emptied ones
@@ -394,7 +391,10 @@ impl<A> RowCache<A> {
                 left_dirty: false,
                 right_dirty: false,
             };
-            self.bytes += key.len() + KEY_OVERHEAD + left_bytes(&e.left) + right_bytes(&e.right);
+            self.bytes += key.len()
+                + KEY_OVERHEAD
+                + e.left.iter().map(|r| row_bytes(&r.data)).sum::<usize>()
+                + e.right.iter().map(|r| row_bytes(&r.data)).sum::<usize>();
             let (added, freed) = f(n, key, &mut e)?;
             self.bytes = (self.bytes + added).saturating_sub(freed);
             self.rows.insert(SmallVec::from_slice(key), e);
@@ -734,7 +734,7 @@ fn expire_left<F: IntervalJoinFunction>(
     }
     let mut freed = 0;
     for r in rows.extract_if(.., |r| r.upper <= t) {
-        freed += r.data.len() + ROW_OVERHEAD;
+        freed += row_bytes(&r.data);
         let row = Row {
             data: &r.data,
             timestamp: Some(r.timestamp),
@@ -766,14 +766,14 @@ fn expire_right<F: IntervalJoinFunction>(
         rows.retain(|r| {
             let gone = expired(r);
             if gone {
-                freed += r.data.len() + ROW_OVERHEAD;
+                freed += row_bytes(&r.data);
             }
             !gone
         });
         return Ok(Some(freed));
     }
     for r in rows.extract_if(.., |r| expired(r)) {
-        freed += r.data.len() + ROW_OVERHEAD;
+        freed += row_bytes(&r.data);
         if !r.matched {
             let row = Row {
                 data: &r.data,
@@ -868,7 +868,7 @@ impl<'b> Step<'_, 'b> {
                             acc,
                             data: data.to_vec(),
                         });
-                        added += data.len() + ROW_OVERHEAD;
+                        added += row_bytes(data);
                         lchanged = true;
                         self.timers.push((timer_at(upper, exact_left), key));
                     }
@@ -906,7 +906,7 @@ impl<'b> Step<'_, 'b> {
                             matched,
                             data: data.to_vec(),
                         });
-                        added += data.len() + ROW_OVERHEAD;
+                        added += row_bytes(data);
                         rchanged = true;
                         self.timers.push((timer_at(expiry, exact_right), key));
                     }
