@@ -294,32 +294,95 @@ impl KeyedState {
         // budget, or with a full snapshot each epoch (which would write them all to redb at
         // the first barrier), into redb.
         if self.incremental && self.working_set_bytes.is_none() {
-            // The full payloads of a state's shards hold disjoint keys, so their entry
-            // count is a lower bound of its restored keys: the plain map is sized for them
-            // at its first key instead of growing (each growth rehashes every slot into a
-            // fresh table). The count comes from the manifest, so it is capped by what the
-            // payloads can hold (an entry takes at least 8 bytes: two length prefixes).
-            let mut reserve = vec![0usize; self.cache.len()];
-            for s in shards.iter().filter(|s| !s.delta) {
-                let n = usize::try_from(s.entries).unwrap_or(usize::MAX);
-                reserve[s.state as usize] += n.min(s.payload.len() / 8);
+            // Each chain folded first (a linear merge of payloads written in key order), so
+            // each key the chain leaves is inserted once rather than once per change, and a
+            // deleted one not at all (nothing is tracked yet: no tombstone). The chains are
+            // folded, checked and hashed on several threads (they are independent); the
+            // working set is then filled on this one.
+            let chains: Vec<_> = chains.into_iter().collect();
+            let bytes: usize = shards.iter().map(|s| s.payload.len()).sum();
+            let threads = if bytes < PARALLEL_RESTORE_BYTES {
+                1
+            } else {
+                std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .min(MAX_RESTORE_THREADS)
+                    .min(chains.len())
+            };
+            let hashers: Vec<_> = self
+                .cache
+                .iter()
+                .map(|c| c.plain.hasher().clone())
+                .collect();
+            let (states, shard_count) = (&self.states, self.shard_count);
+            let scan = |part: usize| -> Result<RestoredPart<'_>> {
+                let mut out = RestoredPart {
+                    plain: vec![Vec::new(); hashers.len()],
+                    namespaced: Vec::new(),
+                };
+                for ((state, shard), chain) in chains.iter().skip(part).step_by(threads) {
+                    let corrupt = || StateError::Corrupt(states[*state as usize].name.clone());
+                    let entries = fold_chain(chain).ok_or_else(corrupt)?;
+                    let hasher = &hashers[*state as usize];
+                    let plain = &mut out.plain[*state as usize];
+                    plain.reserve(entries.len());
+                    for (k, v) in entries {
+                        let (ns, key) = split_entry_key(k).ok_or_else(corrupt)?;
+                        if shard_of(key, shard_count).0 != *shard {
+                            return Err(corrupt());
+                        }
+                        if ns.is_empty() {
+                            plain.push((std::hash::BuildHasher::hash_one(hasher, key), key, v));
+                        } else {
+                            out.namespaced.push((*state, ns, key, v));
+                        }
+                    }
+                }
+                Ok(out)
+            };
+            let parts: Vec<RestoredPart<'_>> = if threads <= 1 {
+                vec![scan(0)?]
+            } else {
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = (1..threads)
+                        .map(|part| scope.spawn(move || scan(part)))
+                        .collect();
+                    let mut parts = vec![scan(0)];
+                    for h in handles {
+                        parts.push(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+                    }
+                    parts
+                })
+                .into_iter()
+                .collect::<Result<_>>()?
+            };
+            for part in &parts {
+                for &(state, ns, key, value) in &part.namespaced {
+                    self.cache[state as usize].put_restored(ns, key, value);
+                }
             }
-            for ((state, shard), chain) in chains {
-                let corrupt = || StateError::Corrupt(self.states[state as usize].name.clone());
-                let cache = &mut self.cache[state as usize];
-                let reserve = &mut reserve[state as usize];
-                // Folded first (a linear merge of payloads written in key order), so each
-                // key the chain leaves is inserted once rather than once per change, and a
-                // deleted one not at all (nothing is tracked yet: no tombstone).
-                for (k, v) in fold_chain(&chain).ok_or_else(corrupt)? {
-                    let (ns, key) = split_entry_key(k).ok_or_else(corrupt)?;
-                    if ns.is_empty() && *reserve > 0 {
-                        cache.plain.reserve(std::mem::take(reserve));
+            // Each plain map sized for its keys at once (each growth rehashes every slot
+            // into a fresh table), then filled in the order of the buckets the keys hash
+            // to: a table of millions of entries is far larger than the CPU caches, and
+            // inserting in key order touches a random bucket per key (a cache and TLB miss
+            // each), where bucket order writes the table front to back.
+            for (state, cache) in self.cache.iter_mut().enumerate() {
+                let runs: Vec<&[HashedEntry<'_>]> =
+                    parts.iter().map(|p| p.plain[state].as_slice()).collect();
+                let total = runs.iter().map(|r| r.len()).sum();
+                if total == 0 {
+                    continue;
+                }
+                cache.plain.reserve(total);
+                let entries = order_by_bucket(&runs, cache.plain.capacity());
+                for (i, &(_, key, value)) in entries.iter().enumerate() {
+                    // The key of an entry a few places ahead, prefetched now: its bytes lie
+                    // at a random place in the payloads, so its cache miss overlaps the
+                    // inserts in between instead of stalling its own.
+                    if let Some((_, ahead, _)) = entries.get(i + READ_AHEAD) {
+                        prefetch(ahead);
                     }
-                    if shard_of(key, self.shard_count).0 != shard {
-                        return Err(corrupt());
-                    }
-                    cache.put_restored(ns, key, v);
+                    cache.put_restored(b"", key, value);
                 }
             }
             for c in &mut self.cache {
@@ -433,4 +496,83 @@ impl KeyedState {
         }
         Ok(n)
     }
+}
+
+/// Restores of fewer payload bytes than this fold their chains on the calling thread
+/// (1 MiB: below it a thread's start costs more than it saves).
+const PARALLEL_RESTORE_BYTES: usize = 1 << 20;
+
+/// Most threads a restore folds chains on.
+const MAX_RESTORE_THREADS: usize = 8;
+
+/// How many entries ahead of the insert a restore prefetches a key (see `restore`).
+const READ_AHEAD: usize = 16;
+
+/// Asks the CPU to bring the first cache line of `bytes` into its caches ahead of use. A
+/// hint only: it reads nothing the program sees and cannot fault; a no-op on targets
+/// other than x86-64.
+#[inline(always)]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    // SAFETY: `_mm_prefetch` is a hint that never faults and has no architectural effect,
+    // whatever the address; SSE, which it needs, is in the x86-64 baseline.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+/// What one restore thread read from its chains: per state, the entries of the plain map
+/// (key hash, key, value); and the namespaced entries (state, namespace, key, value).
+struct RestoredPart<'a> {
+    plain: Vec<Vec<HashedEntry<'a>>>,
+    namespaced: Vec<NamespacedEntry<'a>>,
+}
+
+/// An entry of a plain map as a restore reads it: (hash of the key, key, value).
+type HashedEntry<'a> = (u64, &'a [u8], &'a [u8]);
+
+/// A namespaced entry as a restore reads it: (state, namespace, key, value).
+type NamespacedEntry<'a> = (u32, &'a [u8], &'a [u8], &'a [u8]);
+
+/// The entries of `runs` (hash, key, value) in the order of the bucket a hash table of
+/// `capacity` (as `HashMap::capacity` reports it) probes first for each hash: hashbrown,
+/// behind std's `HashMap`, starts a probe at `hash & (buckets - 1)`, with `buckets` a
+/// power of two and `capacity` 7/8 of it. Approximate on purpose: a counting sort on the
+/// top 16 bits of that position (linear, two passes), which leaves runs of nearby buckets
+/// in any order, close enough for the table to be written front to back. The order does
+/// not change what the table holds, only how fast it fills.
+fn order_by_bucket<T: Copy>(runs: &[&[(u64, T, T)]], capacity: usize) -> Vec<(u64, T, T)> {
+    let total: usize = runs.iter().map(|r| r.len()).sum();
+    let Some(&first) = runs.iter().find_map(|r| r.first()) else {
+        return Vec::new();
+    };
+    if total < 1 << 16 {
+        // A table this small fits the CPU caches.
+        return runs.concat();
+    }
+    let buckets = (capacity / 7 * 8).max(1).next_power_of_two();
+    let bits = buckets.trailing_zeros();
+    let shift = bits.saturating_sub(16);
+    let radix = |h: u64| ((h & (buckets as u64 - 1)) >> shift) as usize;
+    let mut counts = vec![0usize; 1 << bits.min(16)];
+    for e in runs.iter().flat_map(|r| r.iter()) {
+        counts[radix(e.0)] += 1;
+    }
+    let mut at = 0;
+    for c in &mut counts {
+        let n = *c;
+        *c = at;
+        at += n;
+    }
+    let mut sorted = vec![first; total];
+    for e in runs.iter().flat_map(|r| r.iter()) {
+        let r = radix(e.0);
+        sorted[counts[r]] = *e;
+        counts[r] += 1;
+    }
+    sorted
 }

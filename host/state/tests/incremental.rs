@@ -546,3 +546,67 @@ fn without_a_budget_expired_entries_leave_the_working_set_at_each_compaction() {
         .unwrap();
     assert!(p[0], "a rewritten key was removed");
 }
+
+/// A restore of more than 1 MiB of payloads folds its chains on several threads, and one
+/// of more than 65,536 plain keys fills the working set in bucket order: what it holds is
+/// still exactly the chain's state, plain and namespaced, and the restored state goes on
+/// with deltas on top of the chain.
+#[test]
+fn a_large_restore_folds_on_several_threads_and_restores_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = KeyedState::open(config(&dir.path().join("s.redb"), None, None)).unwrap();
+    s.set_incremental(true);
+    let mut model = Model::new();
+    let mut write = |s: &mut KeyedState, st: u32, ns: &[u8], key: &[u8], value: &[u8]| {
+        put(s, st, ns, key, value);
+        model.insert((st, ns.to_vec(), key.to_vec()), value.to_vec());
+    };
+    for k in 0..150_000u32 {
+        write(&mut s, 0, b"", &k.to_be_bytes(), &(k * 3).to_le_bytes());
+    }
+    for k in 0..3_000u32 {
+        write(&mut s, 1, &[k as u8 % 5; 2], &k.to_be_bytes(), b"n");
+    }
+    let mut chain = view_payloads(s.delta_view().unwrap().unwrap());
+    for k in (0..150_000u32).step_by(7) {
+        write(&mut s, 0, b"", &k.to_be_bytes(), b"updated");
+    }
+    for k in (150_000..160_000u32).step_by(3) {
+        write(&mut s, 0, b"", &k.to_be_bytes(), b"new");
+    }
+    for k in (0..150_000u32).step_by(11) {
+        s.value_delete(0, b"", &k.to_be_bytes()).unwrap();
+        model.remove(&(0, Vec::new(), k.to_be_bytes().to_vec()));
+    }
+    s.value_delete(1, &[2; 2], &7u32.to_be_bytes()).unwrap();
+    model.remove(&(1, vec![2; 2], 7u32.to_be_bytes().to_vec()));
+    chain.extend(view_payloads(s.delta_view().unwrap().unwrap()));
+    let bytes: usize = chain.iter().map(|p| p.payload.len()).sum();
+    assert!(
+        bytes > 1 << 20,
+        "{bytes} bytes: too few for the parallel fold"
+    );
+
+    let mut r = KeyedState::open(config(&dir.path().join("r.redb"), None, None)).unwrap();
+    r.set_incremental(true);
+    r.restore(&chain).unwrap();
+    // Every restored key is readable, with its value.
+    for ((st, ns, key), value) in model.iter().step_by(97) {
+        let (mut d, mut e, mut p) = (Vec::new(), Vec::new(), Vec::new());
+        r.value_get_many(*st, ns, key, &[key.len() as u32], &mut d, &mut e, &mut p)
+            .unwrap();
+        assert!(p[0], "{st} {ns:?} {key:?} missing");
+        assert_eq!(&d, value);
+    }
+    // A delta after the restore holds only what changed since; the chain with it, folded,
+    // is the model.
+    let gone = 12u32.to_be_bytes();
+    r.value_delete(0, b"", &gone).unwrap();
+    model.remove(&(0, Vec::new(), gone.to_vec()));
+    let delta = view_payloads(r.delta_view().unwrap().unwrap());
+    assert_eq!(delta.iter().map(|p| p.entries).sum::<u64>(), 1);
+    chain.extend(delta);
+    assert_eq!(full_entries(&compacted(&r, &chain)), model);
+    // And the restored working set itself, written out whole, is the model too.
+    assert_eq!(full_entries(&r.snapshot().unwrap()), model);
+}
