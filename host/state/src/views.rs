@@ -385,8 +385,9 @@ impl KeyedState {
                     cache.put_restored(b"", key, value);
                 }
             }
+            // The caches were cleared above and hold only what `put_restored` put.
             for c in &mut self.cache {
-                c.track_from_now();
+                c.track_restored();
             }
             self.tracking = true;
             return Ok(());
