@@ -113,9 +113,14 @@ pub struct TaskSnapshot {
     pub operator_state: Vec<SegmentDescriptor>,
     /// Source split cursors (source tasks).
     pub splits: Vec<SplitState>,
-    /// Last watermark per input channel (`channel id -> ms`) and of the task.
+    /// Last watermark of the task's input channels, ms: since this host one entry per input
+    /// edge (`edge id -> ms`, the minimum over the edge's channels that had not ended,
+    /// `i64::MAX` when all had; [`input_watermarks`]), before it one per channel
+    /// (`channel id -> ms`). A restore looks a channel up by its own id first, then by its
+    /// edge's ([`restored_channel`]).
     pub watermarks: Vec<(String, i64)>,
-    /// Input channels that had delivered their end of data before the barrier.
+    /// Input channels that had delivered their end of data before the barrier: channel
+    /// ids, or an edge id when every channel of that edge had (since this host).
     #[serde(default)]
     pub ended_inputs: Vec<String>,
     /// Pre-committed transactions of the sink at the chain's tail, all epochs `<=` this.
@@ -228,6 +233,77 @@ impl Serialize for TaskSnapshot {
         }
         st.end()
     }
+}
+
+/// What a task records of its input channels at a barrier (design §8.5, §10.5): per input
+/// edge one watermark, the minimum over the edge's channels that had not ended (`i64::MAX`
+/// when all had), and the ended channels: the edge id alone when every channel of the edge
+/// had ended, else each ended channel's id. `channels` yields `(channel, watermark ms,
+/// ended)` in the task's input order; edges come out in order of first appearance.
+///
+/// One entry per edge rather than per channel keeps a snapshot O(edges) and a manifest
+/// O(tasks): a hash edge of parallelism p has p² channels, and a watermark per channel made
+/// an event-time job's manifest 233 MB at 10,000 subtasks (bench/RESULTS.md, "The
+/// coordinator at scale"). A restore puts each channel at its edge's minimum: the task's
+/// watermark (the minimum over its open channels) is exactly what it was, and a channel
+/// whose sender was ahead is behind only until that sender's next watermark, which a
+/// watermark can never overtake (it is conservative; the rescale path of restore planning
+/// has always restored this way).
+pub fn input_watermarks<'a>(
+    channels: impl IntoIterator<Item = (&'a nop_stream_api::ChannelId, i64, bool)>,
+) -> (Vec<(String, i64)>, Vec<String>) {
+    // (edge, minimum over open channels, channels, ended channels)
+    let mut edges: Vec<(
+        &nop_stream_api::EdgeId,
+        i64,
+        usize,
+        Vec<&nop_stream_api::ChannelId>,
+    )> = Vec::new();
+    for (channel, watermark, ended) in channels {
+        let at = match edges.iter().position(|e| *e.0 == channel.edge) {
+            Some(at) => at,
+            None => {
+                edges.push((&channel.edge, i64::MAX, 0, Vec::new()));
+                edges.len() - 1
+            }
+        };
+        let e = &mut edges[at];
+        e.2 += 1;
+        if ended {
+            e.3.push(channel);
+        } else {
+            e.1 = e.1.min(watermark);
+        }
+    }
+    let mut watermarks = Vec::with_capacity(edges.len());
+    let mut ended = Vec::new();
+    for (edge, min, channels, ended_channels) in edges {
+        watermarks.push((edge.to_string(), min));
+        if ended_channels.len() == channels {
+            ended.push(edge.to_string());
+        } else {
+            ended.extend(ended_channels.iter().map(|c| c.to_string()));
+        }
+    }
+    (watermarks, ended)
+}
+
+/// A channel's restored watermark and whether it had ended, from what a snapshot recorded
+/// ([`TaskSnapshot::watermarks`], [`TaskSnapshot::ended_inputs`]) or a restore plan carries:
+/// the channel's own entry if there is one (snapshots of hosts before
+/// [`input_watermarks`]), else its edge's. `None` for the watermark: neither is recorded
+/// (the channel starts at `i64::MIN`).
+pub fn restored_channel(
+    channel: &nop_stream_api::ChannelId,
+    watermark: impl Fn(&str) -> Option<i64>,
+    ended: impl Fn(&str) -> bool,
+) -> (Option<i64>, bool) {
+    let id = channel.to_string();
+    let edge = channel.edge.to_string();
+    (
+        watermark(&id).or_else(|| watermark(&edge)),
+        ended(&id) || ended(&edge),
+    )
 }
 
 /// Global source enumerator state (design §6.3): every discovered split and its owner.
@@ -356,4 +432,73 @@ impl EpochManifest {
 /// Checksum of a segment payload (xxh3-64, hex).
 pub fn payload_checksum(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nop_stream_api::{ChannelId, EdgeId, SubtaskIndex};
+
+    fn ch(edge: &str, upstream: u32) -> ChannelId {
+        ChannelId {
+            edge: EdgeId::new(edge),
+            upstream: SubtaskIndex(upstream),
+            downstream: SubtaskIndex(0),
+            index: 0,
+        }
+    }
+
+    #[test]
+    fn input_watermarks_are_one_per_edge_and_restore_every_channel() {
+        // Edge a: three channels, one ended; edge b: both ended; edge c: one, open.
+        let chans = [
+            (ch("a", 0), 50, false),
+            (ch("b", 0), 7, true),
+            (ch("a", 1), 30, true),
+            (ch("a", 2), 40, false),
+            (ch("c", 0), i64::MIN, false),
+            (ch("b", 1), 9, true),
+        ];
+        let (w, ended) = input_watermarks(chans.iter().map(|(c, w, e)| (c, *w, *e)));
+        let edges = |v: &[(&str, i64)]| -> Vec<(String, i64)> {
+            v.iter().map(|(e, w)| (e.to_string(), *w)).collect()
+        };
+        // In order of first appearance; the ended channel of `a` does not lower its minimum.
+        assert_eq!(w, edges(&[("a", 40), ("b", i64::MAX), ("c", i64::MIN)]));
+        assert_eq!(ended, vec![ch("a", 1).to_string(), "b".to_string()]);
+        let restore = |c: &ChannelId| {
+            restored_channel(
+                c,
+                |k| w.iter().find(|(e, _)| e == k).map(|(_, w)| *w),
+                |k| ended.iter().any(|e| e == k),
+            )
+        };
+        assert_eq!(restore(&ch("a", 0)), (Some(40), false));
+        assert!(restore(&ch("a", 1)).1);
+        assert_eq!(restore(&ch("a", 2)), (Some(40), false));
+        assert_eq!(restore(&ch("b", 1)), (Some(i64::MAX), true));
+        assert_eq!(restore(&ch("c", 0)), (Some(i64::MIN), false));
+        assert_eq!(
+            restore(&ch("z", 0)),
+            (None, false),
+            "an edge never recorded"
+        );
+    }
+
+    #[test]
+    fn a_channels_own_entry_wins_over_its_edges() {
+        // Snapshots of hosts before per-edge watermarks name channels.
+        let c = ch("a", 3);
+        let own = c.to_string();
+        let got = restored_channel(
+            &c,
+            |k| match k {
+                k if k == own => Some(5),
+                "a" => Some(1),
+                _ => None,
+            },
+            |k| k == own,
+        );
+        assert_eq!(got, (Some(5), true));
+    }
 }

@@ -281,16 +281,23 @@ pub fn plan_restore(
                 r.end_of_data = !old.is_empty() && old.iter().all(|t| t.end_of_data);
                 for ch in &st.inputs {
                     let edge = ch.edge.to_string();
+                    if r.watermarks.contains_key(&edge) {
+                        // Recorded once per edge (below).
+                        continue;
+                    }
                     let restored = edge_restore
                         .entry(edge.clone())
                         .or_insert_with(|| {
                             let prefix = format!("{edge}/");
+                            // Each old task recorded per channel (hosts before per-edge
+                            // watermarks) or once for the edge (its open channels'
+                            // minimum; ended: every channel of the edge had ended).
                             let old_channels: Vec<(i64, bool)> = old
                                 .iter()
                                 .flat_map(|t| {
                                     t.watermarks
                                         .iter()
-                                        .filter(|(c, _)| c.starts_with(&prefix))
+                                        .filter(|(c, _)| *c == edge || c.starts_with(&prefix))
                                         .map(|(c, w)| (*w, t.ended_inputs.contains(c)))
                                 })
                                 .collect();
@@ -310,9 +317,12 @@ pub fn plan_restore(
                     let Some((w, ended)) = restored else {
                         continue;
                     };
-                    r.watermarks.insert(ch.to_string(), w);
+                    // Once for the edge: the task puts every channel of it there
+                    // (`nop_stream_checkpoint::restored_channel`), so the plan is O(edges)
+                    // per task, not O(channels).
+                    r.watermarks.insert(edge.clone(), w);
                     if ended {
-                        r.ended_inputs.insert(ch.to_string());
+                        r.ended_inputs.insert(edge);
                     }
                 }
                 if st.index.0 == 0 {

@@ -3,18 +3,29 @@
 
 mod common;
 
-use nop_stream_api::{AttemptId, EpochId, FencingToken, Split, TaskId};
+use nop_stream_api::{AttemptId, ChannelId, EpochId, FencingToken, Split, TaskId};
 use nop_stream_checkpoint::{
     EnumeratorState, EpochManifest, PendingTransaction, STATE_FORMAT_VERSION, SegmentDescriptor,
-    SplitState, TaskSnapshot,
+    SplitState, TaskSnapshot, input_watermarks, restored_channel,
 };
 use nop_stream_coordinator::restore::{
     assign_splits, plan_restore, restored_splits, sink_settlements,
 };
 use nop_stream_coordinator::{CoordinatorError, check_restore};
 use nop_stream_core::PartitionedPlan;
+use nop_stream_proto::TaskRestorePlan;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// What task restore plan `t` restores channel `ch` to: (watermark, ended), as the task
+/// applies it.
+fn restored(t: &TaskRestorePlan, ch: &ChannelId) -> (Option<i64>, bool) {
+    restored_channel(
+        ch,
+        |k| t.watermarks.get(k).copied(),
+        |k| t.ended_inputs.contains(k),
+    )
+}
 
 fn vertex_of(plan: &PartitionedPlan, name: &str) -> usize {
     plan.vertices
@@ -167,8 +178,10 @@ fn same_plan_gives_each_task_its_own_snapshot_and_owned_segments() {
         let owned: BTreeSet<u32> = plan.vertices[agg].owned_shards(st, 8).collect();
         assert_eq!(shards, owned, "{}", st.task);
         assert_eq!(t.epoch, Some(EpochId(7)));
+        // The manifest records a watermark per channel (hosts before per-edge records).
         for ch in &st.inputs {
             assert_eq!(t.watermarks[&ch.to_string()], 100 + i64::from(st.index.0));
+            assert_eq!(restored(t, ch), (Some(100 + i64::from(st.index.0)), false));
         }
     }
     for st in &plan.vertices[out].subtasks {
@@ -192,6 +205,78 @@ fn same_plan_gives_each_task_its_own_snapshot_and_owned_segments() {
     }
 }
 
+/// `manifest(plan)` with the watermarks of `agg` recorded per input edge, as tasks record
+/// them ([`input_watermarks`]): the channel from upstream subtask `u` into `agg` subtask
+/// `i` at `100 + 10 u + i`, ended where `ended(i, u)`.
+fn edge_manifest(plan: &PartitionedPlan, ended: impl Fn(u32, u32) -> bool) -> EpochManifest {
+    let mut m = manifest(plan, 4);
+    let agg = vertex_of(plan, "agg");
+    for st in &plan.vertices[agg].subtasks {
+        let i = st.index.0;
+        let channels: Vec<(ChannelId, i64, bool)> = st
+            .inputs
+            .iter()
+            .map(|c| {
+                let u = c.upstream.0;
+                (
+                    c.clone(),
+                    100 + 10 * i64::from(u) + i64::from(i),
+                    ended(i, u),
+                )
+            })
+            .collect();
+        let (watermarks, ended_inputs) =
+            input_watermarks(channels.iter().map(|(c, w, e)| (c, *w, *e)));
+        let snap = m.tasks.iter_mut().find(|t| t.task == st.task).unwrap();
+        snap.watermarks = watermarks;
+        snap.ended_inputs = ended_inputs;
+    }
+    m
+}
+
+#[test]
+fn watermarks_recorded_per_edge_restore_each_channel_at_its_edges_minimum() {
+    let plan = common::plan(2, 8);
+    let agg = vertex_of(&plan, "agg");
+    // agg 0: the channel from src 1 ended; agg 1: both channels ended.
+    let m = edge_manifest(&plan, |i, u| i == 1 || u == 1);
+    for st in &plan.vertices[agg].subtasks {
+        let snap = m.tasks.iter().find(|t| t.task == st.task).unwrap();
+        assert_eq!(snap.watermarks.len(), 1, "one watermark per input edge");
+    }
+    let r = plan_restore(&plan, Some(&m), false, &split_map(&plan, &m)).unwrap();
+    for st in &plan.vertices[agg].subtasks {
+        let t = &r[&st.task];
+        for ch in &st.inputs {
+            let (w, ended) = restored(t, ch);
+            match (st.index.0, ch.upstream.0) {
+                // The open channel: the edge's minimum over open channels, its own.
+                (0, 0) => assert_eq!((w, ended), (Some(100), false), "{ch}"),
+                (0, _) => assert!(ended, "{ch}"),
+                _ => assert_eq!((w, ended), (Some(i64::MAX), true), "{ch}"),
+            }
+        }
+    }
+    // Rescaled: the minimum over the old open channels; not ended, as one was open.
+    let new = common::plan(3, 8);
+    let r = plan_restore(&new, Some(&m), true, &split_map(&new, &m)).unwrap();
+    for st in &new.vertices[vertex_of(&new, "agg")].subtasks {
+        let t = &r[&st.task];
+        assert_eq!(t.watermarks.len(), 1, "{}", st.task);
+        for ch in &st.inputs {
+            assert_eq!(restored(t, ch), (Some(100), false), "{ch}");
+        }
+    }
+    // Every old channel ended: every new one is ended.
+    let m = edge_manifest(&plan, |_, _| true);
+    let r = plan_restore(&new, Some(&m), true, &split_map(&new, &m)).unwrap();
+    for st in &new.vertices[vertex_of(&new, "agg")].subtasks {
+        for ch in &st.inputs {
+            assert!(restored(&r[&st.task], ch).1, "{ch}");
+        }
+    }
+}
+
 #[test]
 fn rescale_restores_conservatively_and_settles_sinks() {
     let old = common::plan(2, 8);
@@ -203,10 +288,11 @@ fn rescale_restores_conservatively_and_settles_sinks() {
     for st in &new.vertices[agg].subtasks {
         let t = &r[&st.task];
         assert!(t.pending.is_empty());
-        // The minimum over both old subtasks' channels of the edge.
+        // The minimum over both old subtasks' channels of the edge, once for the edge.
         for ch in &st.inputs {
-            assert_eq!(t.watermarks[&ch.to_string()], 100, "{ch}");
+            assert_eq!(restored(t, ch), (Some(100), false), "{ch}");
         }
+        assert_eq!(t.watermarks.len(), 1, "one entry per input edge");
     }
     let settle = sink_settlements(&new, &m);
     assert_eq!(settle.len(), 2, "both old sink subtasks settle");

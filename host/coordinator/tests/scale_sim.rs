@@ -87,7 +87,8 @@ struct TaskShape {
     sink: Option<String>,
     /// `(operator id, owned shards)` of a keyed vertex.
     keyed: Option<(String, std::ops::Range<u32>)>,
-    /// Input channels, as the task records their watermarks.
+    /// Input edges, as the task records their watermarks (one per edge,
+    /// [`nop_stream_checkpoint::input_watermarks`]).
     inputs: Vec<String>,
 }
 
@@ -103,7 +104,7 @@ struct Deployed {
 /// Scripted workers over `nodes` fake nodes: tasks are placed round-robin over the live
 /// nodes on every deployment; every task acknowledges every barrier at once with a
 /// snapshot shaped like a real one (split cursors, one segment per owned shard, the sink's
-/// pending transaction, one watermark per input channel); sinks commit when told. After
+/// pending transaction, one watermark per input edge); sinks commit when told. After
 /// `epochs` committed epochs of a deployment the sources end their data. Optionally one
 /// node is lost after `lose_after` committed epochs of the first deployment: its tasks
 /// fail, the others are cancelled.
@@ -137,7 +138,8 @@ struct Sim {
     fake_cpu: u64,
     /// This thread's CPU when the sources' ends of data were queued.
     end_cpu: Option<u64>,
-    /// Whether tasks record a watermark per input channel, as tasks do (design §8.5).
+    /// Whether tasks record their input watermarks, as tasks do (design §8.5): one per
+    /// input edge (hosts before recorded one per input channel, O(p²) per hash edge).
     channel_watermarks: bool,
 }
 
@@ -160,7 +162,13 @@ impl Sim {
                     keyed: keyed
                         .clone()
                         .map(|op| (op, v.owned_shards(st, plan.job.state_shard_count))),
-                    inputs: st.inputs.iter().map(|c| c.to_string()).collect(),
+                    inputs: nop_stream_checkpoint::input_watermarks(
+                        st.inputs.iter().map(|c| (c, 0, false)),
+                    )
+                    .0
+                    .into_iter()
+                    .map(|(edge, _)| edge)
+                    .collect(),
                 });
             }
         }
@@ -508,7 +516,7 @@ fn simulate(pipelines: u32, p: u32, nodes: usize, epochs: u64, lose_after: u64) 
     let storage = Arc::new(Namespace::open(&Location::Local(dir.path().to_owned())).unwrap());
     let mut sim = Sim::new(&plan, nodes, epochs);
     sim.lose_after = Some(lose_after);
-    // SIM_WATERMARKS=0: tasks record no channel watermark (a job without event time whose
+    // SIM_WATERMARKS=0: tasks record no input watermark (a job without event time whose
     // tasks leave out channels at the initial watermark would record none).
     sim.channel_watermarks = std::env::var("SIM_WATERMARKS").map_or(true, |v| v != "0");
     let started = Instant::now();

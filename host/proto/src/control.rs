@@ -61,9 +61,12 @@ pub struct TaskRestorePlan {
     pub operator_state: BTreeMap<String, OperatorStateRestore>,
     /// Cursor of every split the manifest knows, by split id.
     pub splits: BTreeMap<String, SplitCursor>,
-    /// Watermark per input channel id (ms).
+    /// Watermark by input channel id, or by input edge id for every channel of the edge
+    /// without an entry of its own (ms; the task applies them with
+    /// `nop_stream_checkpoint::restored_channel`).
     pub watermarks: BTreeMap<String, i64>,
-    /// Input channels that had delivered their end of data.
+    /// Input channels that had delivered their end of data: channel ids, or an edge id for
+    /// every channel of that edge.
     pub ended_inputs: BTreeSet<String>,
     /// Whether the task had processed the end of all its input.
     pub end_of_data: bool,

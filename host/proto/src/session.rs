@@ -17,9 +17,11 @@ use std::collections::BTreeMap;
 /// refused with both versions named. Version 3 added [`NodeFrame::Watermarks`],
 /// [`CoordinatorFrame::Watermarks`] and [`NodeFrame::NodeMetrics`]. Version 4 changed the
 /// data plane's records frames: a batch's per-record columns travel as varint
-/// differences ([`nop_stream_api::delta`]); a cluster's nodes all speak one version, since
-/// the coordinator admits only its own.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// differences ([`nop_stream_api::delta`]). Version 5: a restore plan's watermarks and
+/// ended inputs may name an input edge for all its channels
+/// (`nop_stream_checkpoint::restored_channel`), which a node of version 4 would not apply.
+/// A cluster's nodes all speak one version, since the coordinator admits only its own.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// A node's first frame on its session stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

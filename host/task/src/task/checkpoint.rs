@@ -373,13 +373,17 @@ impl Task {
     }
 
     /// The task's snapshot of `epoch` before its segments are written: split cursors,
-    /// channel watermarks, ended inputs, the sink's pending transactions.
+    /// input watermarks per edge, ended inputs, the sink's pending transactions.
     fn task_snapshot(
         &mut self,
         epoch: EpochId,
         sink_operator: Option<String>,
         alignment_ms: u64,
     ) -> TaskSnapshot {
+        // One watermark per input edge, not per channel: O(edges), not O(p²).
+        let (watermarks, ended_inputs) = nop_stream_checkpoint::input_watermarks(
+            self.inputs.iter().map(|c| (&c.id, c.watermark, c.ended)),
+        );
         TaskSnapshot {
             task: self.id.clone(),
             epoch,
@@ -397,17 +401,8 @@ impl Task {
                     max_timestamp: s.max_ts,
                 })
                 .collect(),
-            watermarks: self
-                .inputs
-                .iter()
-                .map(|c| (c.id.to_string(), c.watermark))
-                .collect(),
-            ended_inputs: self
-                .inputs
-                .iter()
-                .filter(|c| c.ended)
-                .map(|c| c.id.to_string())
-                .collect(),
+            watermarks,
+            ended_inputs,
             pending_transactions: self
                 .sink
                 .as_ref()

@@ -458,10 +458,16 @@ impl Task {
         )?;
         failpoint::hit("during-restore");
         for c in &mut inputs {
-            if let Some(w) = restore.watermarks.get(&c.id.to_string()) {
-                c.watermark = *w;
+            // By the channel's own entry, else by its edge's (design §8.5).
+            let (watermark, ended) = nop_stream_checkpoint::restored_channel(
+                &c.id,
+                |k| restore.watermarks.get(k).copied(),
+                |k| restore.ended_inputs.contains(k),
+            );
+            if let Some(w) = watermark {
+                c.watermark = w;
             }
-            c.ended = restore.ended_inputs.contains(&c.id.to_string());
+            c.ended = ended;
         }
         // Without a restored chain, the first snapshot may be a delta on nothing (a state
         // that starts empty tracks its changes from the start; otherwise it is full).
