@@ -117,46 +117,68 @@ pub fn fold<'a>(chain: &[(&str, &'a [u8])]) -> Result<Vec<(&'a [u8], &'a [u8])>,
         .map(|(codec, buf)| decode(codec, buf))
         .collect::<Result<Vec<_>, _>>()?;
     let sorted = |p: &[(&[u8], Option<&[u8]>)]| p.windows(2).all(|w| w[0].0 < w[1].0);
-    let mut folded: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
     if decoded.iter().all(|p| sorted(p)) {
-        // Every payload is written in key order: merge them pairwise, oldest first, a
-        // newer change winning a tie (linear, where a map would pay a search per key).
-        for newer in decoded {
-            let older = std::mem::take(&mut folded);
-            let mut merged = Vec::with_capacity(older.len() + newer.len());
-            let (mut a, mut b) = (older.into_iter().peekable(), newer.into_iter().peekable());
-            loop {
-                let next = match (a.peek(), b.peek()) {
-                    (Some(x), Some(y)) => match x.0.cmp(y.0) {
-                        std::cmp::Ordering::Less => a.next(),
-                        std::cmp::Ordering::Greater => b.next(),
-                        std::cmp::Ordering::Equal => {
-                            a.next();
-                            b.next()
-                        }
-                    },
-                    (Some(_), None) => a.next(),
-                    (None, _) => b.next(),
-                };
-                match next {
-                    Some(e) => merged.push(e),
-                    None => break,
-                }
+        // Every payload is written in key order: linear merges, a newer change winning a tie
+        // (where a map would pay a search per key). A newer-wins merge is associative, so
+        // the deltas (each usually a small part of the state) are merged first, oldest
+        // first, and the result once into the chain's first payload: one pass over the
+        // large full payload instead of one per delta. Deletes survive until that last
+        // merge, which drops them as it goes.
+        let mut payloads = decoded.into_iter();
+        let first = payloads.next().unwrap_or_default();
+        let mut newer: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
+        for delta in payloads {
+            newer = if newer.is_empty() {
+                delta
+            } else {
+                let mut merged = Vec::with_capacity(newer.len() + delta.len());
+                merge(newer, delta, |e| merged.push(e));
+                merged
+            };
+        }
+        let mut folded = Vec::with_capacity(first.len() + newer.len());
+        merge(first, newer, |(k, v)| {
+            if let Some(v) = v {
+                folded.push((k, v));
             }
-            folded = merged;
-        }
-    } else {
-        // Not in key order (never written so by this host): fold through a map.
-        let mut map = std::collections::BTreeMap::new();
-        for (k, v) in decoded.into_iter().flatten() {
-            map.insert(k, v);
-        }
-        folded = map.into_iter().collect();
+        });
+        return Ok(folded);
     }
-    Ok(folded
-        .into_iter()
-        .filter_map(|(k, v)| Some((k, v?)))
-        .collect())
+    // Not in key order (never written so by this host): fold through a map.
+    let mut map = std::collections::BTreeMap::new();
+    for (k, v) in decoded.into_iter().flatten() {
+        map.insert(k, v);
+    }
+    Ok(map.into_iter().filter_map(|(k, v)| Some((k, v?))).collect())
+}
+
+/// Merges two runs of changes in key order into `out`, in key order; on an equal key only
+/// `newer`'s change.
+#[allow(clippy::type_complexity)]
+fn merge<'a>(
+    older: Vec<(&'a [u8], Option<&'a [u8]>)>,
+    newer: Vec<(&'a [u8], Option<&'a [u8]>)>,
+    mut out: impl FnMut((&'a [u8], Option<&'a [u8]>)),
+) {
+    let (mut a, mut b) = (older.into_iter().peekable(), newer.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => match x.0.cmp(y.0) {
+                std::cmp::Ordering::Less => a.next(),
+                std::cmp::Ordering::Greater => b.next(),
+                std::cmp::Ordering::Equal => {
+                    a.next();
+                    b.next()
+                }
+            },
+            (Some(_), None) => a.next(),
+            (None, _) => b.next(),
+        };
+        match next {
+            Some(e) => out(e),
+            None => break,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -229,6 +251,8 @@ mod tests {
                 1..6,
             ),
             shuffle in proptest::bool::ANY,
+            // A chain may start with a delta (a state that started empty), deletes and all.
+            first_delta in proptest::bool::ANY,
         ) {
             let mut model = std::collections::BTreeMap::new();
             let mut bufs = Vec::new();
@@ -241,8 +265,8 @@ mod tests {
                 }
                 for (k, v) in entries {
                     let v = v.map(|v| [v]);
-                    if i == 0 {
-                        // The first payload is full: only puts.
+                    if i == 0 && !first_delta {
+                        // A full first payload: only puts.
                         push_item(&mut buf, &[*k]);
                         push_item(&mut buf, &v.unwrap_or([9]));
                         model.insert(vec![*k], Some(v.unwrap_or([9]).to_vec()));
@@ -256,7 +280,10 @@ mod tests {
             let with_codecs: Vec<(&str, &[u8])> = bufs
                 .iter()
                 .enumerate()
-                .map(|(i, b)| (if i == 0 { KV_CODEC } else { KV_DELTA_CODEC }, b.as_slice()))
+                .map(|(i, b)| {
+                    let full = i == 0 && !first_delta;
+                    (if full { KV_CODEC } else { KV_DELTA_CODEC }, b.as_slice())
+                })
                 .collect();
             let got: Vec<(Vec<u8>, Vec<u8>)> = fold(&with_codecs)
                 .unwrap()

@@ -283,16 +283,22 @@ impl StateCache {
     /// Caches `value` for `key` as a restore does: written (dirty: redb does not hold it)
     /// and handed (the restored chain holds it), replacing any slot of the key.
     pub(crate) fn put_restored(&mut self, namespace: &[u8], key: &[u8], value: &[u8]) {
+        self.put_restored_owned(namespace, Bytes::from_slice(key), Bytes::from_slice(value));
+    }
+
+    /// [`Self::put_restored`] with the key and value already copied out of the payload.
+    pub(crate) fn put_restored_owned(&mut self, namespace: &[u8], key: Bytes, value: Bytes) {
         let slot = Slot {
-            value: Some(Bytes::from_slice(value)),
+            value: Some(value),
             dirty: true,
             in_db: false,
             fresh: false,
             handed: true,
         };
         let cost = entry_cost(key.len(), slot.value.as_ref());
-        if let Some(old) = self.map_mut(namespace).insert(Bytes::from_slice(key), slot) {
-            self.bytes -= entry_cost(key.len(), old.value.as_ref());
+        let key_len = key.len();
+        if let Some(old) = self.map_mut(namespace).insert(key, slot) {
+            self.bytes -= entry_cost(key_len, old.value.as_ref());
         }
         self.bytes += cost;
     }
