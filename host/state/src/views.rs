@@ -262,8 +262,9 @@ impl KeyedState {
     /// and a large map is filled in the order of its buckets while a second thread copies
     /// the keys and values out of the payloads ahead of the inserts. Otherwise every key
     /// is inserted into redb once, in key order, in one non-durable write transaction (a
-    /// crash restores again from the checkpoint). With incremental snapshots on, tracking starts at the restored state,
-    /// so the next snapshot may be a delta on top of the restored chain.
+    /// crash restores again from the checkpoint). With incremental snapshots on, tracking
+    /// starts at the restored state, so the next snapshot may be a delta on top of the
+    /// restored chain.
     ///
     /// # Errors
     /// Unknown state, a foreign shard, a corrupt payload or a database failure.

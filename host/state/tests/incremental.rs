@@ -548,9 +548,10 @@ fn without_a_budget_expired_entries_leave_the_working_set_at_each_compaction() {
 }
 
 /// A restore of more than 1 MiB of payloads folds its chains on several threads, and one
-/// of more than 65,536 plain keys fills the working set in bucket order: what it holds is
-/// still exactly the chain's state, plain and namespaced, and the restored state goes on
-/// with deltas on top of the chain.
+/// of more than 65,536 plain keys fills the working set in bucket order, with a second
+/// thread copying the keys and values ahead of the inserts: what it holds is still
+/// exactly the chain's state, plain and namespaced, and the restored state goes on with
+/// deltas on top of the chain.
 #[test]
 fn a_large_restore_folds_on_several_threads_and_restores_exactly() {
     let dir = tempfile::tempdir().unwrap();
