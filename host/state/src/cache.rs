@@ -101,7 +101,11 @@ pub(crate) type Bytes = smallvec::SmallVec<[u8; 24]>;
 /// checked them ([`KeyedState::check_owned`]) or through a restore that checks each key
 /// against its shard. So a key found here needs no second check, which saves the shard
 /// hash on every hit at parallelism above 1.
-pub(crate) type SlotMap = HashMap<Bytes, Slot, foldhash::fast::RandomState>;
+///
+/// hashbrown's map (std's is the same one) with the [`crate::table_alloc::TableAlloc`] allocator, which faults
+/// a large table's pages in at once.
+pub(crate) type SlotMap =
+    hashbrown::HashMap<Bytes, Slot, foldhash::fast::RandomState, crate::table_alloc::TableAlloc>;
 
 /// The working set of one state: a map per namespace, keyed by the raw key bytes, so a
 /// hit costs one hash lookup with no composite key built (those are made only for
@@ -164,7 +168,7 @@ impl StateCache {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.plain.len() + self.namespaced.values().map(HashMap::len).sum::<usize>()
+        self.plain.len() + self.namespaced.values().map(SlotMap::len).sum::<usize>()
     }
 
     /// Drops every cached entry (the redb namespace knowledge stays) and what was tracked.

@@ -59,6 +59,7 @@ mod error;
 mod eviction;
 mod scratch;
 mod snapshot;
+mod table_alloc;
 mod ttl;
 mod views;
 

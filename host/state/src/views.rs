@@ -376,20 +376,33 @@ impl KeyedState {
                 if total == 0 {
                     continue;
                 }
-                cache.plain.reserve(total);
-                let entries = order_by_bucket(&runs, cache.plain.capacity());
-                if threads <= 1 || entries.len() < 2 * FILL_CHUNK {
-                    for (i, &(_, key, value)) in entries.iter().enumerate() {
-                        // The key of an entry a few places ahead, prefetched now: its bytes
-                        // lie at a random place in the payloads, so its cache miss overlaps
-                        // the inserts in between instead of stalling its own.
-                        if let Some((_, ahead, _)) = entries.get(i + READ_AHEAD) {
-                            prefetch(ahead);
+                let capacity = reserved_capacity(cache.plain.capacity(), total);
+                let ordered = if threads > 1 && total >= ORDERED_FILL_ENTRIES {
+                    // The table reserved (its pages faulted in, see `table_alloc`) on one
+                    // more thread while the entries are ordered.
+                    let plain = &mut cache.plain;
+                    std::thread::scope(|scope| {
+                        scope.spawn(move || plain.reserve(total));
+                        order_by_bucket(&runs, capacity, threads)
+                    })
+                } else {
+                    cache.plain.reserve(total);
+                    order_by_bucket(&runs, capacity, 1)
+                };
+                if threads <= 1 || total < 2 * FILL_CHUNK {
+                    for entries in &ordered {
+                        for (i, &(_, key, value)) in entries.iter().enumerate() {
+                            // The key of an entry a few places ahead, prefetched now: its
+                            // bytes lie at a random place in the payloads, so its cache miss
+                            // overlaps the inserts in between instead of stalling its own.
+                            if let Some((_, ahead, _)) = entries.get(i + READ_AHEAD) {
+                                prefetch(ahead);
+                            }
+                            cache.put_restored(b"", key, value);
                         }
-                        cache.put_restored(b"", key, value);
                     }
                 } else {
-                    fill_pipelined(cache, &entries);
+                    fill_pipelined(cache, &ordered);
                 }
             }
             // The caches were cleared above and hold only what `put_restored` put.
@@ -513,6 +526,23 @@ const PARALLEL_RESTORE_BYTES: usize = 1 << 20;
 /// Most threads a restore folds chains on.
 const MAX_RESTORE_THREADS: usize = 8;
 
+/// Fewest entries of a plain map a restore fills in the order of its buckets (65,536): a
+/// smaller table fits the CPU caches, and is filled in the order read.
+const ORDERED_FILL_ENTRIES: usize = 1 << 16;
+
+/// The capacity (as `HashMap::capacity` reports it) of a table of `current` capacity and
+/// no entries once `total` more are reserved: unchanged if they fit, else hashbrown's
+/// smallest table for them, a power of two buckets of which 7/8 are usable. Exact for
+/// tables of at least 16 buckets (a test checks it against the map); only the speed of a
+/// restore depends on it.
+fn reserved_capacity(current: usize, total: usize) -> usize {
+    if current >= total {
+        current
+    } else {
+        (total * 8 / 7).next_power_of_two() / 8 * 7
+    }
+}
+
 /// How many entries ahead of the insert a restore prefetches a key (see `restore`).
 const READ_AHEAD: usize = 16;
 
@@ -521,14 +551,26 @@ const READ_AHEAD: usize = 16;
 /// in the CPU caches between the two threads.
 const FILL_CHUNK: usize = 1 << 15;
 
-/// Fills `cache`'s plain map with `entries` (in bucket order, see [`order_by_bucket`]) on
-/// two threads: a gathering thread copies each chunk's keys and values out of the
-/// payloads, where they lie at random places (a cache and TLB miss each), into owned
-/// buffers, while this thread inserts the chunk before from those buffers, reading them in
-/// order. The insert thread alone was stalled on those misses for most of a large
-/// restore's fill. Three buffers circulate, so neither thread allocates after the first
-/// chunks. Inserts happen in `entries`' order, as without the pipeline.
-fn fill_pipelined(cache: &mut StateCache, entries: &[HashedEntry<'_>]) {
+/// Fills `cache`'s plain map with `ordered`'s entries (in bucket order, see [`order_by_bucket`]) on
+/// two threads, chunk by chunk: a gathering thread copies a chunk's keys and values out of
+/// the payloads, where they lie at random places (a cache and TLB miss each), into an
+/// owned buffer, and this thread inserts the buffers it is handed, reading them in order.
+/// When none is ready (gathering costs more than inserting into a table whose pages are
+/// already mapped), this thread takes the next chunk itself and inserts it straight from
+/// the payloads, so both threads stay busy to the end. Three buffers circulate, so neither
+/// thread allocates after the first chunks. Each chunk is inserted in `entries`' order,
+/// the chunks in about that order: a chunk covers a run of buckets, so the table is still
+/// written run by run.
+fn fill_pipelined(cache: &mut StateCache, ordered: &[Vec<HashedEntry<'_>>]) {
+    let chunks: Vec<&[HashedEntry<'_>]> =
+        ordered.iter().flat_map(|e| e.chunks(FILL_CHUNK)).collect();
+    // The next chunk nobody has taken yet.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let take = || {
+        chunks
+            .get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+            .copied()
+    };
     let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Vec<(Bytes, Bytes)>>(2);
     let (empty_tx, empty_rx) = std::sync::mpsc::sync_channel::<Vec<(Bytes, Bytes)>>(3);
     for _ in 0..3 {
@@ -537,9 +579,9 @@ fn fill_pipelined(cache: &mut StateCache, entries: &[HashedEntry<'_>]) {
     }
     std::thread::scope(|scope| {
         scope.spawn(move || {
-            for chunk in entries.chunks(FILL_CHUNK) {
-                // The insert thread stopped (it only stops early by panicking): stop too.
-                let Ok(mut buf) = empty_rx.recv() else { return };
+            // The insert thread stopped (it only stops early by panicking): stop too.
+            while let Ok(mut buf) = empty_rx.recv() {
+                let Some(chunk) = take() else { return };
                 buf.clear();
                 for (i, &(_, key, value)) in chunk.iter().enumerate() {
                     if let Some((_, ahead, _)) = chunk.get(i + READ_AHEAD) {
@@ -555,12 +597,36 @@ fn fill_pipelined(cache: &mut StateCache, entries: &[HashedEntry<'_>]) {
         // Owned here, so that if an insert panics, unwinding drops the receiver and the
         // gathering thread's next send fails instead of blocking the scope's join.
         let (full_rx, empty_tx) = (full_rx, empty_tx);
-        for mut buf in full_rx.iter() {
+        let insert = |cache: &mut StateCache, mut buf: Vec<(Bytes, Bytes)>| {
             for (key, value) in buf.drain(..) {
                 cache.put_restored_owned(b"", key, value);
             }
             // The gathering thread may have finished: then nobody needs the buffer back.
             let _ = empty_tx.send(buf);
+        };
+        loop {
+            match full_rx.try_recv() {
+                Ok(buf) => insert(cache, buf),
+                Err(std::sync::mpsc::TryRecvError::Empty) => match take() {
+                    Some(chunk) => {
+                        for (i, &(_, key, value)) in chunk.iter().enumerate() {
+                            if let Some((_, ahead, _)) = chunk.get(i + READ_AHEAD) {
+                                prefetch(ahead);
+                            }
+                            cache.put_restored(b"", key, value);
+                        }
+                    }
+                    // Every chunk is taken: insert what the gathering thread still hands
+                    // over, until it has finished (it drops its sender).
+                    None => {
+                        for buf in full_rx.iter() {
+                            insert(cache, buf);
+                        }
+                        break;
+                    }
+                },
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+            }
         }
     });
 }
@@ -596,20 +662,29 @@ type HashedEntry<'a> = (u64, &'a [u8], &'a [u8]);
 type NamespacedEntry<'a> = (u32, &'a [u8], &'a [u8], &'a [u8]);
 
 /// The entries of `runs` (hash, key, value) in the order of the bucket a hash table of
-/// `capacity` (as `HashMap::capacity` reports it) probes first for each hash: hashbrown,
-/// behind std's `HashMap`, starts a probe at `hash & (buckets - 1)`, with `buckets` a
-/// power of two and `capacity` 7/8 of it. Approximate on purpose: a counting sort on the
-/// top 16 bits of that position (linear, two passes), which leaves runs of nearby buckets
-/// in any order, close enough for the table to be written front to back. The order does
-/// not change what the table holds, only how fast it fills.
-fn order_by_bucket<T: Copy>(runs: &[&[(u64, T, T)]], capacity: usize) -> Vec<(u64, T, T)> {
+/// `capacity` (as `HashMap::capacity` reports it) probes first for each hash, in up to
+/// `threads` consecutive pieces (one per thread, each ordered on its own). hashbrown
+/// starts a probe at `hash & (buckets - 1)`, with `buckets` a power of two and `capacity`
+/// 7/8 of it.
+///
+/// A counting sort on the top 16 bits of that position (a histogram pass, then each thread
+/// scatters the entries of its range of bins), then within each bin a counting sort on the
+/// rest. The order must be exact: with the table's pages mapped ahead (see `table_alloc`),
+/// inserting bins of 128 buckets in any order took 3 times as long as inserting in bucket
+/// order, since each slot's write missed the caches. The order does not change what the
+/// table holds, only how fast it fills. Tables of under [`ORDERED_FILL_ENTRIES`] entries
+/// fit the CPU caches: their entries come back in `runs`' order.
+fn order_by_bucket<T: Copy + Send + Sync>(
+    runs: &[&[(u64, T, T)]],
+    capacity: usize,
+    threads: usize,
+) -> Vec<Vec<(u64, T, T)>> {
     let total: usize = runs.iter().map(|r| r.len()).sum();
     let Some(&first) = runs.iter().find_map(|r| r.first()) else {
         return Vec::new();
     };
-    if total < 1 << 16 {
-        // A table this small fits the CPU caches.
-        return runs.concat();
+    if total < ORDERED_FILL_ENTRIES {
+        return vec![runs.concat()];
     }
     let buckets = (capacity / 7 * 8).max(1).next_power_of_two();
     let bits = buckets.trailing_zeros();
@@ -619,17 +694,168 @@ fn order_by_bucket<T: Copy>(runs: &[&[(u64, T, T)]], capacity: usize) -> Vec<(u6
     for e in runs.iter().flat_map(|r| r.iter()) {
         counts[radix(e.0)] += 1;
     }
-    let mut at = 0;
-    for c in &mut counts {
-        let n = *c;
-        *c = at;
-        at += n;
+    // Bin ranges of about equal entries, one per thread.
+    let threads = threads.clamp(1, counts.len());
+    let mut ranges = Vec::with_capacity(threads);
+    let (mut lo, mut seen) = (0, 0);
+    for (bin, &n) in counts.iter().enumerate() {
+        seen += n;
+        if seen * threads >= total * (ranges.len() + 1) || bin + 1 == counts.len() {
+            ranges.push(lo..bin + 1);
+            lo = bin + 1;
+        }
     }
-    let mut sorted = vec![first; total];
-    for e in runs.iter().flat_map(|r| r.iter()) {
-        let r = radix(e.0);
-        sorted[counts[r]] = *e;
-        counts[r] += 1;
+    let order = |bins: std::ops::Range<usize>| -> Vec<(u64, T, T)> {
+        // Each bin's next free place within this piece.
+        let mut next = vec![0usize; bins.len()];
+        let mut at = 0;
+        for (n, &c) in next.iter_mut().zip(&counts[bins.clone()]) {
+            *n = at;
+            at += c;
+        }
+        let mut piece = vec![first; at];
+        for e in runs.iter().flat_map(|r| r.iter()) {
+            let r = radix(e.0);
+            if bins.contains(&r) {
+                let n = &mut next[r - bins.start];
+                piece[*n] = *e;
+                *n += 1;
+            }
+        }
+        // Each bin (now ending at `next[bin]`) ordered by the low bits of the position:
+        // a counting sort through a scratch copy for bins of up to 1,024 buckets, a
+        // comparison sort for wider ones (tables of more than 2^26 buckets).
+        if shift > 0 {
+            let low = (1u64 << shift) - 1;
+            let mut start = 0;
+            if shift <= 10 {
+                let mut sub = vec![0usize; 1 << shift];
+                let mut scratch = Vec::new();
+                for &end in &next {
+                    let bin = &mut piece[start..end];
+                    start = end;
+                    if bin.len() < 2 {
+                        continue;
+                    }
+                    sub.fill(0);
+                    for e in bin.iter() {
+                        sub[(e.0 & low) as usize] += 1;
+                    }
+                    let mut at = 0;
+                    for c in &mut sub {
+                        let n = *c;
+                        *c = at;
+                        at += n;
+                    }
+                    scratch.clear();
+                    scratch.extend_from_slice(bin);
+                    for e in &scratch {
+                        let i = (e.0 & low) as usize;
+                        bin[sub[i]] = *e;
+                        sub[i] += 1;
+                    }
+                }
+            } else {
+                for &end in &next {
+                    piece[start..end].sort_unstable_by_key(|e| e.0 & low);
+                    start = end;
+                }
+            }
+        }
+        piece
+    };
+    if ranges.len() == 1 {
+        return vec![order(0..counts.len())];
     }
-    sorted
+    std::thread::scope(|scope| {
+        let mut ranges = ranges.into_iter();
+        let mine = ranges.next().unwrap_or(0..0);
+        let handles: Vec<_> = ranges.map(|r| scope.spawn(|| order(r))).collect();
+        let mut pieces = vec![order(mine)];
+        for h in handles {
+            pieces.push(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+        }
+        pieces
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `reserved_capacity` predicts the capacity hashbrown gives an empty map (fresh, or
+    /// cleared with a table kept) once `total` more are reserved.
+    #[test]
+    fn reserved_capacity_is_the_maps() {
+        for total in [16, 100, 65_536, 150_000, 1 << 20, 3_000_000, 5_000_000] {
+            let mut fresh = SlotMap::default();
+            let predicted = reserved_capacity(fresh.capacity(), total);
+            fresh.reserve(total);
+            assert_eq!(fresh.capacity(), predicted, "{total} into a fresh map");
+            let mut kept = SlotMap::default();
+            kept.reserve(total / 2);
+            let predicted = reserved_capacity(kept.capacity(), total);
+            kept.reserve(total);
+            assert_eq!(
+                kept.capacity(),
+                predicted,
+                "{total} into a map of {}",
+                total / 2
+            );
+            let predicted = reserved_capacity(kept.capacity(), total / 3);
+            kept.reserve(total / 3);
+            assert_eq!(
+                kept.capacity(),
+                predicted,
+                "{} into a larger map",
+                total / 3
+            );
+        }
+    }
+
+    /// Every entry comes back once, in the exact order of the bucket each hash starts its
+    /// probe at, whatever the number of threads, the split of the input into runs, and
+    /// whether the bins are ordered by counting (up to 1,024 buckets a bin) or by
+    /// comparison (wider); a small input comes back as given.
+    #[test]
+    fn entries_come_back_once_in_exact_bucket_order() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            // xorshift64: hashes spread over all 64 bits, reproducibly.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let entries: Vec<(u64, u32, u32)> = (0..200_000u32).map(|i| (next(), i, !i)).collect();
+        // 2^18 buckets (bins of 4, counted) and 2^27 (bins of 2,048, compared).
+        for capacity in [(1usize << 18) / 8 * 7, (1usize << 27) / 8 * 7] {
+            let mask = ((capacity / 7 * 8).next_power_of_two() - 1) as u64;
+            for threads in [1, 2, 3] {
+                for split in [entries.len(), 70_001, 1] {
+                    let runs: Vec<&[(u64, u32, u32)]> =
+                        [&entries[..split], &entries[split..]].into_iter().collect();
+                    let pieces = order_by_bucket(&runs, capacity, threads);
+                    assert!(pieces.len() <= threads, "{threads} threads");
+                    let got: Vec<_> = pieces.concat();
+                    assert!(
+                        got.windows(2).all(|w| w[0].0 & mask <= w[1].0 & mask),
+                        "not in bucket order: capacity {capacity}, {threads} threads"
+                    );
+                    let mut seen: Vec<u32> = got.iter().map(|e| e.1).collect();
+                    seen.sort_unstable();
+                    assert!(
+                        seen.iter().copied().eq(0..200_000),
+                        "an entry lost or doubled"
+                    );
+                    assert!(got.iter().all(|e| e.2 == !e.1), "an entry torn apart");
+                }
+            }
+        }
+        let small: Vec<&[(u64, u32, u32)]> = vec![&entries[..500], &entries[500..1000]];
+        assert_eq!(
+            order_by_bucket(&small, 1 << 20, 2),
+            vec![entries[..1000].to_vec()]
+        );
+    }
 }

@@ -29,6 +29,8 @@ pub(super) fn restore_keyed_state(
 ) -> Result<Vec<Option<Vec<SegmentDescriptor>>>> {
     let started = std::time::Instant::now();
     let (mut restored_segments, mut restored_deltas) = (0usize, 0usize);
+    // Of the time, reading and checking the segments.
+    let mut read = std::time::Duration::ZERO;
     let mut chains = vec![None; stages.len()];
     for (i, stage) in stages.iter_mut().enumerate() {
         let Stage::Operator(op) = stage else {
@@ -39,6 +41,7 @@ pub(super) fn restore_keyed_state(
         };
         let mut states = specs[i].plugin.info.states.clone();
         states.push(nop_stream_plugin_host::timer_descriptor());
+        let read_started = std::time::Instant::now();
         let state = read_shards(
             storage,
             restore.epoch.map_or(0, |e| e.0),
@@ -46,6 +49,7 @@ pub(super) fn restore_keyed_state(
             segments,
             &states,
         )?;
+        read += read_started.elapsed();
         if let Some(ks) = op.state_mut() {
             ks.restore(&state).map_err(|e| RuntimeError::Io {
                 path: format!("checkpoint of operator `{}`", sites[i].operator),
@@ -69,6 +73,7 @@ pub(super) fn restore_keyed_state(
             %task, %attempt, epoch = epoch.0, segments = restored_segments,
             deltas = restored_deltas,
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+            read_ms = read.as_secs_f64() * 1000.0,
             "task state restored"
         );
     }
