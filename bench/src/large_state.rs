@@ -156,8 +156,12 @@ pub struct RecoveryRun {
     pub state_entries: u64,
     /// Bytes of every state segment the keyed task read (the whole chain).
     pub state_bytes: u64,
-    /// The keyed task's restore (read, verify, load into redb), ms, from its log line.
+    /// The keyed task's restore (read, verify, load into the working set or redb), ms,
+    /// from its log line.
     pub restore_ms: f64,
+    /// Of it, reading and verifying the segments, ms (the log line's `read_ms`; `None`
+    /// from a host that does not log it).
+    pub restore_read_ms: Option<f64>,
     /// `state_bytes / restore_ms`, MB/s (10^6 bytes).
     pub restore_mb_per_s: f64,
     /// Restart → first epoch committed by the new attempt, ms.
@@ -539,16 +543,18 @@ fn timed(
     })
 }
 
-/// The `elapsed_ms` of the slowest `task state restored` line of a CLI log.
-fn restore_ms(stderr: &str) -> Option<f64> {
+/// The `elapsed_ms` of the slowest `task state restored` line of a CLI log, with that
+/// line's `read_ms` if it has one.
+fn restore_ms(stderr: &str) -> Option<(f64, Option<f64>)> {
+    let field = |l: &str, name: &str| -> Option<f64> {
+        let at = l.find(name)? + name.len();
+        l[at..].split_whitespace().next()?.parse::<f64>().ok()
+    };
     crate::cluster::strip_ansi(stderr)
         .lines()
         .filter(|l| l.contains("task state restored"))
-        .filter_map(|l| {
-            let at = l.find("elapsed_ms=")? + "elapsed_ms=".len();
-            l[at..].split_whitespace().next()?.parse::<f64>().ok()
-        })
-        .reduce(f64::max)
+        .filter_map(|l| Some((field(l, " elapsed_ms=")?, field(l, " read_ms="))))
+        .reduce(|a, b| if b.0 > a.0 { b } else { a })
 }
 
 /// Least duration of the recovery job, s (its source is throttled to it).
@@ -634,13 +640,14 @@ fn recovery(
         &format!("{name} (killed and restarted)"),
     )?;
     let restart_to_commit_ms = epochs::first_commit_after(&work, restart_ms)?;
-    let restore_ms =
+    let (restore_ms, restore_read_ms) =
         restore_ms(&child.stderr).with_context(|| format!("{name}: no task logged its restore"))?;
     Ok(RecoveryRun {
         from_epoch: row.epoch,
         state_entries,
         state_bytes,
         restore_ms,
+        restore_read_ms,
         restore_mb_per_s: state_bytes as f64 / 1e6 / (restore_ms.max(1e-3) / 1000.0),
         restart_to_commit_ms,
         restart_to_end_ms,
@@ -724,12 +731,14 @@ pub fn run(s: &Setup) -> Result<LargeStateReport> {
                     &expected,
                 )?;
                 eprintln!(
-                    "   recovery from epoch {} ({} keys, {:.1} MiB of state): restore {:.0} ms ({:.0} MB/s), restart -> first commit {:.0} ms, -> end {:.0} ms",
+                    "   recovery from epoch {} ({} keys, {:.1} MiB of state): restore {:.0} ms ({:.0} MB/s; reading {}), restart -> first commit {:.0} ms, -> end {:.0} ms",
                     r.from_epoch,
                     r.state_entries,
                     r.state_bytes as f64 / MIB,
                     r.restore_ms,
                     r.restore_mb_per_s,
+                    r.restore_read_ms
+                        .map_or("not logged".into(), |ms| format!("{ms:.0} ms")),
                     r.restart_to_commit_ms,
                     r.restart_to_end_ms
                 );
@@ -794,15 +803,17 @@ impl LargeStateReport {
             .collect();
         if !recoveries.is_empty() {
             t.push_str(
-                "\n| keys | restored epoch keys | state read MiB | restore ms | MB/s | restart → first commit ms |\n\
-                 |---|---|---|---|---|---|\n",
+                "\n| keys | restored epoch keys | state read MiB | restore ms | of it reading ms | MB/s | restart → first commit ms |\n\
+                 |---|---|---|---|---|---|---|\n",
             );
             for (keys, r) in recoveries {
                 t.push_str(&format!(
-                    "| {keys} | {} | {:.1} | {:.0} | {:.0} | {:.0} |\n",
+                    "| {keys} | {} | {:.1} | {:.0} | {} | {:.0} | {:.0} |\n",
                     r.state_entries,
                     r.state_bytes as f64 / MIB,
                     r.restore_ms,
+                    r.restore_read_ms
+                        .map_or("–".into(), |ms| format!("{ms:.0}")),
                     r.restore_mb_per_s,
                     r.restart_to_commit_ms
                 ));
@@ -838,9 +849,11 @@ mod tests {
 
     #[test]
     fn the_restore_time_comes_from_the_log_line() {
-        let log = "2026-01-01T00:00:00Z DEBUG nopstream::restore: task state restored task=a epoch=3 segments=2 elapsed_ms=812.5\n\
-                   x DEBUG nopstream::restore: task state restored task=b epoch=3 segments=0 elapsed_ms=0.25\n";
-        assert_eq!(restore_ms(log), Some(812.5));
+        let log = "2026-01-01T00:00:00Z DEBUG nopstream::restore: task state restored task=a epoch=3 segments=2 elapsed_ms=812.5 read_ms=101.25\n\
+                   x DEBUG nopstream::restore: task state restored task=b epoch=3 segments=0 elapsed_ms=0.25 read_ms=0\n";
+        assert_eq!(restore_ms(log), Some((812.5, Some(101.25))));
+        let old = "x DEBUG nopstream::restore: task state restored task=a epoch=3 segments=2 elapsed_ms=9.5\n";
+        assert_eq!(restore_ms(old), Some((9.5, None)));
         assert_eq!(restore_ms("nothing"), None);
     }
 }
