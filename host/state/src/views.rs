@@ -551,14 +551,14 @@ const READ_AHEAD: usize = 16;
 /// in the CPU caches between the two threads.
 const FILL_CHUNK: usize = 1 << 15;
 
-/// Fills `cache`'s plain map with `ordered`'s entries (in bucket order, see [`order_by_bucket`]) on
-/// two threads, chunk by chunk: a gathering thread copies a chunk's keys and values out of
+/// Fills `cache`'s plain map with `ordered`'s entries (in bucket order, see
+/// [`order_by_bucket`]) on two threads, chunk by chunk: a gathering thread copies a chunk's keys and values out of
 /// the payloads, where they lie at random places (a cache and TLB miss each), into an
 /// owned buffer, and this thread inserts the buffers it is handed, reading them in order.
 /// When none is ready (gathering costs more than inserting into a table whose pages are
 /// already mapped), this thread takes the next chunk itself and inserts it straight from
 /// the payloads, so both threads stay busy to the end. Three buffers circulate, so neither
-/// thread allocates after the first chunks. Each chunk is inserted in `entries`' order,
+/// thread allocates after the first chunks. Each chunk is inserted in `ordered`'s order,
 /// the chunks in about that order: a chunk covers a run of buckets, so the table is still
 /// written run by run.
 fn fill_pipelined(cache: &mut StateCache, ordered: &[Vec<HashedEntry<'_>>]) {
@@ -694,17 +694,22 @@ fn order_by_bucket<T: Copy + Send + Sync>(
     for e in runs.iter().flat_map(|r| r.iter()) {
         counts[radix(e.0)] += 1;
     }
-    // Bin ranges of about equal entries, one per thread.
+    // Bin ranges of about equal entries, at most one per thread, none without entries.
     let threads = threads.clamp(1, counts.len());
     let mut ranges = Vec::with_capacity(threads);
     let (mut lo, mut seen) = (0, 0);
     for (bin, &n) in counts.iter().enumerate() {
+        if ranges.len() + 1 == threads {
+            break;
+        }
         seen += n;
-        if seen * threads >= total * (ranges.len() + 1) || bin + 1 == counts.len() {
+        if seen * threads >= total * (ranges.len() + 1) {
             ranges.push(lo..bin + 1);
             lo = bin + 1;
         }
     }
+    ranges.push(lo..counts.len());
+    ranges.retain(|r| counts[r.clone()].iter().any(|&n| n > 0));
     let order = |bins: std::ops::Range<usize>| -> Vec<(u64, T, T)> {
         // Each bin's next free place within this piece.
         let mut next = vec![0usize; bins.len()];
@@ -852,6 +857,13 @@ mod tests {
                 }
             }
         }
+        // Every hash in the first bin: one piece, nothing lost.
+        let skewed: Vec<(u64, u32, u32)> =
+            (0..70_000u32).map(|i| (u64::from(i % 4), i, !i)).collect();
+        let pieces = order_by_bucket(&[&skewed[..]], (1 << 18) / 8 * 7, 3);
+        assert_eq!(pieces.len(), 1);
+        assert_eq!(pieces[0].len(), skewed.len());
+        assert!(pieces[0].windows(2).all(|w| w[0].0 <= w[1].0));
         let small: Vec<&[(u64, u32, u32)]> = vec![&entries[..500], &entries[500..1000]];
         assert_eq!(
             order_by_bucket(&small, 1 << 20, 2),
