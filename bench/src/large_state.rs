@@ -545,7 +545,7 @@ fn timed(
 
 /// The `elapsed_ms` of the slowest `task state restored` line of a CLI log, with that
 /// line's `read_ms` if it has one.
-fn restore_ms(stderr: &str) -> Option<(f64, Option<f64>)> {
+fn restore_times(stderr: &str) -> Option<(f64, Option<f64>)> {
     let field = |l: &str, name: &str| -> Option<f64> {
         let at = l.find(name)? + name.len();
         l[at..].split_whitespace().next()?.parse::<f64>().ok()
@@ -640,8 +640,8 @@ fn recovery(
         &format!("{name} (killed and restarted)"),
     )?;
     let restart_to_commit_ms = epochs::first_commit_after(&work, restart_ms)?;
-    let (restore_ms, restore_read_ms) =
-        restore_ms(&child.stderr).with_context(|| format!("{name}: no task logged its restore"))?;
+    let (restore_ms, restore_read_ms) = restore_times(&child.stderr)
+        .with_context(|| format!("{name}: no task logged its restore"))?;
     Ok(RecoveryRun {
         from_epoch: row.epoch,
         state_entries,
@@ -851,9 +851,9 @@ mod tests {
     fn the_restore_time_comes_from_the_log_line() {
         let log = "2026-01-01T00:00:00Z DEBUG nopstream::restore: task state restored task=a epoch=3 segments=2 elapsed_ms=812.5 read_ms=101.25\n\
                    x DEBUG nopstream::restore: task state restored task=b epoch=3 segments=0 elapsed_ms=0.25 read_ms=0\n";
-        assert_eq!(restore_ms(log), Some((812.5, Some(101.25))));
+        assert_eq!(restore_times(log), Some((812.5, Some(101.25))));
         let old = "x DEBUG nopstream::restore: task state restored task=a epoch=3 segments=2 elapsed_ms=9.5\n";
-        assert_eq!(restore_ms(old), Some((9.5, None)));
-        assert_eq!(restore_ms("nothing"), None);
+        assert_eq!(restore_times(old), Some((9.5, None)));
+        assert_eq!(restore_times("nothing"), None);
     }
 }

@@ -102,8 +102,8 @@ pub(crate) type Bytes = smallvec::SmallVec<[u8; 24]>;
 /// against its shard. So a key found here needs no second check, which saves the shard
 /// hash on every hit at parallelism above 1.
 ///
-/// hashbrown's map (std's is the same one) with the [`crate::table_alloc::TableAlloc`] allocator, which faults
-/// a large table's pages in at once.
+/// hashbrown's map (std's is the same one) with the
+/// [`crate::table_alloc::TableAlloc`] allocator, which maps a large table's pages ahead.
 pub(crate) type SlotMap =
     hashbrown::HashMap<Bytes, Slot, foldhash::fast::RandomState, crate::table_alloc::TableAlloc>;
 

@@ -391,15 +391,7 @@ impl KeyedState {
                 };
                 if threads <= 1 || total < 2 * FILL_CHUNK {
                     for entries in &ordered {
-                        for (i, &(_, key, value)) in entries.iter().enumerate() {
-                            // The key of an entry a few places ahead, prefetched now: its
-                            // bytes lie at a random place in the payloads, so its cache miss
-                            // overlaps the inserts in between instead of stalling its own.
-                            if let Some((_, ahead, _)) = entries.get(i + READ_AHEAD) {
-                                prefetch(ahead);
-                            }
-                            cache.put_restored(b"", key, value);
-                        }
+                        insert_from_payloads(cache, entries);
                     }
                 } else {
                     fill_pipelined(cache, &ordered);
@@ -551,16 +543,30 @@ const READ_AHEAD: usize = 16;
 /// in the CPU caches between the two threads.
 const FILL_CHUNK: usize = 1 << 15;
 
+/// Inserts `entries` into `cache`'s plain map in their order, copying each key and value
+/// out of the payloads.
+fn insert_from_payloads(cache: &mut StateCache, entries: &[HashedEntry<'_>]) {
+    for (i, &(_, key, value)) in entries.iter().enumerate() {
+        // The key of an entry a few places ahead, prefetched now: its bytes lie at a random
+        // place in the payloads, so its cache miss overlaps the inserts in between instead
+        // of stalling its own.
+        if let Some((_, ahead, _)) = entries.get(i + READ_AHEAD) {
+            prefetch(ahead);
+        }
+        cache.put_restored(b"", key, value);
+    }
+}
+
 /// Fills `cache`'s plain map with `ordered`'s entries (in bucket order, see
-/// [`order_by_bucket`]) on two threads, chunk by chunk: a gathering thread copies a chunk's keys and values out of
-/// the payloads, where they lie at random places (a cache and TLB miss each), into an
-/// owned buffer, and this thread inserts the buffers it is handed, reading them in order.
-/// When none is ready (gathering costs more than inserting into a table whose pages are
-/// already mapped), this thread takes the next chunk itself and inserts it straight from
-/// the payloads, so both threads stay busy to the end. Three buffers circulate, so neither
-/// thread allocates after the first chunks. Each chunk is inserted in `ordered`'s order,
-/// the chunks in about that order: a chunk covers a run of buckets, so the table is still
-/// written run by run.
+/// [`order_by_bucket`]) on two threads, chunk by chunk: a gathering thread copies a
+/// chunk's keys and values out of the payloads, where they lie at random places (a cache
+/// and TLB miss each), into an owned buffer, and this thread inserts the buffers it is
+/// handed, reading them in order. When none is ready (gathering costs more than inserting
+/// into a table whose pages are already mapped), this thread takes the next chunk itself
+/// and inserts it straight from the payloads, so both threads stay busy to the end. Three
+/// buffers circulate, so neither thread allocates after the first chunks. Each chunk is
+/// inserted in `ordered`'s order, the chunks in about that order: a chunk covers a run of
+/// buckets, so the table is still written run by run.
 fn fill_pipelined(cache: &mut StateCache, ordered: &[Vec<HashedEntry<'_>>]) {
     let chunks: Vec<&[HashedEntry<'_>]> =
         ordered.iter().flat_map(|e| e.chunks(FILL_CHUNK)).collect();
@@ -608,14 +614,7 @@ fn fill_pipelined(cache: &mut StateCache, ordered: &[Vec<HashedEntry<'_>>]) {
             match full_rx.try_recv() {
                 Ok(buf) => insert(cache, buf),
                 Err(std::sync::mpsc::TryRecvError::Empty) => match take() {
-                    Some(chunk) => {
-                        for (i, &(_, key, value)) in chunk.iter().enumerate() {
-                            if let Some((_, ahead, _)) = chunk.get(i + READ_AHEAD) {
-                                prefetch(ahead);
-                            }
-                            cache.put_restored(b"", key, value);
-                        }
-                    }
+                    Some(chunk) => insert_from_payloads(cache, chunk),
                     // Every chunk is taken: insert what the gathering thread still hands
                     // over, until it has finished (it drops its sender).
                     None => {
@@ -653,6 +652,18 @@ fn prefetch(bytes: &[u8]) {
 struct RestoredPart<'a> {
     plain: Vec<Vec<HashedEntry<'a>>>,
     namespaced: Vec<NamespacedEntry<'a>>,
+}
+
+/// Turns per-bin counts into each bin's first place (an exclusive prefix sum), in place;
+/// returns the total.
+fn counts_to_offsets(counts: &mut [usize]) -> usize {
+    let mut at = 0;
+    for c in counts {
+        let n = *c;
+        *c = at;
+        at += n;
+    }
+    at
 }
 
 /// An entry of a plain map as a restore reads it: (hash of the key, key, value).
@@ -712,13 +723,9 @@ fn order_by_bucket<T: Copy + Send + Sync>(
     ranges.retain(|r| counts[r.clone()].iter().any(|&n| n > 0));
     let order = |bins: std::ops::Range<usize>| -> Vec<(u64, T, T)> {
         // Each bin's next free place within this piece.
-        let mut next = vec![0usize; bins.len()];
-        let mut at = 0;
-        for (n, &c) in next.iter_mut().zip(&counts[bins.clone()]) {
-            *n = at;
-            at += c;
-        }
-        let mut piece = vec![first; at];
+        let mut next = counts[bins.clone()].to_vec();
+        let len = counts_to_offsets(&mut next);
+        let mut piece = vec![first; len];
         for e in runs.iter().flat_map(|r| r.iter()) {
             let r = radix(e.0);
             if bins.contains(&r) {
@@ -746,12 +753,7 @@ fn order_by_bucket<T: Copy + Send + Sync>(
                     for e in bin.iter() {
                         sub[(e.0 & low) as usize] += 1;
                     }
-                    let mut at = 0;
-                    for c in &mut sub {
-                        let n = *c;
-                        *c = at;
-                        at += n;
-                    }
+                    counts_to_offsets(&mut sub);
                     scratch.clear();
                     scratch.extend_from_slice(bin);
                     for e in &scratch {
@@ -769,9 +771,7 @@ fn order_by_bucket<T: Copy + Send + Sync>(
         }
         piece
     };
-    if ranges.len() == 1 {
-        return vec![order(0..counts.len())];
-    }
+    // The first range on this thread, each other on a thread of its own.
     std::thread::scope(|scope| {
         let mut ranges = ranges.into_iter();
         let mine = ranges.next().unwrap_or(0..0);
