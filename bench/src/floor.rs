@@ -140,6 +140,20 @@ fn count(path: &Path, out: &mut Summary) -> Result<u64> {
     })
 }
 
+/// Each auction's final bid count over `path` (a headered bids file): what the running
+/// count's last update per key must be, and what a changelog of it replays to.
+///
+/// # Errors
+/// An unreadable file or a malformed line.
+pub fn final_counts(path: &Path) -> Result<HashMap<i64, u64>> {
+    let mut counts = HashMap::new();
+    for_each_line(path, |line| {
+        *counts.entry(bid_of(line)?.auction).or_default() += 1;
+        Ok(())
+    })?;
+    Ok(counts)
+}
+
 /// q5 window size and slide (ms), as in the job's `window-count` config.
 const Q5_SIZE_MS: i64 = 10_000;
 const Q5_SLIDE_MS: i64 = 2_000;
