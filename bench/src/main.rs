@@ -1558,6 +1558,10 @@ fn run_flink(results: &mut Results, peer: &FlinkConfig, out: &Path) -> Result<()
     };
     let (runs, large, parallelism) = (*runs, *large, *parallelism);
     ensure!(
+        runs >= 1,
+        "--runs 0 measures nothing: the first run of each size is an unmeasured warm-up"
+    );
+    ensure!(
         python.is_file(),
         "{} not found: create the virtualenv first (`just bench-peers` does)",
         python.display()

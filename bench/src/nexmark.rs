@@ -462,8 +462,13 @@ pub struct Line {
 /// Runs the suite and prints the table; writes `nexmark.json` into the output directory.
 ///
 /// # Errors
-/// A failed run, or nop-stream's output differing from the floor's.
+/// `--runs 0`, a failed run, nop-stream's output differing from the floor's, or Flink's
+/// row count differing from it.
 pub fn run(o: &Options) -> Result<()> {
+    ensure!(
+        o.runs >= 1,
+        "--runs 0 measures nothing: the first round of each size is an unmeasured warm-up"
+    );
     let mut lines = Vec::new();
     for &q in &o.queries {
         // Per size: nop-stream, floor and Flink samples, interleaved per round.
@@ -496,7 +501,15 @@ pub fn run(o: &Options) -> Result<()> {
                             && !matches!(q, Query::Q4 | Query::Q9))
                         .then(|| o.out.join(format!("nexmark/flink-out/{}", q.name())));
                         let (k, rows) = flink_once(o, py, q, &data, count.as_deref())?;
-                        if rows.is_some() {
+                        if count.is_some() {
+                            // An append-only query's rows: Flink must write as many as the
+                            // floor computes (q4 and q9 emit updates and are not counted).
+                            ensure!(
+                                rows == Some(want.output.records),
+                                "{} at {events} events: Flink wrote {rows:?} rows, the floor computed {}",
+                                q.name(),
+                                want.output.records
+                            );
                             flink_rows = rows;
                         }
                         Some(k)
