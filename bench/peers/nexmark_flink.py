@@ -4,10 +4,10 @@
 # repository's (nexmark-flink/src/main/resources/queries/q*.sql) on these tables.
 #
 # env: Q=q0|q1|q2|q3|q4|q5|q7|q8|q9|q11  DATA=<dir>  PAR=1  CKPT_MS=0
-#      BACKEND=hashmap|rocksdb  OUT=<dir> (optional: a CSV sink whose lines are counted
-#      instead of the blackhole; append-only queries only)
-# prints: RESULT q=.. job_s=.. setup_s=..  JVMCPU jvm_cpu_s=..  [ROWS rows=..]
-import os, time, glob
+#      BACKEND=hashmap|rocksdb  OUT=<dir> (optional: a CSV sink instead of the blackhole,
+#      whose rows the bench counts; append-only queries only)
+# prints: RESULT q=.. job_s=.. setup_s=..  JVMCPU jvm_cpu_s=..
+import os, time
 from pyflink.table import EnvironmentSettings, TableEnvironment
 
 Q = os.environ.get("Q", "q0")
@@ -136,12 +136,5 @@ def children_cpu_s(pid):
     return tot
 
 print(f"JVMCPU jvm_cpu_s={children_cpu_s(os.getpid()):.2f}", flush=True)
-if OUT:
-    rows = 0
-    for p in glob.glob(os.path.join(os.path.abspath(OUT), "**", "*"), recursive=True):
-        if os.path.isfile(p) and not os.path.basename(p).startswith("."):
-            with open(p, "rb") as fh:
-                rows += sum(1 for _ in fh)
-    print(f"ROWS rows={rows}", flush=True)
 print(f"RESULT q={Q} par={PAR} ckpt_ms={CKPT} backend={BACKEND} "
       f"setup_s={t_sub - t_start:.2f} job_s={t_end - t_sub:.2f}", flush=True)

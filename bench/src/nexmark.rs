@@ -427,12 +427,13 @@ fn flink_once(
     let job_s = f("RESULT", "job_s")
         .with_context(|| format!("flink printed {}{}", child.stdout, child.stderr))?;
     let cpu = f("JVMCPU", "jvm_cpu_s").unwrap_or(0.0) + child.cpu_s;
+    let rows = count_dir.map(crate::flink_check::rows).transpose()?;
     Ok((
         Sample {
             wall_s: job_s,
             cpu_s: cpu,
         },
-        f("ROWS", "rows").map(|r| r as u64),
+        rows,
     ))
 }
 
