@@ -295,8 +295,9 @@ impl IntervalJoinSpec {
 /// `prepare_checkpoint` and `finish` (so host state is exact at every barrier; the
 /// runtime restores only from checkpoints and drops the instance when a task fails, so a
 /// copy half-changed by a failing batch is never written). Timers stay host timers,
-/// registered as without the cache; a key whose rows are all gone leaves the cache at the
-/// next flush. The cache is bounded by
+/// registered as without the cache. A key whose rows are all gone leaves the cache at once
+/// when state holds nothing of it (its rows came and went between two write-backs, which
+/// then never write or delete it), else at the next flush, which deletes it. The cache is bounded by
 /// [`MAX_CACHED_ROW_BYTES`] (or [`Self::cached_with_limit`]): past it, it is written back
 /// and emptied between checkpoints too. The state layout is the same with and without
 /// it, so savepoints restore across the switch. As with the CEP operator's cache, a
@@ -310,13 +311,27 @@ pub struct IntervalJoin<F: IntervalJoinFunction> {
     cache: Option<RowCache<F::Acc>>,
 }
 
-/// One key's rows of both sides, decoded, and whether each side changed since it was
-/// last written to state.
+/// One key's rows of both sides, decoded, whether each side changed since it was last
+/// written to state, and whether state holds a value of the side for the key.
 struct CachedRows<A> {
     left: Vec<IntervalLeftRow<A>>,
     right: Vec<IntervalRightRow>,
     left_dirty: bool,
     right_dirty: bool,
+    /// State holds a left value for the key (read from it, or written at a write-back):
+    /// emptying the side must delete it.
+    left_stored: bool,
+    /// As `left_stored`, for the right side.
+    right_stored: bool,
+}
+
+impl<A> CachedRows<A> {
+    /// No rows, and nothing in state to delete: the entry can leave the cache at once
+    /// (a later touch of the key reads state and finds nothing, as it should). A key
+    /// whose rows came and went between two write-backs never reaches state.
+    fn removable(&self) -> bool {
+        self.left.is_empty() && self.right.is_empty() && !self.left_stored && !self.right_stored
+    }
 }
 
 /// The row cache of an [`IntervalJoin::cached`] join.
@@ -373,6 +388,10 @@ impl<A> RowCache<A> {
                 Some(e) => {
                     let (added, freed) = f(n, key, e)?;
                     self.bytes = (self.bytes + added).saturating_sub(freed);
+                    if e.removable() {
+                        self.rows.remove(*key);
+                        self.bytes = self.bytes.saturating_sub(key.len() + KEY_OVERHEAD);
+                    }
                 }
                 None => misses.push(n),
             }
@@ -386,23 +405,27 @@ impl<A> RowCache<A> {
         for ((n, l), r) in misses.into_iter().zip(lefts).zip(rights) {
             let key = keys[n];
             let mut e = CachedRows {
+                left_stored: l.is_some(),
+                right_stored: r.is_some(),
                 left: l.unwrap_or_default(),
                 right: r.unwrap_or_default(),
                 left_dirty: false,
                 right_dirty: false,
             };
-            self.bytes += key.len()
-                + KEY_OVERHEAD
-                + e.left.iter().map(|r| row_bytes(&r.data)).sum::<usize>()
+            let rows_bytes = e.left.iter().map(|r| row_bytes(&r.data)).sum::<usize>()
                 + e.right.iter().map(|r| row_bytes(&r.data)).sum::<usize>();
             let (added, freed) = f(n, key, &mut e)?;
-            self.bytes = (self.bytes + added).saturating_sub(freed);
-            self.rows.insert(SmallVec::from_slice(key), e);
+            if !e.removable() {
+                self.bytes = (self.bytes + key.len() + KEY_OVERHEAD + rows_bytes + added)
+                    .saturating_sub(freed);
+                self.rows.insert(SmallVec::from_slice(key), e);
+            }
         }
         Ok(())
     }
 
-    /// Writes every changed key back: non-empty lists are stored, emptied ones deleted.
+    /// Writes every changed key back: non-empty lists are stored, emptied ones deleted
+    /// (only where state holds them).
     fn write_back(
         &mut self,
         ctx: &mut dyn Context,
@@ -416,7 +439,7 @@ impl<A> RowCache<A> {
             left,
             self.rows
                 .iter()
-                .filter(|(_, e)| e.left_dirty)
+                .filter(|(_, e)| e.left_dirty && (e.left_stored || !e.left.is_empty()))
                 .map(|(k, e)| (k.as_slice(), &e.left)),
         );
         write_back_side(
@@ -424,12 +447,18 @@ impl<A> RowCache<A> {
             right,
             self.rows
                 .iter()
-                .filter(|(_, e)| e.right_dirty)
+                .filter(|(_, e)| e.right_dirty && (e.right_stored || !e.right.is_empty()))
                 .map(|(k, e)| (k.as_slice(), &e.right)),
         );
         for e in self.rows.values_mut() {
-            e.left_dirty = false;
-            e.right_dirty = false;
+            if e.left_dirty {
+                e.left_stored = !e.left.is_empty();
+                e.left_dirty = false;
+            }
+            if e.right_dirty {
+                e.right_stored = !e.right.is_empty();
+                e.right_dirty = false;
+            }
         }
     }
 
@@ -507,12 +536,12 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
         let _ = out;
         if let Some(cache) = &mut self.cache {
             cache.write_back(ctx, &self.left, &self.right);
-            // Keys left with no rows are dropped here, not kept for a next touch that may
-            // never come.
+            // Keys left with no rows (their deletes now written) are dropped here, not
+            // kept for a next touch that may never come.
             cache.rows.retain(|k, e| {
-                let keep = !(e.left.is_empty() && e.right.is_empty());
+                let keep = !e.removable();
                 if !keep {
-                    cache.bytes -= k.len() + KEY_OVERHEAD;
+                    cache.bytes = cache.bytes.saturating_sub(k.len() + KEY_OVERHEAD);
                 }
                 keep
             });
