@@ -454,7 +454,7 @@ pub struct Line {
     pub flink_per_cpu_s: Option<f64>,
     /// Whether `flink_per_cpu_s` is marginal.
     pub flink_marginal: bool,
-    /// Output records (nop-stream = floor).
+    /// Output records at the first size (nop-stream = floor).
     pub output_records: u64,
     /// Flink's output rows at the first size, when counted.
     pub flink_rows: Option<u64>,
@@ -494,7 +494,10 @@ pub fn run(o: &Options) -> Result<()> {
                     q.name(),
                     want.output
                 );
-                output_records = want.output.records;
+                if events == o.sizes[0] {
+                    // The table's row is the first size's, as is Flink's counted output.
+                    output_records = want.output.records;
+                }
                 let k = match &o.flink_python {
                     Some(py) => {
                         let count = (round == 0
