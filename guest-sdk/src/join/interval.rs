@@ -40,23 +40,6 @@ type KeyRows<'k, R> = (&'k [u8], R);
 /// type.
 type RightRows = SmallVec<[IntervalRightRow; 1]>;
 
-/// A row list as stored in a value state: emptied lists are deleted, not stored.
-trait RowList {
-    fn is_empty_list(&self) -> bool;
-}
-
-impl<T> RowList for Vec<T> {
-    fn is_empty_list(&self) -> bool {
-        self.is_empty()
-    }
-}
-
-impl RowList for RightRows {
-    fn is_empty_list(&self) -> bool {
-        self.is_empty()
-    }
-}
-
 /// One stored left row of an [`IntervalJoin`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IntervalLeftRow<A> {
@@ -320,8 +303,8 @@ impl IntervalJoinSpec {
 /// copy half-changed by a failing batch is never written). Timers stay host timers,
 /// registered as without the cache. A key whose rows are all gone leaves the cache at once
 /// when state holds nothing of it (its rows came and went between two write-backs, which
-/// then never write or delete it), else at the next flush, which deletes it. The cache is bounded by
-/// [`MAX_CACHED_ROW_BYTES`] (or [`Self::cached_with_limit`]): past it, it is written back
+/// then never write or delete it), else at the next flush, which deletes it. The cache is
+/// bounded by [`MAX_CACHED_ROW_BYTES`] (or [`Self::cached_with_limit`]): past it, it is written back
 /// and emptied between checkpoints too. The state layout is the same with and without
 /// it, so savepoints restore across the switch. As with the CEP operator's cache, a
 /// job-level state TTL (`state_ttl_ms`) on these states expires a key only after the
@@ -374,18 +357,17 @@ fn row_bytes(data: &[u8]) -> usize {
 
 /// Writes one side's changed keys: non-empty row lists are stored, emptied ones
 /// deleted (one host call each).
-fn write_back_side<'a, C: Serialize + DeserializeOwned + RowList + 'a>(
+fn write_back_side<'a, T, C>(
     ctx: &mut dyn Context,
     state: &ValueState<C>,
     changed: impl Iterator<Item = (&'a [u8], &'a C)> + Clone,
-) {
+) where
+    C: Serialize + DeserializeOwned + std::ops::Deref<Target = [T]> + 'a,
+{
     let state = state.in_namespace(&[]);
-    state.put_many_refs(
-        ctx,
-        changed.clone().filter(|(_, rows)| !rows.is_empty_list()),
-    );
+    state.put_many_refs(ctx, changed.clone().filter(|(_, rows)| !rows.is_empty()));
     let (mut keys, mut ends) = (Vec::new(), Vec::new());
-    for (k, _) in changed.filter(|(_, rows)| rows.is_empty_list()) {
+    for (k, _) in changed.filter(|(_, rows)| rows.is_empty()) {
         keys.extend_from_slice(k);
         ends.push(keys.len() as u32);
     }
@@ -752,12 +734,15 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
 
 /// Without the row cache: reads the rows of the timer group's keys from `state`, runs
 /// `expire` on each key's rows, and writes back the keys it changed.
-fn expire_uncached<C: Serialize + DeserializeOwned + RowList>(
+fn expire_uncached<T, C>(
     ctx: &mut dyn Context,
     state: &ValueState<C>,
     g: &TimerGroup,
     mut expire: impl FnMut(&[u8], &mut C) -> Result<Option<usize>>,
-) -> Result<()> {
+) -> Result<()>
+where
+    C: Serialize + DeserializeOwned + std::ops::Deref<Target = [T]>,
+{
     let rows = state
         .in_namespace(&[])
         .get_many_flat(ctx, &g.keys, &g.key_ends);
