@@ -10,7 +10,10 @@
 //! An operator takes its **left** input on input 0 and its **right** input on input 1
 //! (job-file order: `inputs = [{ from = "left", partition = "hash" }, { from = "right",
 //! partition = "hash" }]`); another input index is an
-//! [`crate::ErrorCode::InvalidRecord`] error. Both inputs must be keyed by the join key
+//! [`crate::ErrorCode::InvalidRecord`] error. A plugin that declares one of these
+//! operators' models ([`RegularJoinSpec::to_model_json`] and its siblings, in
+//! [`crate::PluginInfo::model`]) is refused by `nopstream validate` and at submission
+//! unless its node has exactly two inputs. Both inputs must be keyed by the join key
 //! (the upstream plugins set record keys; HASH edges route equal keys to one subtask):
 //! rows join only when their keys are equal bytes, and a [`JoinFunction::matches`]-style
 //! predicate may narrow that further. Unkeyed records count as the empty key.

@@ -640,3 +640,50 @@ fn run_refuses_an_unknown_wasm_profiler_naming_the_variable() {
     let (ok, out, err) = with("none");
     assert!(ok, "{out}\n{err}");
 }
+
+#[test]
+fn validate_refuses_a_join_without_exactly_two_inputs() {
+    // Before: one input passed validation and ran, joining nothing; a third input failed
+    // only at run time with an invalid-record error.
+    let job = pipeline("nexmark-q3@0.1.0", "{}");
+    let (dir, _) = job_dir(&job, 3);
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert_eq!(
+        line_starting(&err, "job.toml: operator[0].inputs: "),
+        "job.toml: operator[0].inputs: `mid` (nexmark-q3@0.1.0) is a regular-join, which \
+         takes exactly two inputs, the left one first (`inputs = [{ from = \"left\", \
+         partition = \"hash\" }, { from = \"right\", partition = \"hash\" }]`), but it has one"
+    );
+    let three = job.replace(
+        r#"inputs = ["input"]"#,
+        r#"inputs = ["input", "input", "input"]"#,
+    );
+    std::fs::write(dir.path().join("job.toml"), &three).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert!(
+        line_starting(&err, "job.toml: operator[0].inputs: ").ends_with("but it has 3"),
+        "{err}"
+    );
+    let two = job.replace(r#"inputs = ["input"]"#, r#"inputs = ["input", "input"]"#);
+    std::fs::write(dir.path().join("job.toml"), &two).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn run_names_the_job_file_of_a_plugin_it_cannot_resolve() {
+    // Before: `validate` named the file, `run` printed the field alone.
+    let (dir, file) = job_dir(&pipeline("no-such-plugin@0.1.0", "{}"), 3);
+    let (ok, out, err) = run(dir.path(), &file, &[]);
+    assert!(!ok, "{out}\n{err}");
+    let prefix = format!(
+        "error: {}: operator[0].plugin: cannot resolve plugin `no-such-plugin@0.1.0`",
+        file.display()
+    );
+    assert!(
+        err.lines().any(|l| l.starts_with(&prefix)),
+        "{prefix}\n{err}"
+    );
+}

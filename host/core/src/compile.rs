@@ -74,6 +74,7 @@ pub fn stream_graph(
     let edges = stream_edges(model, &nodes, &infos, &prefixes, &mut diags);
     check_error_policies(model, &infos, &prefixes, &mut diags);
     check_state_ttls(model, &infos, &prefixes, &mut diags);
+    check_join_inputs(model, &infos, &prefixes, &mut diags);
     check_semantic(model, &infos, &prefixes, &mut diags);
     Diagnostics(diags).into_result()?;
     Ok(StreamGraph {
@@ -320,6 +321,54 @@ fn job_meta(job: &JobSpec) -> JobMeta {
         incremental_snapshots: job.incremental_snapshots,
         state_shard_count: job.state_shards,
         batch_records: job.batch_records,
+    }
+}
+
+/// The `operator` names of the guest SDK's join family in a plugin's model
+/// (`nop_stream_sdk::join`'s `to_model_json`): a join takes its left input on input 0 and
+/// its right input on input 1, and nothing else.
+const JOIN_MODEL_OPERATORS: [&str; 3] = ["regular-join", "interval-join", "window-join"];
+
+/// The join operator a plugin's model declares (`{"operator":"interval-join",...}`), if
+/// any of [`JOIN_MODEL_OPERATORS`].
+fn join_operator(info: &PluginInfo) -> Option<&'static str> {
+    let model: serde_json::Value = serde_json::from_str(info.model.as_deref()?).ok()?;
+    let op = model.get("operator")?.as_str()?;
+    JOIN_MODEL_OPERATORS.into_iter().find(|j| *j == op)
+}
+
+/// An operator whose model is a join ([`join_operator`]) has exactly two inputs: with one,
+/// it would run and join nothing; with three, its third input's first record would fail
+/// the task at run time.
+fn check_join_inputs(
+    model: &StreamModel,
+    infos: &[Option<PluginInfo>],
+    prefixes: &[String],
+    diags: &mut Vec<Diagnostic>,
+) {
+    for (i, n) in model.nodes.iter().enumerate() {
+        let Some(join) = infos[i].as_ref().and_then(join_operator) else {
+            continue;
+        };
+        if n.kind != PluginKind::Operator || n.inputs.len() == 2 {
+            continue;
+        }
+        let had = match n.inputs.len() {
+            0 => "none".to_owned(),
+            1 => "one".to_owned(),
+            k => k.to_string(),
+        };
+        diags.push(Diagnostic::new(
+            format!("{}.inputs", prefixes[i]),
+            format!(
+                "`{}` ({}) is {} {join}, which takes exactly two inputs, the left one first \
+                 (`inputs = [{{ from = \"left\", partition = \"hash\" }}, {{ from = \"right\", \
+                 partition = \"hash\" }}]`), but it has {had}",
+                n.name,
+                n.plugin,
+                if join == "interval-join" { "an" } else { "a" },
+            ),
+        ));
     }
 }
 

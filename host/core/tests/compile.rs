@@ -1197,3 +1197,69 @@ fn the_key_spec_is_the_marked_config_properties_with_their_defaults() {
         None
     );
 }
+
+/// Two sources, a join operator with `inputs`, and a sink.
+fn join_job(inputs: &str) -> String {
+    format!(
+        r#"[job]
+name = "j"
+semantic = "best-effort"
+[[source]]
+name = "a"
+plugin = "file-source@0.1.0"
+[[source]]
+name = "b"
+plugin = "file-source@0.1.0"
+[[operator]]
+name = "joined"
+plugin = "join@1.0.0"
+inputs = [{inputs}]
+[[sink]]
+name = "k"
+plugin = "jsonl-sink@0.1.0"
+inputs = ["joined"]
+"#
+    )
+}
+
+#[test]
+fn a_join_operator_takes_exactly_two_inputs() {
+    let mut cat = Fake::new();
+    let mut join = info("join", "1.0.0", PluginKind::Operator);
+    join.model = Some(
+        r#"{"operator":"interval-join","type":"inner","lower_ms":0,"upper_ms":5,"left_unique":false}"#
+            .into(),
+    );
+    cat.add(join);
+    let two = join_job(r#""a", "b""#);
+    plan_of(&model(&two), &cat);
+
+    let one = refused(&model(&join_job(r#""a""#)), &cat);
+    assert_eq!(
+        first(&one, "operator[0].inputs"),
+        "`joined` (join@1.0.0) is an interval-join, which takes exactly two inputs, the left \
+         one first (`inputs = [{ from = \"left\", partition = \"hash\" }, { from = \"right\", \
+         partition = \"hash\" }]`), but it has one"
+    );
+    let three = refused(&model(&join_job(r#""a", "b", "a""#)), &cat);
+    assert!(
+        first(&three, "operator[0].inputs").ends_with("but it has 3"),
+        "{three}"
+    );
+
+    // Every join of the SDK's family is checked; another model, or none, is not.
+    for (model_json, checked) in [
+        (r#"{"operator":"regular-join","type":"left"}"#, true),
+        (r#"{"operator":"window-join","type":"inner"}"#, true),
+        (r#"{"operator":"window","plugin":"x"}"#, false),
+        ("not json", false),
+    ] {
+        let cat = cat
+            .clone()
+            .with("join@1.0.0", |i| i.model = Some(model_json.into()));
+        let r = stream_graph(&model(&join_job(r#""a""#)), &cat);
+        assert_eq!(r.is_err(), checked, "{model_json}: {r:?}");
+    }
+    let cat = cat.with("join@1.0.0", |i| i.model = None);
+    plan_of(&model(&join_job(r#""a""#)), &cat);
+}

@@ -216,10 +216,10 @@ impl EmbeddedPlatform {
 }
 
 impl Platform for EmbeddedPlatform {
-    fn compile(&self, model: &StreamModel, _sub: &JobSubmission) -> Result<Compiled, ManagerError> {
+    fn compile(&self, model: &StreamModel, sub: &JobSubmission) -> Result<Compiled, ManagerError> {
         let registry = self.registry();
-        let stream =
-            stream_graph(model, &registry).map_err(|d| ManagerError::Compile(d.to_string()))?;
+        let stream = stream_graph(model, &registry)
+            .map_err(|d| ManagerError::Compile(d.with_file(&sub.file).to_string()))?;
         let plan = partitioned_plan(&job_graph(&stream));
         let plugins = registry
             .plugin_set(&plan)
