@@ -46,7 +46,10 @@ fn panic_is_a_trap_naming_plugin_operator_subtask_and_the_panic_message() {
     let job = trap_job(1);
     let (err, _) = run_expecting_failure(&job, Limits::default());
     let msg = err.to_string();
-    let RuntimeError::Trap { site, call, reason } = &err else {
+    let RuntimeError::Trap {
+        site, call, reason, ..
+    } = &err
+    else {
         panic!("expected a trap, got {err:?}");
     };
     assert_eq!(assert_site(site, "fault-trap@0.1.0", "boom", 1, &msg), 0);
@@ -115,7 +118,10 @@ fn infinite_loop_is_stopped_by_cpu_ms_per_call() {
     };
     let (err, took) = run_expecting_failure(&job, limits);
     let msg = err.to_string();
-    let RuntimeError::Trap { site, call, reason } = &err else {
+    let RuntimeError::Trap {
+        site, call, reason, ..
+    } = &err
+    else {
         panic!("expected a trap, got {err:?}");
     };
     assert_site(site, "fault-loop@0.1.0", "spin", 1, &msg);
@@ -177,7 +183,10 @@ fn memory_hog_is_stopped_by_memory_bytes() {
     };
     let (err, _) = run_expecting_failure(&job, limits);
     let msg = err.to_string();
-    let RuntimeError::Trap { site, call, reason } = &err else {
+    let RuntimeError::Trap {
+        site, call, reason, ..
+    } = &err
+    else {
         panic!("expected a trap, got {err:?}");
     };
     assert_site(site, "fault-memory@0.1.0", "hog", 1, &msg);
@@ -304,6 +313,7 @@ fn guest_error_is_reported_with_its_code_and_message() {
         code,
         message,
         record,
+        ..
     } = &err
     else {
         panic!("expected a guest error, got {err:?}");
@@ -314,7 +324,10 @@ fn guest_error_is_reported_with_its_code_and_message() {
     // batch_records = 4: the bad line is record 0 of the second batch.
     assert_eq!(&**message, r#"record 0 contains `bad`: {"k":"bad","v":4}"#);
     // on_error = "fail" (the default) names the record that failed.
-    assert_eq!(record.as_deref(), Some(r#"{"k":"bad","v":4}"#));
+    assert_eq!(
+        record.as_ref().map(|r| r.printable.as_str()),
+        Some(r#"{"k":"bad","v":4}"#)
+    );
     assert!(
         msg.contains("failed in `process` (invalid-record)"),
         "{msg}"
@@ -343,13 +356,25 @@ fn state_of_a_key_outside_the_subtask_shards_is_refused() {
     );
     let (err, _) = run_expecting_failure(&job, Limits::default());
     let msg = err.to_string();
-    let RuntimeError::Trap { site, call, reason } = &err else {
+    let RuntimeError::Trap {
+        site,
+        call,
+        reason,
+        refused,
+    } = &err
+    else {
         panic!("expected a trap, got {err:?}");
     };
     assert_site(site, "fault-foreign-key@0.1.0", "foreign", 2, &msg);
     assert_eq!(*call, "process");
     assert!(reason.starts_with("state access refused: key "), "{msg}");
     assert!(reason.contains("outside the shards"), "{msg}");
+    // The same input makes the same call again: final, not retried from a checkpoint.
+    assert!(*refused, "{msg}");
+    assert_eq!(
+        nop_stream_proto::TaskError::class(&err),
+        nop_stream_proto::FailureClass::Fatal
+    );
     assert_nothing_committed(&job);
     assert_host_survives();
 }

@@ -687,3 +687,59 @@ fn run_names_the_job_file_of_a_plugin_it_cannot_resolve() {
         "{prefix}\n{err}"
     );
 }
+
+#[test]
+fn a_record_without_a_key_on_a_hash_edge_fails_at_once_naming_the_input() {
+    // Before: recovered 10 times over ~27 s, naming only the edge id.
+    let job = pipeline(
+        "keyed-aggregate@0.1.0",
+        r#"{ key_field = "v", aggregates = [{ name = "n", fn = "count" }] }"#,
+    )
+    .replace(
+        r#"inputs = ["input"]"#,
+        r#"inputs = [{ from = "input", partition = "hash" }]"#,
+    );
+    let (dir, file) = job_dir(&job, 3);
+    let (ok, out, err) = run(dir.path(), &file, &[]);
+    assert!(!ok, "{out}\n{err}");
+    let expected = "error: job `cli-faults` failed: plugin `file-source@0.1.0` (operator \
+         `input`, subtask 0) emitted a record without a key, but its output goes to input 0 \
+         of `mid` over a HASH edge (`sources/input->operators/mid#0`), which routes each \
+         record by its key: have `input` key its records, or give that input another \
+         partition";
+    assert!(
+        err.lines().any(|l| l == expected),
+        "expected the line\n{expected}\nin:\n{err}"
+    );
+    assert!(
+        !err.contains("recovering"),
+        "a set-up mistake is final:\n{err}"
+    );
+    assert!(visible_outputs(dir.path()).is_empty());
+}
+
+#[test]
+fn a_failed_record_of_an_operator_with_keyed_state_hints_at_a_check_before_it() {
+    // Before: the hint offered "skip" or "dead-letter", which validation refuses here.
+    let job = pipeline(
+        "keyed-aggregate@0.1.0",
+        r#"{ key_field = "v", aggregates = [{ name = "n", fn = "count" }] }"#,
+    );
+    let (dir, file) = job_dir(&job, 3);
+    let input = dir.path().join("data/input.jsonl");
+    let mut lines = std::fs::read_to_string(&input).unwrap();
+    lines.push_str("oops\n");
+    std::fs::write(&input, lines).unwrap();
+    let (ok, out, err) = run(dir.path(), &file, &[]);
+    assert!(!ok, "{out}\n{err}");
+    let line = line_starting(&err, "error: job `cli-faults` failed: ");
+    assert!(
+        line.ends_with(
+            "; record: `oops` (on_error = \"fail\"; the operator has keyed state, where \
+             \"skip\" and \"dead-letter\" are not allowed: check records in a stateless \
+             operator before it, with on_error = \"skip\" or \"dead-letter\" there)"
+        ),
+        "{line}"
+    );
+    assert!(!err.contains("recovering"), "{err}");
+}

@@ -90,6 +90,12 @@ pub enum RuntimeError {
         call: &'static str,
         /// Trap reason; names the limit when one fired.
         reason: String,
+        /// The host refused a call the guest made ([`crate::HostTrap`]: a key outside the
+        /// subtask's state shards, an undeclared side output, a malformed buffer). The
+        /// same input makes the same call again, so the failure is final
+        /// ([`nop_stream_proto::FailureClass::Fatal`]); any other trap may be recovered
+        /// from.
+        refused: bool,
     },
     /// The guest returned more than a limit allows; its task fails.
     #[error("{site} exceeded limit `{limit}` in `{call}`: {value} > {max}")]
@@ -119,10 +125,9 @@ pub enum RuntimeError {
         /// Guest message (boxed, like `record`: errors travel in every `Result` of the
         /// runtime).
         message: Box<str>,
-        /// The record that failed, printable and truncated to [`MAX_RECORD_IN_ERROR`]
-        /// bytes (see [`printable_record`]), when the call was `process` and the host
-        /// isolated it.
-        record: Option<Box<str>>,
+        /// The record that failed, when the call was `process` and the host isolated
+        /// it (boxed: errors travel in every `Result` of the runtime).
+        record: Option<Box<FailedRecord>>,
     },
     /// The guest returned a batch whose offsets are inconsistent.
     #[error("{site} returned a malformed batch from `{call}`: {detail}")]
@@ -136,13 +141,18 @@ pub enum RuntimeError {
     },
     /// A record crossing a HASH edge has no key.
     #[error(
-        "{site} emitted a record without a key onto HASH edge `{edge}`; keyed inputs need keyed records"
+        "{site} emitted a record without a key, but its output goes to {to} over a HASH \
+         edge (`{edge}`), which routes each record by its key: have `{}` key its records, \
+         or give that input another partition", .site.operator
     )]
     MissingKey {
-        /// Emitting operator.
+        /// Emitting operator (the tail of its chain).
         site: Site,
-        /// Edge id.
+        /// Edge id (`{from vertex}->{to vertex}#{input}`; a vertex is named after the
+        /// head of its chain).
         edge: String,
+        /// The receiving end in job-file terms: ``input 1 of `q7` ``.
+        to: String,
     },
     /// A channel write or open was refused because its fencing token is stale (design §10.2).
     #[error("channel {channel}: fencing token {token} refused, current token is {current}")]
@@ -222,12 +232,55 @@ pub fn printable_record(bytes: &[u8]) -> String {
     out
 }
 
-fn on_record(record: &Option<Box<str>>) -> String {
-    match record {
-        Some(r) => format!(
-            "; record: `{r}` (on_error = \"fail\"; \"skip\" or \"dead-letter\" on the operator would go on without it)"
-        ),
-        None => String::new(),
+/// The record a [`RuntimeError::Guest`] error names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedRecord {
+    /// The record, printable and truncated to [`MAX_RECORD_IN_ERROR`] bytes (see
+    /// [`printable_record`]).
+    pub printable: String,
+    /// What the user can do about it, printed after it.
+    pub hint: RecordHint,
+}
+
+/// What a [`RuntimeError::Guest`] error tells the user to do about its failed record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecordHint {
+    /// Nothing (an `io` error: recovery retries it; or no record was isolated).
+    #[default]
+    None,
+    /// The operator has no keyed state and `on_error = "fail"`: `skip` or `dead-letter`
+    /// would go on without the record.
+    SkipOrDeadLetter,
+    /// The operator has keyed state, where `skip` and `dead-letter` are refused (the host
+    /// cannot take back a failed call's state writes): check records before it.
+    KeyedState,
+}
+
+impl RecordHint {
+    /// The text printed after the record, or `None`.
+    pub fn text(self) -> Option<&'static str> {
+        match self {
+            RecordHint::None => None,
+            RecordHint::SkipOrDeadLetter => Some(
+                "(on_error = \"fail\"; \"skip\" or \"dead-letter\" on the operator would go on \
+                 without it)",
+            ),
+            RecordHint::KeyedState => Some(
+                "(on_error = \"fail\"; the operator has keyed state, where \"skip\" and \
+                 \"dead-letter\" are not allowed: check records in a stateless operator \
+                 before it, with on_error = \"skip\" or \"dead-letter\" there)",
+            ),
+        }
+    }
+}
+
+fn on_record(record: &Option<Box<FailedRecord>>) -> String {
+    let Some(r) = record else {
+        return String::new();
+    };
+    match r.hint.text() {
+        Some(h) => format!("; record: `{}` {h}", r.printable),
+        None => format!("; record: `{}`", r.printable),
     }
 }
 
@@ -238,9 +291,13 @@ impl nop_stream_proto::TaskError for RuntimeError {
     /// Setup errors, a refused restore, commit uncertainty (design §5.7: an unknown
     /// outcome fails loudly) and guest-reported errors other than `io` are final: a
     /// plugin's error is data about a record or a config, and replaying the same input
-    /// reports it again, so it must not burn the restart budget. Cancellation, closed
-    /// channels and fencing follow from another failure; everything else (traps, limits,
-    /// guest `io` errors) may be recovered from the latest durable epoch.
+    /// reports it again, so it must not burn the restart budget. So are the mistakes of a
+    /// job's set-up that replay repeats: a record without a key on a HASH edge, a
+    /// malformed batch, and a call the host refused (a key outside the subtask's state
+    /// shards, e.g. an operator that rekeys its records behind a HASH edge at parallelism
+    /// 2). Cancellation, closed channels and fencing follow from another failure;
+    /// everything else (other traps, limits, guest `io` errors, a failing state database)
+    /// may be recovered from the latest durable epoch.
     fn class(&self) -> nop_stream_proto::FailureClass {
         use nop_stream_proto::FailureClass;
         match self {
@@ -254,7 +311,10 @@ impl nop_stream_proto::TaskError for RuntimeError {
             | RuntimeError::WrongWorld { .. }
             | RuntimeError::DescribeMismatch { .. }
             | RuntimeError::Io { .. }
-            | RuntimeError::Restore { .. } => FailureClass::Fatal,
+            | RuntimeError::Restore { .. }
+            | RuntimeError::MissingKey { .. }
+            | RuntimeError::MalformedBatch { .. }
+            | RuntimeError::Trap { refused: true, .. } => FailureClass::Fatal,
             RuntimeError::Guest { code, .. } if *code != "io" => FailureClass::Fatal,
             _ => FailureClass::Recoverable,
         }
@@ -266,7 +326,7 @@ mod tests {
     use super::*;
     use nop_stream_proto::{FailureClass, TaskError};
 
-    fn guest(code: &'static str, record: Option<Box<str>>) -> RuntimeError {
+    fn guest(code: &'static str, record: Option<String>) -> RuntimeError {
         RuntimeError::Guest {
             site: Site {
                 plugin: "flights-mapper@0.1.0".into(),
@@ -276,7 +336,12 @@ mod tests {
             call: "process",
             code,
             message: "column dep_delay: value \"x\" is not a number".into(),
-            record,
+            record: record.map(|printable| {
+                Box::new(FailedRecord {
+                    printable,
+                    hint: RecordHint::SkipOrDeadLetter,
+                })
+            }),
         }
     }
 
@@ -289,8 +354,33 @@ mod tests {
     }
 
     #[test]
+    fn set_up_mistakes_are_final_and_other_traps_recoverable() {
+        // Regression: a record without a key on a HASH edge, and an operator touching a
+        // key outside its state shards, were recovered 10 times over ~27 s before failing.
+        let site = || Site {
+            plugin: "nexmark-q7@0.1.0".into(),
+            operator: "max".into(),
+            subtask: Some(0),
+        };
+        let trap = |refused| RuntimeError::Trap {
+            site: site(),
+            call: "prepare-checkpoint",
+            reason: "state access refused: key \"q7\" belongs to state shard 102".into(),
+            refused,
+        };
+        assert_eq!(trap(true).class(), FailureClass::Fatal);
+        assert_eq!(trap(false).class(), FailureClass::Recoverable);
+        let missing = RuntimeError::MissingKey {
+            site: site(),
+            edge: "operators/max->operators/q7#0".into(),
+            to: "input 0 of `q7`".into(),
+        };
+        assert_eq!(missing.class(), FailureClass::Fatal);
+    }
+
+    #[test]
     fn a_guest_error_names_its_record() {
-        let e = guest("invalid-record", Some(printable_record(b"2013,1,x").into()));
+        let e = guest("invalid-record", Some(printable_record(b"2013,1,x")));
         assert_eq!(
             e.to_string(),
             "plugin `flights-mapper@0.1.0` (operator `parse`, subtask 1) failed in `process` \
@@ -302,6 +392,21 @@ mod tests {
             !guest("invalid-record", None)
                 .to_string()
                 .contains("record:")
+        );
+        let mut keyed = guest("invalid-record", Some("2013,1,x".into()));
+        if let RuntimeError::Guest {
+            record: Some(r), ..
+        } = &mut keyed
+        {
+            r.hint = RecordHint::KeyedState;
+        }
+        assert!(
+            keyed.to_string().ends_with(
+                "record: `2013,1,x` (on_error = \"fail\"; the operator has keyed state, where \
+                 \"skip\" and \"dead-letter\" are not allowed: check records in a stateless \
+                 operator before it, with on_error = \"skip\" or \"dead-letter\" there)"
+            ),
+            "{keyed}"
         );
     }
 

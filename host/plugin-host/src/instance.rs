@@ -13,7 +13,7 @@ use crate::bindings::{
 use crate::error::{Result, RuntimeError, Site};
 use crate::limits::Limits;
 use crate::options::DirGrant;
-use crate::store::{HostTrap, StoreData};
+use crate::store::{HostFault, HostTrap, StoreData};
 use nop_stream_api::{
     Batch, PluginInfo, PluginKind, SinkCapability, SourceCapability, Split, StateDescriptor,
     StateKind, TaskInfo,
@@ -199,6 +199,7 @@ pub(crate) fn classify(
     // reason a user reads.
     tracing::debug!(site = %ctx.site, call, "guest trap: {msg}");
     let root = e.root_cause().to_string();
+    let mut refused = false;
     let reason = if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
         format!(
             "exceeded limit `cpu_ms_per_call` ({} ms per call)",
@@ -210,6 +211,9 @@ pub(crate) fn classify(
             ctx.limits.memory_bytes
         )
     } else if let Some(h) = e.downcast_ref::<HostTrap>() {
+        refused = true;
+        h.0.clone()
+    } else if let Some(h) = e.downcast_ref::<HostFault>() {
         h.0.clone()
     } else {
         let mut reason = root;
@@ -238,6 +242,7 @@ pub(crate) fn classify(
         site: ctx.site.clone(),
         call,
         reason,
+        refused,
     }
 }
 

@@ -16,7 +16,9 @@ mod plugin;
 pub mod registry;
 mod store;
 
-pub use error::{MAX_RECORD_IN_ERROR, Result, RuntimeError, Site, printable_record};
+pub use error::{
+    FailedRecord, MAX_RECORD_IN_ERROR, RecordHint, Result, RuntimeError, Site, printable_record,
+};
 pub use instance::{
     CommitOutcome, DueTimers, Instance, OperatorInstance, Progress, ReadResult, Rejected,
     SinkInstance, SourceInstance,
@@ -25,7 +27,7 @@ pub use limits::{Limits, TICK_MS};
 pub use options::{DirGrant, InstanceOptions};
 pub use plugin::{HostCapability, LoadedPlugin, PROFILE_ENV, PluginHost, timer_descriptor};
 pub use registry::{PluginRegistry, PluginSet};
-pub use store::{HostTrap, MAX_LOG_LINE, StoreData, TIMER_STATE};
+pub use store::{HostFault, HostTrap, MAX_LOG_LINE, StoreData, TIMER_STATE};
 
 /// The WIT package (and version) this host serves to components: `nop:stream@0.2.2`
 /// (`wit/`; `wit/CHANGELOG.md` lists the versions). Components built against an older

@@ -428,7 +428,13 @@ impl<'a> TaskHost<'a> {
                     chans.iter().map(|c| c.downstream.0).collect(),
                     edge.shard_owners.iter().map(|s| s.0).collect(),
                 )
-                .with_output(edge.output.clone()),
+                .with_output(edge.output.clone())
+                .with_target(
+                    plan.vertex(&edge.to)
+                        .and_then(|t| t.operators.first())
+                        .map_or(edge.to.as_str(), |op| op.name.as_str()),
+                    edge.input_index,
+                ),
             );
         }
         Ok(TaskSpec {

@@ -23,6 +23,8 @@ pub struct OutputEdge {
     policy: PartitionPolicy,
     /// Side output of the tail operator the edge carries; `None`: the main output.
     output: Option<String>,
+    /// The receiving end in job-file terms, for errors: ``input 1 of `q7` ``.
+    to: String,
     /// Senders indexed by downstream subtask (all-to-all policies) or a single sender.
     senders: Vec<Box<dyn ChannelSender>>,
     /// Downstream subtask of each sender.
@@ -84,6 +86,14 @@ impl OutputEdge {
         self
     }
 
+    /// Names the receiving end for errors: input `input` of the job-file node `operator`
+    /// (the head operator of the downstream vertex). Without it, errors name the edge id
+    /// only.
+    pub fn with_target(mut self, operator: &str, input: u32) -> Self {
+        self.to = format!("input {input} of `{operator}`");
+        self
+    }
+
     /// The side output this edge carries (`None`: the main output).
     pub fn output(&self) -> Option<&str> {
         self.output.as_deref()
@@ -103,6 +113,7 @@ impl OutputEdge {
             edge,
             policy,
             output: None,
+            to: String::new(),
             senders,
             targets,
             shard_owners,
@@ -189,6 +200,11 @@ impl OutputEdge {
             return Err(RuntimeError::MissingKey {
                 site: site.clone(),
                 edge: self.edge.to_string(),
+                to: if self.to.is_empty() {
+                    "the next operator".to_owned()
+                } else {
+                    self.to.clone()
+                },
             });
         }
         let has_ts = batch.timestamps.len() == n;

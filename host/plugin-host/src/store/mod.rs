@@ -19,14 +19,37 @@ pub use output::MAX_LOG_LINE;
 pub use timers::TIMER_STATE;
 
 /// A host-side refusal that traps the guest: a key outside the subtask's shards, an
-/// unknown state handle, a malformed buffer. Carried inside the trap so the runtime can
-/// name it.
+/// unknown state handle, a malformed buffer, an undeclared side output. Carried inside
+/// the trap so the runtime can name it. A refusal is about the call the guest made, so
+/// the same input makes the same call again: the task fails without a recovery
+/// ([`crate::RuntimeError::Trap`]'s `refused`).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct HostTrap(pub String);
 
+/// A host-side failure while serving a guest call (the state database failed, a stored
+/// value is corrupt): it traps the guest like a [`HostTrap`], but the call was valid, so
+/// recovery from the latest durable epoch may succeed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct HostFault(pub String);
+
 fn trap(e: StateError) -> wasmtime::Error {
-    wasmtime::Error::new(HostTrap(format!("state access refused: {e}")))
+    match e {
+        StateError::KeyOutsideShards { .. } => wasmtime::Error::new(HostTrap(format!(
+            "state access refused: {e}; a subtask may use the keyed state of the keys its \
+             HASH inputs route to it, not of keys it makes up (run an operator that puts \
+             its records under keys of its own at parallelism 1)"
+        ))),
+        StateError::UnknownHandle(_)
+        | StateError::WrongKind { .. }
+        | StateError::Malformed { .. } => {
+            wasmtime::Error::new(HostTrap(format!("state access refused: {e}")))
+        }
+        StateError::Corrupt(_) | StateError::Snapshot { .. } | StateError::Database { .. } => {
+            wasmtime::Error::new(HostFault(format!("state access failed: {e}")))
+        }
+    }
 }
 
 /// Everything a plugin instance's `Store` holds.

@@ -9,7 +9,8 @@ use crate::partition::OutputEdge;
 use nop_stream_api::Batch;
 use nop_stream_core::{DEAD_LETTER_OUTPUT, ErrorPolicy};
 use nop_stream_plugin_host::{
-    OperatorInstance, Rejected, Result, RuntimeError, Site, printable_record,
+    FailedRecord, OperatorInstance, RecordHint, Rejected, Result, RuntimeError, Site,
+    printable_record,
 };
 
 impl Task {
@@ -154,7 +155,7 @@ impl Task {
                         unreachable!("try_process rejects with guest errors only");
                     };
                     if *code == "io" {
-                        return Err(with_record(error, &one.data));
+                        return Err(with_record(error, &one.data, RecordHint::None));
                     }
                     if policy == ErrorPolicy::Skip {
                         skipped += 1;
@@ -203,8 +204,13 @@ impl Task {
         error: RuntimeError,
         batch: &Batch,
     ) -> RuntimeError {
+        let hint = if self.operator(i).state_mut().is_some() {
+            RecordHint::KeyedState
+        } else {
+            RecordHint::SkipOrDeadLetter
+        };
         if batch.len() <= 1 {
-            return with_record(error, &batch.data);
+            return with_record(error, &batch.data, hint);
         }
         for r in 0..batch.len() {
             let one = error_policy::one_record(batch, r);
@@ -212,13 +218,13 @@ impl Task {
             drop(self.operator(i).take_side_outputs());
             match result {
                 Ok(Ok(_)) => {}
-                Ok(Err(rejected)) => return with_record(error, &rejected.input.data),
+                Ok(Err(rejected)) => return with_record(error, &rejected.input.data, hint),
                 // The instance broke while looking: report what was asked in the first place.
                 Err(_) => return error,
             }
         }
         let first = error_policy::one_record(batch, 0);
-        let mut error = with_record(error, &first.data);
+        let mut error = with_record(error, &first.data, hint);
         if let RuntimeError::Guest { message, .. } = &mut error {
             *message = format!(
                 "{message} (a batch of {} records failed, but none of them fails alone; the \
@@ -295,10 +301,13 @@ fn is_io(error: &RuntimeError) -> bool {
     matches!(error, RuntimeError::Guest { code, .. } if *code == "io")
 }
 
-/// A guest error naming the record `data` (printable, truncated).
-fn with_record(mut error: RuntimeError, data: &[u8]) -> RuntimeError {
+/// A guest error naming the record `data` (printable, truncated), followed by `hint`.
+fn with_record(mut error: RuntimeError, data: &[u8], hint: RecordHint) -> RuntimeError {
     if let RuntimeError::Guest { record, .. } = &mut error {
-        *record = Some(printable_record(data).into());
+        *record = Some(Box::new(FailedRecord {
+            printable: printable_record(data),
+            hint,
+        }));
     }
     error
 }
