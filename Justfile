@@ -16,7 +16,7 @@ cluster-demo:
 test:
     cargo test --workspace
 
-# Build the plugin components (target/wasm32/wasm32-wasip2/release/*.wasm).
+# Build the plugin components (target/wasm32/wasm32-wasip2/release/*.wasm; $CARGO_TARGET_DIR/wasm32/... when set).
 plugins:
     cargo build -p nop-stream-artifacts
 

@@ -15,7 +15,7 @@ addr=127.0.0.1:$port
 
 cargo build -q -p nop-stream-cli
 bin=${CARGO_TARGET_DIR:-target}/debug/nopstream
-plugins=target/wasm32/wasm32-wasip2/release
+plugins=${CARGO_TARGET_DIR:-target}/wasm32/wasm32-wasip2/release
 
 rm -rf "$dir"
 mkdir -p "$dir"

@@ -1,8 +1,11 @@
 //! Builds every plugin component (`plugins/*`, `tests/plugins/*`) for `wasm32-wasip2` in
 //! release mode with a nested cargo, and generates the path constants `lib.rs` includes.
 //!
-//! The nested build uses its own target dir, `<workspace>/target/wasm32`: sharing the outer
-//! one would deadlock on cargo's build-directory lock. Variables the outer cargo sets for
+//! The nested build uses its own target dir, `wasm32` inside the outer build's target dir
+//! (`<workspace>/target/wasm32` by default; `$CARGO_TARGET_DIR/wasm32` when that is set), so a
+//! binary built in a target dir shared by several clones names plugins built beside it, not
+//! in whichever clone built it. Sharing the outer target dir itself would deadlock on
+//! cargo's build-directory lock. Variables the outer cargo sets for
 //! build scripts (encoded rustflags, profile and feature variables, clippy's wrapper) are
 //! removed so they do not leak into the guest build (as wasmtime's test-programs artifacts
 //! build script does). `CARGO_MAKEFLAGS` is kept so the nested build shares the outer
@@ -44,7 +47,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=NOPSTREAM_SKIP_PLUGIN_BUILD");
 
     let packages = discover_packages(&root);
-    let target_dir = root.join("target").join("wasm32");
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
+    let target_dir = outer_target_dir(&root).join("wasm32");
     let plugin_dir = target_dir.join(TARGET).join("release");
 
     let skip = env::var("NOPSTREAM_SKIP_PLUGIN_BUILD").is_ok_and(|v| v == "1");
@@ -60,6 +64,21 @@ fn main() {
 
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR")).join("plugins.rs");
     fs::write(&out, generate(&plugin_dir, &packages)).expect("write generated plugins.rs");
+}
+
+/// The target dir of the build running this script: `CARGO_TARGET_DIR` when it is an
+/// absolute path, else the nearest ancestor of `OUT_DIR` that cargo marked with a
+/// `CACHEDIR.TAG`, else `<workspace>/target`.
+fn outer_target_dir(root: &Path) -> PathBuf {
+    if let Some(dir) = env::var_os("CARGO_TARGET_DIR").map(PathBuf::from)
+        && dir.is_absolute()
+    {
+        return dir;
+    }
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    out.ancestors()
+        .find(|d| d.join("CACHEDIR.TAG").is_file())
+        .map_or_else(|| root.join("target"), Path::to_path_buf)
 }
 
 /// `(package name, manifest dir)` of every directory under `plugins/` and `tests/plugins/`
@@ -240,7 +259,7 @@ fn generate(plugin_dir: &Path, packages: &[(String, PathBuf)]) -> String {
     writeln!(
         s,
         "/// Absolute path of the directory holding the built plugin components \
-         (`<workspace>/target/wasm32/{TARGET}/release`).\npub const PLUGIN_DIR: &str = {dir:?};\n"
+         (`<target dir>/wasm32/{TARGET}/release`).\npub const PLUGIN_DIR: &str = {dir:?};\n"
     )
     .unwrap();
     writeln!(

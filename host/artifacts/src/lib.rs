@@ -1,8 +1,8 @@
 //! Paths of the plugin components built for tests and the CLI.
 //!
 //! The build script compiles every plugin package under `plugins/` and `tests/plugins/`
-//! for `wasm32-wasip2` in release mode (a nested `cargo build` into
-//! `<workspace>/target/wasm32`), checks each output is a component, and generates the
+//! for `wasm32-wasip2` in release mode (a nested `cargo build` into `wasm32` inside the
+//! outer build's target dir, `<workspace>/target/wasm32` by default), checks each output is a component, and generates the
 //! constants below. So depending on this crate is all a test needs to load a plugin, and
 //! editing a plugin, the SDK or the WIT rebuilds them.
 //!
@@ -35,7 +35,7 @@ mod tests {
 
     #[test]
     fn paths_follow_cargo_artifact_naming() {
-        assert!(PLUGIN_DIR.ends_with("target/wasm32/wasm32-wasip2/release"));
+        assert!(PLUGIN_DIR.ends_with("/wasm32/wasm32-wasip2/release"));
         for (name, path) in PLUGINS {
             let expected = format!("{}/{}.wasm", PLUGIN_DIR, name.replace('-', "_"));
             assert_eq!(*path, expected);
