@@ -673,7 +673,7 @@ fn validate_refuses_a_join_without_exactly_two_inputs() {
 }
 
 #[test]
-fn run_names_the_job_file_of_a_plugin_it_cannot_resolve() {
+fn run_names_the_job_file_of_a_plugin_it_cannot_resolve_or_a_config_it_refuses() {
     // Before: `validate` named the file, `run` printed the field alone.
     let (dir, file) = job_dir(&pipeline("no-such-plugin@0.1.0", "{}"), 3);
     let (ok, out, err) = run(dir.path(), &file, &[]);
@@ -685,6 +685,20 @@ fn run_names_the_job_file_of_a_plugin_it_cannot_resolve() {
     assert!(
         err.lines().any(|l| l.starts_with(&prefix)),
         "{prefix}\n{err}"
+    );
+    // A config its plugin's schema refuses, the same.
+    let job = pipeline("keyed-aggregate@0.1.0", "{ key_field = 3 }");
+    std::fs::write(&file, job).unwrap();
+    let (ok, out, err) = run(dir.path(), &file, &[]);
+    assert!(!ok, "{out}\n{err}");
+    let line = format!(
+        "{}: operator[0].config.key_field: must be string, found integer 3",
+        file.display()
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.trim_start_matches("error: ").starts_with(&line)),
+        "{line}\n{err}"
     );
 }
 
