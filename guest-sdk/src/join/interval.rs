@@ -573,8 +573,9 @@ impl<F: IntervalJoinFunction> IntervalJoin<F> {
     /// records to [`super::LATE_OUTPUT`].
     ///
     /// # Errors
-    /// [`crate::ErrorCode::InvalidRecord`] for another input or a record without
-    /// timestamp; errors of the join function (then no state was written; with the row
+    /// [`crate::ErrorCode::InvalidConfig`] for another input
+    /// ([`super::Side::of_input`]); [`crate::ErrorCode::InvalidRecord`] for a record
+    /// without timestamp; errors of the join function (then no state was written; with the row
     /// cache, the cached copy may be half-changed, and the instance must be dropped, as
     /// the runtime does when a task fails).
     pub fn process(

@@ -9,8 +9,8 @@
 //!
 //! An operator takes its **left** input on input 0 and its **right** input on input 1
 //! (job-file order: `inputs = [{ from = "left", partition = "hash" }, { from = "right",
-//! partition = "hash" }]`); another input index is an
-//! [`crate::ErrorCode::InvalidRecord`] error. A plugin that declares one of these
+//! partition = "hash" }]`); a batch on another input index is an
+//! [`crate::ErrorCode::InvalidConfig`] error. A plugin that declares one of these
 //! operators' models ([`RegularJoinSpec::to_model_json`] and its siblings, in
 //! [`crate::PluginInfo::model`]) is refused by `nopstream validate` and at submission
 //! unless its node has exactly two inputs. Both inputs must be keyed by the join key
@@ -151,13 +151,15 @@ impl Side {
     /// The side of input `input`.
     ///
     /// # Errors
-    /// [`crate::ErrorCode::InvalidRecord`] for an input other than 0 and 1.
+    /// [`crate::ErrorCode::InvalidConfig`] for an input other than 0 and 1: the job wires
+    /// a third input to the join, a mistake of the job file, not of a record.
     pub fn of_input(input: u32) -> Result<Side> {
         match input {
             LEFT_INPUT => Ok(Side::Left),
             RIGHT_INPUT => Ok(Side::Right),
-            other => Err(PluginError::invalid_record(format!(
-                "a join has two inputs (0: left, 1: right), got a batch on input {other}"
+            other => Err(PluginError::invalid_config(format!(
+                "a join has two inputs (0: left, 1: right), got a batch on input {other}: \
+                 give the operator exactly two `inputs` in the job file"
             ))),
         }
     }

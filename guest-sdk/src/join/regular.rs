@@ -263,7 +263,8 @@ impl<F: JoinFunction> RegularJoin<F> {
     /// emitting the pairs into `out`, and stores its rows.
     ///
     /// # Errors
-    /// [`crate::ErrorCode::InvalidRecord`] for another input; errors of the join function
+    /// [`crate::ErrorCode::InvalidConfig`] for another input ([`super::Side::of_input`]);
+    /// errors of the join function
     /// (then the batch's state changes are not written).
     pub fn process(
         &mut self,

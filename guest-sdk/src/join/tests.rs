@@ -868,6 +868,11 @@ fn a_batch_on_a_third_input_is_an_error() {
     b.push_record(Some(b"k"), Some(1), b"x");
     let err = j.process(&mut ctx, 2, &b, &mut Batch::new()).unwrap_err();
     assert!(err.message.contains("input 2"), "{}", err.message);
+    assert_eq!(
+        err.code,
+        crate::ErrorCode::InvalidConfig,
+        "a wiring mistake"
+    );
     let mut untimed = Batch::new();
     untimed.push_keyed(b"k", b"x");
     assert!(j.process(&mut ctx, 0, &untimed, &mut Batch::new()).is_err());

@@ -299,7 +299,8 @@ impl<F: WindowJoinFunction> WindowJoin<F> {
     /// timers; late records go to [`super::LATE_OUTPUT`]. Emits nothing.
     ///
     /// # Errors
-    /// [`crate::ErrorCode::InvalidRecord`] for another input or a record without
+    /// [`crate::ErrorCode::InvalidConfig`] for another input ([`super::Side::of_input`]),
+    /// [`crate::ErrorCode::InvalidRecord`] for a record without
     /// timestamp.
     pub fn process(
         &mut self,

@@ -14,8 +14,8 @@
 //! name = "flights-per-carrier"      # required; free text
 //! id = "flights-per-carrier"        # default: name; [A-Za-z0-9._-], starts alphanumeric
 //! pipeline = "main"                 # default "main"; same charset as id
-//! parallelism = 2                   # default 1; >= 1
-//! state_shards = 128                # default 128; >= 1 and >= every keyed parallelism
+//! parallelism = 2                   # default 1; 1..=32768
+//! state_shards = 128                # default 128; 1..=32768, >= every keyed parallelism
 //! semantic = "strict-exactly-once"  # default; also effectively-once, at-least-once,
 //!                                   # best-effort (case-insensitive, `_` = `-`)
 //! checkpoint_interval_ms = 1000     # optional (no periodic checkpoints); >= 1
@@ -135,6 +135,12 @@ use toml::de::{DeTable, DeValue};
 pub const DEFAULT_PARALLELISM: u32 = 1;
 /// Default of `job.state_shards` (design §3.4: fixed for the job's life).
 pub const DEFAULT_STATE_SHARDS: u32 = 128;
+/// Largest allowed `job.state_shards`: Flink's bound on `maxParallelism` (2^15). The plan
+/// lists every shard's owner per HASH edge, so the bound also bounds the plan.
+pub const MAX_STATE_SHARDS: u32 = 1 << 15;
+/// Largest allowed parallelism (`job.parallelism`, a node's `parallelism`, `-p`): as
+/// many subtasks as state shards can have. The plan lists every subtask and channel.
+pub const MAX_PARALLELISM: u32 = 1 << 15;
 /// Smallest `job.state_memory_bytes` a job file may set, in bytes (1 MiB).
 pub const MIN_STATE_MEMORY_BYTES: u64 = 1 << 20;
 /// Default of `job.batch_records`.
@@ -692,6 +698,18 @@ config = { dir = "/output" }
                 "job.state_shards",
                 3,
             ),
+            // Before: no upper bound, and planning one shard owner per shard ran out of
+            // memory.
+            (
+                format!("{MINIMAL_JOB}state_shards = 4294967295\n"),
+                "job.state_shards",
+                3,
+            ),
+            (
+                format!("{MINIMAL_JOB}parallelism = 32769\n"),
+                "job.parallelism",
+                3,
+            ),
             (
                 format!("{MINIMAL_JOB}batch_records = 65537\n"),
                 "job.batch_records",
@@ -788,6 +806,11 @@ config = { dir = "/output" }
             ),
             (
                 format!("{MINIMAL_JOB}{src}parallelism = 0\n"),
+                "source[0].parallelism",
+                6,
+            ),
+            (
+                format!("{MINIMAL_JOB}{src}parallelism = 4000000000\n"),
                 "source[0].parallelism",
                 6,
             ),

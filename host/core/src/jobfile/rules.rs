@@ -6,7 +6,8 @@
 use super::connection::check_connection;
 use super::reader::{ModelSpans, NodeSpans};
 use super::{
-    MAX_BATCH_RECORDS, MIN_STATE_MEMORY_BYTES, Span, check_plugin_ref, is_ident, model_path,
+    MAX_BATCH_RECORDS, MAX_PARALLELISM, MAX_STATE_SHARDS, MIN_STATE_MEMORY_BYTES, Span,
+    check_plugin_ref, is_ident, model_path,
 };
 use crate::model::{NodeSpec, StreamModel};
 use nop_stream_api::{PartitionPolicy, PluginKind};
@@ -137,18 +138,24 @@ impl<'m> Checker<'m> {
                 ),
             );
         }
-        if job.parallelism < 1 {
+        if !(1..=MAX_PARALLELISM).contains(&job.parallelism) {
             self.push(
                 "job.parallelism".into(),
                 self.job_span("parallelism"),
-                format!("must be >= 1, found {}", job.parallelism),
+                format!(
+                    "must be in 1..={MAX_PARALLELISM}, found {}",
+                    job.parallelism
+                ),
             );
         }
-        if job.state_shards < 1 {
+        if !(1..=MAX_STATE_SHARDS).contains(&job.state_shards) {
             self.push(
                 "job.state_shards".into(),
                 self.job_span("state_shards"),
-                format!("must be >= 1, found {}", job.state_shards),
+                format!(
+                    "must be in 1..={MAX_STATE_SHARDS}, found {}",
+                    job.state_shards
+                ),
             );
         }
         if !(1..=MAX_BATCH_RECORDS).contains(&job.batch_records) {
@@ -295,11 +302,13 @@ impl<'m> Checker<'m> {
         if let Err(e) = check_plugin_ref(&n.plugin) {
             self.push(format!("{p}.plugin"), ns.plugin.clone(), e);
         }
-        if n.parallelism == Some(0) {
+        if let Some(par) = n.parallelism
+            && !(1..=MAX_PARALLELISM).contains(&par)
+        {
             self.push(
                 format!("{p}.parallelism"),
                 ns.parallelism.clone(),
-                "must be >= 1, found 0".into(),
+                format!("must be in 1..={MAX_PARALLELISM}, found {par}"),
             );
         }
         if !n.config.is_object() {
