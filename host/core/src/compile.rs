@@ -180,6 +180,25 @@ fn stream_edges(
                 None => PartitionPolicy::Rebalance,
             };
             check_keyed_input(n, up, down, partition, infos[i].as_ref(), &field, diags);
+            if partition == PartitionPolicy::Hash
+                && input.output.as_deref() == Some(DEAD_LETTER_OUTPUT)
+                && up.on_error == ErrorPolicy::DeadLetter
+                && !up
+                    .plugin_info
+                    .side_outputs
+                    .iter()
+                    .any(|t| t == DEAD_LETTER_OUTPUT)
+            {
+                diags.push(Diagnostic::new(
+                    field.clone(),
+                    format!(
+                        "the dead letters of `{}` (output `{DEAD_LETTER_OUTPUT}`) carry no key, \
+                         so they cannot cross a HASH edge; read them with partition = \
+                         \"rebalance\", \"forward\" or \"singleton\"",
+                        up.name
+                    ),
+                ));
+            }
             check_partition(up, down, partition, model.job.state_shards, field, diags);
             if let Some(tag) = &input.output
                 && infos[u].is_some()

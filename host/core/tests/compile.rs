@@ -1054,6 +1054,20 @@ fn on_error_enters_the_plan_and_dead_letter_opens_the_errors_output() {
         .collect();
     assert_eq!(chains, [vec!["s", "parse"], vec!["good"], vec!["dead"]]);
 
+    // Dead letters carry no key: a HASH edge could not route them (before: accepted,
+    // then the first bad record failed the job with a missing-key error).
+    let hashed = dl.replace(
+        "{ from = \"parse\", output = \"errors\" }",
+        "{ from = \"parse\", output = \"errors\", partition = \"hash\" }",
+    );
+    assert_ne!(hashed, dl);
+    let d = refused(&model(&hashed), &cat);
+    assert_eq!(
+        first(&d, "sink[1].inputs[0].partition"),
+        "the dead letters of `parse` (output `errors`) carry no key, so they cannot cross a \
+         HASH edge; read them with partition = \"rebalance\", \"forward\" or \"singleton\""
+    );
+
     // Dead letters nobody reads would be a silent loss.
     let unread = base.replace("POLICY", "on_error = \"dead-letter\"\n");
     let d = refused(&model(&unread), &cat);
