@@ -327,6 +327,27 @@ impl TaskInfo {
             attempt: 0,
         }
     }
+
+    /// Refuses to open at a parallelism above 1, for an operator that puts every record
+    /// under one key of its own (a global maximum, a top-N over all keys): at parallelism
+    /// 2 each subtask would compute over its share of the records only and commit a
+    /// partial result, and the host notices only when a checkpoint writes the key's state
+    /// from a subtask that does not own it. Call it first in `open`.
+    ///
+    /// # Errors
+    /// [`crate::ErrorCode::InvalidConfig`] naming `plugin`, the operator, `what` it
+    /// computes and the fix (`parallelism = 1` behind a SINGLETON edge): the task fails
+    /// at start and is not retried.
+    pub fn require_parallelism_1(&self, plugin: &str, what: &str) -> crate::Result<()> {
+        if self.parallelism <= 1 {
+            return Ok(());
+        }
+        Err(crate::PluginError::invalid_config(format!(
+            "{plugin}: `{}` computes {what} under one key, so it must run at parallelism 1 \
+             (`parallelism = 1` and `partition = \"singleton\"` on its input), not {}",
+            self.operator_name, self.parallelism
+        )))
+    }
 }
 
 /// Which clock a timer follows.

@@ -185,7 +185,8 @@ impl Operator for HotItems {
         info
     }
 
-    fn open(ctx: &mut dyn Context, _task: &TaskInfo, config: &str) -> Result<Self> {
+    fn open(ctx: &mut dyn Context, task: &TaskInfo, config: &str) -> Result<Self> {
+        task.require_parallelism_1("hot-items", "the hottest item of every window")?;
         let c: Config = serde_json::from_str(config)
             .map_err(|e| PluginError::invalid_config(format!("hot-items config: {e}")))?;
         if c.slide_ms < 1 {

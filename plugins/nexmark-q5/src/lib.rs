@@ -161,7 +161,8 @@ impl Operator for Q5 {
         info
     }
 
-    fn open(ctx: &mut dyn Context, _task: &TaskInfo, config: &str) -> Result<Self> {
+    fn open(ctx: &mut dyn Context, task: &TaskInfo, config: &str) -> Result<Self> {
+        task.require_parallelism_1("nexmark-q5", "the hot items of every window")?;
         let c: Config = serde_json::from_str(config)
             .map_err(|e| PluginError::invalid_config(format!("nexmark-q5 config: {e}")))?;
         Ok(Q5 {

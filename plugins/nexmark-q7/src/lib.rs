@@ -182,20 +182,23 @@ impl Operator for Q7 {
         info
     }
 
-    fn open(ctx: &mut dyn Context, _task: &TaskInfo, config: &str) -> Result<Self> {
+    fn open(ctx: &mut dyn Context, task: &TaskInfo, config: &str) -> Result<Self> {
         let c: Config = serde_json::from_str(config)
             .map_err(|e| PluginError::invalid_config(format!("nexmark-q7 config: {e}")))?;
         match c.stage.as_str() {
-            "max" => Ok(Q7::Max(Box::new(MaxStage {
-                op: WindowOperator::open(
-                    ctx,
-                    WindowSpec::tumbling(WINDOW_MS),
-                    Aggregating::with_process(Max(c.price_field), EmitMax),
-                )?
-                .cached(),
-                rekeyed: Batch::new(),
-                fired: Batch::new(),
-            }))),
+            "max" => {
+                task.require_parallelism_1("nexmark-q7", "the highest bid of every window")?;
+                Ok(Q7::Max(Box::new(MaxStage {
+                    op: WindowOperator::open(
+                        ctx,
+                        WindowSpec::tumbling(WINDOW_MS),
+                        Aggregating::with_process(Max(c.price_field), EmitMax),
+                    )?
+                    .cached(),
+                    rekeyed: Batch::new(),
+                    fired: Batch::new(),
+                })))
+            }
             "join" => Ok(Q7::Join(Box::new(
                 IntervalJoin::open(
                     ctx,

@@ -204,7 +204,11 @@ impl Task {
         error: RuntimeError,
         batch: &Batch,
     ) -> RuntimeError {
-        let hint = if self.operator(i).state_mut().is_some() {
+        let hint = if matches!(&error, RuntimeError::Guest { code, .. } if *code == "invalid-config")
+        {
+            // The job's wiring or config, not the record: skipping records cannot help.
+            RecordHint::None
+        } else if self.operator(i).state_mut().is_some() {
             RecordHint::KeyedState
         } else {
             RecordHint::SkipOrDeadLetter
