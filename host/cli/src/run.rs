@@ -12,7 +12,7 @@ use nop_stream_embedded::EmbeddedPlatform;
 use nop_stream_plugin_host::Limits;
 use nop_stream_proto::cli::JobSubmission;
 use nop_stream_task::{JobProgress, RunOptions, plugin_host};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -154,6 +154,72 @@ fn print_note(note: &Note) {
 ///
 /// # Errors
 /// Bad arguments, job file, plugins or savepoint; the job's failure.
+/// The lock file in a work directory, held by the `nopstream run` using it.
+pub const WORK_DIR_LOCK: &str = "run.lock";
+
+/// How long a run waits for the lock of its work directory before it is refused.
+const WORK_DIR_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Takes the exclusive lock of `work_dir` (an OS file lock on [`WORK_DIR_LOCK`], released
+/// when the returned file is dropped or the process dies) and writes this process's id
+/// into it. Two runs on one work directory would fence each other's attempts and race
+/// for its checkpoints, so the second is refused, after waiting up to
+/// [`WORK_DIR_LOCK_WAIT`] for the first to end.
+///
+/// # Errors
+/// The directory cannot be created or the lock file opened, or another process holds the
+/// lock (the message names the directory and that process's id).
+fn lock_work_dir(work_dir: &Path, job: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(work_dir)
+        .with_context(|| format!("cannot create work directory {}", work_dir.display()))?;
+    let path = work_dir.join(WORK_DIR_LOCK);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // A run that was just stopped releases the lock as its job ends, a moment after
+    // `nopstream stop` returns: wait that long before refusing.
+    let deadline = std::time::Instant::now() + WORK_DIR_LOCK_WAIT;
+    let locked = loop {
+        match file.try_lock() {
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => break other,
+        }
+    };
+    match locked {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = match holder.trim() {
+                "" => String::new(),
+                pid => format!(" (pid {pid})"),
+            };
+            anyhow::bail!(
+                "work directory {} is in use by another `nopstream run`{holder}: wait for \
+                 it to end, stop it (`nopstream stop {} --savepoint --work-dir {}`), or give \
+                 this run another --work-dir",
+                work_dir.display(),
+                job.display(),
+                work_dir.display()
+            );
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+        }
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
 pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
     anyhow::ensure!(
         a.actions.is_none() || a.from_savepoint.is_some() || a.delta.is_some(),
@@ -167,6 +233,7 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
     let base = PathBuf::from("nopstream-out").join(&model.job.id);
     let output = a.output.clone().unwrap_or_else(|| base.join("output"));
     let work_dir = a.work_dir.clone().unwrap_or_else(|| base.join("work"));
+    let lock = lock_work_dir(&work_dir, &a.job)?;
     let checkpoints = match &a.checkpoints {
         Some(c) => crate::location(c).context("--checkpoints")?,
         None => Location::Local(work_dir.join("checkpoints")),
@@ -215,6 +282,8 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
     let display = (!a.no_progress && !a.json)
         .then(|| crate::spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
     let result = manager.submit(sub, RunIn::Foreground);
+    // The job has ended: the next run on this work directory may start.
+    drop(lock);
     let _ = std::fs::remove_file(&control);
     let _ = std::fs::remove_file(&http_addr);
     // A stop's answer is written as the job ends: let it reach the client.

@@ -757,3 +757,111 @@ fn a_failed_record_of_an_operator_with_keyed_state_hints_at_a_check_before_it() 
     );
     assert!(!err.contains("recovering"), "{err}");
 }
+
+#[test]
+fn a_second_run_on_a_work_directory_in_use_is_refused() {
+    // Before: two runs of one job on one work directory fenced each other's attempts
+    // until one ran out of restarts or found the job finished by the other.
+    let job = r#"[job]
+name = "work-dir-lock"
+checkpoint_interval_ms = 200
+
+[[source]]
+name = "gen"
+plugin = "datagen-source@0.1.0"
+config = { records_per_second = 100 }
+
+[[sink]]
+name = "out"
+plugin = "jsonl-sink@0.1.0"
+inputs = ["gen"]
+grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
+config = { dir = "/output" }
+"#;
+    let (dir, file) = job_dir(job, 0);
+    let mut first = Command::new(env!("CARGO_BIN_EXE_nopstream"))
+        .current_dir(dir.path())
+        .env(
+            "NOPSTREAM_CACHE",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-cli-cache"),
+        )
+        .args([
+            "run",
+            "--no-progress",
+            "--output",
+            "out",
+            "--work-dir",
+            "work",
+        ])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the first run");
+    let lock = dir.path().join("work/run.lock");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let pid = loop {
+        let text = std::fs::read_to_string(&lock).unwrap_or_default();
+        if !text.trim().is_empty() {
+            break text.trim().to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first run never took the lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(pid, first.id().to_string());
+    let (ok, out, err) = run(dir.path(), &file, &["--fresh"]);
+    let still_running = first.try_wait().unwrap().is_none();
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(still_running, "the first run ended early");
+    assert!(!ok, "{out}\n{err}");
+    assert!(
+        err.contains(&format!(
+            "work directory work is in use by another `nopstream run` (pid {pid})"
+        )),
+        "{err}"
+    );
+    // Its lock dies with it: the next run on the work directory (a bounded job) starts
+    // and ends.
+    let bounded = dir.path().join("bounded.toml");
+    std::fs::write(
+        &bounded,
+        job.replace("records_per_second = 100", "records = 10")
+            .replace("work-dir-lock", "work-dir-lock-2"),
+    )
+    .unwrap();
+    let (ok, out, err) = run(dir.path(), &bounded, &[]);
+    assert!(ok, "{out}\n{err}");
+}
+
+#[test]
+fn an_operator_that_keys_every_record_alike_refuses_parallelism_2() {
+    // Before: q7's `max` stage at parallelism 2 behind a HASH edge committed one maximum
+    // per subtask when no checkpoint came before the end of the input, and failed (after
+    // ten recoveries) only when one did.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/nexmark/q7.toml");
+    let job = std::fs::read_to_string(example)
+        .unwrap()
+        .replace("events = 1000000", "events = 20000")
+        .replace(
+            "inputs = [{ from = \"bids-by-price\", partition = \"singleton\" }]\nconfig = { stage = \"max\", price_field = 1 }\nparallelism = 1",
+            "inputs = [{ from = \"bids-by-price\", partition = \"hash\" }]\nconfig = { stage = \"max\", price_field = 1 }\nparallelism = 2",
+        );
+    assert!(job.contains("stage = \"max\", price_field = 1 }\nparallelism = 2"));
+    let (dir, file) = job_dir(&job, 0);
+    let (ok, out, err) = run(dir.path(), &file, &[]);
+    assert!(!ok, "{out}\n{err}");
+    assert!(
+        err.contains(
+            "nexmark-q7: `max` computes the highest bid of every window under one key, so it \
+             must run at parallelism 1 (`parallelism = 1` and `partition = \"singleton\"` on \
+             its input), not 2"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("recovering"), "{err}");
+    assert!(visible_outputs(dir.path()).is_empty());
+}
