@@ -245,7 +245,8 @@ pub struct FailedRecord {
 /// What a [`RuntimeError::Guest`] error tells the user to do about its failed record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RecordHint {
-    /// Nothing (an `io` error: recovery retries it; or no record was isolated).
+    /// Nothing: an `io` error (recovery retries it) or an `invalid-config` one (the job
+    /// file is at fault, not the record).
     #[default]
     None,
     /// The operator has no keyed state and `on_error = "fail"`: `skip` or `dead-letter`
