@@ -865,3 +865,23 @@ fn an_operator_that_keys_every_record_alike_refuses_parallelism_2() {
     assert!(!err.contains("recovering"), "{err}");
     assert!(visible_outputs(dir.path()).is_empty());
 }
+
+#[test]
+fn a_missing_input_file_is_named_by_its_host_path_and_errno() {
+    // Before: "/input/nope.jsonl: No such file or directory (os error 44)": the path as the
+    // sandbox sees it, and a WASI errno that means something else on the host.
+    let job = pipeline("fault-error@0.1.0", "{}").replace("input.jsonl", "nope.jsonl");
+    let (dir, file) = job_dir(&job, 3);
+    let (ok, out, err) = run(dir.path(), &file, &[]);
+    assert!(!ok, "{out}\n{err}");
+    let line = line_starting(&err, "error: job `cli-faults` failed: ");
+    let host = dir.path().canonicalize().unwrap().join("data/nope.jsonl");
+    assert!(
+        line.contains("No such file or directory (WASI errno 44, ENOENT)")
+            && line.ends_with(&format!(
+                " (host path of `/input/nope.jsonl`: {})",
+                host.display()
+            )),
+        "{line}"
+    );
+}

@@ -143,8 +143,9 @@ pub(crate) fn convert_info(w: WitPluginInfo) -> PluginInfo {
 pub(crate) struct CallCtx {
     pub(crate) site: Site,
     pub(crate) limits: Limits,
-    /// The instance's writable grants, to name a full file system behind an I/O error.
-    pub(crate) writable: Vec<DirGrant>,
+    /// The instance's grants: to name a full file system behind an I/O error (the
+    /// writable ones), and the host path of a guest path in an error.
+    pub(crate) grants: Vec<DirGrant>,
 }
 
 /// A writable grant with fewer free bytes than this is taken as the cause of a guest's I/O
@@ -174,7 +175,7 @@ fn io_cause(ctx: &CallCtx, message: &str) -> Option<String> {
     {
         return None;
     }
-    ctx.writable.iter().find_map(|g| {
+    ctx.grants.iter().filter(|g| g.writable).find_map(|g| {
         let free = available_bytes(&g.host)?;
         (free < FULL_BELOW_BYTES).then(|| {
             format!(
@@ -185,6 +186,80 @@ fn io_cause(ctx: &CallCtx, message: &str) -> Option<String> {
             )
         })
     })
+}
+
+/// The errno of the first `(os error N)` in a guest's message. Inside the sandbox that
+/// number is a WASI errno, whose values differ from the host's (44 is `ENOENT` in WASI).
+fn wasi_errno(message: &str) -> Option<u16> {
+    let rest = &message[message.find("(os error ")? + "(os error ".len()..];
+    rest[..rest.find(')')?].parse().ok()
+}
+
+/// The name of the WASI errno `n` (`wasi_snapshot_preview1`'s `errno`), for the ones a
+/// file or socket error commonly carries.
+fn wasi_errno_name(n: u16) -> Option<&'static str> {
+    Some(match n {
+        2 => "EACCES",
+        8 => "EBADF",
+        14 => "ECONNREFUSED",
+        15 => "ECONNRESET",
+        20 => "EEXIST",
+        28 => "EINVAL",
+        29 => "EIO",
+        31 => "EISDIR",
+        44 => "ENOENT",
+        51 => "ENOSPC",
+        54 => "ENOTDIR",
+        55 => "ENOTEMPTY",
+        58 => "ENOTSUP",
+        63 => "EPERM",
+        73 => "ETIMEDOUT",
+        76 => "ENOTCAPABLE",
+        _ => return None,
+    })
+}
+
+/// `" (host path of `/input/a.csv`: /data/in/a.csv)"` for each guest path in `message` that
+/// lies in a grant (the guest sees a granted directory under its guest path only; the
+/// user wrote the host one), or `""`.
+fn host_paths(grants: &[DirGrant], message: &str) -> String {
+    let mut out = String::new();
+    let mut seen = Vec::new();
+    for (at, _) in message.match_indices('/') {
+        // A path starts at a `/` that begins a word.
+        if at > 0
+            && !matches!(
+                message.as_bytes()[at - 1],
+                b' ' | b'`' | b'"' | b'\'' | b'('
+            )
+        {
+            continue;
+        }
+        let end = message[at..]
+            .find([' ', '`', '"', '\'', ')', ',', ';'])
+            .map_or(message.len(), |e| at + e);
+        let path = message[..end].get(at..).unwrap_or_default();
+        let path = path.strip_suffix(':').unwrap_or(path);
+        if seen.contains(&path) {
+            continue;
+        }
+        let Some((g, rest)) = grants.iter().find_map(|g| {
+            let guest = g.guest.trim_end_matches('/');
+            let rest = path.strip_prefix(guest)?;
+            (rest.is_empty() || rest.starts_with('/')).then_some((g, rest))
+        }) else {
+            continue;
+        };
+        seen.push(path);
+        let rest = rest.trim_start_matches('/');
+        let host = if rest.is_empty() {
+            g.host.clone()
+        } else {
+            g.host.join(rest)
+        };
+        out.push_str(&format!(" (host path of `{path}`: {})", host.display()));
+    }
+    out
 }
 
 /// Turns a wasmtime error from a call into a [`RuntimeError`] naming the limit that fired.
@@ -261,10 +336,19 @@ fn error_code_name(code: ErrorCode) -> &'static str {
 /// A guest-reported error of `call` as [`RuntimeError::Guest`], naming a full file system
 /// behind an I/O error when the host can tell.
 pub(crate) fn guest_error(ctx: &CallCtx, call: &'static str, e: GuestError) -> RuntimeError {
-    let message = match io_cause(ctx, &e.message) {
+    let mut message = match io_cause(ctx, &e.message) {
         Some(cause) => format!("{cause} ({})", e.message),
         None => e.message,
     };
+    if let Some(n) = wasi_errno(&message)
+        && let Some(name) = wasi_errno_name(n)
+    {
+        message = message.replace(
+            &format!("(os error {n})"),
+            &format!("(WASI errno {n}, {name})"),
+        );
+    }
+    message.push_str(&host_paths(&ctx.grants, &message));
     RuntimeError::Guest {
         site: ctx.site.clone(),
         call,
@@ -865,4 +949,46 @@ fn take_due(data: &mut StoreData, domain: u8, up_to: i64) -> DueTimers {
         });
     }
     DueTimers(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn grant(guest: &str, host: &str) -> DirGrant {
+        DirGrant {
+            host: PathBuf::from(host),
+            guest: guest.into(),
+            writable: false,
+        }
+    }
+
+    #[test]
+    fn guest_paths_are_given_their_host_paths_and_errnos_their_wasi_names() {
+        // Before: "/input/nope.csv: No such file or directory (os error 44)", a sandbox
+        // path and a number that means something else on the host (EXFULL on Linux).
+        let grants = [grant("/input", "/data/in"), grant("/output/", "/srv/out")];
+        let m = "/input/nope.csv: No such file or directory (os error 44)";
+        assert_eq!(wasi_errno(m), Some(44));
+        assert_eq!(wasi_errno_name(44), Some("ENOENT"));
+        assert_eq!(
+            host_paths(&grants, m),
+            " (host path of `/input/nope.csv`: /data/in/nope.csv)"
+        );
+        // Backticked, a grant's root, twice, and a path outside every grant.
+        assert_eq!(
+            host_paths(
+                &grants,
+                "cannot rename `/output/.staging/a` to `/output`; `/output` and /etc/x"
+            ),
+            " (host path of `/output/.staging/a`: /srv/out/.staging/a) (host path of \
+             `/output`: /srv/out)"
+        );
+        // A prefix that is not a path component is not a grant.
+        assert_eq!(host_paths(&grants, "/inputs/a: gone"), "");
+        assert_eq!(host_paths(&grants, "no path at all"), "");
+        assert_eq!(wasi_errno("os error 44"), None);
+        assert_eq!(wasi_errno_name(1000), None);
+    }
 }

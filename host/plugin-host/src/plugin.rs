@@ -389,7 +389,7 @@ impl LoadedPlugin {
         let ctx = CallCtx {
             site,
             limits: opts.limits.clone(),
-            writable: Vec::new(),
+            grants: Vec::new(),
         };
         let inst = pre
             .instantiate(&mut store)
@@ -562,7 +562,7 @@ impl LoadedPlugin {
         let ctx = CallCtx {
             site: opts.site.clone(),
             limits: opts.limits.clone(),
-            writable: Vec::new(),
+            grants: Vec::new(),
         };
         let inst = pre
             .instantiate(&mut store)
@@ -599,7 +599,7 @@ impl LoadedPlugin {
         let ctx = CallCtx {
             site: opts.site.clone(),
             limits: opts.limits.clone(),
-            writable: opts.grants.iter().filter(|g| g.writable).cloned().collect(),
+            grants: opts.grants.clone(),
         };
         let fail =
             |e: wasmtime::Error, store: &Store<StoreData>| classify(&ctx, "instantiate", e, store);
