@@ -20,14 +20,19 @@ fn nopstream(dir: &Path, args: &[&str]) -> Output {
     nopstream_with_env(dir, args, &[])
 }
 
+/// A `nopstream` command in `dir` with a compiled-component cache under the target dir.
+fn nopstream_command(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nopstream"));
+    c.current_dir(dir).env(
+        "NOPSTREAM_CACHE",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-cli-cache"),
+    );
+    c
+}
+
 /// [`nopstream`] with extra environment variables.
 fn nopstream_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nopstream"))
-        .current_dir(dir)
-        .env(
-            "NOPSTREAM_CACHE",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-cli-cache"),
-        )
+    nopstream_command(dir)
         .envs(env.iter().copied())
         .args(args)
         .output()
@@ -779,12 +784,7 @@ grants = [{ guest = "/output", host = "$OUTPUT", writable = true }]
 config = { dir = "/output" }
 "#;
     let (dir, file) = job_dir(job, 0);
-    let mut first = Command::new(env!("CARGO_BIN_EXE_nopstream"))
-        .current_dir(dir.path())
-        .env(
-            "NOPSTREAM_CACHE",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("nopstream-cli-cache"),
-        )
+    let mut first = nopstream_command(dir.path())
         .args([
             "run",
             "--no-progress",
