@@ -277,6 +277,14 @@ impl PluginInfo {
     /// a savepoint check then calls a change of the other settings compatible for the
     /// keyed operators downstream, where without the mark any config change is a key
     /// change (`KEY_SPEC_CHANGED`).
+    ///
+    /// A stateful plugin whose stored values depend on settings marks those properties
+    /// `"x-state-layout": true`, or lists the members of an object property that count
+    /// (`"window": {"type": "object", "x-state-layout": ["kind", "size_ms"], …}`):
+    /// keyed-aggregate marks `aggregates`, one accumulator slot per aggregate. A savepoint
+    /// check then refuses a restore whose marked values differ (`STATE_LAYOUT_CHANGED`,
+    /// cleared only by dropping the operator's state), where an unmarked change passes
+    /// and the restored plugin meets values it cannot read.
     pub fn config_schema(mut self, schema: impl Into<String>) -> Self {
         self.config_schema = schema.into();
         self

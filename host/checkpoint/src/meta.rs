@@ -73,6 +73,14 @@ pub struct OperatorMeta {
     /// `0.2.1`; absent in metas written before, and for operators without any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub operator_states: Vec<OperatorStateDescriptor>,
+    /// For an operator with state whose plugin marks the config properties that shape
+    /// its state values (schema keyword `x-state-layout`, `nop_stream_core::state_layout`):
+    /// `plugin-name property,… layout-sha256-prefix` over those properties, e.g.
+    /// `keyed-aggregate aggregates,key_field 3f2a…`. A check whose two sides both have it
+    /// and differ reports `STATE_LAYOUT_CHANGED`. Absent in metas written before it
+    /// existed, and for plugins that mark nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_layout: Option<String>,
 }
 
 /// One input of an operator.

@@ -202,6 +202,82 @@ fn a_key_spec_change_is_refused_and_nothing_is_touched() {
     assert_eq!(snapshot(&d.out), before_out, "no task ran");
 }
 
+/// Before the state layout was recorded, adding an aggregate passed the check as
+/// COMPATIBLE and the restored run failed at its first key, unable to read the stored
+/// accumulators. Now the check refuses it, and dropping the operator's state clears it.
+#[test]
+fn an_added_aggregate_is_a_state_layout_change_that_only_drop_state_clears() {
+    let j = job("layout", |t| t);
+    let (d, sp) = savepoint_mid_run(&j.0, 2);
+    let extra = job("layout-extra", |t| {
+        let last = r#"{ name = "avg_dep_delay_min", fn = "avg", field = "dep_delay" },"#;
+        assert!(t.contains(last));
+        t.replace(
+            last,
+            &format!(
+                "{last}\n    {{ name = \"max_dep_delay\", fn = \"max\", field = \"dep_delay\" }},"
+            ),
+        )
+    });
+    let before_sp = snapshot(&sp);
+    let o = check(&sp, &extra.0, &d, &[]);
+    let report = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{report}");
+    assert!(report.contains("STATE_LAYOUT_CHANGED"), "{report}");
+    assert!(
+        report.contains("keyed-aggregate aggregates,key_field"),
+        "the finding names the properties: {report}"
+    );
+    assert!(report.contains("-> drop-state"), "{report}");
+    let sp_dir = sp.display().to_string();
+    let o = run(&extra.0, &d, &["--from-savepoint", &sp_dir], None);
+    assert_eq!(o.status.code(), Some(3), "run refuses: {}", text(&o));
+    assert_eq!(snapshot(&sp), before_sp, "the savepoint is byte-unchanged");
+    // The job it was taken with still passes.
+    let o = check(&sp, &j.0, &d, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Dropping the operator's state clears it, and the restored job runs with the new
+    // aggregate from empty state.
+    let actions = d.work.join("actions.toml");
+    std::fs::write(
+        &actions,
+        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/per-carrier\"\n",
+    )
+    .unwrap();
+    let a = actions.display().to_string();
+    let o = check(&sp, &extra.0, &d, &["--actions", &a]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let restored = Dirs {
+        out: d._tmp.path().join("restored-out"),
+        work: d.work.clone(),
+        _tmp: tempfile::tempdir().unwrap(),
+    };
+    let o = run(
+        &extra.0,
+        &restored,
+        &["--from-savepoint", &sp_dir, "--actions", &a],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let lines = committed(&restored.out);
+    let mut carriers = std::collections::BTreeSet::new();
+    let mut flights = 0;
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert!(v.get("max_dep_delay").is_some(), "{l}");
+        assert!(
+            carriers.insert(v["carrier"].to_string()),
+            "one line per carrier: {l}"
+        );
+        flights += v["flights"].as_u64().unwrap();
+    }
+    // The flights counted before the savepoint were dropped with the state.
+    assert!(
+        flights > 0 && flights < 336_776,
+        "{flights} flights after the savepoint"
+    );
+}
+
 #[test]
 fn a_removed_stateful_operator_needs_drop_state_and_its_state_is_gone_after() {
     let j = job("full", |t| t);

@@ -9,7 +9,7 @@
 
 use nop_stream_api::{PartitionPolicy, Redistribution};
 use nop_stream_checkpoint::{InputMeta, META_FORMAT, OperatorMeta, SnapshotMeta};
-use nop_stream_core::{PartitionedPlan, key_spec};
+use nop_stream_core::{PartitionedPlan, key_spec, state_layout};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -102,6 +102,22 @@ pub fn snapshot_meta(
                     .map(|c| format!("{}:{}", kebab(&format!("{c:?}")), op.plugin_info.name)),
                 state_ttl_ms: op.state_ttl_ms.clone(),
                 operator_states: op.plugin_info.operator_states.clone(),
+                state_layout: (!op.plugin_info.states.is_empty()
+                    || !op.plugin_info.operator_states.is_empty())
+                .then(|| state_layout(&op.plugin_info, &op.config))
+                .flatten()
+                .map(|layout| {
+                    let names: Vec<String> =
+                        serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&layout)
+                            .map(|m| m.into_keys().collect())
+                            .unwrap_or_default();
+                    format!(
+                        "{} {} {}",
+                        op.plugin_info.name,
+                        names.join(","),
+                        &sha256_hex(layout.as_bytes())[..16]
+                    )
+                }),
             });
         }
     }
@@ -268,6 +284,11 @@ pub enum Code {
     /// none, or when the savepoint predates key specs) (incompatible; `drop-state` clears
     /// it).
     KeySpecChanged,
+    /// The config properties a stateful operator's plugin marks `x-state-layout` (those
+    /// that shape its state values, e.g. keyed-aggregate's `aggregates`) changed: state
+    /// written under the old values cannot be read under the new (incompatible;
+    /// `drop-state` of the operator clears it). Not checked when either side records none.
+    StateLayoutChanged,
     /// The shard count changed (needs `reshard`).
     ShardCountChanged,
     /// The hash policy changed (needs `reshard`).
@@ -926,6 +947,21 @@ pub fn check(
                     findings.push(f);
                 }
             }
+        }
+        if stateful(o)
+            && let (Some(a), Some(b)) = (&o.state_layout, &n.state_layout)
+            && a != b
+        {
+            let mut f = finding(
+                Code::StateLayoutChanged,
+                Status::Incompatible,
+                None,
+                a,
+                b,
+                &["drop-state"],
+            );
+            clear(&mut f, &|a| drops(a, &o.operator_id, ""));
+            findings.push(f);
         }
         if o.sink_protocol != n.sink_protocol
             && ctx

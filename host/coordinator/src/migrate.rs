@@ -632,6 +632,7 @@ mod tests {
                 sink_protocol: None,
                 state_ttl_ms: Default::default(),
                 operator_states: Vec::new(),
+                state_layout: None,
             }],
         }
     }

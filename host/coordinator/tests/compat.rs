@@ -43,6 +43,7 @@ fn op(id: &str, plugin: &str, states: Vec<StateDescriptor>, keyed: bool) -> Oper
         sink_protocol: None,
         state_ttl_ms: Default::default(),
         operator_states: Vec::new(),
+        state_layout: None,
     }
 }
 
@@ -745,4 +746,62 @@ fn operator_states_are_checked_like_keyed_states() {
     agg(&mut new).states[0].schema_sha256 = None;
     let r = run(&new, &CheckContext::default(), vec![]).unwrap();
     assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+}
+
+/// A config change that reshapes state values (the aggregate list of keyed-aggregate) is
+/// refused unless the operator's whole state is dropped; a savepoint that predates layouts,
+/// or a plugin that marks none, is not compared.
+#[test]
+fn a_changed_state_layout_is_incompatible_until_the_operator_state_is_dropped() {
+    let with = |layout: Option<&str>| {
+        let mut m = base();
+        agg(&mut m).state_layout = layout.map(Into::into);
+        m
+    };
+    let old = with(Some(
+        "keyed-aggregate aggregates,key_field 1111111111111111",
+    ));
+    let check_against = |new: &SnapshotMeta, actions: Vec<Action>| {
+        check(&old, new, &CheckContext::default(), &Actions { actions })
+    };
+    // The same layout: compatible.
+    let r = check_against(&old.clone(), vec![]).unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+    // Another layout: incompatible, with the remedy named.
+    let other = with(Some(
+        "keyed-aggregate aggregates,key_field 2222222222222222",
+    ));
+    let r = check_against(&other, vec![]).unwrap();
+    let f = only(&r, Code::StateLayoutChanged);
+    assert_eq!(f.status, Status::Incompatible);
+    assert_eq!(f.remedies, vec!["drop-state".to_owned()]);
+    assert_eq!(r.verdict, Status::Incompatible);
+    assert!(
+        r.to_text().contains("STATE_LAYOUT_CHANGED"),
+        "{}",
+        r.to_text()
+    );
+    // Dropping one state does not clear it (every state of the operator is shaped by the
+    // config), so that action clears nothing and is an error.
+    let one_state = Action::DropState {
+        operator: "operators/agg".into(),
+        state: Some("acc".into()),
+    };
+    assert!(check_against(&other, vec![one_state]).is_err());
+    // Dropping the operator's state clears it.
+    let all = Action::DropState {
+        operator: "operators/agg".into(),
+        state: None,
+    };
+    let r = check_against(&other, vec![all]).unwrap();
+    assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+    assert_eq!(
+        only(&r, Code::StateLayoutChanged).cleared_by.as_deref(),
+        Some("drop-state operators/agg")
+    );
+    // Either side without a layout: nothing to compare.
+    for (a, b) in [(with(None), other.clone()), (old.clone(), with(None))] {
+        let r = check(&a, &b, &CheckContext::default(), &Actions::default()).unwrap();
+        assert_eq!(r.verdict, Status::Compatible, "{}", r.to_text());
+    }
 }

@@ -576,18 +576,69 @@ pub const KEY_SPEC_KEYWORD: &str = "x-key-spec";
 /// check compares this when both sides have it. `None` (nothing marked, or a schema that
 /// is not JSON): the whole config decides the keys.
 pub fn key_spec(info: &PluginInfo, config: &serde_json::Value) -> Option<String> {
-    let schema: serde_json::Value = serde_json::from_str(&info.config_schema).ok()?;
+    marked_properties(info, config, KEY_SPEC_KEYWORD)
+}
+
+/// The schema keyword by which a stateful plugin marks the top-level config properties
+/// that shape the values of its state: see [`state_layout`].
+pub const STATE_LAYOUT_KEYWORD: &str = "x-state-layout";
+
+/// The part of a node's `config` that shapes the values its plugin keeps in state, as
+/// canonical JSON (as [`key_spec`]: an object of the marked properties, keys sorted, each
+/// the config's value, else the schema's `default`, else `null`), when the plugin's
+/// `config_schema` marks at least one top-level property with `"x-state-layout": true`,
+/// or with a list of the members of an object property that count (window-aggregate:
+/// `"window": {…, "x-state-layout": ["kind", "size_ms", "slide_ms", "offset_ms", "time"]}`,
+/// so a new `allowed_lateness_ms` is not a new layout). keyed-aggregate marks
+/// `aggregates`: one accumulator slot per configured aggregate, so state written under
+/// one list cannot be read under another.
+///
+/// The savepoint check compares it (`STATE_LAYOUT_CHANGED`, cleared only by dropping the
+/// operator's state) when both sides record one. `None`: nothing is marked (or the schema
+/// is not JSON), and a config change is not seen as a change of state.
+pub fn state_layout(info: &PluginInfo, config: &serde_json::Value) -> Option<String> {
+    marked_properties(info, config, STATE_LAYOUT_KEYWORD)
+}
+
+/// The top-level properties of `config` whose schema entry has `keyword: true` (the whole
+/// value) or `keyword: ["member", …]` (only those members of an object value, each the
+/// config's, else the member schema's `default`, else `null`), as canonical JSON; `None`
+/// when none is marked.
+fn marked_properties(
+    info: &PluginInfo,
+    config: &serde_json::Value,
+    keyword: &str,
+) -> Option<String> {
+    use serde_json::Value;
+    let schema: Value = serde_json::from_str(&info.config_schema).ok()?;
     let props = schema.get("properties")?.as_object()?;
-    let spec: BTreeMap<&str, serde_json::Value> = props
+    let value_of = |v: Option<&Value>, p: &Value| {
+        v.or_else(|| p.get("default"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let spec: BTreeMap<&str, Value> = props
         .iter()
-        .filter(|(_, p)| p.get(KEY_SPEC_KEYWORD) == Some(&serde_json::Value::Bool(true)))
-        .map(|(k, p)| {
-            let v = config
-                .get(k)
-                .or_else(|| p.get("default"))
-                .cloned()
-                .unwrap_or(serde_json::Value::Null);
-            (k.as_str(), canonical(v))
+        .filter_map(|(k, p)| {
+            let v = value_of(config.get(k), p);
+            match p.get(keyword)? {
+                Value::Bool(true) => Some((k.as_str(), canonical(v))),
+                Value::Array(members) => {
+                    let member_schemas = p.get("properties");
+                    let picked: serde_json::Map<String, Value> = members
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(|m| {
+                            let ms = member_schemas
+                                .and_then(|s| s.get(m))
+                                .unwrap_or(&Value::Null);
+                            (m.to_owned(), canonical(value_of(v.get(m), ms)))
+                        })
+                        .collect();
+                    Some((k.as_str(), Value::Object(picked)))
+                }
+                _ => None,
+            }
         })
         .collect();
     if spec.is_empty() {

@@ -1212,6 +1212,55 @@ fn the_key_spec_is_the_marked_config_properties_with_their_defaults() {
     );
 }
 
+#[test]
+fn the_state_layout_is_the_marked_properties_or_the_marked_members_of_an_object() {
+    let mut agg = info("window-aggregate", "0.1.0", PluginKind::Operator);
+    agg.config_schema = r#"{"properties": {
+        "aggregates": {"type": "array", "x-state-layout": true},
+        "window": {"type": "object", "x-state-layout": ["kind", "size_ms"], "properties": {
+            "kind": {"enum": ["tumbling"]}, "size_ms": {"type": "integer", "default": 1000},
+            "allowed_lateness_ms": {"type": "integer"}}},
+        "label": {"type": "string"}}}"#
+        .into();
+    let layout = |config: serde_json::Value| state_layout(&agg, &config);
+    let base = layout(serde_json::json!({
+        "aggregates": [{"fn": "count"}],
+        "window": {"kind": "tumbling", "allowed_lateness_ms": 0},
+        "label": "a"}));
+    assert_eq!(
+        base.as_deref(),
+        Some(r#"{"aggregates":[{"fn":"count"}],"window":{"kind":"tumbling","size_ms":1000}}"#),
+        "the member default fills a missing member"
+    );
+    // Unmarked properties and members do not change it.
+    assert_eq!(
+        layout(serde_json::json!({
+            "aggregates": [{"fn": "count"}],
+            "window": {"kind": "tumbling", "size_ms": 1000, "allowed_lateness_ms": 500},
+            "label": "b"})),
+        base
+    );
+    // Marked ones do.
+    assert_ne!(
+        layout(serde_json::json!({
+            "aggregates": [{"fn": "count"}, {"fn": "sum"}],
+            "window": {"kind": "tumbling"}})),
+        base
+    );
+    assert_ne!(
+        layout(serde_json::json!({
+            "aggregates": [{"fn": "count"}],
+            "window": {"kind": "tumbling", "size_ms": 2000}})),
+        base
+    );
+    // Nothing marked: no layout.
+    agg.config_schema = r#"{"properties": {"aggregates": {"type": "array"}}}"#.into();
+    assert_eq!(
+        state_layout(&agg, &serde_json::json!({"aggregates": []})),
+        None
+    );
+}
+
 /// Two sources, a join operator with `inputs`, and a sink.
 fn join_job(inputs: &str) -> String {
     format!(

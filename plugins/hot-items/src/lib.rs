@@ -40,7 +40,7 @@ pub const ACC_SCHEMA: u32 = 1;
 pub const KEY: &[u8] = b"hot-items";
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["slide_ms"],"properties":{"slide_ms":{"type":"integer","minimum":1,"description":"slide of the upstream sliding windows (ms)"}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["slide_ms"],"properties":{"slide_ms":{"type":"integer","minimum":1,"description":"slide of the upstream sliding windows (ms)","x-state-layout":true}}}"#;
 
 /// The static model reported by `describe()`.
 pub const MODEL: &str =

@@ -48,7 +48,7 @@ use nop_stream_sdk::num::{
 };
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["key_field","aggregates"],"properties":{"key_field":{"type":"string"},"aggregates":{"type":"array","items":{"type":"object","additionalProperties":false,"required":["name","fn"],"properties":{"name":{"type":"string"},"fn":{"enum":["count","count_null","count_not_null","count_gt","count_lt","sum","min","max","avg"]},"field":{"type":"string"},"value":{"type":"number"}}}}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["key_field","aggregates"],"properties":{"key_field":{"type":"string","x-state-layout":true},"aggregates":{"type":"array","items":{"type":"object","additionalProperties":false,"required":["name","fn"],"properties":{"name":{"type":"string"},"fn":{"enum":["count","count_null","count_not_null","count_gt","count_lt","sum","min","max","avg"]},"field":{"type":"string"},"value":{"type":"number"}}},"x-state-layout":true}}}"#;
 
 /// An aggregate function.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
@@ -366,8 +366,13 @@ impl Aggregator {
                 });
             if !fits {
                 return Err(format!(
-                    "stored accumulator of key {} does not match the configured aggregates",
-                    a.key_json
+                    "stored accumulator of key {} has {} slots, which do not match the {} \
+                     configured aggregates: `aggregates` changed since this state was written \
+                     (`nopstream savepoint check` reports it as STATE_LAYOUT_CHANGED); run \
+                     with the old `aggregates`, or drop this operator's state (`drop-state`)",
+                    a.key_json,
+                    a.slots.len(),
+                    self.aggregates.len()
                 ));
             }
         }

@@ -23,7 +23,7 @@ use nop_stream_sdk::{
 use serde::{Deserialize, Serialize};
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["slide_ms"],"properties":{"slide_ms":{"type":"integer","minimum":1}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["slide_ms"],"properties":{"slide_ms":{"type":"integer","minimum":1,"x-state-layout":true}}}"#;
 /// Schema version of the accumulator ([`Tied`]).
 pub const ACC_SCHEMA: u32 = 1;
 /// The one key every record goes under.

@@ -30,7 +30,7 @@ use nop_stream_sdk::{Context, Operator, PluginError, PluginInfo, Result, TaskInf
 use serde::Deserialize;
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"window":{"type":"object","additionalProperties":false,"required":["kind"],"properties":{"kind":{"enum":["tumbling","sliding","session"]},"size_ms":{"type":"integer","minimum":1},"slide_ms":{"type":"integer","minimum":1},"gap_ms":{"type":"integer","minimum":1},"offset_ms":{"type":"integer"}}}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"properties":{"window":{"type":"object","additionalProperties":false,"required":["kind"],"properties":{"kind":{"enum":["tumbling","sliding","session"]},"size_ms":{"type":"integer","minimum":1},"slide_ms":{"type":"integer","minimum":1},"gap_ms":{"type":"integer","minimum":1},"offset_ms":{"type":"integer"}},"x-state-layout":["kind","size_ms","slide_ms","offset_ms"]}}}"#;
 /// q8's window (ms).
 pub const WINDOW_MS: i64 = 10_000;
 

@@ -35,7 +35,7 @@ pub const ACC_SCHEMA: u32 = 1;
 pub const FIXED_BYTES: usize = 24;
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["window"],"properties":{"window":{"type":"object","additionalProperties":false,"required":["kind"],"properties":{"kind":{"enum":["tumbling","sliding","session"]},"size_ms":{"type":"integer","minimum":1},"slide_ms":{"type":"integer","minimum":1},"gap_ms":{"type":"integer","minimum":1},"offset_ms":{"type":"integer"},"time":{"enum":["event","processing"],"default":"event"},"allowed_lateness_ms":{"type":"integer","minimum":0,"default":0}}}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["window"],"properties":{"window":{"type":"object","additionalProperties":false,"required":["kind"],"properties":{"kind":{"enum":["tumbling","sliding","session"]},"size_ms":{"type":"integer","minimum":1},"slide_ms":{"type":"integer","minimum":1},"gap_ms":{"type":"integer","minimum":1},"offset_ms":{"type":"integer"},"time":{"enum":["event","processing"],"default":"event"},"allowed_lateness_ms":{"type":"integer","minimum":0,"default":0}},"x-state-layout":["kind","size_ms","slide_ms","offset_ms","time"]}}}"#;
 
 /// The static model reported by `describe()`.
 pub const MODEL: &str =
