@@ -104,7 +104,8 @@ enum Command {
         /// Layer: model, stream, job, partitioned or deployment.
         #[arg(long, default_value = "partitioned")]
         layer: Layer,
-        /// Override the parallelism of every node.
+        /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
+        /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
         #[arg(long, short = 'p')]
         parallelism: Option<u32>,
         /// With `--layer deployment`: place the tasks on a cluster of this many nodes
@@ -252,7 +253,8 @@ enum SavepointCommand {
         /// The job file to restore it into.
         #[arg(long)]
         job: PathBuf,
-        /// Override the parallelism of every node.
+        /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
+        /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
         #[arg(long, short = 'p')]
         parallelism: Option<u32>,
         /// Actions file (`[[action]]` tables) clearing findings.
@@ -281,7 +283,8 @@ enum SavepointCommand {
         /// The job file the new savepoint is for.
         #[arg(long)]
         job: PathBuf,
-        /// Override the parallelism of every node.
+        /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
+        /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
         #[arg(long, short = 'p')]
         parallelism: Option<u32>,
         /// Actions file (`[[action]]` tables) clearing findings.
@@ -316,7 +319,8 @@ enum JobCommand {
         job: PathBuf,
         #[command(flatten)]
         cluster: cluster::ClusterArgs,
-        /// Override the parallelism of every node.
+        /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
+        /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
         #[arg(long, short = 'p')]
         parallelism: Option<u32>,
         /// Output directory granted to sinks as `$OUTPUT` [default:

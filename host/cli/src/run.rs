@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 pub struct RunArgs {
     /// Job file (TOML).
     pub job: PathBuf,
-    /// Override the parallelism of every node.
+    /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
+    /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
     #[arg(long, short = 'p')]
     pub parallelism: Option<u32>,
     /// Output directory granted to sinks as `$OUTPUT` [default: nopstream-out/JOB_ID/output].

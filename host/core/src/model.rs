@@ -321,14 +321,13 @@ pub struct Grant {
 }
 
 impl StreamModel {
-    /// A Delta on the model (design §12.2): run every node at parallelism `p`. Sets
-    /// `job.parallelism` and clears every node override. The result must be compiled
-    /// again, which re-validates it (e.g. a SINGLETON consumer at `p > 1` is refused).
+    /// A Delta on the model (design §12.2): the job's parallelism becomes `p` (`-p`).
+    /// Sets `job.parallelism`; a node whose job-file entry sets its own `parallelism`
+    /// keeps it, as an operator's own parallelism wins over Flink's `-p` (a global stage
+    /// written at `parallelism = 1` stays there). The result must be compiled again,
+    /// which re-validates it (e.g. a SINGLETON consumer at `p > 1` is refused).
     pub fn with_parallelism(mut self, p: u32) -> Self {
         self.job.parallelism = p;
-        for n in &mut self.nodes {
-            n.parallelism = None;
-        }
         self
     }
 

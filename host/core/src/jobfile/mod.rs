@@ -1043,12 +1043,15 @@ grants = [{ guest = "out", host = "$OUTPUT" }]
     }
 
     #[test]
-    fn with_parallelism_overrides_everything() {
+    fn with_parallelism_sets_the_default_and_keeps_each_node_own() {
         let m = parse_job_file("job.toml", EXAMPLE)
             .unwrap()
             .with_parallelism(5);
         assert_eq!(m.job.parallelism, 5);
-        assert!(m.nodes.iter().all(|n| m.parallelism_of(n) == 5));
+        for n in &m.nodes {
+            let want = if n.name == "flights" { 2 } else { 5 };
+            assert_eq!(m.parallelism_of(n), want, "{}", n.name);
+        }
     }
 
     #[test]
