@@ -253,6 +253,42 @@ fn plan_partitioned_prints_json_that_round_trips() {
     );
 }
 
+/// Before: `-p 2` put every node at parallelism 2, overriding a node's own `parallelism =
+/// 1` (q7's global `max` stage, which then refused to open). Now `-p` sets the job's
+/// parallelism and a node's own setting wins, as an operator's does over Flink's `-p`.
+#[test]
+fn dash_p_sets_the_job_parallelism_and_a_node_keeps_its_own() {
+    let q7 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/nexmark/q7.toml");
+    let job = std::fs::read_to_string(&q7).unwrap();
+    assert!(job.contains("name = \"max\"") && job.contains("parallelism = 1"));
+    let o = nopstream(
+        q7.parent().unwrap(),
+        &["plan", "--layer", "stream", "-p", "3", "q7.toml"],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let parallelism: std::collections::BTreeMap<&str, u64> = plan["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap(),
+                n["parallelism"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    for (name, p) in &parallelism {
+        assert_eq!(
+            *p,
+            if *name == "max" { 1 } else { 3 },
+            "{name}: {parallelism:?}"
+        );
+    }
+    assert!(parallelism.len() >= 4, "{parallelism:?}");
+}
+
 /// Pins `nopstream plan` printing a password: a connection URL with a percent-encoded
 /// `password` parameter passed the check, and every layer printed the URL whole.
 #[test]
@@ -673,6 +709,35 @@ fn validate_refuses_a_join_without_exactly_two_inputs() {
     );
     let two = job.replace(r#"inputs = ["input"]"#, r#"inputs = ["input", "input"]"#);
     std::fs::write(dir.path().join("job.toml"), &two).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn validate_refuses_a_join_stage_of_a_multi_stage_plugin_without_two_inputs() {
+    // Before: nexmark-q7's `join` stage given one input passed validation (its model is
+    // the plugin's, not a join's), and the `max` stage given two ran.
+    let job = pipeline("nexmark-q7@0.1.0", r#"{ stage = "join" }"#);
+    let (dir, _) = job_dir(&job, 3);
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert_eq!(
+        line_starting(&err, "job.toml: operator[0].inputs: "),
+        "job.toml: operator[0].inputs: `mid` (nexmark-q7@0.1.0) with `stage = \"join\"` \
+         takes exactly two inputs, but it has one"
+    );
+    let max_of_two = pipeline("nexmark-q7@0.1.0", r#"{ stage = "max" }"#)
+        .replace(r#"inputs = ["input"]"#, r#"inputs = ["input", "input"]"#);
+    std::fs::write(dir.path().join("job.toml"), &max_of_two).unwrap();
+    let (ok, err) = validate(dir.path());
+    assert!(!ok, "{err}");
+    assert!(
+        line_starting(&err, "job.toml: operator[0].inputs: ")
+            .ends_with("with `stage = \"max\"` takes exactly one input, but it has two"),
+        "{err}"
+    );
+    let max = pipeline("nexmark-q7@0.1.0", r#"{ stage = "max" }"#);
+    std::fs::write(dir.path().join("job.toml"), &max).unwrap();
     let (ok, err) = validate(dir.path());
     assert!(ok, "{err}");
 }

@@ -356,27 +356,81 @@ fn join_operator(info: &PluginInfo) -> Option<&'static str> {
     JOIN_MODEL_OPERATORS.into_iter().find(|j| *j == op)
 }
 
+/// The schema keyword by which a plugin whose number of inputs depends on a setting (a
+/// multi-stage plugin, one stage of which is a join) maps the values of that top-level
+/// property to the number of inputs a node must give it: `"stage": {"enum": ["max",
+/// "join"], "x-inputs": {"max": 1, "join": 2}}`. See [`configured_inputs`].
+pub const INPUTS_KEYWORD: &str = "x-inputs";
+
+/// The number of inputs `config` asks of a plugin that marks a property with
+/// [`INPUTS_KEYWORD`], with the property and its value (JSON text) that decided it; `None`
+/// when nothing is marked or the value (the config's, else the schema's `default`) is not
+/// in the map.
+pub fn configured_inputs(
+    info: &PluginInfo,
+    config: &serde_json::Value,
+) -> Option<(String, String, usize)> {
+    let schema: serde_json::Value = serde_json::from_str(&info.config_schema).ok()?;
+    let props = schema.get("properties")?.as_object()?;
+    props.iter().find_map(|(k, p)| {
+        let map = p.get(INPUTS_KEYWORD)?.as_object()?;
+        let v = config.get(k).or_else(|| p.get("default"))?;
+        let key = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let want = usize::try_from(map.get(&key)?.as_u64()?).ok()?;
+        Some((k.clone(), v.to_string(), want))
+    })
+}
+
 /// An operator whose model is a join ([`join_operator`]) has exactly two inputs: with one,
 /// it would run and join nothing; with three, its third input's first record would fail
-/// the task at run time.
+/// the task at run time. A plugin that marks a setting [`INPUTS_KEYWORD`] (a multi-stage
+/// plugin) has the count its configured value maps to, whatever its model says.
 fn check_join_inputs(
     model: &StreamModel,
     infos: &[Option<PluginInfo>],
     prefixes: &[String],
     diags: &mut Vec<Diagnostic>,
 ) {
+    let count = |k: usize| match k {
+        0 => "none".to_owned(),
+        1 => "one".to_owned(),
+        2 => "two".to_owned(),
+        k => k.to_string(),
+    };
     for (i, n) in model.nodes.iter().enumerate() {
+        if n.kind != PluginKind::Operator {
+            continue;
+        }
+        if let Some((property, value, want)) = infos[i]
+            .as_ref()
+            .and_then(|info| configured_inputs(info, &n.config))
+        {
+            if n.inputs.len() != want {
+                diags.push(Diagnostic::new(
+                    format!("{}.inputs", prefixes[i]),
+                    format!(
+                        "`{}` ({}) with `{property} = {value}` takes exactly {} input{}, \
+                         but it has {}",
+                        n.name,
+                        n.plugin,
+                        count(want),
+                        if want == 1 { "" } else { "s" },
+                        count(n.inputs.len()),
+                    ),
+                ));
+            }
+            continue;
+        }
         let Some(join) = infos[i].as_ref().and_then(join_operator) else {
             continue;
         };
-        if n.kind != PluginKind::Operator || n.inputs.len() == 2 {
+        if n.inputs.len() == 2 {
             continue;
         }
-        let had = match n.inputs.len() {
-            0 => "none".to_owned(),
-            1 => "one".to_owned(),
-            k => k.to_string(),
-        };
+        let had = count(n.inputs.len());
         diags.push(Diagnostic::new(
             format!("{}.inputs", prefixes[i]),
             format!(

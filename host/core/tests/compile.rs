@@ -1326,3 +1326,41 @@ fn a_join_operator_takes_exactly_two_inputs() {
     let cat = cat.with("join@1.0.0", |i| i.model = None);
     plan_of(&model(&join_job(r#""a""#)), &cat);
 }
+
+/// A multi-stage plugin (nexmark-q7: `stage = "max"` reads one input, `stage = "join"`
+/// two) declares its input count per setting with `x-inputs`; the planner checks it,
+/// with the deciding setting named, and it wins over the plugin's model.
+#[test]
+fn a_multi_stage_plugin_takes_the_inputs_its_configured_stage_declares() {
+    let mut cat = Fake::new();
+    let mut staged = info("join", "1.0.0", PluginKind::Operator);
+    staged.config_schema = r#"{"properties": {"stage": {"enum": ["max", "join"],
+        "default": "join", "x-inputs": {"max": 1, "join": 2}}}}"#
+        .into();
+    staged.model = Some(r#"{"operator":"regular-join"}"#.into());
+    cat.add(staged);
+    let with = |inputs: &str, config: &str| {
+        join_job(inputs).replace(
+            "plugin = \"join@1.0.0\"\n",
+            &format!("plugin = \"join@1.0.0\"\nconfig = {config}\n"),
+        )
+    };
+    plan_of(&model(&with(r#""a", "b""#, r#"{ stage = "join" }"#)), &cat);
+    plan_of(&model(&with(r#""a""#, r#"{ stage = "max" }"#)), &cat);
+    let r = refused(&model(&with(r#""a""#, r#"{ stage = "join" }"#)), &cat);
+    assert_eq!(
+        first(&r, "operator[0].inputs"),
+        "`joined` (join@1.0.0) with `stage = \"join\"` takes exactly two inputs, but it has one"
+    );
+    let r = refused(&model(&with(r#""a", "b""#, r#"{ stage = "max" }"#)), &cat);
+    assert_eq!(
+        first(&r, "operator[0].inputs"),
+        "`joined` (join@1.0.0) with `stage = \"max\"` takes exactly one input, but it has two"
+    );
+    // The schema's default decides when the config says nothing.
+    let r = refused(&model(&with(r#""a""#, "{}")), &cat);
+    assert!(
+        first(&r, "operator[0].inputs").contains("`stage = \"join\"`"),
+        "{r}"
+    );
+}

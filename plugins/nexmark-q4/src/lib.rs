@@ -36,7 +36,7 @@ use nop_stream_sdk::{
 use serde::Deserialize;
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["stage"],"properties":{"stage":{"enum":["close","average"],"x-state-layout":true}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["stage"],"properties":{"stage":{"enum":["close","average"],"x-state-layout":true,"x-inputs":{"close":2,"average":1}}}}"#;
 /// Schema version of the close stage's accumulator (`Option<i64>`).
 pub const ACC_SCHEMA: u32 = 1;
 /// Value state of the averages: `(sum, count)` per category.

@@ -37,7 +37,7 @@ use nop_stream_sdk::{
 use serde::Deserialize;
 
 /// JSON Schema of the config, reported by `describe()`.
-pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["stage"],"properties":{"stage":{"enum":["max","join"],"x-state-layout":true},"price_field":{"type":"integer","minimum":0}}}"#;
+pub const CONFIG_SCHEMA: &str = r#"{"type":"object","additionalProperties":false,"required":["stage"],"properties":{"stage":{"enum":["max","join"],"x-state-layout":true,"x-inputs":{"max":1,"join":2}},"price_field":{"type":"integer","minimum":0}}}"#;
 /// The tumbling window (ms).
 pub const WINDOW_MS: i64 = 10_000;
 /// Schema version of the max stage's accumulator (`Option<i64>`).
