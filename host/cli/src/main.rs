@@ -468,6 +468,8 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a log redirected to a file gets no escape codes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // Usage errors exit 1, like every other error: exit codes 2 and 3 belong to
     // `savepoint check` (needs action, incompatible).

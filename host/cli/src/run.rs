@@ -301,7 +301,15 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
         Submitted::Checked { .. } => return Ok(std::process::ExitCode::SUCCESS),
         Submitted::Started { report, .. } => report.context("the run did not report")?,
     };
-    let report = (*report).with_context(|| format!("job `{}` failed", model.job.id))?;
+    let report = match *report {
+        Ok(report) => report,
+        Err(e) => {
+            let at = open_failure_node(&e.to_string(), &model)
+                .map(|node| format!(" ({}: {node})", a.job.display()))
+                .unwrap_or_default();
+            return Err(anyhow::Error::new(e).context(format!("job `{}` failed{at}", model.job.id)));
+        }
+    };
     let dirs = started
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -316,6 +324,18 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The job-file entry of the node whose plugin refused its set-up: for a failure `message`
+/// of a plugin's `open` with `invalid-config` (its config, or its parallelism, is one the
+/// plugin cannot run with), `operator[1] `max``; `None` for any other failure.
+fn open_failure_node(message: &str, model: &nop_stream_core::StreamModel) -> Option<String> {
+    if !message.contains(" failed in `open` (invalid-config): ") {
+        return None;
+    }
+    let name = message.split("(operator `").nth(1)?.split('`').next()?;
+    let index = model.nodes.iter().position(|n| n.name == name)?;
+    Some(format!("{} `{name}`", model.node_field(index)))
 }
 
 /// The submission `a` makes.

@@ -929,6 +929,18 @@ fn an_operator_that_keys_every_record_alike_refuses_parallelism_2() {
     );
     assert!(!err.contains("recovering"), "{err}");
     assert!(visible_outputs(dir.path()).is_empty());
+    // The failure names the job-file entry, is printed once, and carries no colour codes
+    // when stderr is not a terminal.
+    let line = line_starting(&err, "error: job `nexmark-q7` failed");
+    assert!(
+        line.starts_with(&format!(
+            "error: job `nexmark-q7` failed ({}: operator[1] `max`): plugin `nexmark-q7@0.1.0`",
+            file.display()
+        )),
+        "{line}"
+    );
+    assert_eq!(err.matches("must run at parallelism 1").count(), 1, "{err}");
+    assert!(!err.contains('\u{1b}'), "{err}");
 }
 
 #[test]

@@ -531,7 +531,7 @@ impl<P: Platform> JobManager<P> {
         };
         match run_in {
             RunIn::Foreground => {
-                let report = self.run(run);
+                let report = self.run(run, run_in);
                 Ok(Submitted::Started {
                     record: Box::new(record),
                     report: Some(Box::new(report)),
@@ -545,7 +545,7 @@ impl<P: Platform> JobManager<P> {
                 std::thread::Builder::new()
                     .name(format!("job-{job}"))
                     .spawn(move || {
-                        let _ = me.run(run);
+                        let _ = me.run(run, run_in);
                     })
                     .map_err(|e| {
                         ManagerError::Platform(format!("cannot start job `{job}`: {e}"))
@@ -636,7 +636,7 @@ impl<P: Platform> JobManager<P> {
     }
 
     /// Runs a job to its end and records how it ended.
-    fn run(&self, run: JobRun) -> Result<JobReport, ManagerError> {
+    fn run(&self, run: JobRun, run_in: RunIn) -> Result<JobReport, ManagerError> {
         let job = run.compiled.plan.job.job_id.to_string();
         let live = Arc::clone(&run.live);
         let cancel = Arc::clone(&run.cancel);
@@ -684,6 +684,9 @@ impl<P: Platform> JobManager<P> {
         });
         match &result {
             Ok(_) => tracing::info!(%job, "job finished"),
+            // A foreground run's caller reports the error itself: logging it too would
+            // print every failure twice.
+            Err(e) if run_in == RunIn::Foreground => tracing::debug!(%job, "job ended: {e}"),
             Err(e) => tracing::warn!(%job, "job ended: {e}"),
         }
         lock(&self.running).remove(&job);
