@@ -661,7 +661,19 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Plugins => list_local_plugins(&search),
-        Command::Run(args) => run::run(args, search),
+        Command::Run(args) => {
+            let json = args.json;
+            let result = run::run(args, search);
+            if json && let Err(e) = &result {
+                // A JSON reader gets a document on failure too (the error also goes to
+                // stderr, as without --json).
+                println!(
+                    "{}",
+                    serde_json::json!({"status": "failed", "error": format!("{e:#}")})
+                );
+            }
+            result
+        }
         Command::Savepoints { job, work_dir } => {
             let model = read_model(&job, None)?;
             let work_dir = work_dir.unwrap_or_else(|| {

@@ -42,7 +42,8 @@ pub struct RunArgs {
     /// CPU time limit per call into a plugin, in milliseconds [default: 10000].
     #[arg(long)]
     pub cpu_ms_per_call: Option<u64>,
-    /// Print the run report as JSON instead of the summary.
+    /// Print the run report as JSON instead of the summary; a failed run prints
+    /// `{"status": "failed", "error": "…"}` (and the error on stderr, exit 1).
     #[arg(long)]
     pub json: bool,
     /// Do not show the progress display.

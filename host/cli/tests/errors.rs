@@ -941,6 +941,18 @@ fn an_operator_that_keys_every_record_alike_refuses_parallelism_2() {
     );
     assert_eq!(err.matches("must run at parallelism 1").count(), 1, "{err}");
     assert!(!err.contains('\u{1b}'), "{err}");
+    // With --json, stdout is a JSON document on failure too.
+    let (ok, out, err) = run(dir.path(), &file, &["--json"]);
+    assert!(!ok, "{out}\n{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("a JSON document");
+    assert_eq!(doc["status"], "failed", "{out}");
+    assert!(
+        doc["error"]
+            .as_str()
+            .unwrap()
+            .contains("must run at parallelism 1"),
+        "{out}"
+    );
 }
 
 #[test]
