@@ -424,7 +424,8 @@ enum PluginCommand {
     /// must follow (what `nopstream validate` checks). `--json` prints its describe()
     /// answer as JSON.
     Describe {
-        /// The plugin, as `name@version` (e.g. `flights-mapper@0.1.0`).
+        /// The plugin, as `name@version` (e.g. `flights-mapper@0.1.0`), or its name alone
+        /// when the plugin path holds one version of it.
         plugin: String,
         /// Print JSON.
         #[arg(long)]
@@ -1289,8 +1290,8 @@ fn load_any_kind(
         .ok_or(unserved)
 }
 
-/// `nopstream plugin describe NAME@VERSION`: the first component on the plugin path whose
-/// describe() reports that reference.
+/// `nopstream plugin describe NAME@VERSION` (or `NAME` when the path holds one version of
+/// it): the first component on the plugin path whose describe() reports that reference.
 ///
 /// # Errors
 /// No such plugin on the path (naming the directories searched); a component host failure.
@@ -1300,11 +1301,29 @@ fn describe_plugin(
     json: bool,
 ) -> Result<std::process::ExitCode> {
     let host = plugin_host(cache_dir())?;
-    for f in wasm_files(search) {
-        let Ok(p) = load_any_kind(&host, &f) else {
-            continue;
-        };
-        if p.info.reference() != reference {
+    let loaded: Vec<_> = wasm_files(search)
+        .into_iter()
+        .filter_map(|f| Some((load_any_kind(&host, &f).ok()?, f)))
+        .collect();
+    // `NAME` alone names the only version of NAME on the path.
+    let name = reference.split('@').next().unwrap_or(reference);
+    let mut versions: Vec<String> = loaded
+        .iter()
+        .filter(|(p, _)| p.info.name == name)
+        .map(|(p, _)| p.info.reference())
+        .collect();
+    versions.sort();
+    versions.dedup();
+    let wanted = match (reference.contains('@'), versions.as_slice()) {
+        (false, [only]) => only.clone(),
+        (false, [_, _, ..]) => anyhow::bail!(
+            "plugin `{reference}` has several versions on the plugin path ({}): name one",
+            versions.join(", ")
+        ),
+        _ => reference.to_owned(),
+    };
+    for (p, f) in &loaded {
+        if p.info.reference() != wanted {
             continue;
         }
         let i = &p.info;
@@ -1344,8 +1363,14 @@ fn describe_plugin(
         return Ok(std::process::ExitCode::SUCCESS);
     }
     let searched: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
+    let others = if versions.is_empty() {
+        String::new()
+    } else {
+        format!("; the path has {}", versions.join(", "))
+    };
     anyhow::bail!(
-        "plugin `{reference}` is not on the plugin path [{}] (`nopstream plugins` lists what is)",
+        "plugin `{reference}` is not on the plugin path [{}]{others} (`nopstream plugins` \
+         lists what is)",
         searched.join(", ")
     )
 }

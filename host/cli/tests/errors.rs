@@ -364,6 +364,22 @@ fn plugin_describe_prints_a_bundled_plugins_config_schema_and_refuses_an_unknown
         err.contains("`no-such-plugin@1.0.0` is not on the plugin path"),
         "{err}"
     );
+    // The name alone names the only version on the path; a missing version names the
+    // ones there are.
+    let o = nopstream(dir, &["plugin", "describe", "window-aggregate"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.starts_with("window-aggregate@0.1.0 (operator)"),
+        "{out}"
+    );
+    let o = nopstream(dir, &["plugin", "describe", "window-aggregate@9.9.9"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        err.contains("; the path has window-aggregate@0.1.0 "),
+        "{err}"
+    );
 }
 
 /// `nopstream validate job.toml` in `dir`: (exit success, stderr).
