@@ -202,6 +202,27 @@ fn a_key_spec_change_is_refused_and_nothing_is_touched() {
     assert_eq!(snapshot(&d.out), before_out, "no task ran");
 }
 
+/// Before: a mistyped savepoint path was created as an empty directory, then reported as
+/// "not a savepoint".
+#[test]
+fn a_savepoint_path_that_does_not_exist_is_named_and_not_created() {
+    let j = job("typo", |t| t);
+    let d = dirs();
+    let typo = d._tmp.path().join("no-such/sp");
+    let o = check(&typo, &j.0, &d, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("savepoint {}: no such directory", typo.display())),
+        "{}",
+        text(&o)
+    );
+    let sp = typo.display().to_string();
+    let o = run(&j.0, &d, &["--from-savepoint", &sp], None);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("no such directory"), "{}", text(&o));
+    assert!(!d._tmp.path().join("no-such").exists(), "nothing was created");
+}
+
 /// Before the state layout was recorded, adding an aggregate passed the check as
 /// COMPATIBLE and the restored run failed at its first key, unable to read the stored
 /// accumulators. Now the check refuses it, and dropping the operator's state clears it.

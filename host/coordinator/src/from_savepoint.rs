@@ -46,6 +46,12 @@ pub struct Savepoint {
 /// Not a savepoint, an unknown format, or a manifest that fails its checksum; the message
 /// names the location.
 pub fn open(location: &Location) -> Result<Savepoint, String> {
+    // Opening a local location creates its directory: a mistyped path must not leave one.
+    if let Location::Local(dir) = location
+        && !dir.exists()
+    {
+        return Err(format!("savepoint {}: no such directory", dir.display()));
+    }
     let store = location.open().map_err(|e| e.to_string())?;
     let info = savepoint::read_info(&store).map_err(|e| e.to_string())?;
     if info.format != SAVEPOINT_FORMAT {
