@@ -409,6 +409,26 @@ fn a_running_job_over_http_metrics_api_status_and_a_restart() {
         assert_eq!(r.status, 404, "{missing}: {}", r.body);
         assert!(r.body.contains("\"error\""), "{}", r.body);
     }
+    // A malformed epoch and an unknown path get JSON errors too (before: plain text, and
+    // an empty 404).
+    for (path, status, says) in [
+        (
+            format!("/api/v1/jobs/{JOB}/checkpoints/latest"),
+            400,
+            "an epoch is a whole number",
+        ),
+        ("/api/v1/job".to_owned(), 404, "no such path: /api/v1/job"),
+    ] {
+        let r = get(&addr, &path);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        let v: Value =
+            serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", r.body));
+        assert!(
+            v["error"].as_str().unwrap().contains(says),
+            "{path}: {}",
+            r.body
+        );
+    }
 
     // The API's shapes, against the committed snapshot of version 1.
     let jobs = json(&addr, "/api/v1/jobs");

@@ -220,7 +220,10 @@ fn a_savepoint_path_that_does_not_exist_is_named_and_not_created() {
     let o = run(&j.0, &d, &["--from-savepoint", &sp], None);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("no such directory"), "{}", text(&o));
-    assert!(!d._tmp.path().join("no-such").exists(), "nothing was created");
+    assert!(
+        !d._tmp.path().join("no-such").exists(),
+        "nothing was created"
+    );
 }
 
 /// Before the state layout was recorded, adding an aggregate passed the check as

@@ -139,6 +139,7 @@ pub fn router_with<P: Platform>(manager: Arc<JobManager<P>>, extras: Extras) -> 
         .route("/api/v1/jobs/{job}/checkpoints/{epoch}", get(epoch::<P>))
         .route("/api/v1/jobs/{job}/exceptions", get(exceptions::<P>))
         .route("/api/v1/jobs/{job}/watermarks", get(watermarks::<P>))
+        .fallback(no_route)
         .with_state(manager)
 }
 
@@ -382,9 +383,33 @@ async fn checkpoints<P: Platform>(
 
 async fn epoch<P: Platform>(
     State(m): State<Arc<JobManager<P>>>,
-    Path((job, epoch)): Path<(String, u64)>,
+    path: Result<Path<(String, u64)>, axum::extract::rejection::PathRejection>,
 ) -> Response {
-    call(m, move |m| m.epoch(&job, epoch)).await
+    match path {
+        Ok(Path((job, epoch))) => call(m, move |m| m.epoch(&job, epoch)).await,
+        // An epoch that is not a number: a JSON error, as every other API failure.
+        Err(e) => json_error(
+            StatusCode::BAD_REQUEST,
+            format!("{} (an epoch is a whole number)", e.body_text()),
+        ),
+    }
+}
+
+/// A JSON error body, `{"error": "…"}`, with `status`.
+fn json_error(status: StatusCode, error: String) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": error }))).into_response()
+}
+
+/// Any path no route serves: 404 with a JSON body naming it.
+async fn no_route(uri: axum::http::Uri) -> Response {
+    json_error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no such path: {} (the API is under /api/v1/: jobs, jobs/JOB, \
+             jobs/JOB/checkpoints[/EPOCH], jobs/JOB/exceptions, jobs/JOB/watermarks, nodes)",
+            uri.path()
+        ),
+    )
 }
 
 async fn exceptions<P: Platform>(
