@@ -202,6 +202,17 @@ fn a_key_spec_change_is_refused_and_nothing_is_touched() {
     assert_eq!(snapshot(&d.out), before_out, "no task ran");
 }
 
+/// Writes `WORK/actions.toml` dropping all state of `operators/per-carrier`; its path.
+fn drop_per_carrier_state(d: &Dirs) -> String {
+    let actions = d.work.join("actions.toml");
+    std::fs::write(
+        &actions,
+        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/per-carrier\"\n",
+    )
+    .unwrap();
+    actions.display().to_string()
+}
+
 /// Before: a mistyped savepoint path was created as an empty directory, then reported as
 /// "not a savepoint".
 #[test]
@@ -262,13 +273,7 @@ fn an_added_aggregate_is_a_state_layout_change_that_only_drop_state_clears() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     // Dropping the operator's state clears it, and the restored job runs with the new
     // aggregate from empty state.
-    let actions = d.work.join("actions.toml");
-    std::fs::write(
-        &actions,
-        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/per-carrier\"\n",
-    )
-    .unwrap();
-    let a = actions.display().to_string();
+    let a = drop_per_carrier_state(&d);
     let o = check(&sp, &extra.0, &d, &["--actions", &a]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let restored = Dirs {
@@ -334,13 +339,7 @@ fn a_removed_stateful_operator_needs_drop_state_and_its_state_is_gone_after() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("clears no finding"), "{}", text(&o));
     // The right action clears it; the job runs from the savepoint.
-    let actions = d.work.join("actions.toml");
-    std::fs::write(
-        &actions,
-        "[[action]]\nkind = \"drop-state\"\noperator = \"operators/per-carrier\"\n",
-    )
-    .unwrap();
-    let a = actions.display().to_string();
+    let a = drop_per_carrier_state(&d);
     let o = check(&sp, &without.0, &d, &["--actions", &a]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let fresh_out = dirs();
