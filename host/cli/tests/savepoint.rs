@@ -268,6 +268,22 @@ fn an_added_aggregate_is_a_state_layout_change_that_only_drop_state_clears() {
     let o = run(&extra.0, &d, &["--from-savepoint", &sp_dir], None);
     assert_eq!(o.status.code(), Some(3), "run refuses: {}", text(&o));
     assert_eq!(snapshot(&sp), before_sp, "the savepoint is byte-unchanged");
+    // A Delta making the same change is refused the same way (before, it was labelled
+    // state-affecting and went ahead).
+    let delta = d.work.join("d.toml");
+    std::fs::write(
+        &delta,
+        "[node.per-carrier]\nconfig = { aggregates = [{ name = \"flights\", fn = \"count\" }] }\n",
+    )
+    .unwrap();
+    let o = run(&j.0, &d, &["--delta", &delta.display().to_string()], None);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains("operator.per-carrier.config (state-affecting)"),
+        "{t}"
+    );
+    assert!(t.contains("STATE_LAYOUT_CHANGED"), "{t}");
     // The job it was taken with still passes.
     let o = check(&sp, &j.0, &d, &[]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
