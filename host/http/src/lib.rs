@@ -122,13 +122,10 @@ pub fn router_with<P: Platform>(manager: Arc<JobManager<P>>, extras: Extras) -> 
                 async move {
                     match nodes {
                         Some(f) => axum::Json(f()).into_response(),
-                        None => (
+                        None => json_error(
                             StatusCode::NOT_FOUND,
-                            axum::Json(serde_json::json!({
-                                "error": "an embedded run has no nodes (ask a coordinator)"
-                            })),
-                        )
-                            .into_response(),
+                            "an embedded run has no nodes (ask a coordinator)".into(),
+                        ),
                     }
                 }
             }),
@@ -283,8 +280,7 @@ impl IntoResponse for Failure {
             ManagerError::NoJob { .. } | ManagerError::NoEpoch { .. } => StatusCode::NOT_FOUND,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let body = serde_json::json!({ "error": self.0.to_string() });
-        (status, axum::Json(body)).into_response()
+        json_error(status, self.0.to_string())
     }
 }
 
