@@ -532,7 +532,14 @@ impl Namespace {
             let Some(epoch) = names::epoch_of_record(&m.name) else {
                 continue;
             };
-            let bytes = self.retry(|| self.store.get(&m.name))?;
+            // Records are created once and deleted only by retention, which may run in
+            // another process (a deposed leader's last retention, a node's): a record
+            // listed but gone when read was retained away, not lost.
+            let bytes = match self.retry(|| self.store.get(&m.name)) {
+                Ok(b) => b,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
             let r: EpochRecord = serde_json::from_slice(&bytes)
                 .map_err(|e| StorageError::corrupt(self, &m.name, e.to_string()))?;
             match r {
@@ -652,7 +659,12 @@ impl Namespace {
             let record = match cache.remove(&m.name) {
                 Some(r) => r,
                 None => {
-                    let bytes = self.retry(|| self.store.get(&m.name))?;
+                    // Pruned between the listing and this read (as in `durable`).
+                    let bytes = match self.retry(|| self.store.get(&m.name)) {
+                        Ok(b) => b,
+                        Err(e) if e.is_not_found() => continue,
+                        Err(e) => return Err(e.into()),
+                    };
                     serde_json::from_slice(&bytes)
                         .map_err(|e| StorageError::corrupt(self, &m.name, e.to_string()))?
                 }

@@ -16,7 +16,7 @@ use nop_stream_checkpoint::{
 use nop_stream_storage::faults::{Fault, Faulty, Op};
 use nop_stream_storage::local::LocalDir;
 use nop_stream_storage::memory::MemStore;
-use nop_stream_storage::{Location, ObjectStore, Scoped};
+use nop_stream_storage::{Created, Location, ObjectMeta, ObjectStore, Scoped};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -566,4 +566,80 @@ fn a_polled_handle_reads_only_the_log_records_it_has_not_read() {
     // A handle that has read nothing reads them all, and fails while it cannot.
     let other = Namespace::new(Scoped::new(Arc::clone(&faulty) as Arc<dyn ObjectStore>, ""));
     assert!(other.read_log().is_err());
+}
+
+/// `inner`, where the objects named in `vanish` are deleted just before their next read:
+/// another process's retention deleting what this one has just listed.
+#[derive(Debug)]
+struct RetainedMeanwhile {
+    inner: Arc<dyn ObjectStore>,
+    vanish: std::sync::Mutex<Vec<String>>,
+}
+
+impl ObjectStore for RetainedMeanwhile {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn get(&self, name: &str) -> nop_stream_storage::Result<Vec<u8>> {
+        let mut v = self.vanish.lock().unwrap();
+        if let Some(i) = v.iter().position(|n| n == name) {
+            v.remove(i);
+            self.inner.delete(name)?;
+        }
+        drop(v);
+        self.inner.get(name)
+    }
+    fn get_range(&self, name: &str, offset: u64, len: u64) -> nop_stream_storage::Result<Vec<u8>> {
+        self.inner.get_range(name, offset, len)
+    }
+    fn put(&self, name: &str, bytes: &[u8]) -> nop_stream_storage::Result<()> {
+        self.inner.put(name, bytes)
+    }
+    fn put_if_absent(&self, name: &str, bytes: &[u8]) -> nop_stream_storage::Result<Created> {
+        self.inner.put_if_absent(name, bytes)
+    }
+    fn list(&self, prefix: &str) -> nop_stream_storage::Result<Vec<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, name: &str) -> nop_stream_storage::Result<()> {
+        self.inner.delete(name)
+    }
+}
+
+/// A CI run failed to resume a job after a leader change: the new leader listed the epoch
+/// records, the deposed leader's last retention deleted the oldest, and the read of that
+/// record failed the resume with "not found". A record or log record listed and then
+/// retained away is skipped; the newest durable epoch is still found.
+#[test]
+fn records_retained_away_between_listing_and_reading_are_skipped() {
+    let store = Arc::new(RetainedMeanwhile {
+        inner: Arc::new(MemStore::new()),
+        vanish: std::sync::Mutex::new(Vec::new()),
+    });
+    let ns = Namespace::new(Scoped::new(Arc::clone(&store) as Arc<dyn ObjectStore>, ""));
+    for e in 1..=4u64 {
+        epoch(&ns, e, 1, &[e]);
+        log(&ns, e, EpochState::Durable, 1);
+    }
+    store.vanish.lock().unwrap().extend([
+        names::epoch_record(1),
+        names::log_record(1, 4, "durable", 1),
+    ]);
+    let other = Namespace::new(Scoped::new(Arc::clone(&store) as Arc<dyn ObjectStore>, ""));
+    assert_eq!(
+        other.manifest_epochs().unwrap(),
+        [EpochId(2), EpochId(3), EpochId(4)]
+    );
+    assert_eq!(other.latest_manifest().unwrap().unwrap().epoch, EpochId(4));
+    let epochs: Vec<u64> = other
+        .read_log()
+        .unwrap()
+        .iter()
+        .map(|r| r.epoch.0)
+        .collect();
+    assert!(
+        store.vanish.lock().unwrap().is_empty(),
+        "both were read and were gone"
+    );
+    assert_eq!(epochs, [2, 3, 4]);
 }
