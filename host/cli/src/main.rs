@@ -1272,9 +1272,9 @@ fn wasm_files(search: &[PathBuf]) -> Vec<PathBuf> {
 fn load_any_kind(
     host: &nop_stream_plugin_host::PluginHost,
     f: &Path,
-) -> std::result::Result<nop_stream_plugin_host::LoadedPlugin, Option<(String, &'static str)>> {
+) -> std::result::Result<nop_stream_plugin_host::LoadedPlugin, Unloadable> {
     let label = f.display().to_string();
-    let mut unserved = None;
+    let mut why = Unloadable::NoWorld;
     [PluginKind::Operator, PluginKind::Source, PluginKind::Sink]
         .into_iter()
         .find_map(|k| match host.load(&label, f, k) {
@@ -1282,12 +1282,29 @@ fn load_any_kind(
             Err(nop_stream_plugin_host::RuntimeError::UnservedWit {
                 built_for, served, ..
             }) => {
-                unserved = Some((built_for, served));
+                why = Unloadable::Unserved(built_for, served);
+                None
+            }
+            Err(nop_stream_plugin_host::RuntimeError::PluginLoad { message, .. }) => {
+                if matches!(why, Unloadable::NoWorld) {
+                    why = Unloadable::Broken(message);
+                }
                 None
             }
             Err(_) => None,
         })
-        .ok_or(unserved)
+        .ok_or(why)
+}
+
+/// Why a `.wasm` file on the plugin path is not a plugin this host can run.
+enum Unloadable {
+    /// Built against a WIT version this host does not serve: that version, and what the
+    /// host serves.
+    Unserved(String, &'static str),
+    /// It cannot be read or compiled (truncated, corrupt, not WebAssembly): why.
+    Broken(String),
+    /// A component, but of none of the operator, source and sink worlds.
+    NoWorld,
 }
 
 /// `nopstream plugin describe NAME@VERSION` (or `NAME` when the path holds one version of
@@ -1389,21 +1406,21 @@ fn list_local_plugins(search: &[PathBuf]) -> Result<std::process::ExitCode> {
                 p.info.description,
                 f.display()
             ),
-            Err(unserved) => match &unserved {
-                Some((built_for, served)) => println!(
-                    "{:<28} {:<9} built for {built_for}, which this host does not serve \
-                         (it serves {served}); rebuild it with this host's nop-stream-sdk  ({})",
-                    "?",
-                    "-",
-                    f.display()
-                ),
-                None => println!(
-                    "{:<28} {:<9} not a nop:stream component  ({})",
-                    "?",
-                    "-",
-                    f.display()
-                ),
-            },
+            Err(why) => {
+                let why = match why {
+                    Unloadable::Unserved(built_for, served) => format!(
+                        "built for {built_for}, which this host does not serve (it serves \
+                         {served}); rebuild it with this host's nop-stream-sdk"
+                    ),
+                    // One line: wasmtime's parse errors span several.
+                    Unloadable::Broken(message) => format!(
+                        "cannot be loaded: {}",
+                        message.split_whitespace().collect::<Vec<_>>().join(" ")
+                    ),
+                    Unloadable::NoWorld => "not a nop:stream component".to_owned(),
+                };
+                println!("{:<28} {:<9} {why}  ({})", "?", "-", f.display());
+            }
         }
         seen += 1;
     }

@@ -1428,16 +1428,29 @@ fn a_component_built_for_an_unserved_wit_version_is_a_finding_and_listed_with_it
     assert_eq!(v["verdict"], "incompatible");
     assert_eq!(v["operators"][0]["findings"][0]["code"], "WIT_NOT_SERVED");
 
+    // Beside it, a truncated copy of a served component: listed with why it cannot load.
+    let whole = std::fs::read(Path::new(nop_stream_artifacts::PLUGIN_DIR).join("keyed_count.wasm"))
+        .unwrap();
+    std::fs::write(dir.join("truncated.wasm"), &whole[..whole.len() / 2]).unwrap();
     let o = nopstream(&["plugins", "--plugins", &plugins], None);
     let listing = text(&o);
-    let line = listing
-        .lines()
-        .find(|l| l.contains("keyed-aggregate@0.1.0.wasm"))
-        .unwrap_or_else(|| panic!("not listed:\n{listing}"));
+    let line_of = |file: &str| {
+        listing
+            .lines()
+            .find(|l| l.contains(file))
+            .unwrap_or_else(|| panic!("{file} not listed:\n{listing}"))
+            .to_owned()
+    };
+    let line = line_of("keyed-aggregate@0.1.0.wasm");
     assert!(
         line.contains("built for nop:stream@0.1.0, which this host does not serve"),
         "{line}"
     );
+    // It named no reason before ("not a nop:stream component", as for a component of no
+    // world of ours); now wasmtime's.
+    let line = line_of("truncated.wasm");
+    assert!(line.contains("cannot be loaded: "), "{line}");
+    assert!(!line.contains("not a nop:stream component"), "{line}");
 }
 
 /// The flights job with `opstate-probe` in place of the keyed aggregate.
