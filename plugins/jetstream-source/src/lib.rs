@@ -35,7 +35,9 @@
 //! A stream that does not exist, a connection not granted, bad credentials: the read (or
 //! discovery) fails with the host's message, which names the connection and the stream.
 //! Without a subject filter, a message missing right at the cursor because the stream was
-//! trimmed past it fails loudly (`io`): it is never skipped. Losing the server (connection
+//! trimmed past it fails loudly, with a `state` error that fails the job at once (no
+//! restart brings the messages back, so the job's recoveries are not spent on it): it is
+//! never skipped. Losing the server (connection
 //! errors, timeouts) makes reads return nothing, cursor unchanged, for up to
 //! `retry_timeout_ms`; then the read fails.
 
@@ -391,7 +393,7 @@ impl<J: JetStream> JetStreamSource<J> {
                 .stream_info(&self.config.connection, &d.stream)
                 .map_err(nats_err)?;
             if state.first_seq > next {
-                return Err(PluginError::io(format!(
+                return Err(PluginError::state(format!(
                     "jetstream-source: stream `{}` no longer holds sequence {next} (its first is now {}): it was trimmed past the cursor; refusing to skip messages {next}..{}",
                     d.stream,
                     state.first_seq,

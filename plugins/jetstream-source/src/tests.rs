@@ -220,6 +220,8 @@ fn a_stream_trimmed_past_the_cursor_fails_loudly() {
         e.message
     );
     assert!(e.message.contains("3..5"), "{}", e.message);
+    // Fatal to the job: a restart cannot bring the messages back.
+    assert_eq!(e.code, nop_stream_sdk::ErrorCode::State);
     // An interior delete is not a trim.
     let mut src = source(fake_with(10), "");
     src.js.streams.get_mut("S").unwrap().messages.remove(&4);

@@ -52,7 +52,10 @@
 //! 3. `entries-added` below `added`: the key was deleted and created anew: the read fails.
 //!    A key that no longer exists after entries were read fails too.
 //!
-//! Each failure is an `io` error naming the stream and the read position. Deleting
+//! Each failure is a `state` error naming the stream and the read position: the restored
+//! cursor cannot be honoured, and no restart can bring the entries back, so the task
+//! fails at once, without the job's recoveries (an `io` error would be retried first, up
+//! to `max_restarts` times). Deleting
 //! entries at or below the cursor is harmless. The rules never skip; they are
 //! conservative for a stream that had an entry deleted from its middle before the job
 //! started (rule 1 fails at the first read, as its entries cannot be told from lost ones)
@@ -430,7 +433,7 @@ impl Source for RedisSource {
         let info = rs::info(conn, key).map_err(|e| redis_err(&format!("stream `{key}`"), e))?;
         let had_entries = last.is_some() || pos > start;
         check_not_trimmed(key, at, info.as_ref(), had_entries)
-            .map_err(|m| PluginError::io(format!("redis-source: {m}")))?;
+            .map_err(|m| PluginError::state(format!("redis-source: {m}")))?;
         let count = max_records.min(self.cfg.read_count).max(1);
         let until = d.last.clone().unwrap_or_default();
         let entries = rs::range(conn, key, &position, &until, count)
