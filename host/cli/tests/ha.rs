@@ -20,8 +20,9 @@
 //!   kills, a leader stopped past its lease and etcd restarts while the per-record job
 //!   runs, a supervisor restarting what exits; every record committed exactly once.
 //!
-//! Built only with the `etcd` feature (`cargo test -p nop-stream-cli --features etcd
-//! --test ha -- --ignored`); ignored by a plain run. The tests run one at a time.
+//! Built only with the `etcd` feature (`cargo test --workspace --features
+//! nop-stream-cli/etcd --test ha -- --ignored`, which reuses the units of a plain
+//! `cargo test --workspace`); ignored by a plain run. The tests run one at a time.
 
 mod common;
 
