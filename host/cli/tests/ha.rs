@@ -21,8 +21,9 @@
 //!   runs, a supervisor restarting what exits; every record committed exactly once.
 //!
 //! Built only with the `etcd` feature (`cargo test --workspace --features
-//! nop-stream-cli/etcd --test ha -- --ignored`, which reuses the units of a plain
-//! `cargo test --workspace`); ignored by a plain run. The tests run one at a time.
+//! nop-stream-cli/etcd --test ha -- --ignored`, which rebuilds only the server and the
+//! CLI after a plain `cargo test --workspace`); ignored by a plain run. The tests run one
+//! at a time.
 
 mod common;
 
