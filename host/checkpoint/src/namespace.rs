@@ -238,6 +238,18 @@ impl Namespace {
         f()
     }
 
+    /// Reads an epoch or log record that was just listed; `None` if it is gone. Records
+    /// are created once and deleted only by retention, which may run in another process
+    /// (a deposed leader's last retention): a record listed but gone when read was
+    /// retained away, not lost.
+    fn get_unless_retained(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.retry(|| self.store.get(name)) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Creates `name` with `bytes` unless it exists, retrying transient failures with the
     /// same bytes (a retry that finds them is a success).
     fn create(&self, name: &str, bytes: &[u8]) -> Result<Created, StoreError> {
@@ -532,13 +544,8 @@ impl Namespace {
             let Some(epoch) = names::epoch_of_record(&m.name) else {
                 continue;
             };
-            // Records are created once and deleted only by retention, which may run in
-            // another process (a deposed leader's last retention, a node's): a record
-            // listed but gone when read was retained away, not lost.
-            let bytes = match self.retry(|| self.store.get(&m.name)) {
-                Ok(b) => b,
-                Err(e) if e.is_not_found() => continue,
-                Err(e) => return Err(e.into()),
+            let Some(bytes) = self.get_unless_retained(&m.name)? else {
+                continue;
             };
             let r: EpochRecord = serde_json::from_slice(&bytes)
                 .map_err(|e| StorageError::corrupt(self, &m.name, e.to_string()))?;
@@ -659,11 +666,8 @@ impl Namespace {
             let record = match cache.remove(&m.name) {
                 Some(r) => r,
                 None => {
-                    // Pruned between the listing and this read (as in `durable`).
-                    let bytes = match self.retry(|| self.store.get(&m.name)) {
-                        Ok(b) => b,
-                        Err(e) if e.is_not_found() => continue,
-                        Err(e) => return Err(e.into()),
+                    let Some(bytes) = self.get_unless_retained(&m.name)? else {
+                        continue;
                     };
                     serde_json::from_slice(&bytes)
                         .map_err(|e| StorageError::corrupt(self, &m.name, e.to_string()))?

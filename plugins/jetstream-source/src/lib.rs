@@ -37,9 +37,8 @@
 //! Without a subject filter, a message missing right at the cursor because the stream was
 //! trimmed past it fails loudly, with a `state` error that fails the job at once (no
 //! restart brings the messages back, so the job's recoveries are not spent on it): it is
-//! never skipped. Losing the server (connection
-//! errors, timeouts) makes reads return nothing, cursor unchanged, for up to
-//! `retry_timeout_ms`; then the read fails.
+//! never skipped. Losing the server (connection errors, timeouts) makes reads return
+//! nothing, cursor unchanged, for up to `retry_timeout_ms`; then the read fails.
 
 pub mod config;
 #[path = "../../file-source/src/event_time.rs"]

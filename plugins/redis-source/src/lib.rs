@@ -55,8 +55,8 @@
 //! Each failure is a `state` error naming the stream and the read position: the restored
 //! cursor cannot be honoured, and no restart can bring the entries back, so the task
 //! fails at once, without the job's recoveries (an `io` error would be retried first, up
-//! to `max_restarts` times). Deleting
-//! entries at or below the cursor is harmless. The rules never skip; they are
+//! to `max_restarts` times). Deleting entries at or below the cursor is harmless. The
+//! rules never skip; they are
 //! conservative for a stream that had an entry deleted from its middle before the job
 //! started (rule 1 fails at the first read, as its entries cannot be told from lost ones)
 //! and assume nobody rewrites `entries-added` or `max-deleted-entry-id` with XSETID.
