@@ -104,3 +104,27 @@ pub enum ManagerError {
         job: String,
     },
 }
+
+impl ManagerError {
+    /// Whether the same request, repeated a little later, may succeed: checkpoint storage
+    /// or the job store unavailable, unreachable, failing with a local I/O error, or
+    /// answering "not found" for an object listed a moment before (a retention that ran
+    /// between the listing and the read). A job file, compile, savepoint, rescale or
+    /// platform error, a corrupt object, refused credentials, a missing bucket, a write
+    /// conflict and a lost leadership are not: repeating them gives the same answer, or
+    /// they are not this process's to repeat.
+    pub fn is_transient(&self) -> bool {
+        use nop_stream_storage::ErrorKind as K;
+        let store = |e: &nop_stream_storage::StoreError| {
+            matches!(
+                e.kind,
+                K::NotFound | K::Unavailable | K::OutcomeUnknown | K::Unreachable | K::Other
+            )
+        };
+        match self {
+            ManagerError::Storage(StorageError::Store(e))
+            | ManagerError::JobStore(JobStoreError::Store(e)) => store(e),
+            _ => false,
+        }
+    }
+}

@@ -31,7 +31,7 @@ pub use observe::{
 };
 pub use platform::{Compiled, Component, DeployHook, JobRun, LiveCounts, LiveJob, Platform};
 
-use crate::jobs::{HISTORY_RUNS, JobRecord, JobStore, PastRun, Versioned};
+use crate::jobs::{HISTORY_RUNS, JobRecord, JobStore, JobStoreError, PastRun, Versioned};
 use crate::{CoordinatorOptions, JobReport, SavepointRequest};
 use nop_stream_checkpoint::{Location, Namespace};
 use nop_stream_core::{StreamModel, parse_job_file};
@@ -103,6 +103,13 @@ pub enum Note {
     },
 }
 
+/// Default of [`ManagerOptions::resume_attempts`]: with the default restart delay of
+/// 100 ms, ten attempts span about 35 s.
+pub const DEFAULT_RESUME_ATTEMPTS: u32 = 10;
+
+/// The longest pause between two attempts to resume a job ([`ManagerOptions::resume_attempts`]).
+pub const RESUME_DELAY_MAX: Duration = Duration::from_secs(10);
+
 /// How the manager is set up.
 #[derive(Debug, Clone)]
 pub struct ManagerOptions {
@@ -125,6 +132,14 @@ pub struct ManagerOptions {
     pub retain_epochs: usize,
     /// Epochs older than this are aborted, in ms. Default 60,000.
     pub checkpoint_timeout_ms: u64,
+    /// Attempts a job gets to resume after the manager's process restarted (or won
+    /// leadership) when an attempt fails for a reason a retry may cure
+    /// ([`ManagerError::is_transient`]: storage or the job store unavailable, say). The
+    /// first is made in [`JobManager::resume_all`], the others on a thread of their own,
+    /// the first of them after [`Self::restart_delay`], doubling up to
+    /// [`RESUME_DELAY_MAX`]. Default [`DEFAULT_RESUME_ATTEMPTS`]; 1 fails the job at the
+    /// first failure.
+    pub resume_attempts: u32,
     /// Where an unknown job is reported missing, for messages.
     pub where_: String,
     /// The leadership the manager acts under (design §14.5, "Coordinator HA"); `None`: the
@@ -145,6 +160,7 @@ impl ManagerOptions {
             restart_delay: d.restart_delay,
             retain_epochs: d.retain_epochs,
             checkpoint_timeout_ms: d.checkpoint_timeout_ms,
+            resume_attempts: DEFAULT_RESUME_ATTEMPTS,
             where_: "here".into(),
             leadership: None,
         }
@@ -280,11 +296,19 @@ impl<P: Platform> JobManager<P> {
 
     /// Resumes every job whose record says it was submitted or running (the manager's
     /// process restarted): each waits up to `wait_for_nodes` for the nodes of its last
-    /// placement, then resumes from its latest durable epoch. A job that cannot resume is
-    /// recorded failed, with why.
+    /// placement, then resumes from its latest durable epoch. Returns the jobs resumed at
+    /// once.
+    ///
+    /// A job whose resume fails for a reason a retry may cure
+    /// ([`ManagerError::is_transient`]) is tried again in the background, up to
+    /// [`ManagerOptions::resume_attempts`] attempts in all, its record's error saying
+    /// which attempt failed and why. A job that cannot resume (a permanent failure, or
+    /// the last attempt's) is recorded failed, with why. Retries stop without a word once
+    /// the job runs by another request, or the manager's leadership is lost (the new
+    /// leader resumes it).
     ///
     /// # Errors
-    /// The job store cannot be read.
+    /// The job store cannot be read, or a failure cannot be recorded.
     pub fn resume_all(&self, wait_for_nodes: Duration) -> Result<Vec<String>, ManagerError> {
         let mut resumed = Vec::new();
         for r in self.jobs.load_all()? {
@@ -295,17 +319,107 @@ impl<P: Platform> JobManager<P> {
                 continue;
             }
             tracing::info!(%job, "resuming a job after a restart");
-            if let Err(e) = self.resume(&job, wait_for_nodes) {
-                tracing::warn!(%job, "cannot resume: {e}");
-                self.update(&job, |rec| {
-                    rec.state = JobState::Failed;
-                    rec.error = Some(format!("cannot resume after a restart: {e}"));
-                })?;
-            } else {
-                resumed.push(job);
+            match self.resume(&job, wait_for_nodes) {
+                Ok(()) => resumed.push(job),
+                Err(e) if e.is_transient() && self.opts.resume_attempts > 1 => {
+                    self.retry_resume(job, e, wait_for_nodes)?;
+                }
+                Err(e) => self.resume_failed(&job, 1, &e)?,
             }
         }
         Ok(resumed)
+    }
+
+    /// Records that `job` could not resume after `attempts` attempts, the last failing
+    /// with `e`.
+    fn resume_failed(
+        &self,
+        job: &str,
+        attempts: u32,
+        e: &ManagerError,
+    ) -> Result<(), ManagerError> {
+        tracing::warn!(%job, attempts, "cannot resume: {e}");
+        let tries = if attempts > 1 {
+            format!(" ({attempts} attempts)")
+        } else {
+            String::new()
+        };
+        self.update(job, |rec| {
+            rec.state = JobState::Failed;
+            rec.error = Some(format!("cannot resume after a restart{tries}: {e}"));
+        })
+    }
+
+    /// Tries to resume `job` again on a thread of its own, after its first attempt failed
+    /// with the transient `first` (see [`Self::resume_all`]).
+    fn retry_resume(
+        &self,
+        job: String,
+        first: ManagerError,
+        wait_for_nodes: Duration,
+    ) -> Result<(), ManagerError> {
+        let me = self
+            .me
+            .upgrade()
+            .ok_or_else(|| ManagerError::Ending { job: job.clone() })?;
+        let mut delay = self.opts.restart_delay;
+        self.resume_retrying(&job, 1, &first, delay);
+        let thread = format!("resume-{job}");
+        let failed = format!("cannot resume job `{job}`");
+        std::thread::Builder::new()
+            .name(thread)
+            .spawn(move || {
+                let attempts = me.opts.resume_attempts;
+                for k in 2..=attempts {
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(RESUME_DELAY_MAX);
+                    if me.opts.leadership.as_ref().is_some_and(|l| !l.is_valid()) {
+                        tracing::info!(%job, "leadership lost: the new leader resumes the job");
+                        return;
+                    }
+                    // Submitted again and ended meanwhile, or no longer known.
+                    let state = lock(&me.records).get(&job).map(|r| r.value.state);
+                    if !matches!(state, Some(JobState::Submitted | JobState::Running)) {
+                        return;
+                    }
+                    match me.resume(&job, wait_for_nodes) {
+                        Ok(()) => {
+                            tracing::info!(%job, "resumed at attempt {k} of {attempts}");
+                            return;
+                        }
+                        // Submitted again meanwhile: it runs, or is being started; or this
+                        // manager's leadership is over.
+                        Err(
+                            ManagerError::Running { .. }
+                            | ManagerError::Busy { .. }
+                            | ManagerError::JobStore(JobStoreError::Fenced { .. }),
+                        ) => return,
+                        Err(e) if e.is_transient() && k < attempts => {
+                            me.resume_retrying(&job, k, &e, delay);
+                        }
+                        Err(e) => {
+                            if let Err(e) = me.resume_failed(&job, k, &e) {
+                                tracing::error!(%job, "cannot record the failed resume: {e}");
+                            }
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| ManagerError::Platform(format!("{failed}: {e}")))?;
+        Ok(())
+    }
+
+    /// Logs, and notes in `job`'s record as far as the job store lets it, that attempt `k`
+    /// to resume failed with `e` and the next comes after `delay`.
+    fn resume_retrying(&self, job: &str, k: u32, e: &ManagerError, delay: Duration) {
+        let attempts = self.opts.resume_attempts;
+        tracing::warn!(%job, "cannot resume yet (attempt {k} of {attempts}): {e}; trying again in {delay:?}");
+        let error = format!(
+            "resuming after a restart: attempt {k} of {attempts} failed, trying again: {e}"
+        );
+        // Best effort: the job store may be what fails.
+        let _ = self.update(job, |rec| rec.error = Some(error.clone()));
     }
 
     fn resume(&self, job: &str, wait_for_nodes: Duration) -> Result<(), ManagerError> {
