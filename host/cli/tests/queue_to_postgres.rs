@@ -21,7 +21,7 @@
 //! ```sh
 //! eval "$(scripts/pg-test-server.sh start)"
 //! eval "$(scripts/nats-test-server.sh start)"
-//! cargo test --workspace --test queue_to_postgres -- --ignored --nocapture --test-threads 1
+//! cargo test --workspace --test queue_to_postgres -- --ignored --nocapture --test-threads 2
 //! scripts/nats-test-server.sh stop "$NOP_TEST_NATS_DIR"
 //! scripts/pg-test-server.sh stop "$NOP_TEST_PG_DIR"
 //! ```
