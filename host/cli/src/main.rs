@@ -791,7 +791,22 @@ fn plan(
     } else {
         let host = plugin_host(cache_dir())?;
         let registry = PluginRegistry::new(&host, search, job_dir(&job));
-        let stream = stream_graph(&model, &registry).map_err(|d| anyhow::anyhow!("{d}"))?;
+        let stream = stream_graph(&model, &registry).map_err(|d| {
+            let name = job.display().to_string();
+            let d = match &delta {
+                Some(delta) => nop_stream_core::delta::blame_delta(
+                    d,
+                    &model,
+                    (&name, &std::fs::read_to_string(&job).unwrap_or_default()),
+                    (
+                        &delta.display().to_string(),
+                        &std::fs::read_to_string(delta).unwrap_or_default(),
+                    ),
+                ),
+                None => d,
+            };
+            anyhow::anyhow!("{}", d.with_file(&name))
+        })?;
         match layer {
             Layer::Model => unreachable!("handled above"),
             Layer::Stream => serde_json::to_value(&stream)?,

@@ -315,6 +315,48 @@ fn plan_prints_no_credential_of_any_url() {
     }
 }
 
+/// A plugin config a Delta broke is reported at the Delta's file and field, by `plan` and
+/// by `run` (whose compile refuses it before anything starts); the same mistake in the job
+/// file itself names the job file. Before, both named the patched job's field, with no
+/// file at all from `plan`.
+#[test]
+fn a_config_error_a_delta_made_names_the_delta_file_and_field() {
+    let (dir, file) = job_dir(&pipeline("fault-trap@0.1.0", "{ after = 2 }"), 1);
+    std::fs::write(
+        dir.path().join("d.toml"),
+        "[node.out]\nconfig = { bogus = 1 }\n",
+    )
+    .unwrap();
+    let blamed = "d.toml: node.out.config.bogus: unknown field; known fields: dir, prefix";
+    let o = nopstream(dir.path(), &["plan", "job.toml", "--delta", "d.toml"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        err.contains(blamed) && err.contains("the field is sink[0].config.bogus of job.toml"),
+        "{err}"
+    );
+    let (ok, out, err) = run(dir.path(), &file, &["--delta", "d.toml"]);
+    assert!(!ok, "{out}");
+    assert!(err.contains(blamed), "{err}");
+    assert!(
+        !dir.path().join("out").exists(),
+        "a refused job wrote output"
+    );
+
+    let job = pipeline("fault-trap@0.1.0", "{ after = 2 }").replace(
+        "config = { dir = \"/output\" }",
+        "config = { dir = \"/output\", bogus = 1 }",
+    );
+    let (dir, _) = job_dir(&job, 1);
+    let o = nopstream(dir.path(), &["plan", "job.toml"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        err.contains("job.toml: sink[0].config.bogus: unknown field") && !err.contains("Delta"),
+        "{err}"
+    );
+}
+
 #[test]
 fn plugins_lists_the_bundled_plugins_with_their_kind() {
     let o = nopstream(Path::new(env!("CARGO_TARGET_TMPDIR")), &["plugins"]);

@@ -202,6 +202,69 @@ pub fn apply_delta(
     Ok((model, changes))
 }
 
+/// Diagnostics found in a model a Delta patched, after [`apply_delta`] accepted it
+/// (compiling it against the plugins: a config its plugin's schema refuses, say), each one
+/// that lies in a field the Delta changed turned to name the Delta's file and field, with
+/// the job file's field kept in its message:
+///
+/// `d.toml: node.per-carrier.config.key_field: must be string, found integer 7 (…); the
+/// field is operator[1].config.key_field of flights.toml as the Delta patched it`
+///
+/// A diagnostic in a field the Delta did not change is left as it is; `job` and `delta`
+/// are the files' names and texts, as [`apply_delta`] took them (the changes are worked
+/// out again; a Delta that does not apply leaves every diagnostic as it is).
+pub fn blame_delta(
+    diags: Diagnostics,
+    model: &StreamModel,
+    job: (&str, &str),
+    delta: (&str, &str),
+) -> Diagnostics {
+    let Ok((_, changes)) = apply_delta(job.0, job.1, delta.0, delta.1) else {
+        return diags;
+    };
+    // `field` is `changed`, or lies below it.
+    let under = |field: &str, changed: &str| {
+        field
+            .strip_prefix(changed)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.') || rest.starts_with('['))
+    };
+    let delta_field = |field: &str| -> Option<String> {
+        if field.starts_with("job.") || field.starts_with("connections.") {
+            return changes
+                .iter()
+                .any(|c| under(field, &c.field))
+                .then(|| field.to_owned());
+        }
+        // `operator[1].config.key_field`: the node's kind and ordinal, then the rest.
+        let (node, rest) = field.split_at(field.find(']')? + 1);
+        let i = (0..model.nodes.len()).find(|&i| model.node_field(i) == node)?;
+        let n = &model.nodes[i];
+        let as_changed = format!("{}.{}{rest}", n.kind.world(), n.name);
+        changes
+            .iter()
+            .any(|c| under(&as_changed, &c.field))
+            .then(|| format!("node.{}{rest}", n.name))
+    };
+    Diagnostics(
+        diags
+            .0
+            .into_iter()
+            .map(|mut d| {
+                if let Some(field) = delta_field(&d.field) {
+                    d.message = format!(
+                        "{}; the field is {} of {} as the Delta patched it",
+                        d.message, d.field, job.0
+                    );
+                    d.file = delta.0.to_owned();
+                    d.field = field;
+                    (d.line, d.column) = (None, None);
+                }
+                d
+            })
+            .collect(),
+    )
+}
+
 /// The changes and errors of one Delta being applied; errors name the Delta file.
 struct Patch<'f> {
     delta_file: &'f str,
@@ -584,5 +647,45 @@ config = { dir = "/output" }
             .unwrap_err()
             .to_string();
         assert!(e.contains("checkpoint_interval_ms"), "{e}");
+    }
+
+    #[test]
+    fn diagnostics_in_fields_the_delta_changed_name_the_delta() {
+        let delta = "[job]\ncheckpoint_interval_ms = 500\n\
+                     [node.per-carrier]\nconfig = { key = 7 }\n";
+        let (model, _) = apply(delta).unwrap();
+        // What compiling the patched model against the plugins might find: two errors in
+        // fields the Delta changed, two in fields it did not.
+        let found = Diagnostics(vec![
+            Diagnostic::new("operator[0].config.key", "must be string, found integer 7"),
+            Diagnostic::new("operator[0].config.field", "unknown field"),
+            Diagnostic::new("sink[0].config.dir", "must be absolute"),
+            Diagnostic::new("job.checkpoint_interval_ms", "too short"),
+        ]);
+        let blamed =
+            blame_delta(found, &model, ("job.toml", JOB), ("d.toml", delta)).with_file("job.toml");
+        let shown: Vec<String> = blamed.0.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "d.toml: node.per-carrier.config.key: must be string, found integer 7; the \
+                 field is operator[0].config.key of job.toml as the Delta patched it",
+                // The Delta changed `config` (merged key by key): every config error may
+                // be its doing.
+                "d.toml: node.per-carrier.config.field: unknown field; the field is \
+                 operator[0].config.field of job.toml as the Delta patched it",
+                "job.toml: sink[0].config.dir: must be absolute",
+                "d.toml: job.checkpoint_interval_ms: too short; the field is \
+                 job.checkpoint_interval_ms of job.toml as the Delta patched it",
+            ]
+        );
+        // A Delta that does not apply leaves them as they were.
+        let kept = blame_delta(
+            Diagnostics(vec![Diagnostic::new("operator[0].config.key", "x")]),
+            &model,
+            ("job.toml", JOB),
+            ("d.toml", "[job]\nname = \"other\"\n"),
+        );
+        assert_eq!(kept.0[0].field, "operator[0].config.key");
     }
 }

@@ -7,7 +7,7 @@ use nop_stream_coordinator::JobReport;
 use nop_stream_coordinator::compat::{Action, Actions};
 use nop_stream_coordinator::from_savepoint::Savepoint;
 use nop_stream_coordinator::manager::{
-    Compiled, Component, JobRun, LiveCounts, ManagerError, Platform,
+    Compiled, Component, JobRun, LiveCounts, ManagerError, Platform, compile_error,
 };
 use nop_stream_coordinator::migrate::StateEntry;
 use nop_stream_core::{StreamModel, job_graph, partitioned_plan, stream_graph};
@@ -218,8 +218,7 @@ impl EmbeddedPlatform {
 impl Platform for EmbeddedPlatform {
     fn compile(&self, model: &StreamModel, sub: &JobSubmission) -> Result<Compiled, ManagerError> {
         let registry = self.registry();
-        let stream = stream_graph(model, &registry)
-            .map_err(|d| ManagerError::Compile(d.with_file(&sub.file).to_string()))?;
+        let stream = stream_graph(model, &registry).map_err(|d| compile_error(d, model, sub))?;
         let plan = partitioned_plan(&job_graph(&stream));
         let plugins = registry
             .plugin_set(&plan)

@@ -12,7 +12,7 @@ use nop_stream_coordinator::JobReport;
 use nop_stream_coordinator::compat::Actions;
 use nop_stream_coordinator::from_savepoint::Savepoint;
 use nop_stream_coordinator::manager::{
-    Compiled, Component, JobRun, LiveCounts, ManagerError, Platform,
+    Compiled, Component, JobRun, LiveCounts, ManagerError, Platform, compile_error,
 };
 use nop_stream_coordinator::migrate::StateEntry;
 use nop_stream_core::{
@@ -123,7 +123,7 @@ impl ClusterPlatform {
 impl Platform for ClusterPlatform {
     fn compile(&self, model: &StreamModel, sub: &JobSubmission) -> Result<Compiled, ManagerError> {
         let stream = stream_graph(model, &RegistryCatalog(&self.plugins))
-            .map_err(|d| ManagerError::Compile(d.with_file(&sub.file).to_string()))?;
+            .map_err(|d| compile_error(d, model, sub))?;
         let plan = partitioned_plan(&job_graph(&stream));
         let mut components = BTreeMap::new();
         for v in &plan.vertices {

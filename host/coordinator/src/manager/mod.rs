@@ -29,7 +29,9 @@ pub use observe::{
     METRICS_CONTENT_TYPE, MinAvgMax, RatePoint, StatusView, THROUGHPUT_POINTS, VertexView,
     WatermarkView,
 };
-pub use platform::{Compiled, Component, DeployHook, JobRun, LiveCounts, LiveJob, Platform};
+pub use platform::{
+    Compiled, Component, DeployHook, JobRun, LiveCounts, LiveJob, Platform, compile_error,
+};
 
 use crate::jobs::{HISTORY_RUNS, JobRecord, JobStore, JobStoreError, PastRun, Versioned};
 use crate::{CoordinatorOptions, JobReport, SavepointRequest};

@@ -98,6 +98,23 @@ pub struct JobRun {
     pub cancel: Arc<AtomicBool>,
 }
 
+/// The [`ManagerError::Compile`] of a submission whose model `model` did not compile:
+/// `diags` with the job file named, and those in fields the submission's Delta changed
+/// naming the Delta's file and field instead ([`nop_stream_core::delta::blame_delta`]).
+pub fn compile_error(
+    diags: nop_stream_core::Diagnostics,
+    model: &StreamModel,
+    sub: &JobSubmission,
+) -> ManagerError {
+    let diags = match &sub.delta {
+        Some((file, text)) => {
+            nop_stream_core::delta::blame_delta(diags, model, (&sub.file, &sub.text), (file, text))
+        }
+        None => diags,
+    };
+    ManagerError::Compile(diags.with_file(&sub.file).to_string())
+}
+
 /// Records read by a job's sources and committed by its sinks, and stale work refused,
 /// as a platform counts them for a running job.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
