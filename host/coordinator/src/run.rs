@@ -1117,7 +1117,15 @@ impl<E: TaskError> Driver<'_, E> {
                 })
                 .collect(),
         );
-        if let Err(e) = self.storage.retain(self.opts.retain_epochs) {
+        // Retention deletes: a leadership lost while this epoch was published (its writes
+        // to storage take time) leaves the old epochs to the new leader, whose resume may
+        // be reading them.
+        if let Some(l) = self.opts.leadership.as_ref().filter(|l| !l.is_valid()) {
+            tracing::warn!(
+                term = l.term,
+                "leadership lost: checkpoint retention left to the new leader"
+            );
+        } else if let Err(e) = self.storage.retain(self.opts.retain_epochs) {
             tracing::warn!("checkpoint retention failed: {e}");
         }
         if final_epoch {
