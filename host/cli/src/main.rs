@@ -106,7 +106,7 @@ enum Command {
         layer: Layer,
         /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
         /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
-        #[arg(long, short = 'p')]
+        #[arg(long, short = 'p', value_parser = parallelism_arg)]
         parallelism: Option<u32>,
         /// With `--layer deployment`: place the tasks on a cluster of this many nodes
         /// (`node-1..N`) as the coordinator would, instead of the embedded mode's one node.
@@ -255,7 +255,7 @@ enum SavepointCommand {
         job: PathBuf,
         /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
         /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
-        #[arg(long, short = 'p')]
+        #[arg(long, short = 'p', value_parser = parallelism_arg)]
         parallelism: Option<u32>,
         /// Actions file (`[[action]]` tables) clearing findings.
         #[arg(long, value_name = "A.toml")]
@@ -285,7 +285,7 @@ enum SavepointCommand {
         job: PathBuf,
         /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
         /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
-        #[arg(long, short = 'p')]
+        #[arg(long, short = 'p', value_parser = parallelism_arg)]
         parallelism: Option<u32>,
         /// Actions file (`[[action]]` tables) clearing findings.
         #[arg(long, value_name = "A.toml")]
@@ -321,7 +321,7 @@ enum JobCommand {
         cluster: cluster::ClusterArgs,
         /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
         /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
-        #[arg(long, short = 'p')]
+        #[arg(long, short = 'p', value_parser = parallelism_arg)]
         parallelism: Option<u32>,
         /// Output directory granted to sinks as `$OUTPUT` [default:
         /// nopstream-out/JOB_ID/output, made absolute].
@@ -838,6 +838,19 @@ fn plan(
     nop_stream_core::redact_urls_in_json(&mut value);
     println!("{}", serde_json::to_string_pretty(&value)?);
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Parses `-p N`: a parallelism in `1..=MAX_PARALLELISM` (the job file's own bounds),
+/// refused as the flag's error rather than as the job file's.
+///
+/// # Errors
+/// Not a number, or out of bounds, in words.
+pub(crate) fn parallelism_arg(s: &str) -> std::result::Result<u32, String> {
+    let max = nop_stream_core::MAX_PARALLELISM;
+    match s.parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be a whole number in 1..={max}, found `{s}`")),
+    }
 }
 
 /// `nopstream validate`: the job file, its host-side resources and its plugins; every

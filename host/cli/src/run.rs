@@ -23,7 +23,7 @@ pub struct RunArgs {
     pub job: PathBuf,
     /// The job's parallelism (`job.parallelism`): every node runs at N except one whose
     /// job-file entry sets its own `parallelism`, which keeps it (as Flink's `-p`).
-    #[arg(long, short = 'p')]
+    #[arg(long, short = 'p', value_parser = crate::parallelism_arg)]
     pub parallelism: Option<u32>,
     /// Output directory granted to sinks as `$OUTPUT` [default: nopstream-out/JOB_ID/output].
     #[arg(long)]
@@ -183,20 +183,9 @@ fn lock_work_dir(work_dir: &Path, job: &Path) -> Result<std::fs::File> {
         .truncate(false)
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
-    // A run that was just stopped releases the lock as its job ends, a moment after
-    // `nopstream stop` returns: wait that long before refusing.
-    let deadline = std::time::Instant::now() + WORK_DIR_LOCK_WAIT;
-    let locked = loop {
-        match file.try_lock() {
-            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            other => break other,
-        }
-    };
-    match locked {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
+    match try_lock_waiting(&file) {
+        Ok(true) => {}
+        Ok(false) => {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
             let holder = match holder.trim() {
@@ -212,14 +201,59 @@ fn lock_work_dir(work_dir: &Path, job: &Path) -> Result<std::fs::File> {
                 work_dir.display()
             );
         }
-        Err(std::fs::TryLockError::Error(e)) => {
-            return Err(e).with_context(|| format!("cannot lock {}", path.display()));
-        }
+        Err(e) => return Err(e).with_context(|| format!("cannot lock {}", path.display())),
     }
     file.set_len(0)?;
     file.rewind()?;
     writeln!(file, "{}", std::process::id())?;
     Ok(file)
+}
+
+/// Takes `file`'s exclusive OS lock, waiting up to [`WORK_DIR_LOCK_WAIT`] while another
+/// process holds it (a run that was just stopped releases its locks as its job ends, a
+/// moment after `nopstream stop` returns). `Ok(false)`: it is still held.
+fn try_lock_waiting(file: &std::fs::File) -> std::io::Result<bool> {
+    let deadline = std::time::Instant::now() + WORK_DIR_LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(true),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+}
+
+/// Takes the exclusive lock of output directory `output` (an OS lock on the directory
+/// itself, so nothing is written into it; released when the returned handle is dropped or
+/// the process dies), creating it if missing. Two runs writing into one output directory
+/// through different work directories would each commit their transactions there, and
+/// the directory would hold their records twice; the second is refused, after waiting as
+/// [`lock_work_dir`] does.
+///
+/// # Errors
+/// The directory cannot be created or opened, or another process holds its lock (the
+/// message names the directory).
+fn lock_output_dir(output: &Path, job: &Path) -> Result<std::fs::File> {
+    std::fs::create_dir_all(output)
+        .with_context(|| format!("cannot create output directory {}", output.display()))?;
+    let dir = std::fs::File::open(output)
+        .with_context(|| format!("cannot open output directory {}", output.display()))?;
+    match try_lock_waiting(&dir) {
+        Ok(true) => Ok(dir),
+        Ok(false) => anyhow::bail!(
+            "output directory {} is in use by another `nopstream run` of a work directory \
+             of its own: wait for it to end, stop it (`nopstream stop {} --savepoint \
+             --work-dir ITS_WORK_DIR`), or give this run another --output",
+            output.display(),
+            job.display()
+        ),
+        Err(e) => {
+            Err(e).with_context(|| format!("cannot lock output directory {}", output.display()))
+        }
+    }
 }
 
 pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
@@ -236,6 +270,7 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
     let output = a.output.clone().unwrap_or_else(|| base.join("output"));
     let work_dir = a.work_dir.clone().unwrap_or_else(|| base.join("work"));
     let lock = lock_work_dir(&work_dir, &a.job)?;
+    let _output_lock = lock_output_dir(&output, &a.job)?;
     let checkpoints = match &a.checkpoints {
         Some(c) => crate::location(c).context("--checkpoints")?,
         None => Location::Local(work_dir.join("checkpoints")),
@@ -284,7 +319,9 @@ pub fn run(a: RunArgs, search: Vec<PathBuf>) -> Result<std::process::ExitCode> {
     let display = (!a.no_progress && !a.json)
         .then(|| crate::spawn_progress(Arc::clone(&progress), Arc::clone(&done)));
     let result = manager.submit(sub, RunIn::Foreground);
-    // The job has ended: the next run on this work directory may start.
+    // The job has ended: the next run on this work directory may start. The output
+    // directory's lock is held until its summary has been read (the end of this function):
+    // a next run into it would clear it first.
     drop(lock);
     let _ = std::fs::remove_file(&control);
     let _ = std::fs::remove_file(&http_addr);
@@ -339,6 +376,20 @@ fn open_failure_node(message: &str, model: &nop_stream_core::StreamModel) -> Opt
     Some(format!("{} `{name}`", model.node_field(index)))
 }
 
+/// What `--from-savepoint SP` names for the job manager: a relative path that is a
+/// directory here (as `nopstream savepoints` prints them: `nopstream-out/JOB/work/
+/// savepoints/epoch-N`) made absolute; anything else as given (a URL, an absolute path,
+/// or a savepoint's name under the work directory's `savepoints/`, e.g. `epoch-46`).
+fn savepoint_arg(sp: &Path) -> String {
+    if sp.is_relative()
+        && sp.is_dir()
+        && let Ok(abs) = std::path::absolute(sp)
+    {
+        return abs.display().to_string();
+    }
+    sp.display().to_string()
+}
+
 /// The submission `a` makes.
 fn submission(a: &RunArgs, output: &std::path::Path) -> Result<JobSubmission> {
     let text = std::fs::read_to_string(&a.job)
@@ -362,7 +413,7 @@ fn submission(a: &RunArgs, output: &std::path::Path) -> Result<JobSubmission> {
         fresh: a.fresh,
         memory_bytes: a.memory_mib.map(|m| m << 20),
         cpu_ms_per_call: a.cpu_ms_per_call,
-        from_savepoint: a.from_savepoint.as_ref().map(|p| p.display().to_string()),
+        from_savepoint: a.from_savepoint.as_deref().map(savepoint_arg),
         actions_json: match &a.actions {
             Some(_) => Some(serde_json::to_string(&actions)?),
             None => None,

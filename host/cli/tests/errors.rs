@@ -339,7 +339,7 @@ fn a_config_error_a_delta_made_names_the_delta_file_and_field() {
     assert!(!ok, "{out}");
     assert!(err.contains(blamed), "{err}");
     assert!(
-        !dir.path().join("out").exists(),
+        visible_outputs(dir.path()).is_empty(),
         "a refused job wrote output"
     );
 
@@ -887,7 +887,7 @@ fn a_failed_record_of_an_operator_with_keyed_state_hints_at_a_check_before_it() 
 }
 
 #[test]
-fn a_second_run_on_a_work_directory_in_use_is_refused() {
+fn a_second_run_on_a_work_or_output_directory_in_use_is_refused() {
     // Before: two runs of one job on one work directory fenced each other's attempts
     // until one ran out of restarts or found the job finished by the other.
     let job = r#"[job]
@@ -936,6 +936,21 @@ config = { dir = "/output" }
     };
     assert_eq!(pid, first.id().to_string());
     let (ok, out, err) = run(dir.path(), &file, &["--fresh"]);
+    // Another work directory, the same output directory: both runs would commit into it
+    // (a fresh one after clearing it), and it would hold records twice. Before, the
+    // second ran, and a user's test of it found 60,416 records doubled.
+    let other = nopstream(
+        dir.path(),
+        &[
+            "run",
+            "--no-progress",
+            "--output",
+            "out",
+            "--work-dir",
+            "work-2",
+            file.to_str().unwrap(),
+        ],
+    );
     let still_running = first.try_wait().unwrap().is_none();
     first.kill().unwrap();
     first.wait().unwrap();
@@ -946,6 +961,16 @@ config = { dir = "/output" }
             "work directory work is in use by another `nopstream run` (pid {pid})"
         )),
         "{err}"
+    );
+    let (out, err) = text(&other);
+    assert!(!other.status.success(), "{out}\n{err}");
+    assert!(
+        err.contains("output directory out is in use by another `nopstream run`"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("work-2/checkpoints").exists(),
+        "the refused run started"
     );
     // Its lock dies with it: the next run on the work directory (a bounded job) starts
     // and ends.

@@ -169,12 +169,36 @@ fn a_mid_run_savepoint_restores_at_other_parallelisms_with_the_uninterrupted_out
         let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
         assert_eq!(v["format"], "nopstream.compat-report/v1");
         assert_eq!(v["verdict"], "compatible");
-        let sp_dir = sp.display().to_string();
+        // The last restore names the savepoint by a path relative to the working
+        // directory, as `nopstream savepoints` prints them. Before, a relative path was
+        // taken as a name under the work directory's `savepoints/`: "no such directory".
+        let sp_dir = if to == 4 {
+            relative_to_cwd(&sp).display().to_string()
+        } else {
+            sp.display().to_string()
+        };
         let o = run(&j.0, &d, &["-p", &tp, "--from-savepoint", &sp_dir], None);
         assert!(o.status.success(), "{from}->{to}: {}", text(&o));
         assert!(text(&o).contains("restoring savepoint"), "{}", text(&o));
         assert_eq!(committed(&d.out), reference, "restored {from}->{to}");
     }
+}
+
+/// `path` (absolute) as a path relative to this process's working directory.
+fn relative_to_cwd(path: &Path) -> PathBuf {
+    let cwd = std::env::current_dir().unwrap();
+    let up = cwd.components().count() - 1;
+    let rel: PathBuf = std::iter::repeat_n(std::path::Component::ParentDir, up)
+        .map(|c| c.as_os_str().to_owned())
+        .chain(
+            path.strip_prefix("/")
+                .unwrap()
+                .iter()
+                .map(ToOwned::to_owned),
+        )
+        .collect();
+    assert!(rel.is_relative() && rel.is_dir(), "{}", rel.display());
+    rel
 }
 
 #[test]
