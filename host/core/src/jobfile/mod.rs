@@ -488,6 +488,31 @@ config = { dir = "/output" }
     }
 
     pub(super) const MINIMAL_JOB: &str = "[job]\nname = \"j\"\n";
+    /// A source and a sink to follow [`MINIMAL_JOB`] (and any `[job]` keys added to it),
+    /// for a job that must parse: a job reads from one and writes into the other.
+    pub(super) const ENDS: &str = "[[source]]\nname = \"s\"\nplugin = \"src@1.0.0\"\n\
+                                   [[sink]]\nname = \"k\"\nplugin = \"snk@1.0.0\"\ninputs = [\"s\"]\n";
+
+    /// A job file cut short after `[job]` passed `validate` ("ok (0 operators, 0 tasks)")
+    /// and failed `run` with an internal error, every task having ended before the final
+    /// epoch committed (a user's report).
+    #[test]
+    fn a_job_without_a_source_or_a_sink_is_refused() {
+        let d = errs(MINIMAL_JOB);
+        assert_eq!(
+            at(&d, "source").message,
+            "the job declares no [[source]]; a job needs at least one"
+        );
+        assert_eq!(
+            at(&d, "sink").message,
+            "the job declares no [[sink]]; a job needs at least one"
+        );
+        let source_only = "[[source]]\nname = \"s\"\nplugin = \"src@1.0.0\"\n";
+        let d = errs(&format!("{MINIMAL_JOB}{source_only}"));
+        assert_eq!(d.len(), 1, "{d}");
+        assert_eq!(at(&d, "sink").field, "sink");
+        assert!(parse_job_file("job.toml", &format!("{MINIMAL_JOB}{ENDS}")).is_ok());
+    }
 
     #[test]
     fn parses_the_full_example() {

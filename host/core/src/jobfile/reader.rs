@@ -997,19 +997,19 @@ pub(super) fn to_json(cx: &mut Cx<'_>, v: &Spanned<DeValue<'_>>, field: &str) ->
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{MINIMAL_JOB, at, errs};
+    use super::super::tests::{ENDS, MINIMAL_JOB, at, errs};
     use super::super::{parse_job_file, parse_size};
     use crate::model::{ErrorPolicy, StreamModel};
 
     #[test]
     fn async_snapshots_defaults_to_true_and_stays_out_of_the_serialised_model() {
-        let m = parse_job_file("job.toml", MINIMAL_JOB).unwrap();
+        let m = parse_job_file("job.toml", &format!("{MINIMAL_JOB}{ENDS}")).unwrap();
         assert!(m.job.async_snapshots);
         let json = serde_json::to_string(&m.job).unwrap();
         assert!(!json.contains("async_snapshots"), "{json}");
         let m = parse_job_file(
             "job.toml",
-            &format!("{MINIMAL_JOB}async_snapshots = false\n"),
+            &format!("{MINIMAL_JOB}async_snapshots = false\n{ENDS}"),
         )
         .unwrap();
         assert!(!m.job.async_snapshots);
@@ -1027,13 +1027,13 @@ mod tests {
 
     #[test]
     fn incremental_snapshots_defaults_to_true_and_stays_out_of_the_serialised_model() {
-        let m = parse_job_file("job.toml", MINIMAL_JOB).unwrap();
+        let m = parse_job_file("job.toml", &format!("{MINIMAL_JOB}{ENDS}")).unwrap();
         assert!(m.job.incremental_snapshots);
         let json = serde_json::to_string(&m.job).unwrap();
         assert!(!json.contains("incremental_snapshots"), "{json}");
         let m = parse_job_file(
             "job.toml",
-            &format!("{MINIMAL_JOB}incremental_snapshots = false\n"),
+            &format!("{MINIMAL_JOB}incremental_snapshots = false\n{ENDS}"),
         )
         .unwrap();
         assert!(!m.job.incremental_snapshots);
@@ -1041,7 +1041,7 @@ mod tests {
         assert!(json.contains("\"incremental_snapshots\":false"), "{json}");
         let e = parse_job_file(
             "job.toml",
-            &format!("{MINIMAL_JOB}incremental_snapshots = 1\n"),
+            &format!("{MINIMAL_JOB}incremental_snapshots = 1\n{ENDS}"),
         )
         .unwrap_err();
         assert!(
@@ -1061,12 +1061,12 @@ mod tests {
         ] {
             let m = parse_job_file(
                 "job.toml",
-                &format!("{MINIMAL_JOB}state_memory_bytes = {text}\n"),
+                &format!("{MINIMAL_JOB}state_memory_bytes = {text}\n{ENDS}"),
             )
             .unwrap_or_else(|e| panic!("{text}: {e:?}"));
             assert_eq!(m.job.state_memory_bytes, Some(bytes), "{text}");
         }
-        let m = parse_job_file("job.toml", MINIMAL_JOB).unwrap();
+        let m = parse_job_file("job.toml", &format!("{MINIMAL_JOB}{ENDS}")).unwrap();
         assert_eq!(m.job.state_memory_bytes, None);
         assert_eq!(parse_size("3 MB"), Some(3_000_000));
         assert_eq!(parse_size("3 mb"), None);

@@ -35,6 +35,7 @@ pub(super) fn check_model(model: &StreamModel, spans: Option<&ModelSpans>) -> Ve
     }
     c.check_job();
     c.check_nodes();
+    c.check_ends();
     let adj = c.check_references();
     c.check_cycles(&adj);
     c.check_keyed_shards();
@@ -66,6 +67,20 @@ impl<'m> Checker<'m> {
         });
         if !reported {
             self.out.push((field, span, msg));
+        }
+    }
+
+    /// A job reads from at least one source and writes into at least one sink: without
+    /// either it has no records, or nothing to commit them to (a job file cut short, say).
+    fn check_ends(&mut self) {
+        for (kind, table) in [(PluginKind::Source, "source"), (PluginKind::Sink, "sink")] {
+            if !self.model.nodes.iter().any(|n| n.kind == kind) {
+                self.push(
+                    table.to_owned(),
+                    None,
+                    format!("the job declares no [[{table}]]; a job needs at least one"),
+                );
+            }
         }
     }
 
