@@ -784,6 +784,11 @@ fn watermarks_per_subtask_and_the_vertex_low_watermark_follow_event_time() {
     // 2013 in event time, ms since the Unix epoch: every watermark lies within it.
     let year = 1_356_998_400_000_i64..1_388_534_400_000;
     let path = format!("/api/v1/jobs/{HOURLY}/watermarks");
+    // The HTTP server answers before the job is submitted (its plugins compile first):
+    // until then the job is not found. A CI run under load asked too early.
+    wait_for("the job on the HTTP server", || {
+        (get(&addr, &path).status == 200).then_some(())
+    });
     let marks = wait_for("input watermarks at both window subtasks", || {
         let w = json(&addr, &path);
         let window: Vec<&Value> = w
