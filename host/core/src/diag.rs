@@ -98,12 +98,7 @@ impl Diagnostics {
 
     /// Whether some diagnostic's field is `field` or lies below it (`field.` / `field[`).
     pub fn mentions(&self, field: &str) -> bool {
-        self.0.iter().any(|d| {
-            d.field == field
-                || d.field
-                    .strip_prefix(field)
-                    .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
-        })
+        self.0.iter().any(|d| field_within(&d.field, field))
     }
 
     /// `Ok(())` if empty, else `Err(self)`.
@@ -149,6 +144,15 @@ impl<'a> IntoIterator for &'a Diagnostics {
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter()
     }
+}
+
+/// Whether dotted field path `field` is `outer` or lies below it (`outer.…` / `outer[…`):
+/// `operator[1].config.key` lies within `operator[1].config`, `operator[10]` not within
+/// `operator[1`.
+pub fn field_within(field: &str, outer: &str) -> bool {
+    field
+        .strip_prefix(outer)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
 }
 
 #[cfg(test)]

@@ -59,11 +59,9 @@ impl<'m> Checker<'m> {
     /// shape diagnostic.
     fn push(&mut self, field: String, span: Option<Span>, msg: String) {
         let reported = self.spans.is_some_and(|s| {
-            s.reported.iter().any(|r| {
-                field
-                    .strip_prefix(r.as_str())
-                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
-            })
+            s.reported
+                .iter()
+                .any(|r| crate::diag::field_within(&field, r))
         });
         if !reported {
             self.out.push((field, span, msg));
